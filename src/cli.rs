@@ -1,0 +1,343 @@
+//! The `pinswap` command line (clap derive). Exit codes: 0 success, 1 a copy
+//! failed, 2 usage error (bad flag, reference or list file).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+
+use crate::reference::{MirrorTarget, Reference};
+use crate::registry::auth::{CredentialSources, Credentials};
+use crate::registry::copy::{CopyOptions, CopyReport, Copier, Endpoint};
+use crate::registry::manifest::PlatformSpec;
+use crate::registry::{ClientPool, PoolOptions};
+
+/// Mirror container images into a registry you own, pinned by digest.
+#[derive(Debug, Parser)]
+#[command(name = "pinswap", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info`, `pinswap=debug`.
+    #[arg(long, global = true, env = "PINSWAP_LOG", default_value = "warn")]
+    pub log_level: String,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Copy an image (manifest, index or artifact) byte-exact between registries and OCI layouts.
+    Copy(CopyArgs),
+}
+
+/// `pinswap copy SRC DST` or `pinswap copy --from-file LIST --to docker://TARGET[/prefix]`.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    pinswap copy docker://127.0.0.1:5001/app:v1 docker://127.0.0.1:5002/mirror/app:v1\n  \
+    pinswap copy oci:./layout:v1 docker://127.0.0.1:5002/app:v1\n  \
+    pinswap copy --from-file images.txt --to docker://127.0.0.1:5002/mirror")]
+pub struct CopyArgs {
+    /// Source: docker://REFERENCE or oci:DIR[:REF].
+    #[arg(required_unless_present = "from_file")]
+    pub source: Option<String>,
+    /// Destination: docker://REFERENCE or oci:DIR[:REF].
+    #[arg(required_unless_present = "from_file")]
+    pub destination: Option<String>,
+    /// File with one source reference per line (`#` comments; `-` for stdin);
+    /// each is mirrored under --to by the mirror-path rule.
+    #[arg(long, value_name = "LIST", requires = "to", conflicts_with_all = ["source", "destination"])]
+    pub from_file: Option<PathBuf>,
+    /// Mirror target for --from-file: docker://REGISTRY[/prefix].
+    #[arg(long, value_name = "docker://TARGET", requires = "from_file")]
+    pub to: Option<String>,
+    /// Copy only these platforms of an index (os/arch[/variant], repeatable).
+    /// The destination then gets a filtered index whose digest differs from the source's.
+    #[arg(long = "platform", value_name = "OS/ARCH[/VARIANT]")]
+    pub platforms: Vec<PlatformSpec>,
+    /// Blobs transferred in parallel.
+    #[arg(long, short = 'j', default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub jobs: u16,
+    /// Print a machine-readable summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Registry access.
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+/// How to reach and authenticate to registries.
+#[derive(Debug, Args)]
+pub struct RegistryArgs {
+    /// USER:PASSWORD for the source registry.
+    #[arg(long, env = "PINSWAP_SRC_CREDS", hide_env_values = true, value_name = "USER:PASSWORD")]
+    pub src_creds: Option<String>,
+    /// USER:PASSWORD for the destination registry.
+    #[arg(long, env = "PINSWAP_DEST_CREDS", hide_env_values = true, value_name = "USER:PASSWORD")]
+    pub dest_creds: Option<String>,
+    /// Docker-format auth file (config.json / auth.json), read before ~/.docker/config.json.
+    #[arg(long, env = "REGISTRY_AUTH_FILE", value_name = "FILE")]
+    pub authfile: Option<PathBuf>,
+    /// Allow plain HTTP for HOST[:PORT] (repeatable). Loopback registries always may.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure: Vec<String>,
+    /// Trust this PEM CA certificate in addition to the system roots (repeatable).
+    #[arg(long = "ca-cert", value_name = "FILE")]
+    pub ca_certs: Vec<PathBuf>,
+    /// Blobs larger than this many bytes are uploaded in 4 MiB chunks.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::registry::client::DEFAULT_CHUNKED_THRESHOLD)]
+    pub chunked_threshold: u64,
+}
+
+/// A usage error: exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Usage(String);
+
+impl RegistryArgs {
+    fn pool_options(&self) -> anyhow::Result<PoolOptions> {
+        let creds = |v: &Option<String>, flag| {
+            v.as_deref()
+                .map(|s| Credentials::parse(s, flag))
+                .transpose()
+                .map_err(|e| Usage(e.to_string()))
+        };
+        let mut ca_certs = Vec::new();
+        for p in &self.ca_certs {
+            let pem = std::fs::read(p)
+                .map_err(|e| Usage(format!("--ca-cert {}: {e}", p.display())))?;
+            ca_certs.push(pem);
+        }
+        Ok(PoolOptions {
+            insecure: self.insecure.clone(),
+            ca_certs,
+            source_creds: creds(&self.src_creds, "--src-creds")?,
+            target_creds: creds(&self.dest_creds, "--dest-creds")?,
+            sources: CredentialSources {
+                authfile: self.authfile.clone(),
+                docker_config: true,
+            },
+            chunked_threshold: Some(self.chunked_threshold),
+        })
+    }
+}
+
+/// Parses arguments, runs the command and returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    if let Err(e) = init_logging(&cli) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.downcast_ref::<Usage>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+fn init_logging(cli: &Cli) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
+        .map_err(|e| Usage(format!("--log-level {:?}: {e}", cli.log_level)))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let res = match cli.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    res.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Copy(args) => copy(args).await,
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Summary {
+    images: Vec<ImageResult>,
+    succeeded: usize,
+    failed: usize,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ImageResult {
+    Ok(CopyReport),
+    Failed {
+        source: String,
+        destination: String,
+        error: String,
+    },
+}
+
+fn read_list(path: &PathBuf) -> anyhow::Result<Vec<Reference>> {
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the list from stdin")?
+    } else {
+        std::fs::read_to_string(path)
+            .map_err(|e| Usage(format!("--from-file {}: {e}", path.display())))?
+    };
+    let mut out: Vec<Reference> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("docker://").unwrap_or(line);
+        let r = Reference::parse(line)
+            .map_err(|e| Usage(format!("{}:{}: {e}", path.display(), i + 1)))?;
+        if !out.contains(&r) {
+            out.push(r);
+        }
+    }
+    if out.is_empty() {
+        return Err(Usage(format!("--from-file {}: no references in the list", path.display())).into());
+    }
+    Ok(out)
+}
+
+async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
+    let pairs: Vec<(Endpoint, Endpoint)> = match (&args.from_file, &args.to) {
+        (Some(list), Some(to)) => {
+            let target = to
+                .strip_prefix("docker://")
+                .ok_or_else(|| Usage(format!("--to {to:?}: expected docker://REGISTRY[/prefix]")))?;
+            let target = MirrorTarget::parse(target).map_err(|e| Usage(format!("--to: {e}")))?;
+            read_list(list)?
+                .into_iter()
+                .map(|src| {
+                    let dst = target.map(&src).map_err(|e| Usage(e.to_string()))?;
+                    Ok((Endpoint::Registry(src), Endpoint::Registry(dst)))
+                })
+                .collect::<Result<_, Usage>>()?
+        }
+        _ => {
+            let parse = |s: &Option<String>, what: &str| -> Result<Endpoint, Usage> {
+                let s = s.as_deref().ok_or_else(|| Usage(format!("missing {what}")))?;
+                s.parse().map_err(|e| Usage(format!("{what}: {e}")))
+            };
+            vec![(parse(&args.source, "SOURCE")?, parse(&args.destination, "DESTINATION")?)]
+        }
+    };
+    let pool = Arc::new(ClientPool::new(args.registry.pool_options()?));
+    let progress = !args.json && std::io::stdout().is_terminal();
+    let copier = Arc::new(Copier::new(
+        pool,
+        CopyOptions {
+            jobs: usize::from(args.jobs),
+            platforms: args.platforms.clone(),
+            progress,
+        },
+    ));
+
+    // Images run concurrently; blob transfers across all of them share the
+    // --jobs bound inside the copier.
+    let images = usize::from(args.jobs);
+    let results: Vec<ImageResult> = futures::StreamExt::collect(futures::StreamExt::buffered(
+        futures::stream::iter(pairs.into_iter().map(|(src, dst)| {
+            let copier = copier.clone();
+            async move {
+                match copier.copy(&src, &dst).await {
+                    Ok(r) => ImageResult::Ok(r),
+                    Err(e) => ImageResult::Failed {
+                        source: src.to_string(),
+                        destination: dst.to_string(),
+                        error: e.to_string(),
+                    },
+                }
+            }
+        })),
+        images,
+    ))
+    .await;
+
+    let failed = results
+        .iter()
+        .filter(|r| matches!(r, ImageResult::Failed { .. }))
+        .count();
+    let summary = Summary {
+        succeeded: results.len() - failed,
+        failed,
+        images: results,
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &summary)?;
+        writeln!(out)?;
+    } else {
+        for r in &summary.images {
+            match r {
+                ImageResult::Ok(r) if r.up_to_date => {
+                    writeln!(out, "up to date  {} -> {} {}", r.source, r.destination, r.digest)?
+                }
+                ImageResult::Ok(r) => writeln!(
+                    out,
+                    "copied      {} -> {} {} ({} blobs copied, {} skipped, {} mounted, {} bytes, {:.2}s)",
+                    r.source,
+                    r.destination,
+                    r.digest,
+                    r.blobs_copied,
+                    r.blobs_skipped,
+                    r.blobs_mounted,
+                    r.bytes_copied,
+                    r.duration_seconds
+                )?,
+                ImageResult::Failed { .. } => {}
+            }
+        }
+        for r in &summary.images {
+            if let ImageResult::Failed {
+                source,
+                destination,
+                error,
+            } = r
+            {
+                eprintln!("error: copy {source} -> {destination}: {error}");
+            }
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

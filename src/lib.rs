@@ -1,0 +1,12 @@
+//! pinswap: mirror container images into a registry you own and pin Pods to
+//! them by manifest digest.
+//!
+//! The crate is one library with a thin binary (`src/main.rs`). Modules follow
+//! `shared/DESIGN.md` §4; dependencies point one way: `cli` → `registry` →
+//! `reference`.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod cli;
+pub mod reference;
+pub mod registry;

@@ -1,0 +1,235 @@
+//! Credentials: explicit `user:password`, an authfile, or the Docker config
+//! (`$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`), credential
+//! helpers included.
+//!
+//! Lookup follows Docker and skopeo: explicit credentials for that side of the
+//! copy win, then `--authfile`, then the Docker config; otherwise anonymous.
+//! Parsing and helper calls are docker_credential's. Credentials are never
+//! formatted into logs or errors: [`Credentials`] redacts its `Debug`.
+
+use std::path::PathBuf;
+
+use oci_client::secrets::RegistryAuth;
+
+/// Errors reading credentials. Messages name the file and the registry,
+/// never a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// `--src-creds`/`--dest-creds` was not `USER:PASSWORD`.
+    #[error("{flag}: expected USER:PASSWORD (the password may be empty only if no ':' is given)")]
+    BadCreds {
+        /// The flag or env var name.
+        flag: &'static str,
+    },
+    /// The authfile could not be read or parsed.
+    #[error("authfile {path}: {reason}")]
+    AuthFile {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A credential helper failed.
+    #[error("credentials for {registry} from {source_name}: {reason}")]
+    Helper {
+        /// The registry.
+        registry: String,
+        /// Where the lookup came from.
+        source_name: String,
+        /// Why (docker_credential's error, which carries no secret).
+        reason: String,
+    },
+}
+
+/// A username and password. `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The username.
+    pub username: String,
+    password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials({}:<redacted>)", self.username)
+    }
+}
+
+impl Credentials {
+    /// Parses `USER:PASSWORD` as skopeo's `--creds` does (split at the first
+    /// `:`). `flag` names the flag for the error message.
+    ///
+    /// # Errors
+    /// [`AuthError::BadCreds`] when there is no `:` or the user is empty.
+    pub fn parse(s: &str, flag: &'static str) -> Result<Self, AuthError> {
+        match s.split_once(':') {
+            Some((u, p)) if !u.is_empty() => Ok(Self {
+                username: u.to_owned(),
+                password: p.to_owned(),
+            }),
+            _ => Err(AuthError::BadCreds { flag }),
+        }
+    }
+
+    /// The credentials as oci-client's basic auth.
+    pub fn to_auth(&self) -> RegistryAuth {
+        RegistryAuth::Basic(self.username.clone(), self.password.clone())
+    }
+}
+
+/// Where to look for credentials, in order.
+#[derive(Debug, Clone, Default)]
+pub struct CredentialSources {
+    /// An explicit authfile (`--authfile`), Docker config.json format.
+    pub authfile: Option<PathBuf>,
+    /// Whether to read `$DOCKER_CONFIG/config.json` / `~/.docker/config.json`.
+    pub docker_config: bool,
+}
+
+/// The keys a Docker config may use for `registry`: Docker Hub is stored
+/// under its v1 index URL; other registries by host, sometimes with scheme.
+fn config_keys(registry: &str) -> Vec<String> {
+    if registry == "docker.io" {
+        vec![
+            "https://index.docker.io/v1/".into(),
+            "index.docker.io".into(),
+            "docker.io".into(),
+        ]
+    } else {
+        vec![registry.to_owned(), format!("https://{registry}")]
+    }
+}
+
+fn to_auth(c: docker_credential::DockerCredential) -> RegistryAuth {
+    match c {
+        docker_credential::DockerCredential::UsernamePassword(u, p) => RegistryAuth::Basic(u, p),
+        // An identity token is a refresh token for the bearer flow; registries
+        // accept it as the password of the `<token>` user.
+        docker_credential::DockerCredential::IdentityToken(t) => {
+            RegistryAuth::Basic("<token>".into(), t)
+        }
+    }
+}
+
+fn lookup(
+    registry: &str,
+    read: impl Fn(
+        &str,
+    ) -> Result<
+        docker_credential::DockerCredential,
+        docker_credential::CredentialRetrievalError,
+    >,
+    source_name: &str,
+) -> Result<Option<RegistryAuth>, AuthError> {
+    use docker_credential::CredentialRetrievalError as E;
+    for key in config_keys(registry) {
+        match read(&key) {
+            Ok(c) => return Ok(Some(to_auth(c))),
+            Err(E::NoCredentialConfigured | E::ConfigNotFound | E::ConfigReadError) => {}
+            Err(e) => {
+                return Err(AuthError::Helper {
+                    registry: registry.to_owned(),
+                    source_name: source_name.to_owned(),
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(None)
+}
+
+impl CredentialSources {
+    /// Credentials for `registry` (`host[:port]`, Docker Hub as `docker.io`),
+    /// or `None` for anonymous access. Blocking (file reads, helper
+    /// processes): call from `spawn_blocking`.
+    ///
+    /// # Errors
+    /// [`AuthError::AuthFile`] when the authfile is unreadable or not JSON,
+    /// [`AuthError::Helper`] when a credential helper fails.
+    pub fn lookup_blocking(&self, registry: &str) -> Result<Option<RegistryAuth>, AuthError> {
+        if let Some(path) = &self.authfile {
+            let bytes = std::fs::read(path).map_err(|e| AuthError::AuthFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| {
+                AuthError::AuthFile {
+                    path: path.clone(),
+                    reason: format!("not valid JSON: {e}"),
+                }
+            })?;
+            let found = lookup(
+                registry,
+                |k| docker_credential::get_credential_from_reader(&bytes[..], k),
+                &path.display().to_string(),
+            )?;
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        if self.docker_config {
+            return lookup(registry, docker_credential::get_credential, "docker config");
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creds_parse_and_redact() {
+        let c = Credentials::parse("alice:s3cr:et", "--src-creds").unwrap();
+        assert_eq!(c.username, "alice");
+        assert_eq!(c.to_auth(), RegistryAuth::Basic("alice".into(), "s3cr:et".into()));
+        assert!(!format!("{c:?}").contains("s3cr"));
+        let e = Credentials::parse("alice", "--dest-creds").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--dest-creds: expected USER:PASSWORD (the password may be empty only if no ':' is given)"
+        );
+        assert!(Credentials::parse(":pw", "--src-creds").is_err());
+    }
+
+    #[test]
+    fn authfile_lookup() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("auth.json");
+        // "bob:hunter2"
+        std::fs::write(
+            &path,
+            r#"{"auths":{"127.0.0.1:5000":{"auth":"Ym9iOmh1bnRlcjI="},"https://index.docker.io/v1/":{"auth":"Ym9iOmh1bnRlcjI="}}}"#,
+        )
+        .unwrap();
+        let s = CredentialSources {
+            authfile: Some(path.clone()),
+            docker_config: false,
+        };
+        let want = Some(RegistryAuth::Basic("bob".into(), "hunter2".into()));
+        assert_eq!(s.lookup_blocking("127.0.0.1:5000").unwrap(), want);
+        assert_eq!(s.lookup_blocking("docker.io").unwrap(), want);
+        assert_eq!(s.lookup_blocking("127.0.0.1:5001").unwrap(), None);
+
+        std::fs::write(&path, "{not json").unwrap();
+        let e = s.lookup_blocking("127.0.0.1:5000").unwrap_err().to_string();
+        assert!(e.starts_with(&format!("authfile {}: not valid JSON", path.display())), "{e}");
+    }
+
+    #[test]
+    fn missing_helper_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("auth.json");
+        std::fs::write(
+            &path,
+            r#"{"credHelpers":{"127.0.0.1:5000":"pinswap-test-no-such-helper"}}"#,
+        )
+        .unwrap();
+        let s = CredentialSources {
+            authfile: Some(path),
+            docker_config: false,
+        };
+        let e = s.lookup_blocking("127.0.0.1:5000").unwrap_err().to_string();
+        assert!(e.starts_with("credentials for 127.0.0.1:5000 from "), "{e}");
+    }
+}

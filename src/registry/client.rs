@@ -1,0 +1,503 @@
+//! A pool of registry clients, one per registry and side of a copy.
+//!
+//! oci-client fixes the scheme (HTTPS or HTTP) and the upload mode
+//! (chunked or monolithic) per client, and keeps the first credentials it sees
+//! per registry. So each registry gets its own pair of clients, built after a
+//! `GET /v2/` probe (distribution-spec §Determining support) that picks the
+//! scheme and tells whether the registry wants auth at all. Insecure
+//! registries (`--insecure-registry`, and loopback addresses as Docker does)
+//! try HTTPS first and fall back to plain HTTP.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt, TryStreamExt};
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::secrets::RegistryAuth;
+use tokio::sync::{Mutex, OnceCell};
+use tracing::debug;
+
+use super::auth::{CredentialSources, Credentials};
+use super::manifest::{ACCEPT, Descriptor, RawManifest};
+use super::{Ctx, RegistryError, Result, chain, is_not_found};
+use crate::reference::{Digest, Reference};
+
+/// oci-client sends each chunk of a chunked upload as one PATCH of at most
+/// 4 MiB (its private `PUSH_CHUNK_MAX_SIZE`), and each stream item as its own
+/// PATCH; we regroup the network's small reads into chunks of this size.
+pub const UPLOAD_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// Blobs larger than this (bytes) are uploaded in chunks (PATCH ... PUT);
+/// smaller ones in one streamed PUT (distribution-spec §Pushing blobs).
+pub const DEFAULT_CHUNKED_THRESHOLD: u64 = 64 * 1024 * 1024;
+
+/// Which side of a copy a client serves. Explicit credentials are per side,
+/// so source credentials are never sent to the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Where images are read from.
+    Source,
+    /// Where images are written to.
+    Target,
+}
+
+/// How the pool builds clients.
+#[derive(Debug, Clone, Default)]
+pub struct PoolOptions {
+    /// `host[:port]` registries that may be reached over plain HTTP.
+    pub insecure: Vec<String>,
+    /// Extra trusted CA certificates (PEM), added to the system roots.
+    pub ca_certs: Vec<Vec<u8>>,
+    /// Credentials used only for the source side.
+    pub source_creds: Option<Credentials>,
+    /// Credentials used only for the target side.
+    pub target_creds: Option<Credentials>,
+    /// Authfile and Docker config lookup.
+    pub sources: CredentialSources,
+    /// Blobs above this many bytes use chunked upload; `None` for the default.
+    pub chunked_threshold: Option<u64>,
+}
+
+/// Lazily built, shared clients keyed by registry and [`Role`].
+#[derive(Debug)]
+pub struct ClientPool {
+    opts: PoolOptions,
+    entries: Mutex<HashMap<(String, Role), Arc<OnceCell<Arc<Registry>>>>>,
+}
+
+/// A connection to one registry. Cheap to share (`Arc`).
+pub struct Registry {
+    host: String,
+    scheme: &'static str,
+    chunked: oci_client::Client,
+    monolithic: oci_client::Client,
+    chunked_threshold: u64,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Registry({}://{})", self.scheme, self.host)
+    }
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    let h = host
+        .rsplit_once(':')
+        .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
+        .map(|(h, _)| h)
+        .unwrap_or(host);
+    let h = h.trim_start_matches('[').trim_end_matches(']');
+    h == "localhost"
+        || h.parse::<std::net::IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false)
+}
+
+impl ClientPool {
+    /// A pool with these options; no connection is made yet.
+    pub fn new(opts: PoolOptions) -> Self {
+        Self {
+            opts,
+            entries: Mutex::default(),
+        }
+    }
+
+    /// The client for `registry` (`host[:port]`, Docker Hub as `docker.io`)
+    /// on `role`'s side, probing and authenticating on first use.
+    ///
+    /// # Errors
+    /// [`RegistryError::Unreachable`] when `GET /v2/` fails on every allowed
+    /// scheme; [`RegistryError::Unauthorized`] when the registry wants auth and
+    /// no credentials are known; [`RegistryError::Auth`] when credentials
+    /// cannot be read.
+    pub async fn get(&self, registry: &str, role: Role) -> Result<Arc<Registry>> {
+        let cell = {
+            let mut map = self.entries.lock().await;
+            map.entry((registry.to_owned(), role))
+                .or_default()
+                .clone()
+        };
+        cell.get_or_try_init(|| async { self.connect(registry, role).await.map(Arc::new) })
+            .await
+            .cloned()
+    }
+
+    fn certificates(&self) -> Vec<Certificate> {
+        self.opts
+            .ca_certs
+            .iter()
+            .map(|pem| Certificate {
+                encoding: CertificateEncoding::Pem,
+                data: pem.clone(),
+            })
+            .collect()
+    }
+
+    async fn connect(&self, registry: &str, role: Role) -> Result<Registry> {
+        // Docker Hub's API lives on another host than its name.
+        let api_host = if registry == "docker.io" {
+            "index.docker.io"
+        } else {
+            registry
+        };
+        let insecure =
+            self.opts.insecure.iter().any(|h| h == registry) || is_loopback_host(api_host);
+        let mut probe = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(30))
+            .user_agent(concat!("pinswap/", env!("CARGO_PKG_VERSION")));
+        for pem in &self.opts.ca_certs {
+            let cert = reqwest::Certificate::from_pem(pem).map_err(|e| RegistryError::Other {
+                registry: registry.into(),
+                reference: "CA certificate".into(),
+                operation: "load",
+                message: chain(&e),
+            })?;
+            probe = probe.add_root_certificate(cert);
+        }
+        let probe = probe.build().map_err(|e| RegistryError::Other {
+            registry: registry.into(),
+            reference: "/v2/".into(),
+            operation: "build client for",
+            message: chain(&e),
+        })?;
+        let scheme = match ping(&probe, "https", api_host).await {
+            Ok(()) => "https",
+            Err(https_err) if insecure => match ping(&probe, "http", api_host).await {
+                Ok(()) => "http",
+                Err(_) => {
+                    return Err(RegistryError::Unreachable {
+                        registry: registry.into(),
+                        reason: https_err,
+                    });
+                }
+            },
+            Err(e) => {
+                return Err(RegistryError::Unreachable {
+                    registry: registry.into(),
+                    reason: e,
+                });
+            }
+        };
+        let explicit = match role {
+            Role::Source => self.opts.source_creds.as_ref(),
+            Role::Target => self.opts.target_creds.as_ref(),
+        };
+        let auth = match explicit {
+            Some(c) => c.to_auth(),
+            None => {
+                let sources = self.opts.sources.clone();
+                let reg = registry.to_owned();
+                tokio::task::spawn_blocking(move || sources.lookup_blocking(&reg))
+                    .await
+                    .map_err(|e| RegistryError::Other {
+                        registry: registry.into(),
+                        reference: "credentials".into(),
+                        operation: "look up",
+                        message: e.to_string(),
+                    })??
+                    .unwrap_or(RegistryAuth::Anonymous)
+            }
+        };
+        debug!(registry, scheme, role = ?role, "registry probed");
+        let threshold = self
+            .opts
+            .chunked_threshold
+            .unwrap_or(DEFAULT_CHUNKED_THRESHOLD);
+        let build = |monolithic: bool| {
+            oci_client::Client::try_from(ClientConfig {
+                protocol: if scheme == "http" {
+                    ClientProtocol::Http
+                } else {
+                    ClientProtocol::Https
+                },
+                use_monolithic_push: monolithic,
+                extra_root_certificates: self.certificates(),
+                connect_timeout: Some(Duration::from_secs(10)),
+                read_timeout: Some(Duration::from_secs(60)),
+                user_agent: concat!("pinswap/", env!("CARGO_PKG_VERSION")),
+                ..ClientConfig::default()
+            })
+            .map_err(|e| RegistryError::Other {
+                registry: registry.into(),
+                reference: "/v2/".into(),
+                operation: "build client for",
+                message: chain(&e),
+            })
+        };
+        let chunked = build(false)?;
+        let monolithic = build(true)?;
+        // With auth stored, oci-client authenticates each request per
+        // repository and operation (its token cache). Its manifest calls
+        // store auth anyway, so every registry gets it, even one that asks
+        // for none (oci-client then re-pings `/v2/` per request: a known cost).
+        for c in [&chunked, &monolithic] {
+            c.store_auth_if_needed(api_host, &auth).await;
+        }
+        Ok(Registry {
+            host: registry.to_owned(),
+            scheme,
+            chunked,
+            monolithic,
+            chunked_threshold: threshold,
+        })
+    }
+}
+
+/// `GET /v2/`: any HTTP answer (200, 401, ...) means the scheme works.
+async fn ping(client: &reqwest::Client, scheme: &str, host: &str) -> std::result::Result<(), String> {
+    client
+        .get(format!("{scheme}://{host}/v2/"))
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| chain(&e))
+}
+
+/// Regroups a byte stream into chunks of exactly `size` bytes (the last may
+/// be shorter), so a chunked upload sends few, full PATCH requests.
+fn rechunk<S, E>(stream: S, size: usize) -> impl Stream<Item = std::result::Result<Bytes, E>>
+where
+    S: Stream<Item = std::result::Result<Bytes, E>> + Send + 'static,
+{
+    futures::stream::unfold(
+        (Box::pin(stream), BytesMut::new(), false),
+        move |(mut s, mut buf, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                if buf.len() >= size {
+                    let out = buf.split_to(size).freeze();
+                    return Some((Ok(out), (s, buf, false)));
+                }
+                match s.next().await {
+                    Some(Ok(b)) => buf.extend_from_slice(&b),
+                    Some(Err(e)) => return Some((Err(e), (s, buf, true))),
+                    None if buf.is_empty() => return None,
+                    None => {
+                        let out = buf.split().freeze();
+                        return Some((Ok(out), (s, buf, true)));
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// A blob's bytes as they stream, each item checked by the producer.
+pub type BlobStream = futures::stream::BoxStream<'static, std::io::Result<Bytes>>;
+
+impl Registry {
+    /// `host[:port]` as given to the pool.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// `https` or `http`, as chosen by the probe.
+    pub fn scheme(&self) -> &'static str {
+        self.scheme
+    }
+
+    fn ctx<'a>(&'a self, reference: &'a str, operation: &'static str) -> Ctx<'a> {
+        Ctx {
+            registry: &self.host,
+            reference,
+            operation,
+        }
+    }
+
+    /// The manifest digest `r` resolves to, by `HEAD` (falling back to `GET`,
+    /// as oci-client does), or `None` when the registry has no such manifest
+    /// or repository.
+    ///
+    /// # Errors
+    /// Any other registry error, mapped by [`RegistryError::from_oci`].
+    pub async fn manifest_digest(&self, r: &Reference) -> Result<Option<Digest>> {
+        let name = r.to_string();
+        match self
+            .chunked
+            .fetch_manifest_digest(&r.to_oci(), &RegistryAuth::Anonymous)
+            .await
+        {
+            Ok(d) => Digest::parse(&d).map(Some).map_err(|e| RegistryError::Manifest {
+                registry: self.host.clone(),
+                reference: name,
+                reason: format!("registry returned an invalid digest: {e}"),
+            }),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(RegistryError::from_oci(self.ctx(&name, "HEAD manifest"), e)),
+        }
+    }
+
+    /// `GET` the manifest `r` as raw bytes with the full Accept list; the
+    /// digest is checked against `r`'s digest when it has one.
+    ///
+    /// # Errors
+    /// [`RegistryError::Http`] (404 `MANIFEST_UNKNOWN` for a missing one),
+    /// [`RegistryError::DigestMismatch`], [`RegistryError::Manifest`] for a
+    /// manifest that is not a supported type.
+    pub async fn get_manifest(&self, r: &Reference) -> Result<RawManifest> {
+        let name = r.to_string();
+        let (bytes, digest) = self
+            .chunked
+            .pull_manifest_raw(&r.to_oci(), &RegistryAuth::Anonymous, ACCEPT)
+            .await
+            .map_err(|e| RegistryError::from_oci(self.ctx(&name, "GET manifest"), e))?;
+        let digest = Digest::parse(&digest).map_err(|e| RegistryError::Manifest {
+            registry: self.host.clone(),
+            reference: name.clone(),
+            reason: e.to_string(),
+        })?;
+        RawManifest::parse(bytes, digest, None).map_err(|e| RegistryError::Manifest {
+            registry: self.host.clone(),
+            reference: name,
+            reason: e.to_string(),
+        })
+    }
+
+    /// Whether the repository of `r` has blob `digest` (`HEAD`).
+    ///
+    /// # Errors
+    /// Registry errors other than 404.
+    pub async fn blob_exists(&self, r: &Reference, digest: &str) -> Result<bool> {
+        self.chunked
+            .blob_exists(&r.to_oci(), digest)
+            .await
+            .map_err(|e| {
+                let name = format!("{}@{digest}", r.name());
+                RegistryError::from_oci(self.ctx(&name, "HEAD blob"), e)
+            })
+    }
+
+    /// Best-effort cross-repository mount of `digest` from `from_repository`
+    /// into `r`'s repository. Returns whether the blob is now there. A 202
+    /// (mount refused, upload opened) or any error is `false`: the caller
+    /// streams instead (distribution-spec §Mounting a blob).
+    pub async fn mount(&self, r: &Reference, from_repository: &str, digest: &str) -> bool {
+        let from = oci_client::Reference::with_digest(
+            self.host.clone(),
+            from_repository.to_owned(),
+            digest.to_owned(),
+        );
+        match self.chunked.mount_blob(&r.to_oci(), &from, digest).await {
+            Ok(()) => true,
+            Err(e) => {
+                debug!(registry = %self.host, digest, from = from_repository, error = %e, "mount not done; streaming instead");
+                false
+            }
+        }
+    }
+
+    /// Streams blob `desc` of `r`'s repository. oci-client checks the bytes
+    /// against the digest as they pass and fails the stream's last item on a
+    /// mismatch.
+    ///
+    /// # Errors
+    /// Registry errors on the initial request.
+    pub async fn pull_blob(&self, r: &Reference, desc: &Descriptor) -> Result<BlobStream> {
+        let s = self
+            .chunked
+            .pull_blob_stream(&r.to_oci(), desc.digest.as_str())
+            .await
+            .map_err(|e| {
+                let name = format!("{}@{}", r.name(), desc.digest);
+                RegistryError::from_oci(self.ctx(&name, "GET blob"), e)
+            })?;
+        Ok(s.stream)
+    }
+
+    /// Uploads `stream` as blob `desc` into `r`'s repository: one streamed
+    /// PUT up to the chunked threshold, else 4 MiB PATCH chunks and a closing
+    /// PUT. The registry verifies the digest on the closing PUT; a stream
+    /// error aborts the upload before it, so nothing is committed.
+    ///
+    /// # Errors
+    /// Registry errors, or the stream's own error.
+    pub async fn push_blob(&self, r: &Reference, desc: &Descriptor, stream: BlobStream) -> Result<()> {
+        let stream = stream.map_err(oci_client::errors::OciDistributionError::IoError);
+        let res = if desc.size > self.chunked_threshold {
+            self.chunked
+                .push_blob_stream(
+                    &r.to_oci(),
+                    rechunk(stream, UPLOAD_CHUNK_BYTES),
+                    &desc.digest,
+                    None,
+                )
+                .await
+        } else {
+            self.monolithic
+                .push_blob_stream(&r.to_oci(), stream, &desc.digest, Some(desc.size))
+                .await
+        };
+        res.map(|_| ()).map_err(|e| {
+            let name = format!("{}@{}", r.name(), desc.digest);
+            RegistryError::from_oci(self.ctx(&name, "PUT blob"), e)
+        })
+    }
+
+    /// `PUT` the manifest bytes unchanged, with their mediaType as
+    /// Content-Type, under `r`'s tag (or digest when it has none).
+    ///
+    /// # Errors
+    /// Registry errors (e.g. 400 `MANIFEST_BLOB_UNKNOWN` when a blob is missing).
+    pub async fn push_manifest(&self, r: &Reference, manifest: &RawManifest) -> Result<()> {
+        let name = r.to_string();
+        let target = match r.tag() {
+            Some(_) => r.without_digest(),
+            None => r.with_digest(manifest.digest.clone()),
+        };
+        let content_type = http::HeaderValue::from_str(&manifest.media_type).map_err(|e| {
+            RegistryError::Manifest {
+                registry: self.host.clone(),
+                reference: name.clone(),
+                reason: format!("mediaType is not a valid header value: {e}"),
+            }
+        })?;
+        self.chunked
+            .push_manifest_raw(&target.to_oci(), manifest.bytes.clone(), content_type)
+            .await
+            .map(|_| ())
+            .map_err(|e| RegistryError::from_oci(self.ctx(&name, "PUT manifest"), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn rechunk_regroups_exactly() {
+        let items: Vec<std::result::Result<Bytes, ()>> = (0..10)
+            .map(|i| Ok(Bytes::from(vec![i as u8; 3])))
+            .collect();
+        let out: Vec<_> = rechunk(futures::stream::iter(items), 7)
+            .collect::<Vec<_>>()
+            .await;
+        let lens: Vec<usize> = out.iter().map(|r| r.as_ref().unwrap().len()).collect();
+        assert_eq!(lens, [7, 7, 7, 7, 2]);
+        let all: Vec<u8> = out.into_iter().flat_map(|r| r.unwrap().to_vec()).collect();
+        let want: Vec<u8> = (0..10u8).flat_map(|i| [i; 3]).collect();
+        assert_eq!(all, want);
+    }
+
+    #[tokio::test]
+    async fn rechunk_passes_errors_and_stops() {
+        let items: Vec<std::result::Result<Bytes, &str>> =
+            vec![Ok(Bytes::from_static(b"ab")), Err("boom"), Ok(Bytes::from_static(b"cd"))];
+        let out: Vec<_> = rechunk(futures::stream::iter(items), 4).collect().await;
+        assert_eq!(out, vec![Err("boom")]);
+    }
+
+    #[test]
+    fn loopback_detection() {
+        for h in ["localhost:5000", "127.0.0.1:5000", "127.1.2.3", "[::1]:5000", "localhost"] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in ["docker.io", "10.0.0.1:5000", "example.com:443", "[::2]:5000"] {
+            assert!(!is_loopback_host(h), "{h}");
+        }
+    }
+}

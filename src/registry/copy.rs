@@ -1,0 +1,759 @@
+//! The copy engine: one image (manifest, index or artifact) from a source to
+//! a destination, byte-exact (DESIGN.md §3 "Copy", §5).
+//!
+//! Order of work, so an interrupted copy leaves nothing that looks complete:
+//! blobs first (skipped when present, mounted when possible, else streamed and
+//! verified), then child manifests by digest, then the top manifest by tag.
+//! Manifests are pushed as the bytes the source served; the only manifest we
+//! write ourselves is a platform-filtered index.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use serde::Serialize;
+use tokio::sync::{Mutex, Semaphore};
+use tracing::{debug, info};
+
+use super::client::{BlobStream, ClientPool, Registry, Role};
+use super::layout::{Layout, sha256_digest};
+use super::manifest::{Descriptor, ManifestKind, PlatformSpec, RawManifest, filter_index};
+use super::{RegistryError, Result};
+use crate::reference::{Reference, ReferenceError};
+
+/// One side of a copy: `docker://REF` or `oci:DIR[:REF]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A registry reference.
+    Registry(Reference),
+    /// An OCI layout directory and an optional `ref.name`.
+    Layout {
+        /// The directory.
+        dir: PathBuf,
+        /// The `org.opencontainers.image.ref.name`, if any.
+        name: Option<String>,
+    },
+}
+
+/// Why an endpoint string is not valid.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EndpointError {
+    /// Neither `docker://` nor `oci:`.
+    #[error("{0:?}: expected docker://REFERENCE or oci:DIR[:REF]")]
+    Transport(String),
+    /// `oci:` with an empty directory.
+    #[error("{0:?}: oci: needs a directory, as oci:DIR[:REF]")]
+    EmptyDir(String),
+    /// The reference after `docker://` is invalid.
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+}
+
+impl std::str::FromStr for Endpoint {
+    type Err = EndpointError;
+    /// `docker://REF` (normalised as Docker does) or `oci:DIR[:REF]`; as in
+    /// skopeo, the directory ends at the first `:`.
+    fn from_str(s: &str) -> std::result::Result<Self, EndpointError> {
+        if let Some(r) = s.strip_prefix("docker://") {
+            return Ok(Self::Registry(Reference::parse(r)?));
+        }
+        if let Some(rest) = s.strip_prefix("oci:") {
+            let (dir, name) = match rest.split_once(':') {
+                Some((d, n)) => (d, Some(n.to_owned()).filter(|n| !n.is_empty())),
+                None => (rest, None),
+            };
+            if dir.is_empty() {
+                return Err(EndpointError::EmptyDir(s.to_owned()));
+            }
+            return Ok(Self::Layout {
+                dir: PathBuf::from(dir),
+                name,
+            });
+        }
+        Err(EndpointError::Transport(s.to_owned()))
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Registry(r) => write!(f, "docker://{r}"),
+            Self::Layout { dir, name: None } => write!(f, "oci:{}", dir.display()),
+            Self::Layout {
+                dir,
+                name: Some(n),
+            } => write!(f, "oci:{}:{n}", dir.display()),
+        }
+    }
+}
+
+/// Errors of a copy.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// Registry or layout failure.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// OCI layout failure.
+    #[error(transparent)]
+    Layout(#[from] super::layout::LayoutError),
+    /// The destination names a digest that is not the source's.
+    #[error(
+        "destination {destination} pins digest {wanted}, but the source manifest is {actual}"
+    )]
+    DestinationDigest {
+        /// The destination.
+        destination: String,
+        /// Its digest.
+        wanted: String,
+        /// The source's.
+        actual: String,
+    },
+    /// A blob failed while streaming (read error, digest or size mismatch).
+    #[error("blob {digest} from {source_name}: {reason}")]
+    Blob {
+        /// The blob digest.
+        digest: String,
+        /// Where it came from.
+        source_name: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What a copy did. Serialised for `--json`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyReport {
+    /// The source, as given.
+    pub source: String,
+    /// The destination, as given.
+    pub destination: String,
+    /// Digest of the top manifest at the destination.
+    pub digest: String,
+    /// Its mediaType.
+    pub media_type: String,
+    /// Manifests pushed (top and children); 0 for an up-to-date copy.
+    pub manifests_pushed: u64,
+    /// Blobs streamed from the source.
+    pub blobs_copied: u64,
+    /// Blobs the destination already had.
+    pub blobs_skipped: u64,
+    /// Blobs cross-repository mounted.
+    pub blobs_mounted: u64,
+    /// Bytes streamed (sum of copied blobs' sizes).
+    pub bytes_copied: u64,
+    /// True when the destination already had this manifest under that tag.
+    pub up_to_date: bool,
+    /// Wall time, seconds.
+    pub duration_seconds: f64,
+}
+
+#[derive(Default)]
+struct Stats {
+    manifests: AtomicU64,
+    copied: AtomicU64,
+    skipped: AtomicU64,
+    mounted: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// Copy settings.
+#[derive(Debug, Clone)]
+pub struct CopyOptions {
+    /// Blobs in flight at once (`--jobs`), at least 1.
+    pub jobs: usize,
+    /// Index children to keep; empty keeps all.
+    pub platforms: Vec<PlatformSpec>,
+    /// Draw a progress bar per streamed blob.
+    pub progress: bool,
+}
+
+impl Default for CopyOptions {
+    fn default() -> Self {
+        Self {
+            jobs: 4,
+            platforms: Vec::new(),
+            progress: false,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Side {
+    Registry {
+        client: Arc<Registry>,
+        reference: Reference,
+    },
+    Layout {
+        layout: Arc<Layout>,
+        name: Option<String>,
+    },
+}
+
+impl Side {
+    fn describe(&self) -> String {
+        match self {
+            Side::Registry { reference, .. } => reference.to_string(),
+            Side::Layout { layout, name } => match name {
+                Some(n) => format!("oci:{}:{n}", layout.dir().display()),
+                None => format!("oci:{}", layout.dir().display()),
+            },
+        }
+    }
+}
+
+/// The copy engine. One value serves many copies: it shares clients, bounds
+/// blob parallelism across all of them, and remembers which target
+/// repository already holds a blob so later images mount instead of
+/// re-streaming it.
+pub struct Copier {
+    pool: Arc<ClientPool>,
+    opts: CopyOptions,
+    slots: Arc<Semaphore>,
+    /// (target registry, digest) → repository that has it. The mutex also
+    /// makes concurrent copies of one blob wait for the first.
+    ledger: Mutex<HashMap<(String, String), Arc<Mutex<Option<String>>>>>,
+    layouts: Mutex<HashMap<PathBuf, Arc<Layout>>>,
+    bars: Option<MultiProgress>,
+}
+
+impl Copier {
+    /// A copier using `pool` for registries.
+    pub fn new(pool: Arc<ClientPool>, opts: CopyOptions) -> Self {
+        let jobs = opts.jobs.max(1);
+        Self {
+            pool,
+            slots: Arc::new(Semaphore::new(jobs)),
+            bars: opts.progress.then(MultiProgress::new),
+            opts,
+            ledger: Mutex::default(),
+            layouts: Mutex::default(),
+        }
+    }
+
+    async fn layout(&self, dir: &PathBuf, create: bool) -> Result<Arc<Layout>> {
+        let mut map = self.layouts.lock().await;
+        if let Some(l) = map.get(dir) {
+            return Ok(l.clone());
+        }
+        let l = Arc::new(if create {
+            Layout::create(dir)?
+        } else {
+            Layout::open(dir)?
+        });
+        map.insert(dir.clone(), l.clone());
+        Ok(l)
+    }
+
+    async fn side(&self, e: &Endpoint, role: Role) -> Result<Side> {
+        Ok(match e {
+            Endpoint::Registry(r) => Side::Registry {
+                client: self.pool.get(r.registry(), role).await?,
+                reference: r.clone(),
+            },
+            Endpoint::Layout { dir, name } => Side::Layout {
+                layout: self.layout(dir, role == Role::Target).await?,
+                name: name.clone(),
+            },
+        })
+    }
+
+    /// Copies `src` to `dst`.
+    ///
+    /// A layout destination without a name takes the source's tag as its
+    /// `ref.name`. A registry destination pinned by digest must name the
+    /// source's digest.
+    ///
+    /// # Errors
+    /// [`CopyError::Registry`] for registry and layout failures (each names
+    /// the registry, reference, status and code), [`CopyError::Blob`] when a
+    /// blob's bytes are wrong, [`CopyError::DestinationDigest`]. On error no
+    /// top manifest has been pushed.
+    pub async fn copy(
+        &self,
+        src: &Endpoint,
+        dst: &Endpoint,
+    ) -> std::result::Result<CopyReport, CopyError> {
+        let start = Instant::now();
+        let s = self.side(src, Role::Source).await?;
+        let d = self.side(dst, Role::Target).await?;
+        let stats = Stats::default();
+
+        // Resolve the source to a manifest digest.
+        let (src_digest, src_desc) = match &s {
+            Side::Registry { client, reference } => match reference.digest() {
+                Some(d) => (d.clone(), None),
+                None => {
+                    let d = client.manifest_digest(reference).await?.ok_or_else(|| {
+                        RegistryError::Http {
+                            registry: client.host().to_owned(),
+                            reference: reference.to_string(),
+                            operation: "HEAD manifest",
+                            status: 404,
+                            code: Some("MANIFEST_UNKNOWN".into()),
+                            message: "manifest unknown".into(),
+                        }
+                    })?;
+                    (d, None)
+                }
+            },
+            Side::Layout { layout, name } => {
+                let desc = layout.resolve(name.as_deref()).await?;
+                let d = crate::reference::Digest::parse(&desc.digest).map_err(|e| {
+                    super::layout::LayoutError::Invalid {
+                        path: layout.dir().to_owned(),
+                        reason: e.to_string(),
+                    }
+                })?;
+                (d, Some(desc))
+            }
+        };
+
+        let report = |digest: String, media_type: String, up_to_date: bool, stats: &Stats| CopyReport {
+            source: src.to_string(),
+            destination: dst.to_string(),
+            digest,
+            media_type,
+            manifests_pushed: stats.manifests.load(Ordering::Relaxed),
+            blobs_copied: stats.copied.load(Ordering::Relaxed),
+            blobs_skipped: stats.skipped.load(Ordering::Relaxed),
+            blobs_mounted: stats.mounted.load(Ordering::Relaxed),
+            bytes_copied: stats.bytes.load(Ordering::Relaxed),
+            up_to_date,
+            duration_seconds: start.elapsed().as_secs_f64(),
+        };
+
+        // Warm path: the destination already has this digest under its name.
+        if self.opts.platforms.is_empty()
+            && let Some(existing) = self.dest_top_digest(&d, &s).await?
+            && existing == src_digest.as_str()
+        {
+            info!(source = %src, destination = %dst, digest = %src_digest, "destination is up to date");
+            let media_type = match &src_desc {
+                Some(desc) => desc.media_type.clone(),
+                None => String::new(),
+            };
+            return Ok(report(src_digest.to_string(), media_type, true, &stats));
+        }
+
+        let manifest = self.source_manifest(&s, &src_digest, src_desc.as_ref()).await?;
+        let (top, children) = match (&manifest.kind, self.opts.platforms.is_empty()) {
+            (ManifestKind::Index { manifests }, true) => (manifest.clone(), manifests.clone()),
+            (ManifestKind::Index { .. }, false) => {
+                let (bytes, kept) =
+                    filter_index(&manifest, &self.opts.platforms).map_err(|e| {
+                        RegistryError::Manifest {
+                            registry: side_registry(&s),
+                            reference: s.describe(),
+                            reason: e.to_string(),
+                        }
+                    })?;
+                let digest = sha256_digest(&bytes);
+                let filtered = RawManifest {
+                    bytes,
+                    media_type: manifest.media_type.clone(),
+                    digest,
+                    kind: ManifestKind::Index {
+                        manifests: kept.clone(),
+                    },
+                };
+                if let Some(existing) = self.dest_top_digest(&d, &s).await?
+                    && existing == filtered.digest.as_str()
+                {
+                    return Ok(report(
+                        filtered.digest.to_string(),
+                        filtered.media_type,
+                        true,
+                        &stats,
+                    ));
+                }
+                (filtered, kept)
+            }
+            (ManifestKind::Image { .. }, _) => (manifest.clone(), Vec::new()),
+        };
+
+        if let Side::Registry { reference, .. } = &d
+            && let Some(want) = reference.digest()
+            && want != &top.digest
+        {
+            return Err(CopyError::DestinationDigest {
+                destination: dst.to_string(),
+                wanted: want.to_string(),
+                actual: top.digest.to_string(),
+            });
+        }
+
+        if children.is_empty() {
+            self.copy_blobs(&s, &d, &top, &stats).await?;
+        } else {
+            let futs = children
+                .iter()
+                .map(|c| self.copy_child(&s, &d, c.clone(), &stats));
+            futures::future::try_join_all(futs).await?;
+        }
+        self.push_top(&d, &s, &top).await?;
+        stats.manifests.fetch_add(1, Ordering::Relaxed);
+        let r = report(top.digest.to_string(), top.media_type.clone(), false, &stats);
+        info!(source = %src, destination = %dst, digest = %r.digest, copied = r.blobs_copied, skipped = r.blobs_skipped, mounted = r.blobs_mounted, bytes = r.bytes_copied, "copied");
+        Ok(r)
+    }
+
+    /// The digest the destination holds under the name we would write.
+    async fn dest_top_digest(&self, d: &Side, s: &Side) -> Result<Option<String>> {
+        match d {
+            Side::Registry { client, reference } => Ok(client
+                .manifest_digest(reference)
+                .await?
+                .map(|d| d.to_string())),
+            Side::Layout { layout, name } => {
+                let name = name.clone().or_else(|| source_tag(s));
+                match layout.resolve(name.as_deref()).await {
+                    Ok(desc) if name.is_some() => Ok(Some(desc.digest)),
+                    _ => Ok(None),
+                }
+            }
+        }
+    }
+
+    async fn source_manifest(
+        &self,
+        s: &Side,
+        digest: &crate::reference::Digest,
+        desc: Option<&Descriptor>,
+    ) -> Result<RawManifest> {
+        match s {
+            Side::Registry { client, reference } => {
+                client.get_manifest(&reference.with_digest(digest.clone())).await
+            }
+            Side::Layout { layout, .. } => {
+                let desc = match desc {
+                    Some(d) => d.clone(),
+                    None => Descriptor {
+                        media_type: String::new(),
+                        digest: digest.to_string(),
+                        size: 0,
+                        platform: None,
+                        urls: None,
+                    },
+                };
+                Ok(layout.read_manifest(&desc).await?)
+            }
+        }
+    }
+
+    fn copy_child<'a>(
+        &'a self,
+        s: &'a Side,
+        d: &'a Side,
+        desc: Descriptor,
+        stats: &'a Stats,
+    ) -> BoxFuture<'a, std::result::Result<(), CopyError>> {
+        async move {
+            let digest = crate::reference::Digest::parse(&desc.digest).map_err(|e| {
+                RegistryError::Manifest {
+                    registry: side_registry(s),
+                    reference: s.describe(),
+                    reason: format!("index entry: {e}"),
+                }
+            })?;
+            if self.dest_has_manifest(d, &digest).await? {
+                debug!(digest = %desc.digest, "child manifest already at destination");
+                return Ok(());
+            }
+            let m = self.source_manifest(s, &digest, Some(&desc)).await?;
+            match &m.kind {
+                ManifestKind::Index { manifests } => {
+                    let futs = manifests
+                        .iter()
+                        .map(|c| self.copy_child(s, d, c.clone(), stats));
+                    futures::future::try_join_all(futs).await?;
+                }
+                ManifestKind::Image { .. } => self.copy_blobs(s, d, &m, stats).await?,
+            }
+            match d {
+                Side::Registry { client, reference } => {
+                    client
+                        .push_manifest(&reference.without_tag().with_digest(digest), &m)
+                        .await?
+                }
+                Side::Layout { layout, .. } => layout.write_manifest(&m).await?,
+            }
+            stats.manifests.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        .boxed()
+    }
+
+    async fn dest_has_manifest(&self, d: &Side, digest: &crate::reference::Digest) -> Result<bool> {
+        match d {
+            Side::Registry { client, reference } => Ok(client
+                .manifest_digest(&reference.without_tag().with_digest(digest.clone()))
+                .await?
+                .is_some()),
+            Side::Layout { layout, .. } => Ok(layout.has_blob(digest.as_str()).await),
+        }
+    }
+
+    async fn push_top(&self, d: &Side, s: &Side, top: &RawManifest) -> Result<()> {
+        match d {
+            Side::Registry { client, reference } => client.push_manifest(reference, top).await,
+            Side::Layout { layout, name } => {
+                let name = name.clone().or_else(|| source_tag(s));
+                Ok(layout.put_top(top, name.as_deref()).await?)
+            }
+        }
+    }
+
+    async fn copy_blobs(
+        &self,
+        s: &Side,
+        d: &Side,
+        m: &RawManifest,
+        stats: &Stats,
+    ) -> std::result::Result<(), CopyError> {
+        let futs = m
+            .blobs()
+            .into_iter()
+            .map(|b| self.copy_blob(s, d, b, stats));
+        futures::future::try_join_all(futs).await?;
+        Ok(())
+    }
+
+    async fn copy_blob(
+        &self,
+        s: &Side,
+        d: &Side,
+        desc: Descriptor,
+        stats: &Stats,
+    ) -> std::result::Result<(), CopyError> {
+        match d {
+            Side::Layout { layout, .. } => {
+                if layout.has_blob(&desc.digest).await {
+                    stats.skipped.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                let _permit = self.slots.acquire().await.expect("semaphore never closed");
+                let (stream, fault) = self.open_blob(s, &desc).await?;
+                let res = layout.write_blob(&desc, stream).await;
+                res.map_err(|e| blob_error(s, &desc, &fault, e.into()))?;
+            }
+            Side::Registry { client, reference } => {
+                let cell = {
+                    let mut ledger = self.ledger.lock().await;
+                    ledger
+                        .entry((client.host().to_owned(), desc.digest.clone()))
+                        .or_default()
+                        .clone()
+                };
+                let mut holder = cell.lock().await;
+                let repo = reference.repository();
+                if holder.as_deref() == Some(repo) || client.blob_exists(reference, &desc.digest).await? {
+                    stats.skipped.fetch_add(1, Ordering::Relaxed);
+                    holder.get_or_insert_with(|| repo.to_owned());
+                    return Ok(());
+                }
+                let _permit = self.slots.acquire().await.expect("semaphore never closed");
+                // Mount from a repository this run already filled, else from
+                // the source when it is the same registry.
+                let mut from: Vec<String> = holder.iter().cloned().collect();
+                if let Side::Registry {
+                    client: sc,
+                    reference: sr,
+                } = s
+                    && sc.host() == client.host()
+                    && sr.repository() != repo
+                {
+                    from.push(sr.repository().to_owned());
+                }
+                for f in &from {
+                    if client.mount(reference, f, &desc.digest).await {
+                        stats.mounted.fetch_add(1, Ordering::Relaxed);
+                        *holder = Some(repo.to_owned());
+                        return Ok(());
+                    }
+                }
+                let (stream, fault) = self.open_blob(s, &desc).await?;
+                let res = client.push_blob(reference, &desc, stream).await;
+                res.map_err(|e| blob_error(s, &desc, &fault, e))?;
+                *holder = Some(repo.to_owned());
+            }
+        }
+        stats.copied.fetch_add(1, Ordering::Relaxed);
+        stats.bytes.fetch_add(desc.size, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A blob's bytes from the source, verified (digest and size), metered,
+    /// and with a [`Fault`] that records the stream's own error.
+    async fn open_blob(&self, s: &Side, desc: &Descriptor) -> Result<(BlobStream, Fault)> {
+        let stream = match s {
+            // oci-client verifies the digest; hashing again would cost more
+            // than it adds, so registry streams get a size bound only.
+            Side::Registry { client, reference } => {
+                size_bound(client.pull_blob(reference, desc).await?, desc.clone())
+            }
+            Side::Layout { layout, .. } => layout.read_blob(desc).await?,
+        };
+        let bar = self.bars.as_ref().map(|bars| {
+            let bar = bars.add(ProgressBar::new(desc.size));
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{prefix:.bold} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+                )
+                .expect("static template")
+                .progress_chars("=> "),
+            );
+            bar.set_prefix(short(&desc.digest));
+            bar
+        });
+        let fault = Fault::default();
+        let seen = fault.clone();
+        let stream = stream
+            .inspect(move |r| match r {
+                Ok(b) => {
+                    if let Some(bar) = &bar {
+                        bar.inc(b.len() as u64);
+                    }
+                }
+                Err(e) => {
+                    seen.0
+                        .lock()
+                        .expect("fault lock")
+                        .get_or_insert_with(|| super::chain(e));
+                    if let Some(bar) = &bar {
+                        bar.abandon();
+                    }
+                }
+            })
+            .boxed();
+        Ok((stream, fault))
+    }
+}
+
+/// The first error a source blob stream produced. Upload errors caused by a
+/// failing source (bad digest, short read, source gone) show up as vague
+/// body errors on the upload side; this names the real cause.
+#[derive(Clone, Default)]
+struct Fault(Arc<std::sync::Mutex<Option<String>>>);
+
+fn blob_error(s: &Side, desc: &Descriptor, fault: &Fault, e: RegistryError) -> CopyError {
+    match fault.0.lock().expect("fault lock").take() {
+        Some(reason) => CopyError::Blob {
+            digest: desc.digest.clone(),
+            source_name: s.describe(),
+            reason,
+        },
+        None => CopyError::Registry(e),
+    }
+}
+
+fn short(digest: &str) -> String {
+    let hex = digest.split_once(':').map(|(_, h)| h).unwrap_or(digest);
+    hex.chars().take(12).collect()
+}
+
+fn side_registry(s: &Side) -> String {
+    match s {
+        Side::Registry { client, .. } => client.host().to_owned(),
+        Side::Layout { layout, .. } => format!("oci:{}", layout.dir().display()),
+    }
+}
+
+fn source_tag(s: &Side) -> Option<String> {
+    match s {
+        Side::Registry { reference, .. } => reference.tag().map(str::to_owned),
+        Side::Layout { name, .. } => name.clone(),
+    }
+}
+
+/// Fails a registry stream that runs past or stops short of the descriptor's
+/// size; the digest itself is checked by oci-client.
+fn size_bound(inner: BlobStream, desc: Descriptor) -> BlobStream {
+    let size = desc.size;
+    let digest = desc.digest;
+    futures::stream::unfold(
+        (inner, 0u64, false),
+        move |(mut s, mut n, done)| {
+            let digest = digest.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+                match s.next().await {
+                    Some(Ok(b)) => {
+                        n += b.len() as u64;
+                        if n > size {
+                            let e = bad(format!("blob {digest} is longer than its descriptor size {size}"));
+                            return Some((Err(e), (s, n, true)));
+                        }
+                        Some((Ok(b), (s, n, false)))
+                    }
+                    Some(Err(e)) => Some((Err(e), (s, n, true))),
+                    None if n != size => {
+                        let e = bad(format!("blob {digest} is {n} bytes, its descriptor says {size}"));
+                        Some((Err(e), (s, n, true)))
+                    }
+                    None => None,
+                }
+            }
+        },
+    )
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse() {
+        let e: Endpoint = "docker://nginx".parse().unwrap();
+        assert_eq!(e.to_string(), "docker://docker.io/library/nginx:latest");
+        let e: Endpoint = "oci:/tmp/x:v1".parse().unwrap();
+        assert_eq!(
+            e,
+            Endpoint::Layout {
+                dir: "/tmp/x".into(),
+                name: Some("v1".into())
+            }
+        );
+        let e: Endpoint = "oci:rel/dir".parse().unwrap();
+        assert_eq!(e.to_string(), "oci:rel/dir");
+        assert_eq!(
+            "nginx".parse::<Endpoint>().unwrap_err().to_string(),
+            "\"nginx\": expected docker://REFERENCE or oci:DIR[:REF]"
+        );
+        assert_eq!(
+            "oci::x".parse::<Endpoint>().unwrap_err().to_string(),
+            "\"oci::x\": oci: needs a directory, as oci:DIR[:REF]"
+        );
+        assert!("docker://Nginx".parse::<Endpoint>().is_err());
+    }
+
+    #[tokio::test]
+    async fn size_bound_rejects_long_and_short() {
+        let desc = |size| Descriptor {
+            media_type: String::new(),
+            digest: "sha256:x".into(),
+            size,
+            platform: None,
+            urls: None,
+        };
+        let items = || {
+            futures::stream::iter(vec![Ok(bytes::Bytes::from_static(b"abc")), Ok(bytes::Bytes::from_static(b"de"))])
+                .boxed()
+        };
+        let ok: Vec<_> = size_bound(items(), desc(5)).collect().await;
+        assert!(ok.iter().all(|r| r.is_ok()));
+        let long: Vec<_> = size_bound(items(), desc(4)).collect().await;
+        assert!(long.last().unwrap().as_ref().unwrap_err().to_string().contains("longer than"));
+        let short: Vec<_> = size_bound(items(), desc(6)).collect().await;
+        assert!(short.last().unwrap().as_ref().unwrap_err().to_string().contains("is 5 bytes"));
+    }
+}

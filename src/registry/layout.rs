@@ -1,0 +1,448 @@
+//! The OCI image layout transport, `oci:DIR[:REF]` (image-spec §image-layout).
+//!
+//! A layout is a directory with `oci-layout`, `index.json` and
+//! `blobs/<algorithm>/<hex>`. `REF` is the `org.opencontainers.image.ref.name`
+//! annotation of an `index.json` entry, as skopeo and containerd use it.
+//! Blobs are written to a temporary file, checked against their digest and
+//! size, then renamed into place, so a partial write is never visible;
+//! `index.json` is replaced atomically the same way, after the manifest's
+//! blobs exist.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use sha2::Digest as _;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Mutex;
+
+use super::client::BlobStream;
+use super::manifest::{Descriptor, RawManifest};
+use crate::reference::{Digest, DigestAlgorithm};
+
+/// The annotation that names an `index.json` entry.
+pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+/// Errors reading or writing a layout; each names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// A file could not be read or written.
+    #[error("oci:{path}: {reason}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        reason: String,
+    },
+    /// The layout's structure is wrong (missing `oci-layout`, bad `index.json`).
+    #[error("oci:{path}: not a valid OCI layout: {reason}")]
+    Invalid {
+        /// The layout directory.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// No `index.json` entry has that name, or the choice is ambiguous.
+    #[error("oci:{path}: {reason}")]
+    NotFound {
+        /// The layout directory.
+        path: PathBuf,
+        /// Which name and what exists.
+        reason: String,
+    },
+    /// A blob's bytes do not match its digest or size.
+    #[error("oci:{path}: blob {digest}: {reason}")]
+    Corrupt {
+        /// The layout directory.
+        path: PathBuf,
+        /// The digest.
+        digest: String,
+        /// Expected vs actual.
+        reason: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, LayoutError>;
+
+/// An incremental sha256/sha512 hasher for blob verification.
+pub(crate) enum Hasher {
+    Sha256(sha2::Sha256),
+    Sha512(sha2::Sha512),
+}
+
+impl Hasher {
+    pub(crate) fn new(alg: DigestAlgorithm) -> Self {
+        match alg {
+            DigestAlgorithm::Sha256 => Self::Sha256(sha2::Sha256::new()),
+            DigestAlgorithm::Sha512 => Self::Sha512(sha2::Sha512::new()),
+        }
+    }
+    pub(crate) fn update(&mut self, b: &[u8]) {
+        match self {
+            Self::Sha256(h) => h.update(b),
+            Self::Sha512(h) => h.update(b),
+        }
+    }
+    pub(crate) fn finish(self) -> String {
+        match self {
+            Self::Sha256(h) => format!("sha256:{}", hex::encode(h.finalize())),
+            Self::Sha512(h) => format!("sha512:{}", hex::encode(h.finalize())),
+        }
+    }
+}
+
+/// sha256 of `bytes`, as a [`Digest`].
+pub fn sha256_digest(bytes: &[u8]) -> Digest {
+    let mut h = Hasher::new(DigestAlgorithm::Sha256);
+    h.update(bytes);
+    Digest::parse(&h.finish()).expect("sha256 hex is a valid digest")
+}
+
+/// An OCI layout directory. Writers in one process share one value so
+/// `index.json` updates are serialised.
+#[derive(Debug)]
+pub struct Layout {
+    dir: PathBuf,
+    index_lock: Mutex<()>,
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> LayoutError {
+    LayoutError::Io {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+impl Layout {
+    /// Opens an existing layout for reading.
+    ///
+    /// # Errors
+    /// [`LayoutError::Invalid`] when `oci-layout` or `index.json` is missing.
+    pub fn open(dir: &Path) -> Result<Self> {
+        for f in ["oci-layout", "index.json"] {
+            if !dir.join(f).is_file() {
+                return Err(LayoutError::Invalid {
+                    path: dir.to_owned(),
+                    reason: format!("{f} is missing"),
+                });
+            }
+        }
+        Ok(Self {
+            dir: dir.to_owned(),
+            index_lock: Mutex::new(()),
+        })
+    }
+
+    /// Opens a layout for writing, creating the directory, `oci-layout` and
+    /// an empty `index.json` when missing.
+    ///
+    /// # Errors
+    /// [`LayoutError::Io`] when they cannot be created.
+    pub fn create(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let marker = dir.join("oci-layout");
+        if !marker.exists() {
+            std::fs::write(&marker, br#"{"imageLayoutVersion":"1.0.0"}"#)
+                .map_err(|e| io(&marker, e))?;
+        }
+        let index = dir.join("index.json");
+        if !index.exists() {
+            std::fs::write(&index, br#"{"schemaVersion":2,"manifests":[]}"#)
+                .map_err(|e| io(&index, e))?;
+        }
+        Ok(Self {
+            dir: dir.to_owned(),
+            index_lock: Mutex::new(()),
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn blob_path(&self, digest: &str) -> Result<PathBuf> {
+        let d = Digest::parse(digest).map_err(|e| LayoutError::Invalid {
+            path: self.dir.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(self
+            .dir
+            .join("blobs")
+            .join(d.algorithm().as_str())
+            .join(d.hex()))
+    }
+
+    async fn read_index(&self) -> Result<serde_json::Value> {
+        let path = self.dir.join("index.json");
+        let bytes = tokio::fs::read(&path).await.map_err(|e| io(&path, e))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| LayoutError::Invalid {
+                path: self.dir.clone(),
+                reason: format!("index.json: {e}"),
+            })?;
+        if !v.get("manifests").is_some_and(|m| m.is_array()) {
+            return Err(LayoutError::Invalid {
+                path: self.dir.clone(),
+                reason: "index.json has no \"manifests\" array".into(),
+            });
+        }
+        Ok(v)
+    }
+
+    /// The `index.json` entry named `name`, or the only entry when `name` is
+    /// `None`.
+    ///
+    /// # Errors
+    /// [`LayoutError::NotFound`] when no entry matches or `None` is ambiguous.
+    pub async fn resolve(&self, name: Option<&str>) -> Result<Descriptor> {
+        let index = self.read_index().await?;
+        let entries = index["manifests"].as_array().cloned().unwrap_or_default();
+        let named = |e: &serde_json::Value| {
+            e.pointer(&format!("/annotations/{}", REF_NAME.replace('/', "~1")))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        };
+        let found: Vec<&serde_json::Value> = match name {
+            Some(n) => entries
+                .iter()
+                .filter(|e| named(e).as_deref() == Some(n))
+                .collect(),
+            None => entries.iter().collect(),
+        };
+        match found.as_slice() {
+            [one] => serde_json::from_value((*one).clone()).map_err(|e| LayoutError::Invalid {
+                path: self.dir.clone(),
+                reason: format!("index.json entry: {e}"),
+            }),
+            _ => {
+                let names: Vec<String> = entries.iter().filter_map(named).collect();
+                Err(LayoutError::NotFound {
+                    path: self.dir.clone(),
+                    reason: match name {
+                        Some(n) => format!("no image named {n:?} (names: {names:?})"),
+                        None => format!(
+                            "{} images in index.json; name one as oci:DIR:REF (names: {names:?})",
+                            entries.len()
+                        ),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Reads and verifies the manifest `desc`.
+    ///
+    /// # Errors
+    /// [`LayoutError::Io`], [`LayoutError::Corrupt`] on a digest mismatch,
+    /// [`LayoutError::Invalid`] when it is not a supported manifest.
+    pub async fn read_manifest(&self, desc: &Descriptor) -> Result<RawManifest> {
+        let path = self.blob_path(&desc.digest)?;
+        let bytes = tokio::fs::read(&path).await.map_err(|e| io(&path, e))?;
+        let digest = Digest::parse(&desc.digest).map_err(|e| LayoutError::Invalid {
+            path: self.dir.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut h = Hasher::new(digest.algorithm());
+        h.update(&bytes);
+        let actual = h.finish();
+        if actual != desc.digest {
+            return Err(LayoutError::Corrupt {
+                path: self.dir.clone(),
+                digest: desc.digest.clone(),
+                reason: format!("content hashes to {actual}"),
+            });
+        }
+        let ct = (!desc.media_type.is_empty()).then_some(desc.media_type.as_str());
+        RawManifest::parse(Bytes::from(bytes), digest, ct).map_err(|e| LayoutError::Invalid {
+            path: self.dir.clone(),
+            reason: format!("manifest {}: {e}", desc.digest),
+        })
+    }
+
+    /// Whether blob `digest` exists.
+    pub async fn has_blob(&self, digest: &str) -> bool {
+        match self.blob_path(digest) {
+            Ok(p) => tokio::fs::metadata(p).await.is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Streams blob `desc`, failing the stream if the bytes do not hash to
+    /// its digest or are not exactly its size.
+    ///
+    /// # Errors
+    /// [`LayoutError::Io`] when the file cannot be opened.
+    pub async fn read_blob(&self, desc: &Descriptor) -> Result<BlobStream> {
+        let path = self.blob_path(&desc.digest)?;
+        let file = tokio::fs::File::open(&path).await.map_err(|e| io(&path, e))?;
+        let reader = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024).boxed();
+        Ok(verify(reader, desc.clone()))
+    }
+
+    /// Writes `stream` as blob `desc`: to a temporary file, checked, then
+    /// renamed into place. An existing blob is left as is.
+    ///
+    /// # Errors
+    /// [`LayoutError::Io`], or [`LayoutError::Corrupt`] when the bytes do not
+    /// match; the temporary file is removed.
+    pub async fn write_blob(&self, desc: &Descriptor, mut stream: BlobStream) -> Result<()> {
+        let path = self.blob_path(&desc.digest)?;
+        let parent = path.parent().expect("blob path has a parent");
+        tokio::fs::create_dir_all(parent)
+            .await
+            .map_err(|e| io(parent, e))?;
+        let tmp = parent.join(format!(
+            ".tmp-{}-{}",
+            std::process::id(),
+            &desc.digest[desc.digest.len() - 12..]
+        ));
+        let digest = Digest::parse(&desc.digest).map_err(|e| LayoutError::Invalid {
+            path: self.dir.clone(),
+            reason: e.to_string(),
+        })?;
+        let result: Result<()> = async {
+            let mut file = tokio::fs::File::create(&tmp).await.map_err(|e| io(&tmp, e))?;
+            let mut h = Hasher::new(digest.algorithm());
+            let mut n = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| LayoutError::Corrupt {
+                    path: self.dir.clone(),
+                    digest: desc.digest.clone(),
+                    reason: super::chain(&e),
+                })?;
+                h.update(&chunk);
+                n += chunk.len() as u64;
+                file.write_all(&chunk).await.map_err(|e| io(&tmp, e))?;
+            }
+            file.flush().await.map_err(|e| io(&tmp, e))?;
+            let actual = h.finish();
+            if actual != desc.digest || n != desc.size {
+                return Err(LayoutError::Corrupt {
+                    path: self.dir.clone(),
+                    digest: desc.digest.clone(),
+                    reason: format!("received {n} bytes hashing to {actual}, expected {} bytes", desc.size),
+                });
+            }
+            tokio::fs::rename(&tmp, &path).await.map_err(|e| io(&path, e))
+        }
+        .await;
+        if result.is_err() {
+            let _ = tokio::fs::remove_file(&tmp).await;
+        }
+        result
+    }
+
+    /// Stores the manifest bytes as a blob (no `index.json` entry).
+    ///
+    /// # Errors
+    /// As [`Layout::write_blob`].
+    pub async fn write_manifest(&self, m: &RawManifest) -> Result<()> {
+        let desc = Descriptor {
+            media_type: m.media_type.clone(),
+            digest: m.digest.to_string(),
+            size: m.bytes.len() as u64,
+            platform: None,
+            urls: None,
+        };
+        if self.has_blob(&desc.digest).await {
+            return Ok(());
+        }
+        let bytes = m.bytes.clone();
+        self.write_blob(&desc, futures::stream::once(async move { Ok(bytes) }).boxed())
+            .await
+    }
+
+    /// Stores the manifest and records it in `index.json`, replacing any entry
+    /// with the same name (or, unnamed, any entry with the same digest and no
+    /// name).
+    ///
+    /// # Errors
+    /// [`LayoutError::Io`] / [`LayoutError::Invalid`].
+    pub async fn put_top(&self, m: &RawManifest, name: Option<&str>) -> Result<()> {
+        self.write_manifest(m).await?;
+        let _guard = self.index_lock.lock().await;
+        let mut index = self.read_index().await?;
+        let digest = m.digest.to_string();
+        let mut entry = serde_json::json!({
+            "mediaType": m.media_type,
+            "digest": digest,
+            "size": m.bytes.len(),
+        });
+        if let Some(n) = name {
+            entry["annotations"] = serde_json::json!({ REF_NAME: n });
+        }
+        let arr = index["manifests"].as_array_mut().expect("checked by read_index");
+        arr.retain(|e| {
+            let ename = e
+                .get("annotations")
+                .and_then(|a| a.get(REF_NAME))
+                .and_then(|v| v.as_str());
+            match name {
+                Some(n) => ename != Some(n),
+                None => !(ename.is_none() && e.get("digest").and_then(|d| d.as_str()) == Some(&digest)),
+            }
+        });
+        arr.push(entry);
+        let path = self.dir.join("index.json");
+        let tmp = self.dir.join(format!(".index.json.tmp-{}", std::process::id()));
+        let bytes = serde_json::to_vec(&index).map_err(|e| io(&path, e))?;
+        tokio::fs::write(&tmp, bytes).await.map_err(|e| io(&tmp, e))?;
+        tokio::fs::rename(&tmp, &path).await.map_err(|e| io(&path, e))
+    }
+}
+
+/// Wraps a stream so it fails unless the bytes hash to `desc.digest` and
+/// number exactly `desc.size`. Checks size as bytes arrive, so an endless
+/// source cannot run on.
+pub(crate) fn verify(inner: BlobStream, desc: Descriptor) -> BlobStream {
+    let hasher = Digest::parse(&desc.digest)
+        .map(|d| Hasher::new(d.algorithm()))
+        .ok();
+    futures::stream::unfold(
+        (inner, hasher, 0u64, desc, false),
+        |(mut s, mut h, mut n, desc, done)| async move {
+            if done {
+                return None;
+            }
+            let bad = |msg: String| std::io::Error::new(std::io::ErrorKind::InvalidData, msg);
+            match s.next().await {
+                Some(Ok(b)) => {
+                    n += b.len() as u64;
+                    if n > desc.size {
+                        let e = bad(format!(
+                            "blob {} is longer than its descriptor size {}",
+                            desc.digest, desc.size
+                        ));
+                        return Some((Err(e), (s, h, n, desc, true)));
+                    }
+                    if let Some(h) = h.as_mut() {
+                        h.update(&b);
+                    }
+                    Some((Ok(b), (s, h, n, desc, false)))
+                }
+                Some(Err(e)) => Some((Err(e), (s, h, n, desc, true))),
+                None => {
+                    let actual = h.take().map(Hasher::finish);
+                    if n != desc.size {
+                        let e = bad(format!(
+                            "blob {} is {n} bytes, its descriptor says {}",
+                            desc.digest, desc.size
+                        ));
+                        Some((Err(e), (s, h, n, desc, true)))
+                    } else if actual.as_deref() != Some(desc.digest.as_str()) {
+                        let e = bad(format!(
+                            "blob {} hashes to {}",
+                            desc.digest,
+                            actual.unwrap_or_else(|| "an unsupported digest".into())
+                        ));
+                        Some((Err(e), (s, h, n, desc, true)))
+                    } else {
+                        None
+                    }
+                }
+            }
+        },
+    )
+    .boxed()
+}
