@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::reference::{MirrorTarget, Reference};
 use crate::registry::auth::{CredentialSources, Credentials};
-use crate::registry::copy::{CopyOptions, CopyReport, Copier, Endpoint};
+use crate::registry::copy::{Copier, CopyOptions, CopyReport, Endpoint};
 use crate::registry::manifest::PlatformSpec;
 use crate::registry::{ClientPool, PoolOptions};
 
@@ -47,27 +47,27 @@ pub enum Command {
     Copy(CopyArgs),
 }
 
-/// `pinswap copy SRC DST` or `pinswap copy --from-file LIST --to docker://TARGET[/prefix]`.
+/// `pinswap copy SRC DST`, or `pinswap copy --from-file LIST --to docker://TARGET[/prefix]`.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     pinswap copy docker://127.0.0.1:5001/app:v1 docker://127.0.0.1:5002/mirror/app:v1\n  \
     pinswap copy oci:./layout:v1 docker://127.0.0.1:5002/app:v1\n  \
     pinswap copy --from-file images.txt --to docker://127.0.0.1:5002/mirror")]
 pub struct CopyArgs {
-    /// Source: docker://REFERENCE or oci:DIR[:REF].
+    /// Source: `docker://REFERENCE` or `oci:DIR[:REF]`.
     #[arg(required_unless_present = "from_file")]
     pub source: Option<String>,
-    /// Destination: docker://REFERENCE or oci:DIR[:REF].
+    /// Destination: `docker://REFERENCE` or `oci:DIR[:REF]`.
     #[arg(required_unless_present = "from_file")]
     pub destination: Option<String>,
     /// File with one source reference per line (`#` comments; `-` for stdin);
     /// each is mirrored under --to by the mirror-path rule.
     #[arg(long, value_name = "LIST", requires = "to", conflicts_with_all = ["source", "destination"])]
     pub from_file: Option<PathBuf>,
-    /// Mirror target for --from-file: docker://REGISTRY[/prefix].
+    /// Mirror target for --from-file: `docker://REGISTRY[/prefix]`.
     #[arg(long, value_name = "docker://TARGET", requires = "from_file")]
     pub to: Option<String>,
-    /// Copy only these platforms of an index (os/arch[/variant], repeatable).
+    /// Copy only these platforms of an index (`os/arch[/variant]`, repeatable).
     /// The destination then gets a filtered index whose digest differs from the source's.
     #[arg(long = "platform", value_name = "OS/ARCH[/VARIANT]")]
     pub platforms: Vec<PlatformSpec>,
@@ -86,15 +86,25 @@ pub struct CopyArgs {
 #[derive(Debug, Args)]
 pub struct RegistryArgs {
     /// USER:PASSWORD for the source registry.
-    #[arg(long, env = "PINSWAP_SRC_CREDS", hide_env_values = true, value_name = "USER:PASSWORD")]
+    #[arg(
+        long,
+        env = "PINSWAP_SRC_CREDS",
+        hide_env_values = true,
+        value_name = "USER:PASSWORD"
+    )]
     pub src_creds: Option<String>,
     /// USER:PASSWORD for the destination registry.
-    #[arg(long, env = "PINSWAP_DEST_CREDS", hide_env_values = true, value_name = "USER:PASSWORD")]
+    #[arg(
+        long,
+        env = "PINSWAP_DEST_CREDS",
+        hide_env_values = true,
+        value_name = "USER:PASSWORD"
+    )]
     pub dest_creds: Option<String>,
     /// Docker-format auth file (config.json / auth.json), read before ~/.docker/config.json.
     #[arg(long, env = "REGISTRY_AUTH_FILE", value_name = "FILE")]
     pub authfile: Option<PathBuf>,
-    /// Allow plain HTTP for HOST[:PORT] (repeatable). Loopback registries always may.
+    /// Allow plain HTTP for `HOST[:PORT]` (repeatable). Loopback registries always may.
     #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
     pub insecure: Vec<String>,
     /// Trust this PEM CA certificate in addition to the system roots (repeatable).
@@ -120,8 +130,8 @@ impl RegistryArgs {
         };
         let mut ca_certs = Vec::new();
         for p in &self.ca_certs {
-            let pem = std::fs::read(p)
-                .map_err(|e| Usage(format!("--ca-cert {}: {e}", p.display())))?;
+            let pem =
+                std::fs::read(p).map_err(|e| Usage(format!("--ca-cert {}: {e}", p.display())))?;
             ca_certs.push(pem);
         }
         Ok(PoolOptions {
@@ -151,7 +161,10 @@ pub fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -230,7 +243,11 @@ fn read_list(path: &PathBuf) -> anyhow::Result<Vec<Reference>> {
         }
     }
     if out.is_empty() {
-        return Err(Usage(format!("--from-file {}: no references in the list", path.display())).into());
+        return Err(Usage(format!(
+            "--from-file {}: no references in the list",
+            path.display()
+        ))
+        .into());
     }
     Ok(out)
 }
@@ -238,9 +255,9 @@ fn read_list(path: &PathBuf) -> anyhow::Result<Vec<Reference>> {
 async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
     let pairs: Vec<(Endpoint, Endpoint)> = match (&args.from_file, &args.to) {
         (Some(list), Some(to)) => {
-            let target = to
-                .strip_prefix("docker://")
-                .ok_or_else(|| Usage(format!("--to {to:?}: expected docker://REGISTRY[/prefix]")))?;
+            let target = to.strip_prefix("docker://").ok_or_else(|| {
+                Usage(format!("--to {to:?}: expected docker://REGISTRY[/prefix]"))
+            })?;
             let target = MirrorTarget::parse(target).map_err(|e| Usage(format!("--to: {e}")))?;
             read_list(list)?
                 .into_iter()
@@ -252,10 +269,15 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
         }
         _ => {
             let parse = |s: &Option<String>, what: &str| -> Result<Endpoint, Usage> {
-                let s = s.as_deref().ok_or_else(|| Usage(format!("missing {what}")))?;
+                let s = s
+                    .as_deref()
+                    .ok_or_else(|| Usage(format!("missing {what}")))?;
                 s.parse().map_err(|e| Usage(format!("{what}: {e}")))
             };
-            vec![(parse(&args.source, "SOURCE")?, parse(&args.destination, "DESTINATION")?)]
+            vec![(
+                parse(&args.source, "SOURCE")?,
+                parse(&args.destination, "DESTINATION")?,
+            )]
         }
     };
     let pool = Arc::new(ClientPool::new(args.registry.pool_options()?));
@@ -306,9 +328,11 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
     } else {
         for r in &summary.images {
             match r {
-                ImageResult::Ok(r) if r.up_to_date => {
-                    writeln!(out, "up to date  {} -> {} {}", r.source, r.destination, r.digest)?
-                }
+                ImageResult::Ok(r) if r.up_to_date => writeln!(
+                    out,
+                    "up to date  {} -> {} {}",
+                    r.source, r.destination, r.digest
+                )?,
                 ImageResult::Ok(r) => writeln!(
                     out,
                     "copied      {} -> {} {} ({} blobs copied, {} skipped, {} mounted, {} bytes, {:.2}s)",

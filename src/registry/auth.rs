@@ -182,7 +182,10 @@ mod tests {
     fn creds_parse_and_redact() {
         let c = Credentials::parse("alice:s3cr:et", "--src-creds").unwrap();
         assert_eq!(c.username, "alice");
-        assert_eq!(c.to_auth(), RegistryAuth::Basic("alice".into(), "s3cr:et".into()));
+        assert_eq!(
+            c.to_auth(),
+            RegistryAuth::Basic("alice".into(), "s3cr:et".into())
+        );
         assert!(!format!("{c:?}").contains("s3cr"));
         let e = Credentials::parse("alice", "--dest-creds").unwrap_err();
         assert_eq!(
@@ -213,7 +216,10 @@ mod tests {
 
         std::fs::write(&path, "{not json").unwrap();
         let e = s.lookup_blocking("127.0.0.1:5000").unwrap_err().to_string();
-        assert!(e.starts_with(&format!("authfile {}: not valid JSON", path.display())), "{e}");
+        assert!(
+            e.starts_with(&format!("authfile {}: not valid JSON", path.display())),
+            "{e}"
+        );
     }
 
     #[test]

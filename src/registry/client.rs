@@ -60,11 +60,14 @@ pub struct PoolOptions {
     pub chunked_threshold: Option<u64>,
 }
 
+/// A client built at most once, however many copies ask for it at once.
+type Slot = Arc<OnceCell<Arc<Registry>>>;
+
 /// Lazily built, shared clients keyed by registry and [`Role`].
 #[derive(Debug)]
 pub struct ClientPool {
     opts: PoolOptions,
-    entries: Mutex<HashMap<(String, Role), Arc<OnceCell<Arc<Registry>>>>>,
+    entries: Mutex<HashMap<(String, Role), Slot>>,
 }
 
 /// A connection to one registry. Cheap to share (`Arc`).
@@ -115,9 +118,7 @@ impl ClientPool {
     pub async fn get(&self, registry: &str, role: Role) -> Result<Arc<Registry>> {
         let cell = {
             let mut map = self.entries.lock().await;
-            map.entry((registry.to_owned(), role))
-                .or_default()
-                .clone()
+            map.entry((registry.to_owned(), role)).or_default().clone()
         };
         cell.get_or_try_init(|| async { self.connect(registry, role).await.map(Arc::new) })
             .await
@@ -247,7 +248,11 @@ impl ClientPool {
 }
 
 /// `GET /v2/`: any HTTP answer (200, 401, ...) means the scheme works.
-async fn ping(client: &reqwest::Client, scheme: &str, host: &str) -> std::result::Result<(), String> {
+async fn ping(
+    client: &reqwest::Client,
+    scheme: &str,
+    host: &str,
+) -> std::result::Result<(), String> {
     client
         .get(format!("{scheme}://{host}/v2/"))
         .send()
@@ -314,7 +319,7 @@ impl Registry {
     /// or repository.
     ///
     /// # Errors
-    /// Any other registry error, mapped by [`RegistryError::from_oci`].
+    /// Any other registry error, naming registry, status and code.
     pub async fn manifest_digest(&self, r: &Reference) -> Result<Option<Digest>> {
         let name = r.to_string();
         match self
@@ -322,11 +327,13 @@ impl Registry {
             .fetch_manifest_digest(&r.to_oci(), &RegistryAuth::Anonymous)
             .await
         {
-            Ok(d) => Digest::parse(&d).map(Some).map_err(|e| RegistryError::Manifest {
-                registry: self.host.clone(),
-                reference: name,
-                reason: format!("registry returned an invalid digest: {e}"),
-            }),
+            Ok(d) => Digest::parse(&d)
+                .map(Some)
+                .map_err(|e| RegistryError::Manifest {
+                    registry: self.host.clone(),
+                    reference: name,
+                    reason: format!("registry returned an invalid digest: {e}"),
+                }),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(RegistryError::from_oci(self.ctx(&name, "HEAD manifest"), e)),
         }
@@ -416,7 +423,12 @@ impl Registry {
     ///
     /// # Errors
     /// Registry errors, or the stream's own error.
-    pub async fn push_blob(&self, r: &Reference, desc: &Descriptor, stream: BlobStream) -> Result<()> {
+    pub async fn push_blob(
+        &self,
+        r: &Reference,
+        desc: &Descriptor,
+        stream: BlobStream,
+    ) -> Result<()> {
         let stream = stream.map_err(oci_client::errors::OciDistributionError::IoError);
         let res = if desc.size > self.chunked_threshold {
             self.chunked
@@ -470,9 +482,8 @@ mod tests {
 
     #[tokio::test]
     async fn rechunk_regroups_exactly() {
-        let items: Vec<std::result::Result<Bytes, ()>> = (0..10)
-            .map(|i| Ok(Bytes::from(vec![i as u8; 3])))
-            .collect();
+        let items: Vec<std::result::Result<Bytes, ()>> =
+            (0..10).map(|i| Ok(Bytes::from(vec![i as u8; 3]))).collect();
         let out: Vec<_> = rechunk(futures::stream::iter(items), 7)
             .collect::<Vec<_>>()
             .await;
@@ -485,18 +496,32 @@ mod tests {
 
     #[tokio::test]
     async fn rechunk_passes_errors_and_stops() {
-        let items: Vec<std::result::Result<Bytes, &str>> =
-            vec![Ok(Bytes::from_static(b"ab")), Err("boom"), Ok(Bytes::from_static(b"cd"))];
+        let items: Vec<std::result::Result<Bytes, &str>> = vec![
+            Ok(Bytes::from_static(b"ab")),
+            Err("boom"),
+            Ok(Bytes::from_static(b"cd")),
+        ];
         let out: Vec<_> = rechunk(futures::stream::iter(items), 4).collect().await;
         assert_eq!(out, vec![Err("boom")]);
     }
 
     #[test]
     fn loopback_detection() {
-        for h in ["localhost:5000", "127.0.0.1:5000", "127.1.2.3", "[::1]:5000", "localhost"] {
+        for h in [
+            "localhost:5000",
+            "127.0.0.1:5000",
+            "127.1.2.3",
+            "[::1]:5000",
+            "localhost",
+        ] {
             assert!(is_loopback_host(h), "{h}");
         }
-        for h in ["docker.io", "10.0.0.1:5000", "example.com:443", "[::2]:5000"] {
+        for h in [
+            "docker.io",
+            "10.0.0.1:5000",
+            "example.com:443",
+            "[::2]:5000",
+        ] {
             assert!(!is_loopback_host(h), "{h}");
         }
     }

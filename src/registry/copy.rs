@@ -84,10 +84,7 @@ impl std::fmt::Display for Endpoint {
         match self {
             Self::Registry(r) => write!(f, "docker://{r}"),
             Self::Layout { dir, name: None } => write!(f, "oci:{}", dir.display()),
-            Self::Layout {
-                dir,
-                name: Some(n),
-            } => write!(f, "oci:{}:{n}", dir.display()),
+            Self::Layout { dir, name: Some(n) } => write!(f, "oci:{}:{n}", dir.display()),
         }
     }
 }
@@ -102,9 +99,7 @@ pub enum CopyError {
     #[error(transparent)]
     Layout(#[from] super::layout::LayoutError),
     /// The destination names a digest that is not the source's.
-    #[error(
-        "destination {destination} pins digest {wanted}, but the source manifest is {actual}"
-    )]
+    #[error("destination {destination} pins digest {wanted}, but the source manifest is {actual}")]
     DestinationDigest {
         /// The destination.
         destination: String,
@@ -207,6 +202,9 @@ impl Side {
     }
 }
 
+/// The repository holding a blob in one target registry, once known.
+type Holder = Arc<Mutex<Option<String>>>;
+
 /// The copy engine. One value serves many copies: it shares clients, bounds
 /// blob parallelism across all of them, and remembers which target
 /// repository already holds a blob so later images mount instead of
@@ -217,7 +215,7 @@ pub struct Copier {
     slots: Arc<Semaphore>,
     /// (target registry, digest) → repository that has it. The mutex also
     /// makes concurrent copies of one blob wait for the first.
-    ledger: Mutex<HashMap<(String, String), Arc<Mutex<Option<String>>>>>,
+    ledger: Mutex<HashMap<(String, String), Holder>>,
     layouts: Mutex<HashMap<PathBuf, Arc<Layout>>>,
     bars: Option<MultiProgress>,
 }
@@ -314,19 +312,20 @@ impl Copier {
             }
         };
 
-        let report = |digest: String, media_type: String, up_to_date: bool, stats: &Stats| CopyReport {
-            source: src.to_string(),
-            destination: dst.to_string(),
-            digest,
-            media_type,
-            manifests_pushed: stats.manifests.load(Ordering::Relaxed),
-            blobs_copied: stats.copied.load(Ordering::Relaxed),
-            blobs_skipped: stats.skipped.load(Ordering::Relaxed),
-            blobs_mounted: stats.mounted.load(Ordering::Relaxed),
-            bytes_copied: stats.bytes.load(Ordering::Relaxed),
-            up_to_date,
-            duration_seconds: start.elapsed().as_secs_f64(),
-        };
+        let report =
+            |digest: String, media_type: String, up_to_date: bool, stats: &Stats| CopyReport {
+                source: src.to_string(),
+                destination: dst.to_string(),
+                digest,
+                media_type,
+                manifests_pushed: stats.manifests.load(Ordering::Relaxed),
+                blobs_copied: stats.copied.load(Ordering::Relaxed),
+                blobs_skipped: stats.skipped.load(Ordering::Relaxed),
+                blobs_mounted: stats.mounted.load(Ordering::Relaxed),
+                bytes_copied: stats.bytes.load(Ordering::Relaxed),
+                up_to_date,
+                duration_seconds: start.elapsed().as_secs_f64(),
+            };
 
         // Warm path: the destination already has this digest under its name.
         if self.opts.platforms.is_empty()
@@ -341,18 +340,19 @@ impl Copier {
             return Ok(report(src_digest.to_string(), media_type, true, &stats));
         }
 
-        let manifest = self.source_manifest(&s, &src_digest, src_desc.as_ref()).await?;
+        let manifest = self
+            .source_manifest(&s, &src_digest, src_desc.as_ref())
+            .await?;
         let (top, children) = match (&manifest.kind, self.opts.platforms.is_empty()) {
             (ManifestKind::Index { manifests }, true) => (manifest.clone(), manifests.clone()),
             (ManifestKind::Index { .. }, false) => {
-                let (bytes, kept) =
-                    filter_index(&manifest, &self.opts.platforms).map_err(|e| {
-                        RegistryError::Manifest {
-                            registry: side_registry(&s),
-                            reference: s.describe(),
-                            reason: e.to_string(),
-                        }
-                    })?;
+                let (bytes, kept) = filter_index(&manifest, &self.opts.platforms).map_err(|e| {
+                    RegistryError::Manifest {
+                        registry: side_registry(&s),
+                        reference: s.describe(),
+                        reason: e.to_string(),
+                    }
+                })?;
                 let digest = sha256_digest(&bytes);
                 let filtered = RawManifest {
                     bytes,
@@ -398,7 +398,12 @@ impl Copier {
         }
         self.push_top(&d, &s, &top).await?;
         stats.manifests.fetch_add(1, Ordering::Relaxed);
-        let r = report(top.digest.to_string(), top.media_type.clone(), false, &stats);
+        let r = report(
+            top.digest.to_string(),
+            top.media_type.clone(),
+            false,
+            &stats,
+        );
         info!(source = %src, destination = %dst, digest = %r.digest, copied = r.blobs_copied, skipped = r.blobs_skipped, mounted = r.blobs_mounted, bytes = r.bytes_copied, "copied");
         Ok(r)
     }
@@ -428,7 +433,9 @@ impl Copier {
     ) -> Result<RawManifest> {
         match s {
             Side::Registry { client, reference } => {
-                client.get_manifest(&reference.with_digest(digest.clone())).await
+                client
+                    .get_manifest(&reference.with_digest(digest.clone()))
+                    .await
             }
             Side::Layout { layout, .. } => {
                 let desc = match desc {
@@ -552,7 +559,9 @@ impl Copier {
                 };
                 let mut holder = cell.lock().await;
                 let repo = reference.repository();
-                if holder.as_deref() == Some(repo) || client.blob_exists(reference, &desc.digest).await? {
+                if holder.as_deref() == Some(repo)
+                    || client.blob_exists(reference, &desc.digest).await?
+                {
                     stats.skipped.fetch_add(1, Ordering::Relaxed);
                     holder.get_or_insert_with(|| repo.to_owned());
                     return Ok(());
@@ -676,34 +685,35 @@ fn source_tag(s: &Side) -> Option<String> {
 fn size_bound(inner: BlobStream, desc: Descriptor) -> BlobStream {
     let size = desc.size;
     let digest = desc.digest;
-    futures::stream::unfold(
-        (inner, 0u64, false),
-        move |(mut s, mut n, done)| {
-            let digest = digest.clone();
-            async move {
-                if done {
-                    return None;
-                }
-                let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
-                match s.next().await {
-                    Some(Ok(b)) => {
-                        n += b.len() as u64;
-                        if n > size {
-                            let e = bad(format!("blob {digest} is longer than its descriptor size {size}"));
-                            return Some((Err(e), (s, n, true)));
-                        }
-                        Some((Ok(b), (s, n, false)))
-                    }
-                    Some(Err(e)) => Some((Err(e), (s, n, true))),
-                    None if n != size => {
-                        let e = bad(format!("blob {digest} is {n} bytes, its descriptor says {size}"));
-                        Some((Err(e), (s, n, true)))
-                    }
-                    None => None,
-                }
+    futures::stream::unfold((inner, 0u64, false), move |(mut s, mut n, done)| {
+        let digest = digest.clone();
+        async move {
+            if done {
+                return None;
             }
-        },
-    )
+            let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+            match s.next().await {
+                Some(Ok(b)) => {
+                    n += b.len() as u64;
+                    if n > size {
+                        let e = bad(format!(
+                            "blob {digest} is longer than its descriptor size {size}"
+                        ));
+                        return Some((Err(e), (s, n, true)));
+                    }
+                    Some((Ok(b), (s, n, false)))
+                }
+                Some(Err(e)) => Some((Err(e), (s, n, true))),
+                None if n != size => {
+                    let e = bad(format!(
+                        "blob {digest} is {n} bytes, its descriptor says {size}"
+                    ));
+                    Some((Err(e), (s, n, true)))
+                }
+                None => None,
+            }
+        }
+    })
     .boxed()
 }
 
@@ -746,14 +756,32 @@ mod tests {
             urls: None,
         };
         let items = || {
-            futures::stream::iter(vec![Ok(bytes::Bytes::from_static(b"abc")), Ok(bytes::Bytes::from_static(b"de"))])
-                .boxed()
+            futures::stream::iter(vec![
+                Ok(bytes::Bytes::from_static(b"abc")),
+                Ok(bytes::Bytes::from_static(b"de")),
+            ])
+            .boxed()
         };
         let ok: Vec<_> = size_bound(items(), desc(5)).collect().await;
         assert!(ok.iter().all(|r| r.is_ok()));
         let long: Vec<_> = size_bound(items(), desc(4)).collect().await;
-        assert!(long.last().unwrap().as_ref().unwrap_err().to_string().contains("longer than"));
+        assert!(
+            long.last()
+                .unwrap()
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("longer than")
+        );
         let short: Vec<_> = size_bound(items(), desc(6)).collect().await;
-        assert!(short.last().unwrap().as_ref().unwrap_err().to_string().contains("is 5 bytes"));
+        assert!(
+            short
+                .last()
+                .unwrap()
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("is 5 bytes")
+        );
     }
 }

@@ -275,7 +275,9 @@ impl Layout {
     /// [`LayoutError::Io`] when the file cannot be opened.
     pub async fn read_blob(&self, desc: &Descriptor) -> Result<BlobStream> {
         let path = self.blob_path(&desc.digest)?;
-        let file = tokio::fs::File::open(&path).await.map_err(|e| io(&path, e))?;
+        let file = tokio::fs::File::open(&path)
+            .await
+            .map_err(|e| io(&path, e))?;
         let reader = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024).boxed();
         Ok(verify(reader, desc.clone()))
     }
@@ -302,7 +304,9 @@ impl Layout {
             reason: e.to_string(),
         })?;
         let result: Result<()> = async {
-            let mut file = tokio::fs::File::create(&tmp).await.map_err(|e| io(&tmp, e))?;
+            let mut file = tokio::fs::File::create(&tmp)
+                .await
+                .map_err(|e| io(&tmp, e))?;
             let mut h = Hasher::new(digest.algorithm());
             let mut n = 0u64;
             while let Some(chunk) = stream.next().await {
@@ -321,10 +325,15 @@ impl Layout {
                 return Err(LayoutError::Corrupt {
                     path: self.dir.clone(),
                     digest: desc.digest.clone(),
-                    reason: format!("received {n} bytes hashing to {actual}, expected {} bytes", desc.size),
+                    reason: format!(
+                        "received {n} bytes hashing to {actual}, expected {} bytes",
+                        desc.size
+                    ),
                 });
             }
-            tokio::fs::rename(&tmp, &path).await.map_err(|e| io(&path, e))
+            tokio::fs::rename(&tmp, &path)
+                .await
+                .map_err(|e| io(&path, e))
         }
         .await;
         if result.is_err() {
@@ -349,8 +358,11 @@ impl Layout {
             return Ok(());
         }
         let bytes = m.bytes.clone();
-        self.write_blob(&desc, futures::stream::once(async move { Ok(bytes) }).boxed())
-            .await
+        self.write_blob(
+            &desc,
+            futures::stream::once(async move { Ok(bytes) }).boxed(),
+        )
+        .await
     }
 
     /// Stores the manifest and records it in `index.json`, replacing any entry
@@ -372,7 +384,9 @@ impl Layout {
         if let Some(n) = name {
             entry["annotations"] = serde_json::json!({ REF_NAME: n });
         }
-        let arr = index["manifests"].as_array_mut().expect("checked by read_index");
+        let arr = index["manifests"]
+            .as_array_mut()
+            .expect("checked by read_index");
         arr.retain(|e| {
             let ename = e
                 .get("annotations")
@@ -380,15 +394,23 @@ impl Layout {
                 .and_then(|v| v.as_str());
             match name {
                 Some(n) => ename != Some(n),
-                None => !(ename.is_none() && e.get("digest").and_then(|d| d.as_str()) == Some(&digest)),
+                None => {
+                    !(ename.is_none() && e.get("digest").and_then(|d| d.as_str()) == Some(&digest))
+                }
             }
         });
         arr.push(entry);
         let path = self.dir.join("index.json");
-        let tmp = self.dir.join(format!(".index.json.tmp-{}", std::process::id()));
+        let tmp = self
+            .dir
+            .join(format!(".index.json.tmp-{}", std::process::id()));
         let bytes = serde_json::to_vec(&index).map_err(|e| io(&path, e))?;
-        tokio::fs::write(&tmp, bytes).await.map_err(|e| io(&tmp, e))?;
-        tokio::fs::rename(&tmp, &path).await.map_err(|e| io(&path, e))
+        tokio::fs::write(&tmp, bytes)
+            .await
+            .map_err(|e| io(&tmp, e))?;
+        tokio::fs::rename(&tmp, &path)
+            .await
+            .map_err(|e| io(&path, e))
     }
 }
 

@@ -26,7 +26,12 @@ pub const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.mani
 pub const DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+prettyjws";
 
 /// The Accept list sent for manifests: every type we copy.
-pub const ACCEPT: &[&str] = &[OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_MANIFEST_LIST];
+pub const ACCEPT: &[&str] = &[
+    OCI_MANIFEST,
+    OCI_INDEX,
+    DOCKER_MANIFEST,
+    DOCKER_MANIFEST_LIST,
+];
 
 /// Layer media types whose blobs are not distributable and are not copied
 /// (Docker foreign layers and OCI non-distributable layers, image-spec
@@ -277,8 +282,8 @@ pub fn filter_index(
     let ManifestKind::Index { manifests } = &source.kind else {
         return Err(ManifestError::Invalid("not an index".into()));
     };
-    let mut value: serde_json::Value = serde_json::from_slice(&source.bytes)
-        .map_err(|e| ManifestError::Invalid(e.to_string()))?;
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&source.bytes).map_err(|e| ManifestError::Invalid(e.to_string()))?;
     let keep: Vec<bool> = manifests
         .iter()
         .map(|d| {
@@ -352,7 +357,9 @@ mod tests {
                 .starts_with("not a valid manifest")
         );
         let e = RawManifest::parse(
-            Bytes::from_static(br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"}"#),
+            Bytes::from_static(
+                br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"}"#,
+            ),
             d(),
             None,
         )
@@ -395,7 +402,10 @@ mod tests {
         );
         let v7: PlatformSpec = "linux/arm64/v7".parse().unwrap();
         let e = filter_index(&r, &[v7]).unwrap_err();
-        assert!(e.to_string().contains("matches platform(s) linux/arm64/v7"), "{e}");
+        assert!(
+            e.to_string().contains("matches platform(s) linux/arm64/v7"),
+            "{e}"
+        );
         assert_eq!(
             "linux".parse::<PlatformSpec>().unwrap_err(),
             "invalid platform \"linux\": expected os/arch[/variant], e.g. linux/arm64/v8"

@@ -59,7 +59,9 @@ pub enum RegistryError {
         message: String,
     },
     /// Bytes did not match the digest that names them.
-    #[error("{what} {reference} from {registry}: digest mismatch, expected {expected}, got {actual}")]
+    #[error(
+        "{what} {reference} from {registry}: digest mismatch, expected {expected}, got {actual}"
+    )]
     DigestMismatch {
         /// `host[:port]`, or `oci:DIR` for a layout.
         registry: String,
@@ -144,10 +146,9 @@ fn code_name(code: &OciErrorCode) -> String {
 /// Whether an oci-client error means "no such manifest/blob/repository".
 pub(crate) fn is_not_found(err: &OciDistributionError) -> bool {
     match err {
-        OciDistributionError::RegistryError { envelope, .. } => envelope
-            .errors
-            .iter()
-            .any(|e| status_of(&e.code) == 404),
+        OciDistributionError::RegistryError { envelope, .. } => {
+            envelope.errors.iter().any(|e| status_of(&e.code) == 404)
+        }
         OciDistributionError::ServerError { code, .. } => *code == 404,
         OciDistributionError::ImageManifestNotFoundError(_) => true,
         _ => false,
