@@ -1,8 +1,8 @@
 //! A pool of registry clients, one per registry and side of a copy.
 //!
-//! oci-client fixes the scheme (HTTPS or HTTP) and the upload mode
-//! (chunked or monolithic) per client, and keeps the first credentials it sees
-//! per registry. So each registry gets its own pair of clients, built after a
+//! oci-client fixes the scheme (HTTPS or HTTP) and the upload mode per
+//! client, and keeps the first credentials it sees per registry. So each
+//! registry gets its own client, built after a
 //! `GET /v2/` probe (distribution-spec §Determining support) that picks the
 //! scheme and tells whether the registry wants auth at all. Insecure
 //! registries (`--insecure-registry`, and loopback addresses as Docker does)
@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt, TryStreamExt};
+use bytes::Bytes;
+use futures::TryStreamExt;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
 use tokio::sync::{Mutex, OnceCell};
@@ -24,13 +24,9 @@ use super::manifest::{ACCEPT, Descriptor, RawManifest};
 use super::{Ctx, RegistryError, Result, chain, is_not_found};
 use crate::reference::{Digest, Reference};
 
-/// oci-client sends each chunk of a chunked upload as one PATCH of at most
-/// 4 MiB (its private `PUSH_CHUNK_MAX_SIZE`), and each stream item as its own
-/// PATCH; we regroup the network's small reads into chunks of this size.
-pub const UPLOAD_CHUNK_BYTES: usize = 4 * 1024 * 1024;
-
-/// Blobs larger than this (bytes) are uploaded in chunks (PATCH ... PUT);
-/// smaller ones in one streamed PUT (distribution-spec §Pushing blobs).
+/// Blobs larger than this (bytes) are uploaded in chunks of this size
+/// (POST, PATCH..., PUT); smaller ones in one streamed PUT
+/// (distribution-spec §Pushing blobs).
 pub const DEFAULT_CHUNKED_THRESHOLD: u64 = 64 * 1024 * 1024;
 
 /// Which side of a copy a client serves. Explicit credentials are per side,
@@ -74,8 +70,10 @@ pub struct ClientPool {
 pub struct Registry {
     host: String,
     scheme: &'static str,
-    chunked: oci_client::Client,
-    monolithic: oci_client::Client,
+    base: String,
+    oci: oci_client::Client,
+    http: reqwest::Client,
+    auth: RegistryAuth,
     chunked_threshold: u64,
 }
 
@@ -147,7 +145,7 @@ impl ClientPool {
             self.opts.insecure.iter().any(|h| h == registry) || is_loopback_host(api_host);
         let mut probe = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(30))
+            .read_timeout(Duration::from_secs(60))
             .user_agent(concat!("pinswap/", env!("CARGO_PKG_VERSION")));
         for pem in &self.opts.ca_certs {
             let cert = reqwest::Certificate::from_pem(pem).map_err(|e| RegistryError::Other {
@@ -207,41 +205,37 @@ impl ClientPool {
             .opts
             .chunked_threshold
             .unwrap_or(DEFAULT_CHUNKED_THRESHOLD);
-        let build = |monolithic: bool| {
-            oci_client::Client::try_from(ClientConfig {
-                protocol: if scheme == "http" {
-                    ClientProtocol::Http
-                } else {
-                    ClientProtocol::Https
-                },
-                use_monolithic_push: monolithic,
-                extra_root_certificates: self.certificates(),
-                connect_timeout: Some(Duration::from_secs(10)),
-                read_timeout: Some(Duration::from_secs(60)),
-                user_agent: concat!("pinswap/", env!("CARGO_PKG_VERSION")),
-                ..ClientConfig::default()
-            })
-            .map_err(|e| RegistryError::Other {
-                registry: registry.into(),
-                reference: "/v2/".into(),
-                operation: "build client for",
-                message: chain(&e),
-            })
-        };
-        let chunked = build(false)?;
-        let monolithic = build(true)?;
+        let oci = oci_client::Client::try_from(ClientConfig {
+            protocol: if scheme == "http" {
+                ClientProtocol::Http
+            } else {
+                ClientProtocol::Https
+            },
+            use_monolithic_push: true,
+            extra_root_certificates: self.certificates(),
+            connect_timeout: Some(Duration::from_secs(10)),
+            read_timeout: Some(Duration::from_secs(60)),
+            user_agent: concat!("pinswap/", env!("CARGO_PKG_VERSION")),
+            ..ClientConfig::default()
+        })
+        .map_err(|e| RegistryError::Other {
+            registry: registry.into(),
+            reference: "/v2/".into(),
+            operation: "build client for",
+            message: chain(&e),
+        })?;
         // With auth stored, oci-client authenticates each request per
         // repository and operation (its token cache). Its manifest calls
         // store auth anyway, so every registry gets it, even one that asks
         // for none (oci-client then re-pings `/v2/` per request: a known cost).
-        for c in [&chunked, &monolithic] {
-            c.store_auth_if_needed(api_host, &auth).await;
-        }
+        oci.store_auth_if_needed(api_host, &auth).await;
         Ok(Registry {
             host: registry.to_owned(),
             scheme,
-            chunked,
-            monolithic,
+            base: format!("{scheme}://{api_host}"),
+            oci,
+            http: probe,
+            auth,
             chunked_threshold: threshold,
         })
     }
@@ -259,37 +253,6 @@ async fn ping(
         .await
         .map(|_| ())
         .map_err(|e| chain(&e))
-}
-
-/// Regroups a byte stream into chunks of exactly `size` bytes (the last may
-/// be shorter), so a chunked upload sends few, full PATCH requests.
-fn rechunk<S, E>(stream: S, size: usize) -> impl Stream<Item = std::result::Result<Bytes, E>>
-where
-    S: Stream<Item = std::result::Result<Bytes, E>> + Send + 'static,
-{
-    futures::stream::unfold(
-        (Box::pin(stream), BytesMut::new(), false),
-        move |(mut s, mut buf, done)| async move {
-            if done {
-                return None;
-            }
-            loop {
-                if buf.len() >= size {
-                    let out = buf.split_to(size).freeze();
-                    return Some((Ok(out), (s, buf, false)));
-                }
-                match s.next().await {
-                    Some(Ok(b)) => buf.extend_from_slice(&b),
-                    Some(Err(e)) => return Some((Err(e), (s, buf, true))),
-                    None if buf.is_empty() => return None,
-                    None => {
-                        let out = buf.split().freeze();
-                        return Some((Ok(out), (s, buf, true)));
-                    }
-                }
-            }
-        },
-    )
 }
 
 /// A blob's bytes as they stream, each item checked by the producer.
@@ -323,7 +286,7 @@ impl Registry {
     pub async fn manifest_digest(&self, r: &Reference) -> Result<Option<Digest>> {
         let name = r.to_string();
         match self
-            .chunked
+            .oci
             .fetch_manifest_digest(&r.to_oci(), &RegistryAuth::Anonymous)
             .await
         {
@@ -349,7 +312,7 @@ impl Registry {
     pub async fn get_manifest(&self, r: &Reference) -> Result<RawManifest> {
         let name = r.to_string();
         let (bytes, digest) = self
-            .chunked
+            .oci
             .pull_manifest_raw(&r.to_oci(), &RegistryAuth::Anonymous, ACCEPT)
             .await
             .map_err(|e| RegistryError::from_oci(self.ctx(&name, "GET manifest"), e))?;
@@ -370,7 +333,7 @@ impl Registry {
     /// # Errors
     /// Registry errors other than 404.
     pub async fn blob_exists(&self, r: &Reference, digest: &str) -> Result<bool> {
-        self.chunked
+        self.oci
             .blob_exists(&r.to_oci(), digest)
             .await
             .map_err(|e| {
@@ -389,7 +352,7 @@ impl Registry {
             from_repository.to_owned(),
             digest.to_owned(),
         );
-        match self.chunked.mount_blob(&r.to_oci(), &from, digest).await {
+        match self.oci.mount_blob(&r.to_oci(), &from, digest).await {
             Ok(()) => true,
             Err(e) => {
                 debug!(registry = %self.host, digest, from = from_repository, error = %e, "mount not done; streaming instead");
@@ -406,7 +369,7 @@ impl Registry {
     /// Registry errors on the initial request.
     pub async fn pull_blob(&self, r: &Reference, desc: &Descriptor) -> Result<BlobStream> {
         let s = self
-            .chunked
+            .oci
             .pull_blob_stream(&r.to_oci(), desc.digest.as_str())
             .await
             .map_err(|e| {
@@ -416,10 +379,40 @@ impl Registry {
         Ok(s.stream)
     }
 
+    /// The Authorization header for a push to `r`'s repository: oci-client
+    /// runs the token flow (distribution-spec auth, Docker token spec);
+    /// without a bearer challenge, basic credentials go as they are.
+    async fn push_auth(&self, r: &Reference) -> Result<Option<http::HeaderValue>> {
+        let name = r.name();
+        let token = self
+            .oci
+            .auth(&r.to_oci(), &self.auth, oci_client::RegistryOperation::Push)
+            .await
+            .map_err(|e| RegistryError::from_oci(self.ctx(&name, "authenticate push to"), e))?;
+        let value = match (token, &self.auth) {
+            (Some(t), _) => format!("Bearer {t}"),
+            (None, RegistryAuth::Basic(u, p)) => {
+                use base64::Engine as _;
+                let b = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
+                format!("Basic {b}")
+            }
+            (None, _) => return Ok(None),
+        };
+        let mut h = http::HeaderValue::from_str(&value).map_err(|_| RegistryError::Other {
+            registry: self.host.clone(),
+            reference: name,
+            operation: "authenticate push to",
+            message: "credentials contain characters not allowed in a header".into(),
+        })?;
+        h.set_sensitive(true);
+        Ok(Some(h))
+    }
+
     /// Uploads `stream` as blob `desc` into `r`'s repository: one streamed
-    /// PUT up to the chunked threshold, else 4 MiB PATCH chunks and a closing
-    /// PUT. The registry verifies the digest on the closing PUT; a stream
-    /// error aborts the upload before it, so nothing is committed.
+    /// PUT up to the chunked threshold, else streamed PATCH chunks of that
+    /// size and a closing PUT ([`super::upload`]). The registry verifies the
+    /// digest on the closing PUT; a stream error aborts the upload before it,
+    /// so nothing is committed.
     ///
     /// # Errors
     /// Registry errors, or the stream's own error.
@@ -429,25 +422,27 @@ impl Registry {
         desc: &Descriptor,
         stream: BlobStream,
     ) -> Result<()> {
+        if desc.size > self.chunked_threshold {
+            return super::upload::Upload {
+                http: &self.http,
+                base: &self.base,
+                registry: &self.host,
+                repository: r.repository(),
+                auth: self.push_auth(r).await?,
+                chunk: self.chunked_threshold.max(1),
+            }
+            .run(desc, stream)
+            .await;
+        }
         let stream = stream.map_err(oci_client::errors::OciDistributionError::IoError);
-        let res = if desc.size > self.chunked_threshold {
-            self.chunked
-                .push_blob_stream(
-                    &r.to_oci(),
-                    rechunk(stream, UPLOAD_CHUNK_BYTES),
-                    &desc.digest,
-                    None,
-                )
-                .await
-        } else {
-            self.monolithic
-                .push_blob_stream(&r.to_oci(), stream, &desc.digest, Some(desc.size))
-                .await
-        };
-        res.map(|_| ()).map_err(|e| {
-            let name = format!("{}@{}", r.name(), desc.digest);
-            RegistryError::from_oci(self.ctx(&name, "PUT blob"), e)
-        })
+        self.oci
+            .push_blob_stream(&r.to_oci(), stream, &desc.digest, Some(desc.size))
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                let name = format!("{}@{}", r.name(), desc.digest);
+                RegistryError::from_oci(self.ctx(&name, "PUT blob"), e)
+            })
     }
 
     /// `PUT` the manifest bytes unchanged, with their mediaType as
@@ -468,7 +463,7 @@ impl Registry {
                 reason: format!("mediaType is not a valid header value: {e}"),
             }
         })?;
-        self.chunked
+        self.oci
             .push_manifest_raw(&target.to_oci(), manifest.bytes.clone(), content_type)
             .await
             .map(|_| ())
@@ -479,31 +474,6 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn rechunk_regroups_exactly() {
-        let items: Vec<std::result::Result<Bytes, ()>> =
-            (0..10).map(|i| Ok(Bytes::from(vec![i as u8; 3]))).collect();
-        let out: Vec<_> = rechunk(futures::stream::iter(items), 7)
-            .collect::<Vec<_>>()
-            .await;
-        let lens: Vec<usize> = out.iter().map(|r| r.as_ref().unwrap().len()).collect();
-        assert_eq!(lens, [7, 7, 7, 7, 2]);
-        let all: Vec<u8> = out.into_iter().flat_map(|r| r.unwrap().to_vec()).collect();
-        let want: Vec<u8> = (0..10u8).flat_map(|i| [i; 3]).collect();
-        assert_eq!(all, want);
-    }
-
-    #[tokio::test]
-    async fn rechunk_passes_errors_and_stops() {
-        let items: Vec<std::result::Result<Bytes, &str>> = vec![
-            Ok(Bytes::from_static(b"ab")),
-            Err("boom"),
-            Ok(Bytes::from_static(b"cd")),
-        ];
-        let out: Vec<_> = rechunk(futures::stream::iter(items), 4).collect().await;
-        assert_eq!(out, vec![Err("boom")]);
-    }
 
     #[test]
     fn loopback_detection() {
