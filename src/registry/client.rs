@@ -241,18 +241,25 @@ impl ClientPool {
     }
 }
 
-/// `GET /v2/`: any HTTP answer (200, 401, ...) means the scheme works.
+/// `GET /v2/`. Over HTTPS any answer means the scheme works. Over plain
+/// HTTP only a registry's answer counts (200 or 401, distribution-spec
+/// §Determining support): a TLS server answers 400 to plain HTTP, and taking
+/// that would hide the real TLS error (e.g. an unknown CA).
 async fn ping(
     client: &reqwest::Client,
     scheme: &str,
     host: &str,
 ) -> std::result::Result<(), String> {
-    client
+    let resp = client
         .get(format!("{scheme}://{host}/v2/"))
         .send()
         .await
-        .map(|_| ())
-        .map_err(|e| chain(&e))
+        .map_err(|e| chain(&e))?;
+    let status = resp.status().as_u16();
+    if scheme == "http" && status != 200 && status != 401 {
+        return Err(format!("GET /v2/ over plain HTTP answered {status}"));
+    }
+    Ok(())
 }
 
 /// A blob's bytes as they stream, each item checked by the producer.

@@ -286,19 +286,15 @@ impl Copier {
         let (src_digest, src_desc) = match &s {
             Side::Registry { client, reference } => match reference.digest() {
                 Some(d) => (d.clone(), None),
-                None => {
-                    let d = client.manifest_digest(reference).await?.ok_or_else(|| {
-                        RegistryError::Http {
-                            registry: client.host().to_owned(),
-                            reference: reference.to_string(),
-                            operation: "HEAD manifest",
-                            status: 404,
-                            code: Some("MANIFEST_UNKNOWN".into()),
-                            message: "manifest unknown".into(),
-                        }
-                    })?;
-                    (d, None)
-                }
+                None => match client.manifest_digest(reference).await? {
+                    Some(d) => (d, None),
+                    // HEAD has no body; GET brings the registry's own error
+                    // code (MANIFEST_UNKNOWN, NAME_UNKNOWN, ...).
+                    None => {
+                        let m = client.get_manifest(reference).await?;
+                        (m.digest, None)
+                    }
+                },
             },
             Side::Layout { layout, name } => {
                 let desc = layout.resolve(name.as_deref()).await?;
@@ -700,6 +696,23 @@ fn size_bound(inner: BlobStream, desc: Descriptor) -> BlobStream {
                             "blob {digest} is longer than its descriptor size {size}"
                         ));
                         return Some((Err(e), (s, n, true)));
+                    }
+                    if n == size {
+                        // oci-client gives its digest verdict at the end of
+                        // the stream, but an upload with a Content-Length
+                        // stops reading at the last byte. Take the verdict
+                        // before releasing the last bytes, so a bad blob
+                        // never completes an upload.
+                        return match s.next().await {
+                            None => Some((Ok(b), (s, n, true))),
+                            Some(Err(e)) => Some((Err(e), (s, n, true))),
+                            Some(Ok(_)) => {
+                                let e = bad(format!(
+                                    "blob {digest} is longer than its descriptor size {size}"
+                                ));
+                                Some((Err(e), (s, n, true)))
+                            }
+                        };
                     }
                     Some((Ok(b), (s, n, false)))
                 }

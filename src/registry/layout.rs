@@ -441,28 +441,33 @@ pub(crate) fn verify(inner: BlobStream, desc: Descriptor) -> BlobStream {
                     if let Some(h) = h.as_mut() {
                         h.update(&b);
                     }
-                    Some((Ok(b), (s, h, n, desc, false)))
-                }
-                Some(Err(e)) => Some((Err(e), (s, h, n, desc, true))),
-                None => {
+                    if n < desc.size {
+                        return Some((Ok(b), (s, h, n, desc, false)));
+                    }
+                    // Judge at the last byte, before releasing it: an upload
+                    // with a Content-Length stops reading there, and a bad
+                    // blob must never complete one.
                     let actual = h.take().map(Hasher::finish);
-                    if n != desc.size {
-                        let e = bad(format!(
-                            "blob {} is {n} bytes, its descriptor says {}",
-                            desc.digest, desc.size
-                        ));
-                        Some((Err(e), (s, h, n, desc, true)))
-                    } else if actual.as_deref() != Some(desc.digest.as_str()) {
+                    if actual.as_deref() == Some(desc.digest.as_str()) {
+                        Some((Ok(b), (s, h, n, desc, true)))
+                    } else {
                         let e = bad(format!(
                             "blob {} hashes to {}",
                             desc.digest,
                             actual.unwrap_or_else(|| "an unsupported digest".into())
                         ));
                         Some((Err(e), (s, h, n, desc, true)))
-                    } else {
-                        None
                     }
                 }
+                Some(Err(e)) => Some((Err(e), (s, h, n, desc, true))),
+                None if n != desc.size => {
+                    let e = bad(format!(
+                        "blob {} is {n} bytes, its descriptor says {}",
+                        desc.digest, desc.size
+                    ));
+                    Some((Err(e), (s, h, n, desc, true)))
+                }
+                None => None,
             }
         },
     )

@@ -1,0 +1,78 @@
+//! Shared integration-test harness (DESIGN.md §7).
+//!
+//! Every test binary that says `mod common;` gets:
+//! - [`init`]: the rustls ring provider and a tracing subscriber;
+//! - [`registry::TestRegistry`]: a real `docker-registry` (Distribution 2.8)
+//!   process, plain HTTP or htpasswd auth behind TLS, with HTTP helpers to read
+//!   back what the code under test wrote, and fault helpers;
+//! - [`proxy::TcpCutProxy`]: a TCP forwarder that can cut connections;
+//! - [`fixtures`]: images, indexes and artifacts built in-process, with their
+//!   exact bytes and digests, and [`push`] to put them in a registry;
+//! - [`skopeo`]: skopeo as an independent peer;
+//! - [`pinswap_bin`]: the path of the binary under test.
+//!
+//! Helpers panic with context instead of returning errors: they are test code.
+//! Each test binary uses a subset, hence the `allow` below.
+#![allow(dead_code, unused_imports)]
+
+pub mod fixtures;
+pub mod proxy;
+pub mod push;
+pub mod registry;
+pub mod skopeo;
+
+pub use fixtures::{Blob, Image, Index, StreamedImage};
+pub use proxy::TcpCutProxy;
+pub use push::{
+    push_blob, push_image, push_index, push_manifest, push_random_blob, push_streamed_image,
+};
+pub use registry::TestRegistry;
+
+use std::path::PathBuf;
+use std::sync::Once;
+
+/// Installs the rustls ring provider (reqwest panics without one) and a
+/// tracing subscriber honouring `RUST_LOG`. Safe to call any number of times.
+pub fn init() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // Err means another provider is already installed: fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// Path of the `pinswap` binary built by cargo for this test run.
+pub fn pinswap_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pinswap"))
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// `assert_eq!` for byte strings that prints something readable: the text
+/// when both sides are UTF-8 (manifests), else sizes and digests (blobs).
+#[track_caller]
+pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
+    if got == want {
+        return;
+    }
+    let show = |b: &[u8]| match std::str::from_utf8(b) {
+        Ok(s) if s.len() <= 4000 => format!("{s:?}"),
+        _ => format!("{} bytes, {}", b.len(), sha256_digest(b)),
+    };
+    panic!(
+        "{what}: bytes differ\n  got: {}\n want: {}",
+        show(got),
+        show(want)
+    );
+}

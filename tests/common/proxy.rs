@@ -1,0 +1,164 @@
+//! A TCP forwarder in front of a registry that can be cut, to simulate the
+//! registry dying mid-transfer deterministically.
+//!
+//! After [`TcpCutProxy::cut`] every live connection is reset (RST, so bytes
+//! still in the proxy's socket buffers are lost, as when a host dies) and the
+//! listener is dropped, so new connections are refused. Bytes the client's
+//! kernel already received can still be read: a cut is only certain to break
+//! a transfer larger than the loopback socket buffers (a few MiB). The proxy speaks TCP only: a TLS client
+//! still sees the upstream's certificate (valid for 127.0.0.1).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub struct TcpCutProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+}
+
+struct Shared {
+    upstream: String,
+    cut: watch::Sender<bool>,
+    /// Bytes forwarded server→client, over all connections.
+    down: AtomicU64,
+    /// Cut once `down` reaches this (u64::MAX: never).
+    limit: AtomicU64,
+}
+
+impl TcpCutProxy {
+    /// Listen on 127.0.0.1:free port and forward to `upstream` ("host:port").
+    /// Needs a tokio runtime (any flavour).
+    pub async fn start(upstream: &str) -> TcpCutProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            upstream: upstream.to_owned(),
+            cut: watch::channel(false).0,
+            down: AtomicU64::new(0),
+            limit: AtomicU64::new(u64::MAX),
+        });
+        let s = shared.clone();
+        let mut cut = shared.cut.subscribe();
+        let accept = tokio::spawn(async move {
+            // Returning drops the listener: connects are then refused.
+            loop {
+                tokio::select! {
+                    r = listener.accept() => match r {
+                        Ok((client, _)) => drop(tokio::spawn(forward(client, s.clone()))),
+                        Err(_) => return,
+                    },
+                    _ = cut.wait_for(|c| *c) => return,
+                }
+            }
+        });
+        TcpCutProxy {
+            addr,
+            shared,
+            accept,
+        }
+    }
+
+    /// `127.0.0.1:PORT` of the proxy: give this to the client.
+    pub fn host(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Reset every live connection now and refuse new ones.
+    pub fn cut(&self) {
+        self.shared.cut.send_replace(true);
+        self.accept.abort();
+    }
+
+    /// Cut once `n` bytes in total have flowed server→client (counting what
+    /// already flowed). Exactly `n` bytes get through: the connection that
+    /// reaches the limit is closed gracefully after them, the others reset.
+    pub fn cut_after_bytes(&self, n: u64) {
+        self.shared.limit.store(n, Ordering::SeqCst);
+        if self.shared.down.load(Ordering::SeqCst) >= n {
+            self.cut();
+        }
+    }
+
+    /// Bytes forwarded server→client so far.
+    pub fn bytes_down(&self) -> u64 {
+        self.shared.down.load(Ordering::SeqCst)
+    }
+
+    pub fn is_cut(&self) -> bool {
+        *self.shared.cut.borrow()
+    }
+}
+
+impl Drop for TcpCutProxy {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+async fn forward(client: TcpStream, s: Arc<Shared>) {
+    let Ok(server) = TcpStream::connect(&s.upstream).await else {
+        return;
+    };
+    let (cr, cw) = client.into_split();
+    let (sr, sw) = server.into_split();
+    let up = tokio::spawn(pump(cr, sw, s.clone(), false));
+    pump(sr, cw, s, true).await;
+    let _ = up.await;
+}
+
+/// Copy `from` → `to` until EOF, error or cut. `downstream` counts bytes
+/// against the limit and trips the cut when it is reached.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    s: Arc<Shared>,
+    downstream: bool,
+) {
+    let mut cut = s.cut.subscribe();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let mut n = tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            _ = cut.wait_for(|c| *c) => return reset(&to),
+        };
+        let mut trip = false;
+        if downstream {
+            let limit = s.limit.load(Ordering::SeqCst);
+            let before = s.down.fetch_add(n as u64, Ordering::SeqCst);
+            if before + n as u64 >= limit {
+                n = limit.saturating_sub(before) as usize;
+                s.down.store(limit, Ordering::SeqCst);
+                trip = true;
+            }
+        }
+        // A stalled reader must not keep the connection alive past a cut.
+        let written = tokio::select! {
+            r = to.write_all(&buf[..n]) => r,
+            _ = cut.wait_for(|c| *c), if !trip => return reset(&to),
+        };
+        if written.is_err() {
+            break;
+        }
+        if trip {
+            let _ = to.shutdown().await; // FIN after exactly the allowed bytes
+            s.cut.send_replace(true);
+            return;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Make dropping the socket send RST and discard unsent data.
+fn reset(to: &tokio::net::tcp::OwnedWriteHalf) {
+    let _ = to.as_ref().set_zero_linger();
+}

@@ -1,0 +1,468 @@
+//! A real Distribution registry (`docker-registry serve`) per test.
+//!
+//! Each [`TestRegistry`] owns a temp dir holding its config, storage, log and
+//! (for TLS) certificates, and one `docker-registry` child process on
+//! 127.0.0.1 and a free port. Drop kills the process and removes the dir.
+
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, RequestBuilder, StatusCode};
+use tempfile::TempDir;
+
+/// Every manifest media type the registry can store, for `Accept`.
+pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, \
+     application/vnd.oci.image.index.v1+json, \
+     application/vnd.docker.distribution.manifest.v2+json, \
+     application/vnd.docker.distribution.manifest.list.v2+json";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A `docker-registry` process with its own storage.
+pub struct TestRegistry {
+    dir: TempDir,
+    port: u16,
+    tls: bool,
+    creds: Option<(String, String)>,
+    child: Option<Child>,
+    http: reqwest::Client,
+}
+
+impl TestRegistry {
+    /// Plain HTTP, no auth.
+    pub async fn plain() -> TestRegistry {
+        Self::start(false, None).await
+    }
+
+    /// TLS with a fresh test CA, and htpasswd (bcrypt) basic auth.
+    pub async fn tls_auth(user: &str, password: &str) -> TestRegistry {
+        Self::start(true, Some((user.to_owned(), password.to_owned()))).await
+    }
+
+    async fn start(tls: bool, creds: Option<(String, String)>) -> TestRegistry {
+        super::init();
+        let dir = tempfile::Builder::new()
+            .prefix("pinswap-registry-")
+            .tempdir()
+            .expect("create registry temp dir");
+        fs::create_dir_all(dir.path().join("storage")).unwrap();
+        if tls {
+            write_tls_material(dir.path());
+        }
+        if let Some((user, password)) = &creds {
+            let hash = bcrypt::hash(password, 4).expect("bcrypt");
+            fs::write(dir.path().join("htpasswd"), format!("{user}:{hash}\n")).unwrap();
+        }
+        let http = http_client(tls.then(|| dir.path().join("ca/ca.crt")).as_deref());
+        let mut reg = TestRegistry {
+            dir,
+            port: 0,
+            tls,
+            creds,
+            child: None,
+            http,
+        };
+        // A port picked from :0 can be taken again before the registry binds it.
+        for attempt in 1..=5 {
+            reg.port = free_port();
+            reg.write_config();
+            match reg.spawn_and_wait().await {
+                Ok(()) => return reg,
+                Err(e) if attempt < 5 && e.contains("address already in use") => continue,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        unreachable!()
+    }
+
+    /// `127.0.0.1:PORT`
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `http://127.0.0.1:PORT` or `https://127.0.0.1:PORT`
+    pub fn base_url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.host())
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The registry's `rootdirectory`.
+    pub fn storage_dir(&self) -> PathBuf {
+        self.dir.path().join("storage")
+    }
+
+    /// PEM of the test CA that signed the server certificate (TLS only).
+    pub fn ca_pem_path(&self) -> PathBuf {
+        assert!(self.tls, "ca_pem_path() on a plain registry");
+        self.cert_dir().join("ca.crt")
+    }
+
+    /// A directory holding only `ca.crt`, as skopeo's `--cert-dir` wants it.
+    pub fn cert_dir(&self) -> PathBuf {
+        self.dir.path().join("ca")
+    }
+
+    pub fn username(&self) -> Option<&str> {
+        self.creds.as_ref().map(|c| c.0.as_str())
+    }
+
+    pub fn password(&self) -> Option<&str> {
+        self.creds.as_ref().map(|c| c.1.as_str())
+    }
+
+    /// The registry's stdout and stderr so far (print it when a test fails).
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+
+    /// SIGKILL the process; storage stays.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Start again on the same port with the same storage.
+    pub async fn restart(&mut self) {
+        self.kill();
+        if let Err(e) = self.spawn_and_wait().await {
+            panic!("restart: {e}");
+        }
+    }
+
+    fn write_config(&self) {
+        let d = self.dir.path();
+        let mut cfg = format!(
+            "version: 0.1\n\
+             log:\n  level: error\n  accesslog:\n    disabled: false\n\
+             storage:\n  filesystem:\n    rootdirectory: {storage}\n  \
+             delete:\n    enabled: true\n  \
+             maintenance:\n    uploadpurging:\n      enabled: false\n\
+             http:\n  addr: 127.0.0.1:{port}\n  secret: pinswap-test-secret\n",
+            storage = d.join("storage").display(),
+            port = self.port,
+        );
+        if self.tls {
+            cfg += &format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                d.join("server/cert.pem").display(),
+                d.join("server/key.pem").display()
+            );
+        }
+        if self.creds.is_some() {
+            cfg += &format!(
+                "auth:\n  htpasswd:\n    realm: pinswap-test\n    path: {}\n",
+                d.join("htpasswd").display()
+            );
+        }
+        fs::write(d.join("config.yml"), cfg).unwrap();
+    }
+
+    /// Spawn the process and wait until `GET /v2/` gets any HTTP answer.
+    async fn spawn_and_wait(&mut self) -> Result<(), String> {
+        let log_path = self.dir.path().join("registry.log");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        let bin = std::env::var("PINSWAP_TEST_REGISTRY_BIN")
+            .unwrap_or_else(|_| "docker-registry".to_owned());
+        let child = Command::new(&bin)
+            .arg("serve")
+            .arg(self.dir.path().join("config.yml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {bin} (apt-get install docker-registry): {e}"));
+        self.child = Some(child);
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return Err(format!(
+                    "docker-registry on port {} exited with {status}; log:\n{}",
+                    self.port,
+                    self.log()
+                ));
+            }
+            let probe = self
+                .http
+                .get(format!("{}/v2/", self.base_url()))
+                .timeout(Duration::from_millis(500))
+                .send()
+                .await;
+            if probe.is_ok() {
+                return Ok(());
+            }
+            if start.elapsed() > READY_TIMEOUT {
+                self.kill();
+                return Err(format!(
+                    "docker-registry on port {} not answering GET /v2/ after {READY_TIMEOUT:?} \
+                     (last error: {}); log:\n{}",
+                    self.port,
+                    probe.unwrap_err(),
+                    self.log()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // ---- HTTP ----------------------------------------------------------
+
+    /// The client used by the helpers: trusts the test CA, no proxy.
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// A request to `base_url() + path`, with basic auth when configured.
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.request_url(method, &format!("{}{path}", self.base_url()))
+    }
+
+    /// A request to an absolute `url`, with basic auth when configured.
+    pub fn request_url(&self, method: Method, url: &str) -> RequestBuilder {
+        let rb = self.http.request(method, url);
+        match &self.creds {
+            Some((u, p)) => rb.basic_auth(u, Some(p)),
+            None => rb,
+        }
+    }
+
+    async fn send(&self, rb: RequestBuilder, what: &str) -> reqwest::Response {
+        rb.send()
+            .await
+            .unwrap_or_else(|e| panic!("{what} on {}: {e}", self.host()))
+    }
+
+    /// GET a manifest: `(bytes, Content-Type, Docker-Content-Digest)`, or None on 404.
+    pub async fn get_manifest(
+        &self,
+        repo: &str,
+        reference: &str,
+    ) -> Option<(Vec<u8>, String, String)> {
+        let what = format!("GET manifest {repo}:{reference}");
+        let rb = self
+            .request(Method::GET, &format!("/v2/{repo}/manifests/{reference}"))
+            .header("Accept", MANIFEST_ACCEPT);
+        let resp = self.send(rb, &what).await;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return None;
+        }
+        let resp = expect_status(resp, StatusCode::OK, &what).await;
+        let content_type = header(&resp, "content-type");
+        let digest = header(&resp, "docker-content-digest");
+        Some((resp.bytes().await.unwrap().to_vec(), content_type, digest))
+    }
+
+    /// HEAD a manifest: its `Docker-Content-Digest`, or None on 404.
+    pub async fn head_manifest(&self, repo: &str, reference: &str) -> Option<String> {
+        let what = format!("HEAD manifest {repo}:{reference}");
+        let rb = self
+            .request(Method::HEAD, &format!("/v2/{repo}/manifests/{reference}"))
+            .header("Accept", MANIFEST_ACCEPT);
+        let resp = self.send(rb, &what).await;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return None;
+        }
+        let resp = expect_status(resp, StatusCode::OK, &what).await;
+        Some(header(&resp, "docker-content-digest"))
+    }
+
+    /// GET a blob's bytes as served (not verified), or None on 404.
+    pub async fn blob(&self, repo: &str, digest: &str) -> Option<Vec<u8>> {
+        let what = format!("GET blob {repo}@{digest}");
+        let resp = self
+            .send(
+                self.request(Method::GET, &format!("/v2/{repo}/blobs/{digest}")),
+                &what,
+            )
+            .await;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return None;
+        }
+        let resp = expect_status(resp, StatusCode::OK, &what).await;
+        Some(resp.bytes().await.unwrap().to_vec())
+    }
+
+    pub async fn blob_exists(&self, repo: &str, digest: &str) -> bool {
+        let what = format!("HEAD blob {repo}@{digest}");
+        let resp = self
+            .send(
+                self.request(Method::HEAD, &format!("/v2/{repo}/blobs/{digest}")),
+                &what,
+            )
+            .await;
+        match resp.status() {
+            StatusCode::OK => true,
+            StatusCode::NOT_FOUND => false,
+            s => panic!("{what}: unexpected {s}"),
+        }
+    }
+
+    /// DELETE a manifest by digest through the API (asserts 202). Tags that
+    /// pointed at it disappear with it.
+    pub async fn delete_manifest(&self, repo: &str, digest: &str) {
+        let what = format!("DELETE manifest {repo}@{digest}");
+        let resp = self
+            .send(
+                self.request(Method::DELETE, &format!("/v2/{repo}/manifests/{digest}")),
+                &what,
+            )
+            .await;
+        expect_status(resp, StatusCode::ACCEPTED, &what).await;
+    }
+
+    /// Tags of `repo`, sorted; empty when the repository is unknown.
+    pub async fn tags(&self, repo: &str) -> Vec<String> {
+        let what = format!("GET tags of {repo}");
+        let resp = self
+            .send(
+                self.request(Method::GET, &format!("/v2/{repo}/tags/list")),
+                &what,
+            )
+            .await;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Vec::new();
+        }
+        let body = expect_status(resp, StatusCode::OK, &what).await;
+        let v: serde_json::Value = body.json().await.unwrap();
+        let mut tags = string_list(&v["tags"]);
+        tags.sort();
+        tags
+    }
+
+    /// Repositories in the registry, sorted.
+    pub async fn catalog(&self) -> Vec<String> {
+        let what = "GET /v2/_catalog";
+        let resp = self
+            .send(self.request(Method::GET, "/v2/_catalog?n=1000"), what)
+            .await;
+        let body = expect_status(resp, StatusCode::OK, what).await;
+        let v: serde_json::Value = body.json().await.unwrap();
+        let mut repos = string_list(&v["repositories"]);
+        repos.sort();
+        repos
+    }
+
+    // ---- faults --------------------------------------------------------
+
+    /// Where the filesystem driver keeps the bytes of `digest`.
+    pub fn blob_data_path(&self, digest: &str) -> PathBuf {
+        let hex = digest
+            .strip_prefix("sha256:")
+            .unwrap_or_else(|| panic!("not a sha256 digest: {digest}"));
+        self.storage_dir()
+            .join("docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
+    /// Overwrite the stored bytes of `digest`, so the registry serves
+    /// `new_bytes` under that digest (in every repository linking it).
+    pub fn corrupt_blob(&self, digest: &str, new_bytes: &[u8]) {
+        let path = self.blob_data_path(digest);
+        assert!(path.exists(), "corrupt_blob: {} not in storage", digest);
+        fs::write(&path, new_bytes).unwrap();
+    }
+}
+
+impl Drop for TestRegistry {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A reqwest client that ignores proxy env vars and, given a CA, trusts only it.
+pub fn http_client(ca_pem: Option<&Path>) -> reqwest::Client {
+    super::init();
+    let mut b = reqwest::Client::builder().no_proxy();
+    if let Some(path) = ca_pem {
+        let pem = fs::read(path).unwrap();
+        b = b.tls_certs_only([reqwest::Certificate::from_pem(&pem).unwrap()]);
+    }
+    b.build().expect("build reqwest client")
+}
+
+pub(crate) async fn expect_status(
+    resp: reqwest::Response,
+    want: StatusCode,
+    what: &str,
+) -> reqwest::Response {
+    if resp.status() == want {
+        return resp;
+    }
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    panic!("{what}: expected {want}, got {status}: {body}");
+}
+
+fn header(resp: &reqwest::Response, name: &str) -> String {
+    resp.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("response to {} has no {name} header", resp.url()))
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn string_list(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// A CA, and a server certificate for 127.0.0.1 and localhost signed by it:
+/// `ca/ca.crt` (alone in its dir, for skopeo), `server/{cert,key}.pem`.
+fn write_tls_material(dir: &Path) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "pinswap test CA");
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+
+    let key = KeyPair::generate().unwrap();
+    let mut server =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    server
+        .distinguished_name
+        .push(DnType::CommonName, "pinswap test registry");
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = server.signed_by(&key, &issuer).unwrap();
+
+    fs::create_dir_all(dir.join("ca")).unwrap();
+    fs::create_dir_all(dir.join("server")).unwrap();
+    fs::write(dir.join("ca/ca.crt"), ca_cert.pem()).unwrap();
+    fs::write(dir.join("server/cert.pem"), cert.pem()).unwrap();
+    fs::write(dir.join("server/key.pem"), key.serialize_pem()).unwrap();
+}

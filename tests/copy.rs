@@ -1,0 +1,855 @@
+//! `pinswap copy` against real Distribution registries: every media type,
+//! indexes, blob handling, batch, auth, output and faults. Each test checks
+//! what the target registry serves afterwards, byte for byte.
+
+mod common;
+
+use common::fixtures::{Blob, Image, Index};
+use common::skopeo;
+use common::{TcpCutProxy, TestRegistry, pinswap_bin, push_image, push_index};
+use serde_json::Value;
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the binary with `args` (async, so an in-process proxy keeps working).
+async fn pinswap(args: &[&str]) -> Out {
+    pinswap_env(args, &[]).await
+}
+
+async fn pinswap_env(args: &[&str], env: &[(&str, &str)]) -> Out {
+    let mut cmd = tokio::process::Command::new(pinswap_bin());
+    cmd.args(args)
+        .env_remove("PINSWAP_SRC_CREDS")
+        .env_remove("PINSWAP_DEST_CREDS")
+        .env_remove("REGISTRY_AUTH_FILE")
+        // No ambient Docker config: each test says where credentials come from.
+        .env("DOCKER_CONFIG", "/nonexistent-pinswap-test");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("run pinswap");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs a copy with `--json`, asserts success, returns the first image's report.
+async fn copy_json(args: &[&str]) -> Value {
+    let mut all = vec!["copy", "--json"];
+    all.extend_from_slice(args);
+    let out = pinswap(&all).await;
+    assert_eq!(out.code, 0, "pinswap {all:?} failed:\n{}", out.stderr);
+    let v: Value = serde_json::from_str(&out.stdout).expect("--json output is JSON");
+    assert_eq!(v["failed"], 0, "{v}");
+    v["images"][0].clone()
+}
+
+/// An OCI image made of these layers, with a config unique to `n`.
+fn image_of(layers: Vec<Blob>, n: u64) -> Image {
+    let config = Blob::new(
+        "application/vnd.oci.image.config.v1+json",
+        format!(r#"{{"architecture":"amd64","os":"linux","config":{{"Labels":{{"n":"{n}"}}}}}}"#)
+            .into_bytes(),
+    );
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config.descriptor(),
+        "layers": layers.iter().map(Blob::descriptor).collect::<Vec<_>>(),
+    }))
+    .unwrap();
+    Image {
+        digest: common::sha256_digest(&manifest),
+        manifest,
+        media_type: "application/vnd.oci.image.manifest.v1+json".into(),
+        config,
+        layers,
+    }
+}
+
+fn d(reg: &TestRegistry, path: &str) -> String {
+    format!("docker://{}/{path}", reg.host())
+}
+
+/// The target serves exactly the fixture's manifest bytes, type and digest.
+async fn assert_manifest(
+    reg: &TestRegistry,
+    repo: &str,
+    reference: &str,
+    manifest: &[u8],
+    media_type: &str,
+    digest: &str,
+) {
+    let (bytes, ct, dg) = reg
+        .get_manifest(repo, reference)
+        .await
+        .unwrap_or_else(|| panic!("{repo}:{reference} missing at {}", reg.host()));
+    assert!(
+        bytes == manifest,
+        "{repo}:{reference}: manifest bytes differ"
+    );
+    assert_eq!(ct, media_type, "{repo}:{reference}: content type");
+    assert_eq!(dg, digest, "{repo}:{reference}: digest");
+}
+
+/// Every blob of `img` is in `repo` with the same bytes.
+async fn assert_blobs(reg: &TestRegistry, repo: &str, img: &Image) {
+    for b in img.blobs() {
+        let got = reg
+            .blob(repo, &b.digest)
+            .await
+            .unwrap_or_else(|| panic!("blob {} missing in {repo}", b.digest));
+        assert!(got == b.bytes, "blob {} differs in {repo}", b.digest);
+    }
+}
+
+async fn assert_image(reg: &TestRegistry, repo: &str, tag: &str, img: &Image) {
+    assert_manifest(reg, repo, tag, &img.manifest, &img.media_type, &img.digest).await;
+    assert_blobs(reg, repo, img).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oci_image_is_copied_byte_exact() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let img = Image::oci(3, 1);
+    push_image(&src, "app", Some("v1"), &img).await;
+    let r = copy_json(&[&d(&src, "app:v1"), &d(&dst, "mirror/app:v1")]).await;
+    assert_image(&dst, "mirror/app", "v1", &img).await;
+    assert_eq!(r["digest"], img.digest.as_str());
+    assert_eq!(r["mediaType"], "application/vnd.oci.image.manifest.v1+json");
+    assert_eq!(r["blobsCopied"], 4);
+    assert_eq!(r["blobsSkipped"], 0);
+    assert_eq!(r["manifestsPushed"], 1);
+    let bytes: u64 = img.blobs().map(|b| b.size()).sum();
+    assert_eq!(r["bytesCopied"], bytes);
+    assert_eq!(r["upToDate"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_schema2_keeps_its_bytes_and_type() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let img = Image::docker(2, 2);
+    push_image(&src, "lib/web", Some("1.0"), &img).await;
+    copy_json(&[&d(&src, "lib/web:1.0"), &d(&dst, "lib/web:1.0")]).await;
+    assert_image(&dst, "lib/web", "1.0", &img).await;
+    // skopeo, an independent client, sees the same bytes.
+    assert_eq!(
+        skopeo::inspect_raw(&dst, "lib/web", "1.0").await,
+        img.manifest
+    );
+    assert_eq!(
+        skopeo::inspect_digest(&dst, "lib/web", "1.0").await,
+        img.digest
+    );
+}
+
+async fn check_index(src: &TestRegistry, dst: &TestRegistry, idx: &Index, repo: &str) {
+    assert_manifest(dst, repo, "v1", &idx.manifest, &idx.media_type, &idx.digest).await;
+    for child in &idx.children {
+        assert_image(dst, repo, &child.digest, child).await;
+    }
+    assert_eq!(skopeo::inspect_raw(dst, repo, "v1").await, idx.manifest);
+    assert_eq!(
+        skopeo::inspect_digest(dst, repo, "v1").await,
+        skopeo::inspect_digest(src, repo, "v1").await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oci_index_copies_every_child() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let idx = Index::oci(3, true);
+    push_index(&src, "multi", Some("v1"), &idx).await;
+    let r = copy_json(&[&d(&src, "multi:v1"), &d(&dst, "multi:v1")]).await;
+    assert_eq!(r["manifestsPushed"], 4, "3 children + the index");
+    check_index(&src, &dst, &idx, "multi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_manifest_list_copies_every_child() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let idx = Index::docker(4);
+    push_index(&src, "multi", Some("v1"), &idx).await;
+    copy_json(&[&d(&src, "multi:v1"), &d(&dst, "multi:v1")]).await;
+    check_index(&src, &dst, &idx, "multi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn platform_filter_writes_a_filtered_index() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let idx = Index::oci(5, true);
+    push_index(&src, "multi", Some("v1"), &idx).await;
+    let r = copy_json(&[
+        "--platform",
+        "linux/arm64",
+        &d(&src, "multi:v1"),
+        &d(&dst, "multi:v1"),
+    ])
+    .await;
+    let (bytes, ct, digest) = dst.get_manifest("multi", "v1").await.unwrap();
+    assert_ne!(digest, idx.digest, "a filtered index is a new manifest");
+    assert_eq!(r["digest"], digest.as_str());
+    assert_eq!(ct, idx.media_type);
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    let entries = v["manifests"].as_array().unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0]["platform"]["architecture"], "arm64");
+    let arm = &idx.children[1];
+    assert_eq!(entries[0]["digest"], arm.digest.as_str());
+    assert_image(&dst, "multi", &arm.digest, arm).await;
+    // The other platforms were not copied.
+    assert!(
+        dst.head_manifest("multi", &idx.children[0].digest)
+            .await
+            .is_none()
+    );
+    assert!(
+        !dst.blob_exists("multi", &idx.children[0].layers[0].digest)
+            .await
+    );
+    // A second run sees the same filtered digest and does nothing.
+    let again = copy_json(&[
+        "--platform",
+        "linux/arm64",
+        &d(&src, "multi:v1"),
+        &d(&dst, "multi:v1"),
+    ])
+    .await;
+    assert_eq!(again["upToDate"], true);
+    assert_eq!(again["digest"], digest.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifacts_of_any_media_type_copy_byte_exact() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let spin = Image::spin(
+        "hello",
+        2,
+        Some("application/vnd.fermyon.spin.application.v1+config"),
+    );
+    let oras = Image::oras(
+        "application/vnd.example.sbom.v1",
+        "sbom.json",
+        b"{\"sbom\":true}",
+    );
+    let helm = Image::helm("mychart", "0.1.0");
+    let sig = Image::referrer(
+        &spin.descriptor(),
+        "application/vnd.dev.cosign.artifact.sig.v1+json",
+        b"sig",
+    );
+    for (repo, img) in [
+        ("spin/hello", &spin),
+        ("oras/sbom", &oras),
+        ("charts/mychart", &helm),
+        ("spin/hello-sig", &sig),
+    ] {
+        push_image(&src, repo, Some("v1"), img).await;
+        copy_json(&[
+            &d(&src, &format!("{repo}:v1")),
+            &d(&dst, &format!("m/{repo}:v1")),
+        ])
+        .await;
+        assert_image(&dst, &format!("m/{repo}"), "v1", img).await;
+    }
+    assert_eq!(spin.config.bytes.len(), 78);
+    assert_eq!(
+        skopeo::inspect_raw(&dst, "m/spin/hello", "v1").await,
+        spin.manifest
+    );
+    let v: Value = serde_json::from_slice(&sig.manifest).unwrap();
+    assert_eq!(
+        v["subject"]["digest"],
+        spin.digest.as_str(),
+        "fixture has a subject"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn present_blobs_are_skipped_and_same_registry_blobs_mounted() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let img = Image::oci(3, 7);
+    push_image(&src, "app", Some("v1"), &img).await;
+    // Target already holds the config and first layer.
+    common::push_blob(&dst, "app", &img.config).await;
+    common::push_blob(&dst, "app", &img.layers[0]).await;
+    let r = copy_json(&[&d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
+    assert_eq!(
+        (r["blobsSkipped"].as_u64(), r["blobsCopied"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_image(&dst, "app", "v1", &img).await;
+
+    // Within one registry, blobs are mounted, not streamed.
+    let r = copy_json(&[&d(&src, "app:v1"), &d(&src, "other/app:v1")]).await;
+    assert_eq!(r["blobsMounted"], 4, "{r}");
+    assert_eq!(r["blobsCopied"], 0);
+    assert_eq!(r["bytesCopied"], 0);
+    assert_image(&src, "other/app", "v1", &img).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_copy_only_checks() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let img = Image::oci(2, 9);
+    push_image(&src, "app", Some("v1"), &img).await;
+    copy_json(&[&d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
+    let r = copy_json(&[&d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
+    assert_eq!(r["upToDate"], true);
+    assert_eq!(r["manifestsPushed"], 0);
+    assert_eq!(r["blobsCopied"], 0);
+    assert_eq!(r["digest"], img.digest.as_str());
+    let text = pinswap(&["copy", &d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
+    assert_eq!(text.code, 0);
+    assert!(text.stdout.starts_with("up to date"), "{}", text.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_upload_is_byte_exact() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    // 3 MiB layers with 1 MiB chunks: three PATCH requests per layer.
+    let img = Image::random_layers(2, 3 * 1024 * 1024 + 17, 11);
+    push_image(&src, "big", Some("v1"), &img).await;
+    let r = copy_json(&[
+        "--chunked-threshold",
+        "1048576",
+        &d(&src, "big:v1"),
+        &d(&dst, "big:v1"),
+    ])
+    .await;
+    assert_eq!(r["blobsCopied"], 3);
+    assert_image(&dst, "big", "v1", &img).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_references_and_pinned_destinations() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let img = Image::oci(1, 12);
+    push_image(&src, "app", Some("v1"), &img).await;
+    let by_digest = format!("app@{}", img.digest);
+    // Digest-only source to tag+digest destination.
+    copy_json(&[
+        &d(&src, &by_digest),
+        &d(&dst, &format!("app:v1@{}", img.digest)),
+    ])
+    .await;
+    assert_image(&dst, "app", "v1", &img).await;
+    // A destination pinned to another digest is refused before any push.
+    let other = format!("sha256:{}", "0".repeat(64));
+    let out = pinswap(&[
+        "copy",
+        &d(&src, "app:v1"),
+        &d(&dst, &format!("app2:v1@{other}")),
+    ])
+    .await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains(&format!("pins digest {other}")),
+        "{}",
+        out.stderr
+    );
+    assert!(dst.head_manifest("app2", "v1").await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_mirrors_by_path_and_streams_shared_blobs_once() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    // Three images sharing one base layer (the same seed gives the same layer 0).
+    let base = Image::oci(1, 21);
+    let mut images = Vec::new();
+    for i in 0..3 {
+        let own = Image::oci(1, 100 + i);
+        let img = image_of(vec![base.layers[0].clone(), own.layers[0].clone()], i);
+        push_image(&src, &format!("team/app{i}"), Some("v1"), &img).await;
+        images.push(img);
+    }
+    let list = tempfile::NamedTempFile::new().unwrap();
+    let mut text = String::from("# images to mirror\n\n");
+    for i in 0..3 {
+        text.push_str(&format!("{}/team/app{i}:v1\n", src.host()));
+    }
+    text.push_str(&format!("docker://{}/team/app0:v1\n", src.host())); // duplicate
+    std::fs::write(list.path(), text).unwrap();
+    let to = format!("docker://{}/mirror", dst.host());
+    let out = pinswap(&[
+        "copy",
+        "--json",
+        "--from-file",
+        list.path().to_str().unwrap(),
+        "--to",
+        &to,
+    ])
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["succeeded"], 3);
+    let comp = format!("127.0.0.1_{}", src.port());
+    let mut streamed = 0;
+    let mut mounted = 0;
+    for (i, img) in images.iter().enumerate() {
+        let repo = format!("mirror/{comp}/team/app{i}");
+        assert_image(&dst, &repo, "v1", img).await;
+        let r = v["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["destination"] == format!("docker://{}/{repo}:v1", dst.host()).as_str())
+            .unwrap_or_else(|| panic!("no report for {repo}: {v}"));
+        streamed += r["blobsCopied"].as_u64().unwrap();
+        mounted += r["blobsMounted"].as_u64().unwrap();
+    }
+    // 3 configs + 3 unique layers + the shared base once; the base is mounted twice.
+    assert_eq!(streamed, 7, "{v}");
+    assert_eq!(mounted, 2, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oci_layouts_both_ways() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let idx = Index::oci(31, false);
+    push_index(&src, "multi", Some("v1"), &idx).await;
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("layout");
+    let lref = format!("oci:{}:v1", layout.display());
+    copy_json(&[&d(&src, "multi:v1"), &lref]).await;
+    // skopeo reads our layout and sees the same index bytes.
+    let raw = tokio::process::Command::new("skopeo")
+        .args(["inspect", "--raw", &lref])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        raw.status.success(),
+        "{}",
+        String::from_utf8_lossy(&raw.stderr)
+    );
+    assert!(raw.stdout == idx.manifest, "layout index bytes differ");
+    // And back into a registry.
+    copy_json(&[&lref, &d(&dst, "multi:v1")]).await;
+    check_index(&src, &dst, &idx, "multi").await;
+    // A corrupted layout blob is caught before anything is pushed.
+    let victim = &idx.children[0].layers[1];
+    let hex = victim.digest.trim_start_matches("sha256:");
+    let mut bad = victim.bytes.clone();
+    bad[7] ^= 0x01;
+    std::fs::write(layout.join("blobs/sha256").join(hex), bad).unwrap();
+    let out = pinswap(&["copy", &lref, &d(&dst, "fresh:v1")]).await;
+    assert_eq!(out.code, 1);
+    let want = format!(
+        "blob {} from oci:{}:v1: blob {} hashes to sha256:",
+        victim.digest,
+        layout.display(),
+        victim.digest
+    );
+    assert!(
+        out.stderr.contains(&want),
+        "want {want:?} in {}",
+        out.stderr
+    );
+    assert!(dst.head_manifest("fresh", "v1").await.is_none());
+    assert!(!dst.blob_exists("fresh", &victim.digest).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_basic_auth_with_flags_authfile_docker_config_and_helper() {
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::tls_auth("mirror", "s3cret-pw").await;
+    let img = Image::oci(1, 41);
+    push_image(&src, "app", Some("v1"), &img).await;
+    let ca = dst.ca_pem_path();
+    let ca = ca.to_str().unwrap();
+
+    // Flags.
+    copy_json(&[
+        "--ca-cert",
+        ca,
+        "--dest-creds",
+        "mirror:s3cret-pw",
+        &d(&src, "app:v1"),
+        &d(&dst, "a1:v1"),
+    ])
+    .await;
+    assert_image(&dst, "a1", "v1", &img).await;
+
+    // --authfile.
+    let dir = tempfile::tempdir().unwrap();
+    let auth = dir.path().join("auth.json");
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode("mirror:s3cret-pw");
+    std::fs::write(
+        &auth,
+        format!(r#"{{"auths":{{"{}":{{"auth":"{b64}"}}}}}}"#, dst.host()),
+    )
+    .unwrap();
+    copy_json(&[
+        "--ca-cert",
+        ca,
+        "--authfile",
+        auth.to_str().unwrap(),
+        &d(&src, "app:v1"),
+        &d(&dst, "a2:v1"),
+    ])
+    .await;
+    assert_image(&dst, "a2", "v1", &img).await;
+
+    // $DOCKER_CONFIG/config.json.
+    let out = pinswap_env(
+        &[
+            "copy",
+            "--ca-cert",
+            ca,
+            &d(&src, "app:v1"),
+            &d(&dst, "a3:v1"),
+        ],
+        &[("DOCKER_CONFIG", dir.path().to_str().unwrap())],
+    )
+    .await;
+    assert_eq!(out.code, 1, "auth.json is not config.json");
+    std::fs::copy(&auth, dir.path().join("config.json")).unwrap();
+    let out = pinswap_env(
+        &[
+            "copy",
+            "--ca-cert",
+            ca,
+            &d(&src, "app:v1"),
+            &d(&dst, "a3:v1"),
+        ],
+        &[("DOCKER_CONFIG", dir.path().to_str().unwrap())],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_image(&dst, "a3", "v1", &img).await;
+
+    // A credential helper (docker-credential-<name> on PATH).
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let helper = bin.join("docker-credential-pinswaptest");
+    std::fs::write(
+        &helper,
+        "#!/bin/sh\nread server\necho \"{\\\"ServerURL\\\":\\\"$server\\\",\\\"Username\\\":\\\"mirror\\\",\\\"Secret\\\":\\\"s3cret-pw\\\"}\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = dir.path().join("helper");
+    std::fs::create_dir(&cfg).unwrap();
+    std::fs::write(
+        cfg.join("config.json"),
+        format!(r#"{{"credHelpers":{{"{}":"pinswaptest"}}}}"#, dst.host()),
+    )
+    .unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let out = pinswap_env(
+        &[
+            "copy",
+            "--ca-cert",
+            ca,
+            &d(&src, "app:v1"),
+            &d(&dst, "a4:v1"),
+        ],
+        &[("DOCKER_CONFIG", cfg.to_str().unwrap()), ("PATH", &path)],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_image(&dst, "a4", "v1", &img).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_needs_the_ca_and_wrong_credentials_are_named_without_the_secret() {
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::tls_auth("mirror", "right-pw").await;
+    let img = Image::oci(1, 43);
+    push_image(&src, "app", Some("v1"), &img).await;
+
+    let out = pinswap(&[
+        "copy",
+        "--dest-creds",
+        "mirror:right-pw",
+        &d(&src, "app:v1"),
+        &d(&dst, "app:v1"),
+    ])
+    .await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains(&format!("cannot reach registry {}", dst.host())),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.to_lowercase().contains("certificate"),
+        "{}",
+        out.stderr
+    );
+
+    let ca = dst.ca_pem_path();
+    let out = pinswap(&[
+        "copy",
+        "--ca-cert",
+        ca.to_str().unwrap(),
+        "--dest-creds",
+        "mirror:Wrong-Secret-42",
+        &d(&src, "app:v1"),
+        &d(&dst, "app:v1"),
+    ])
+    .await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains(&format!("registry {} rejected our credentials", dst.host())),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("401"), "{}", out.stderr);
+    assert!(out.stderr.contains("app"), "{}", out.stderr);
+    assert!(
+        !out.stderr.contains("Wrong-Secret-42"),
+        "secret leaked: {}",
+        out.stderr
+    );
+    assert!(dst.head_manifest("app", "v1").await.is_none());
+
+    // No credentials at all: same clear error.
+    let out = pinswap(&[
+        "copy",
+        "--ca-cert",
+        ca.to_str().unwrap(),
+        &d(&src, "app:v1"),
+        &d(&dst, "app:v1"),
+    ])
+    .await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains("rejected our credentials"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_reference_registry_status_and_code() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    push_image(&src, "app", Some("v1"), &Image::oci(1, 51)).await;
+    let out = pinswap(&["copy", &d(&src, "app:nope"), &d(&dst, "app:v1")]).await;
+    assert_eq!(out.code, 1);
+    for want in [src.host().as_str(), "app:nope", "404", "MANIFEST_UNKNOWN"] {
+        assert!(
+            out.stderr.contains(want),
+            "missing {want:?} in {}",
+            out.stderr
+        );
+    }
+    let out = pinswap(&["copy", "docker://nosuch.invalid/app:v1", &d(&dst, "app:v1")]).await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains("cannot reach registry nosuch.invalid"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_errors_exit_2_with_a_precise_message() {
+    for (args, want) in [
+        (vec!["copy", "docker://Upper/Case:v1"], "DESTINATION"),
+        (
+            vec!["copy", "docker://nginx", "docker://x/Nginx:v1"],
+            "must be lowercase",
+        ),
+        (
+            vec!["copy", "nginx", "docker://x/y:v1"],
+            "expected docker://REFERENCE or oci:DIR[:REF]",
+        ),
+        (
+            vec!["copy", "--jobs", "0", "docker://a/b", "docker://c/d"],
+            "--jobs",
+        ),
+        (
+            vec![
+                "copy",
+                "--platform",
+                "linux",
+                "docker://a/b",
+                "docker://c/d",
+            ],
+            "expected os/arch[/variant]",
+        ),
+        (
+            vec![
+                "copy",
+                "--from-file",
+                "/nonexistent/list",
+                "--to",
+                "docker://127.0.0.1:1/m",
+            ],
+            "/nonexistent/list",
+        ),
+        (
+            vec![
+                "copy",
+                "--dest-creds",
+                "nocolon",
+                "docker://a/b",
+                "docker://c/d",
+            ],
+            "--dest-creds: expected USER:PASSWORD",
+        ),
+    ] {
+        let out = pinswap(&args).await;
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(want),
+            "{args:?}: want {want:?} in {}",
+            out.stderr
+        );
+    }
+    let list = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(list.path(), "ok.example/a:v1\nBad/Ref:Ω\n").unwrap();
+    let out = pinswap(&[
+        "copy",
+        "--from-file",
+        list.path().to_str().unwrap(),
+        "--to",
+        "docker://127.0.0.1:1/m",
+    ])
+    .await;
+    assert_eq!(out.code, 2);
+    assert!(
+        out.stderr
+            .contains(&format!("{}:2:", list.path().display())),
+        "{}",
+        out.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_is_quiet_off_a_terminal_and_json_is_stable() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let img = Image::oci(2, 61);
+    push_image(&src, "app", Some("v1"), &img).await;
+    let out = pinswap(&["copy", &d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
+    assert_eq!(out.code, 0);
+    assert_eq!(
+        out.stdout.lines().count(),
+        1,
+        "one summary line: {:?}",
+        out.stdout
+    );
+    assert!(out.stdout.starts_with("copied "), "{:?}", out.stdout);
+    assert!(
+        !out.stdout.contains('\r') && !out.stdout.contains('\x1b'),
+        "no progress bars off a TTY"
+    );
+    let r = copy_json(&[&d(&src, "app:v1"), &d(&dst, "app2:v1")]).await;
+    let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
+    for k in [
+        "source",
+        "destination",
+        "digest",
+        "mediaType",
+        "manifestsPushed",
+        "blobsCopied",
+        "blobsSkipped",
+        "blobsMounted",
+        "bytesCopied",
+        "upToDate",
+        "durationSeconds",
+    ] {
+        assert!(keys.contains(&k), "missing {k} in {r}");
+    }
+    // --log-format json writes JSON lines on stderr.
+    let out = pinswap(&[
+        "--log-format",
+        "json",
+        "--log-level",
+        "info",
+        "copy",
+        &d(&src, "app:v1"),
+        &d(&dst, "app3:v1"),
+    ])
+    .await;
+    assert_eq!(out.code, 0);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("copied"))
+        .expect("an info line");
+    let v: Value = serde_json::from_str(line).expect("log line is JSON");
+    assert_eq!(v["level"], "INFO");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_dying_mid_copy_leaves_no_manifest_and_a_rerun_completes() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let img = Image::random_layers(4, 2 * 1024 * 1024, 71);
+    push_image(&src, "app", Some("v1"), &img).await;
+    let proxy = TcpCutProxy::start(&src.host()).await;
+    proxy.cut_after_bytes(3 * 1024 * 1024);
+    let via = format!("docker://{}/app:v1", proxy.host());
+    let out = pinswap(&["copy", "--jobs", "1", &via, &d(&dst, "app:v1")]).await;
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(proxy.is_cut());
+    assert!(
+        dst.head_manifest("app", "v1").await.is_none(),
+        "no manifest after a failed copy"
+    );
+    assert!(dst.tags("app").await.is_empty());
+    // The registry process itself dies and comes back; a rerun completes.
+    let mut src = src;
+    src.kill();
+    let out = pinswap(&["copy", &d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
+    assert_eq!(out.code, 1);
+    assert!(dst.head_manifest("app", "v1").await.is_none());
+    src.restart().await;
+    let r = copy_json(&[&d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
+    assert_image(&dst, "app", "v1", &img).await;
+    assert_eq!(
+        r["blobsCopied"].as_u64().unwrap() + r["blobsSkipped"].as_u64().unwrap(),
+        5
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_source_bytes_fail_and_push_nothing() {
+    for threshold in ["67108864", "1024"] {
+        let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+        let img = Image::random_layers(2, 64 * 1024, 81);
+        push_image(&src, "app", Some("v1"), &img).await;
+        let victim = &img.layers[1];
+        // Same length, different bytes: only the digest can catch it.
+        let mut bad = victim.bytes.clone();
+        bad[1000] ^= 0xff;
+        src.corrupt_blob(&victim.digest, &bad);
+        let out = pinswap(&[
+            "copy",
+            "--chunked-threshold",
+            threshold,
+            &d(&src, "app:v1"),
+            &d(&dst, "app:v1"),
+        ])
+        .await;
+        assert_eq!(out.code, 1, "threshold {threshold}: {}", out.stderr);
+        let want = format!(
+            "blob {} from {}/app:v1: Invalid digest",
+            victim.digest,
+            src.host()
+        );
+        assert!(
+            out.stderr.contains(&want),
+            "threshold {threshold}: want {want:?} in {}",
+            out.stderr
+        );
+        assert!(
+            !dst.blob_exists("app", &victim.digest).await,
+            "bad blob committed"
+        );
+        assert!(dst.head_manifest("app", "v1").await.is_none());
+        assert!(dst.tags("app").await.is_empty());
+    }
+}
