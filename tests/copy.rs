@@ -302,6 +302,7 @@ async fn warm_copy_only_checks() {
     copy_json(&[&d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
     let r = copy_json(&[&d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
     assert_eq!(r["upToDate"], true);
+    assert_eq!(r["mediaType"], Value::Null, "a warm copy only HEADs");
     assert_eq!(r["manifestsPushed"], 0);
     assert_eq!(r["blobsCopied"], 0);
     assert_eq!(r["digest"], img.digest.as_str());
@@ -340,6 +341,19 @@ async fn digest_references_and_pinned_destinations() {
     ])
     .await;
     assert_image(&dst, "app", "v1", &img).await;
+    // The digest is already there under v1; a pinned v2 still gets its tag.
+    let r = copy_json(&[
+        &d(&src, &by_digest),
+        &d(&dst, &format!("app:v2@{}", img.digest)),
+    ])
+    .await;
+    assert_eq!(r["upToDate"], false);
+    assert_eq!(r["manifestsPushed"], 1);
+    assert_eq!(r["blobsSkipped"], 2);
+    assert_eq!(
+        dst.head_manifest("app", "v2").await.as_deref(),
+        Some(img.digest.as_str())
+    );
     // A destination pinned to another digest is refused before any push.
     let other = format!("sha256:{}", "0".repeat(64));
     let out = pinswap(&[

@@ -131,7 +131,9 @@ pub struct CopyReport {
     /// Digest of the top manifest at the destination.
     pub digest: String,
     /// Its mediaType.
-    pub media_type: String,
+    /// Its mediaType; `null` for an up-to-date registry copy, which only
+    /// HEADs the manifest.
+    pub media_type: Option<String>,
     /// Manifests pushed (top and children); 0 for an up-to-date copy.
     pub manifests_pushed: u64,
     /// Blobs streamed from the source.
@@ -308,20 +310,22 @@ impl Copier {
             }
         };
 
-        let report =
-            |digest: String, media_type: String, up_to_date: bool, stats: &Stats| CopyReport {
-                source: src.to_string(),
-                destination: dst.to_string(),
-                digest,
-                media_type,
-                manifests_pushed: stats.manifests.load(Ordering::Relaxed),
-                blobs_copied: stats.copied.load(Ordering::Relaxed),
-                blobs_skipped: stats.skipped.load(Ordering::Relaxed),
-                blobs_mounted: stats.mounted.load(Ordering::Relaxed),
-                bytes_copied: stats.bytes.load(Ordering::Relaxed),
-                up_to_date,
-                duration_seconds: start.elapsed().as_secs_f64(),
-            };
+        let report = |digest: String,
+                      media_type: Option<String>,
+                      up_to_date: bool,
+                      stats: &Stats| CopyReport {
+            source: src.to_string(),
+            destination: dst.to_string(),
+            digest,
+            media_type,
+            manifests_pushed: stats.manifests.load(Ordering::Relaxed),
+            blobs_copied: stats.copied.load(Ordering::Relaxed),
+            blobs_skipped: stats.skipped.load(Ordering::Relaxed),
+            blobs_mounted: stats.mounted.load(Ordering::Relaxed),
+            bytes_copied: stats.bytes.load(Ordering::Relaxed),
+            up_to_date,
+            duration_seconds: start.elapsed().as_secs_f64(),
+        };
 
         // Warm path: the destination already has this digest under its name.
         if self.opts.platforms.is_empty()
@@ -329,10 +333,10 @@ impl Copier {
             && existing == src_digest.as_str()
         {
             info!(source = %src, destination = %dst, digest = %src_digest, "destination is up to date");
-            let media_type = match &src_desc {
-                Some(desc) => desc.media_type.clone(),
-                None => String::new(),
-            };
+            let media_type = src_desc
+                .as_ref()
+                .map(|d| d.media_type.clone())
+                .filter(|m| !m.is_empty());
             return Ok(report(src_digest.to_string(), media_type, true, &stats));
         }
 
@@ -363,7 +367,7 @@ impl Copier {
                 {
                     return Ok(report(
                         filtered.digest.to_string(),
-                        filtered.media_type,
+                        Some(filtered.media_type),
                         true,
                         &stats,
                     ));
@@ -396,7 +400,7 @@ impl Copier {
         stats.manifests.fetch_add(1, Ordering::Relaxed);
         let r = report(
             top.digest.to_string(),
-            top.media_type.clone(),
+            Some(top.media_type.clone()),
             false,
             &stats,
         );
@@ -407,10 +411,15 @@ impl Copier {
     /// The digest the destination holds under the name we would write.
     async fn dest_top_digest(&self, d: &Side, s: &Side) -> Result<Option<String>> {
         match d {
-            Side::Registry { client, reference } => Ok(client
-                .manifest_digest(reference)
-                .await?
-                .map(|d| d.to_string())),
+            // By tag when there is one: a digest alone would say "present"
+            // even though the tag is missing or points elsewhere.
+            Side::Registry { client, reference } => {
+                let by = match reference.tag() {
+                    Some(_) => reference.without_digest(),
+                    None => reference.clone(),
+                };
+                Ok(client.manifest_digest(&by).await?.map(|d| d.to_string()))
+            }
             Side::Layout { layout, name } => {
                 let name = name.clone().or_else(|| source_tag(s));
                 match layout.resolve(name.as_deref()).await {
