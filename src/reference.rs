@@ -728,16 +728,7 @@ impl Reference {
     /// The port is ignored. This looks only at the text. It does no DNS
     /// lookup, so a name that resolves to 127.0.0.1 is not loopback here.
     pub fn is_loopback(&self) -> bool {
-        let (host, _) = split_host_port(&self.registry);
-        if host.eq_ignore_ascii_case("localhost") {
-            return true;
-        }
-        match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-            Some(inner) => inner.parse::<Ipv6Addr>().is_ok_and(|a| {
-                a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
-            }),
-            None => host.parse::<Ipv4Addr>().is_ok_and(|a| a.is_loopback()),
-        }
+        is_loopback_registry(&self.registry)
     }
 }
 
@@ -1004,6 +995,22 @@ fn split_host_port(registry: &str) -> (&str, Option<&str>) {
     match registry.split_once(':') {
         Some((host, port)) => (host, Some(port)),
         None => (registry, None),
+    }
+}
+
+/// Whether a registry (`host[:port]`) is a loopback address: `localhost`,
+/// `127.0.0.0/8`, `[::1]` or an IPv4-mapped loopback. Textual only, no DNS
+/// lookup. Docker treats these as insecure registries (plain HTTP allowed).
+pub fn is_loopback_registry(registry: &str) -> bool {
+    let (host, _) = split_host_port(registry);
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(inner) => inner.parse::<Ipv6Addr>().is_ok_and(|a| {
+            a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }),
+        None => host.parse::<Ipv4Addr>().is_ok_and(|a| a.is_loopback()),
     }
 }
 

@@ -867,3 +867,131 @@ async fn wrong_source_bytes_fail_and_push_nothing() {
         assert!(dst.tags("app").await.is_empty());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_bars_on_a_terminal_and_env_credentials() {
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::tls_auth("envuser", "env-pw").await;
+    let img = Image::random_layers(1, 8 * 1024 * 1024, 91);
+    push_image(&src, "app", Some("v1"), &img).await;
+    // `script` runs pinswap with a pseudo-terminal as stdout.
+    let cmd = format!(
+        "{} copy --ca-cert {} {} {}",
+        pinswap_bin().display(),
+        dst.ca_pem_path().display(),
+        d(&src, "app:v1"),
+        d(&dst, "app:v1")
+    );
+    let out = tokio::process::Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("PINSWAP_DEST_CREDS", "envuser:env-pw")
+        .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
+        .output()
+        .await
+        .expect("run script(1)");
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{tty}");
+    let layer = img.layers[0].digest.trim_start_matches("sha256:");
+    assert!(
+        tty.contains(&layer[..12]),
+        "a bar named after the layer: {tty:?}"
+    );
+    assert!(
+        tty.contains("MiB") && tty.contains('\x1b'),
+        "drawn bars: {tty:?}"
+    );
+    assert!(tty.contains("copied "), "{tty:?}");
+    assert_image(&dst, "app", "v1", &img).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_token_auth_push_chunked_pull_and_wrong_password() {
+    let src = TestRegistry::plain().await;
+    let tok = TestRegistry::token_auth("mirror", "t0ken-pw").await;
+    let back = TestRegistry::plain().await;
+    let img = Image::oci(2, 91);
+    // 3 MiB layer with 1 MiB chunks: pinswap's own chunked uploader.
+    let big = Image::random_layers(1, 3 * 1024 * 1024, 92);
+    push_image(&src, "app", Some("v1"), &img).await;
+    push_image(&src, "big", Some("v1"), &big).await;
+    let server = tok.token_server();
+    let creds = "mirror:t0ken-pw";
+
+    // Push: the registry challenges, pinswap gets tokens with our basic
+    // credentials and retries with Bearer.
+    let r = copy_json(&[
+        "--dest-creds",
+        creds,
+        &d(&src, "app:v1"),
+        &d(&tok, "m/app:v1"),
+    ])
+    .await;
+    assert_eq!(r["blobsCopied"], 3);
+    assert_image(&tok, "m/app", "v1", &img).await;
+    let scopes = server.granted_scopes();
+    assert!(
+        scopes.iter().any(|s| s == "repository:m/app:pull,push"),
+        "{scopes:?}"
+    );
+    assert_eq!(server.denied(), 0);
+    assert!(server.log().iter().all(|t| t.user.as_deref() == Some("mirror")));
+
+    let r = copy_json(&[
+        "--chunked-threshold",
+        "1048576",
+        "--dest-creds",
+        creds,
+        &d(&src, "big:v1"),
+        &d(&tok, "m/big:v1"),
+    ])
+    .await;
+    assert_eq!(r["blobsCopied"], 2);
+    assert_image(&tok, "m/big", "v1", &big).await;
+
+    // Pull: from the token registry to a plain one.
+    let before = server.requests();
+    for repo in ["app", "big"] {
+        copy_json(&[
+            "--src-creds",
+            creds,
+            &d(&tok, &format!("m/{repo}:v1")),
+            &d(&back, &format!("{repo}:v1")),
+        ])
+        .await;
+    }
+    assert_image(&back, "app", "v1", &img).await;
+    assert_image(&back, "big", "v1", &big).await;
+    assert!(server.requests() > before);
+    assert!(
+        server
+            .granted_scopes()
+            .iter()
+            .any(|s| s == "repository:m/big:pull"),
+        "{:?}",
+        server.granted_scopes()
+    );
+
+    // A wrong password is named as such, with the registry, never echoed.
+    for (flag, from, to) in [
+        ("--dest-creds", d(&src, "app:v1"), d(&tok, "w/app:v1")),
+        ("--src-creds", d(&tok, "m/app:v1"), d(&back, "w/app:v1")),
+    ] {
+        let denied = server.denied();
+        let out = pinswap(&["copy", flag, "mirror:Wrong-T0ken-Pw", &from, &to]).await;
+        assert_eq!(out.code, 1, "{flag}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains(&format!("registry {} rejected our credentials", tok.host())),
+            "{flag}: {}",
+            out.stderr
+        );
+        assert!(
+            !out.stderr.contains("Wrong-T0ken-Pw"),
+            "secret leaked: {}",
+            out.stderr
+        );
+        assert!(server.denied() > denied, "{flag}: token server not asked");
+    }
+    assert!(tok.head_manifest("w/app", "v1").await.is_none());
+    assert!(back.head_manifest("w/app", "v1").await.is_none());
+}

@@ -527,3 +527,143 @@ async fn kill_and_restart_keep_content_and_port() {
 fn pinswap_bin_is_built() {
     assert!(common::pinswap_bin().is_file());
 }
+
+/// `(header, claims)` of a compact JWT, unverified.
+fn jwt_parts(token: &str) -> (Value, Value) {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let parts: Vec<&str> = token.split('.').collect();
+    assert_eq!(parts.len(), 3, "not a compact JWT: {token}");
+    let part = |i: usize| json(&b64.decode(parts[i]).unwrap());
+    (part(0), part(1))
+}
+
+#[tokio::test]
+async fn token_registry_roundtrips_and_enforces_token_scopes() {
+    use common::token::{self, Access, TokenServer};
+    let reg = TestRegistry::token_auth("alice", "s3cret").await;
+    assert!(!reg.is_tls());
+    roundtrip_all(&reg).await;
+    let server = reg.token_server();
+    assert_eq!(
+        server.requests(),
+        0,
+        "harness helpers mint their own tokens"
+    );
+
+    // The registry challenges with our realm, service and the scope it needs.
+    let client = reg.http();
+    let url = format!("{}/v2/oci/manifests/v1", reg.base_url());
+    let accept = common::registry::MANIFEST_ACCEPT;
+    let anonymous = client
+        .get(&url)
+        .header("accept", accept)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    let challenge = anonymous.headers()["www-authenticate"].to_str().unwrap();
+    for want in [
+        "Bearer ".to_owned(),
+        format!("realm=\"{}\"", server.realm()),
+        format!("service=\"{}\"", token::SERVICE),
+        "scope=\"repository:oci:pull\"".to_owned(),
+    ] {
+        assert!(challenge.contains(&want), "{want} not in {challenge}");
+    }
+
+    // The realm: basic credentials in, a token for exactly the scopes out.
+    let ask = |creds: Option<(&str, &str)>, scopes: &[&str]| {
+        let mut q = vec![("service", token::SERVICE)];
+        q.extend(scopes.iter().map(|s| ("scope", *s)));
+        let rb = client.get(server.realm()).query(&q);
+        match creds {
+            Some((u, p)) => rb.basic_auth(u, Some(p)),
+            None => rb,
+        }
+        .send()
+    };
+    let pull = ["repository:oci:pull"];
+    let wrong = ask(Some(("alice", "nope")), &pull).await.unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    let missing = ask(None, &pull).await.unwrap();
+    assert_eq!(missing.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!((server.requests(), server.denied()), (2, 2));
+    let resp = ask(Some(("alice", "s3cret")), &pull).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body: Value = resp.json().await.unwrap();
+    let tok = body["token"].as_str().unwrap().to_owned();
+    let (header, claims) = jwt_parts(&tok);
+    assert_eq!(header["alg"], "ES256");
+    assert_eq!(header["typ"], "JWT");
+    assert_eq!(header["x5c"].as_array().unwrap().len(), 1);
+    assert_eq!(claims["aud"], token::SERVICE);
+    assert_eq!(claims["iss"], token::ISSUER);
+    assert_eq!(claims["sub"], "alice");
+    assert_eq!(
+        claims["access"],
+        serde_json::json!([{"type": "repository", "name": "oci", "actions": ["pull"]}])
+    );
+    assert_eq!(server.granted_scopes(), pull);
+    let log = server.log();
+    assert_eq!(log[2].service.as_deref(), Some(token::SERVICE));
+    assert_eq!(log[0].user.as_deref(), Some("alice"));
+
+    // Distribution accepts it for what it grants, and only that.
+    let status = |rb: reqwest::RequestBuilder| async move { rb.send().await.unwrap().status() };
+    let (oci, _, _) = reg.get_manifest("oci", "v1").await.unwrap();
+    let got = client
+        .get(&url)
+        .header("accept", accept)
+        .bearer_auth(&tok)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), StatusCode::OK);
+    assert_bytes_eq(&got.bytes().await.unwrap(), &oci, "oci:v1 with a token");
+    let other = format!("{}/v2/docker/manifests/v1", reg.base_url());
+    let upload = format!("{}/v2/oci/blobs/uploads/", reg.base_url());
+    assert_eq!(
+        status(client.get(&other).bearer_auth(&tok)).await,
+        StatusCode::UNAUTHORIZED,
+        "pull on oci is not pull on docker"
+    );
+    assert_eq!(
+        status(client.post(&upload).bearer_auth(&tok)).await,
+        StatusCode::UNAUTHORIZED,
+        "pull is not push"
+    );
+
+    // Several scopes in one request; each is granted.
+    let both = ask(
+        Some(("alice", "s3cret")),
+        &["repository:oci:pull,push", "repository:docker:pull"],
+    )
+    .await
+    .unwrap();
+    let tok2 = both.json::<Value>().await.unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        status(client.get(&other).bearer_auth(&tok2)).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(client.post(&upload).bearer_auth(&tok2)).await,
+        StatusCode::ACCEPTED
+    );
+
+    // A token signed by a key the registry does not trust is refused.
+    let stranger = TokenServer::start("alice", "s3cret").await;
+    let forged = stranger.mint("alice", &[Access::repository("oci", &["pull"])]);
+    assert_eq!(
+        status(client.get(&url).bearer_auth(&forged)).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        Access::parse("repository:127.0.0.1:5000/a/b:pull,push"),
+        Some(Access::repository("127.0.0.1:5000/a/b", &["pull", "push"]))
+    );
+    assert_eq!(Access::parse("repository:nope"), None);
+}

@@ -22,7 +22,7 @@ use tracing::debug;
 use super::auth::{CredentialSources, Credentials};
 use super::manifest::{ACCEPT, Descriptor, RawManifest};
 use super::{Ctx, RegistryError, Result, chain, is_not_found};
-use crate::reference::{Digest, Reference};
+use crate::reference::{Digest, Reference, is_loopback_registry};
 
 /// Blobs larger than this (bytes) are uploaded in chunks of this size
 /// (POST, PATCH..., PUT); smaller ones in one streamed PUT
@@ -83,17 +83,10 @@ impl std::fmt::Debug for Registry {
     }
 }
 
-fn is_loopback_host(host: &str) -> bool {
-    let h = host
-        .rsplit_once(':')
-        .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
-        .map(|(h, _)| h)
-        .unwrap_or(host);
-    let h = h.trim_start_matches('[').trim_end_matches(']');
-    h == "localhost"
-        || h.parse::<std::net::IpAddr>()
-            .map(|ip| ip.is_loopback())
-            .unwrap_or(false)
+/// Whether plain HTTP may be tried for `registry`: listed with
+/// `--insecure-registry`, or a loopback address (as Docker does).
+fn allows_plain_http(insecure: &[String], registry: &str) -> bool {
+    insecure.iter().any(|h| h == registry) || is_loopback_registry(registry)
 }
 
 impl ClientPool {
@@ -141,8 +134,7 @@ impl ClientPool {
         } else {
             registry
         };
-        let insecure =
-            self.opts.insecure.iter().any(|h| h == registry) || is_loopback_host(api_host);
+        let insecure = allows_plain_http(&self.opts.insecure, api_host);
         let mut probe = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(60))
@@ -483,23 +475,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_detection() {
+    fn plain_http_for_loopback_and_listed_registries_only() {
+        let listed = vec!["registry.internal:5000".to_owned()];
         for h in [
             "localhost:5000",
             "127.0.0.1:5000",
             "127.1.2.3",
             "[::1]:5000",
             "localhost",
+            "registry.internal:5000",
         ] {
-            assert!(is_loopback_host(h), "{h}");
+            assert!(allows_plain_http(&listed, h), "{h}");
         }
         for h in [
             "docker.io",
             "10.0.0.1:5000",
             "example.com:443",
             "[::2]:5000",
+            "registry.internal",
+            "registry.internal:5001",
         ] {
-            assert!(!is_loopback_host(h), "{h}");
+            assert!(!allows_plain_http(&listed, h), "{h}");
         }
     }
 }

@@ -614,7 +614,10 @@ impl Copier {
             Side::Layout { layout, .. } => layout.read_blob(desc).await?,
         };
         let bar = self.bars.as_ref().map(|bars| {
-            let bar = bars.add(ProgressBar::new(desc.size));
+            // Cleared when the stream is dropped, done or not: the summary
+            // line says what happened.
+            let bar = bars
+                .add(ProgressBar::new(desc.size).with_finish(indicatif::ProgressFinish::AndClear));
             bar.set_style(
                 ProgressStyle::with_template(
                     "{prefix:.bold} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",

@@ -3,7 +3,8 @@
 //! Every test binary that says `mod common;` gets:
 //! - [`init`]: the rustls ring provider and a tracing subscriber;
 //! - [`registry::TestRegistry`]: a real `docker-registry` (Distribution 2.8)
-//!   process, plain HTTP or htpasswd auth behind TLS, with HTTP helpers to read
+//!   process, plain HTTP, htpasswd auth behind TLS, or bearer tokens from
+//!   [`token::TokenServer`], with HTTP helpers to read
 //!   back what the code under test wrote, and fault helpers;
 //! - [`proxy::TcpCutProxy`]: a TCP forwarder that can cut connections;
 //! - [`fixtures`]: images, indexes and artifacts built in-process, with their
@@ -20,6 +21,7 @@ pub mod proxy;
 pub mod push;
 pub mod registry;
 pub mod skopeo;
+pub mod token;
 
 pub use fixtures::{Blob, Image, Index, StreamedImage};
 pub use proxy::TcpCutProxy;
@@ -27,6 +29,7 @@ pub use push::{
     push_blob, push_image, push_index, push_manifest, push_random_blob, push_streamed_image,
 };
 pub use registry::TestRegistry;
+pub use token::TokenServer;
 
 use std::path::PathBuf;
 use std::sync::Once;

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, RequestBuilder, StatusCode};
 use tempfile::TempDir;
 
+use super::token::{self, TokenServer};
+
 /// Every manifest media type the registry can store, for `Accept`.
 pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, \
      application/vnd.oci.image.index.v1+json, \
@@ -27,6 +29,7 @@ pub struct TestRegistry {
     port: u16,
     tls: bool,
     creds: Option<(String, String)>,
+    token: Option<TokenServer>,
     child: Option<Child>,
     http: reqwest::Client,
 }
@@ -34,15 +37,28 @@ pub struct TestRegistry {
 impl TestRegistry {
     /// Plain HTTP, no auth.
     pub async fn plain() -> TestRegistry {
-        Self::start(false, None).await
+        Self::start(false, None, None).await
     }
 
     /// TLS with a fresh test CA, and htpasswd (bcrypt) basic auth.
     pub async fn tls_auth(user: &str, password: &str) -> TestRegistry {
-        Self::start(true, Some((user.to_owned(), password.to_owned()))).await
+        Self::start(true, Some((user.to_owned(), password.to_owned())), None).await
     }
 
-    async fn start(tls: bool, creds: Option<(String, String)>) -> TestRegistry {
+    /// Plain HTTP with `auth: token:`: bearer tokens from an in-process
+    /// [`TokenServer`] that issues them to `user` with `password`.
+    pub async fn token_auth(user: &str, password: &str) -> TestRegistry {
+        super::init();
+        let server = TokenServer::start(user, password).await;
+        let creds = Some((user.to_owned(), password.to_owned()));
+        Self::start(false, creds, Some(server)).await
+    }
+
+    async fn start(
+        tls: bool,
+        creds: Option<(String, String)>,
+        token: Option<TokenServer>,
+    ) -> TestRegistry {
         super::init();
         let dir = tempfile::Builder::new()
             .prefix("pinswap-registry-")
@@ -52,7 +68,9 @@ impl TestRegistry {
         if tls {
             write_tls_material(dir.path());
         }
-        if let Some((user, password)) = &creds {
+        if let Some(server) = &token {
+            fs::write(dir.path().join("token-root.pem"), server.cert_pem()).unwrap();
+        } else if let Some((user, password)) = &creds {
             let hash = bcrypt::hash(password, 4).expect("bcrypt");
             fs::write(dir.path().join("htpasswd"), format!("{user}:{hash}\n")).unwrap();
         }
@@ -62,6 +80,7 @@ impl TestRegistry {
             port: 0,
             tls,
             creds,
+            token,
             child: None,
             http,
         };
@@ -121,6 +140,13 @@ impl TestRegistry {
         self.creds.as_ref().map(|c| c.1.as_str())
     }
 
+    /// The token server of a [`Self::token_auth`] registry.
+    pub fn token_server(&self) -> &TokenServer {
+        self.token
+            .as_ref()
+            .expect("token_server() on a registry without token auth")
+    }
+
     /// The registry's stdout and stderr so far (print it when a test fails).
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
@@ -161,7 +187,16 @@ impl TestRegistry {
                 d.join("server/key.pem").display()
             );
         }
-        if self.creds.is_some() {
+        if let Some(server) = &self.token {
+            cfg += &format!(
+                "auth:\n  token:\n    realm: {}\n    service: {}\n    issuer: {}\n    \
+                 rootcertbundle: {}\n",
+                server.realm(),
+                token::SERVICE,
+                token::ISSUER,
+                d.join("token-root.pem").display()
+            );
+        } else if self.creds.is_some() {
             cfg += &format!(
                 "auth:\n  htpasswd:\n    realm: pinswap-test\n    path: {}\n",
                 d.join("htpasswd").display()
@@ -229,13 +264,19 @@ impl TestRegistry {
         &self.http
     }
 
-    /// A request to `base_url() + path`, with basic auth when configured.
+    /// A request to `base_url() + path`, with basic auth when configured, or
+    /// a bearer token for exactly what the request needs (minted, not
+    /// requested: [`TokenServer::requests`] counts only the code under test).
     pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
         self.request_url(method, &format!("{}{path}", self.base_url()))
     }
 
-    /// A request to an absolute `url`, with basic auth when configured.
+    /// A request to an absolute `url`, authenticated as [`Self::request`] says.
     pub fn request_url(&self, method: Method, url: &str) -> RequestBuilder {
+        if let Some(server) = &self.token {
+            let bearer = server.mint_for_request(&method, url);
+            return self.http.request(method, url).bearer_auth(bearer);
+        }
         let rb = self.http.request(method, url);
         match &self.creds {
             Some((u, p)) => rb.basic_auth(u, Some(p)),

@@ -256,7 +256,10 @@ impl Inner {
     /// they are missing (`None`) or wrong.
     fn check_basic(&self, header: Option<&str>) -> Result<String, Option<String>> {
         let encoded = header
-            .and_then(|h| h.strip_prefix("Basic ").or_else(|| h.strip_prefix("basic ")))
+            .and_then(|h| {
+                h.strip_prefix("Basic ")
+                    .or_else(|| h.strip_prefix("basic "))
+            })
             .ok_or(None)?;
         let decoded = STANDARD
             .decode(encoded.trim())
@@ -370,6 +373,3 @@ async fn serve(mut conn: TcpStream, state: &Inner) -> std::io::Result<()> {
     conn.write_all(resp.as_bytes()).await?;
     conn.shutdown().await
 }
-
-#[cfg(test)]
-mod tests {}
