@@ -934,7 +934,12 @@ async fn bearer_token_auth_push_chunked_pull_and_wrong_password() {
         "{scopes:?}"
     );
     assert_eq!(server.denied(), 0);
-    assert!(server.log().iter().all(|t| t.user.as_deref() == Some("mirror")));
+    assert!(
+        server
+            .log()
+            .iter()
+            .all(|t| t.user.as_deref() == Some("mirror"))
+    );
 
     let r = copy_json(&[
         "--chunked-threshold",
