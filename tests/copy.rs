@@ -953,6 +953,30 @@ async fn bearer_token_auth_push_chunked_pull_and_wrong_password() {
     assert_eq!(r["blobsCopied"], 2);
     assert_image(&tok, "m/big", "v1", &big).await;
 
+    // Within the token registry, blobs are mounted: the mount's token must
+    // also grant pull on the source repository.
+    let r = copy_json(&[
+        "--src-creds",
+        creds,
+        "--dest-creds",
+        creds,
+        &d(&tok, "m/app:v1"),
+        &d(&tok, "other/app:v1"),
+    ])
+    .await;
+    assert_eq!(r["blobsMounted"], 3, "{r}");
+    assert_eq!(r["bytesCopied"], 0);
+    assert_image(&tok, "other/app", "v1", &img).await;
+    assert!(
+        server.log().iter().any(|t| t.granted
+            && t.scopes
+                .iter()
+                .any(|s| s == "repository:other/app:pull,push")
+            && t.scopes.iter().any(|s| s == "repository:m/app:pull")),
+        "one token for both repositories: {:?}",
+        server.log()
+    );
+
     // Pull: from the token registry to a plain one.
     let before = server.requests();
     for repo in ["app", "big"] {

@@ -21,6 +21,7 @@ use tracing::debug;
 
 use super::auth::{CredentialSources, Credentials};
 use super::manifest::{ACCEPT, Descriptor, RawManifest};
+use super::token::{self, Scheme, parse_challenge};
 use super::{Ctx, RegistryError, Result, chain, is_not_found};
 use crate::reference::{Digest, Reference, is_loopback_registry};
 
@@ -74,6 +75,8 @@ pub struct Registry {
     oci: oci_client::Client,
     http: reqwest::Client,
     auth: RegistryAuth,
+    /// What `GET /v2/` asked for, for the requests we make ourselves.
+    challenge: Scheme,
     chunked_threshold: u64,
 }
 
@@ -154,10 +157,10 @@ impl ClientPool {
             operation: "build client for",
             message: chain(&e),
         })?;
-        let scheme = match ping(&probe, "https", api_host).await {
-            Ok(()) => "https",
+        let (scheme, challenge) = match ping(&probe, "https", api_host).await {
+            Ok(c) => ("https", c),
             Err(https_err) if insecure => match ping(&probe, "http", api_host).await {
-                Ok(()) => "http",
+                Ok(c) => ("http", c),
                 Err(_) => {
                     return Err(RegistryError::Unreachable {
                         registry: registry.into(),
@@ -228,20 +231,22 @@ impl ClientPool {
             oci,
             http: probe,
             auth,
+            challenge,
             chunked_threshold: threshold,
         })
     }
 }
 
-/// `GET /v2/`. Over HTTPS any answer means the scheme works. Over plain
-/// HTTP only a registry's answer counts (200 or 401, distribution-spec
-/// §Determining support): a TLS server answers 400 to plain HTTP, and taking
-/// that would hide the real TLS error (e.g. an unknown CA).
+/// `GET /v2/`, returning the auth challenge. Over HTTPS any answer means
+/// the scheme works. Over plain HTTP only a registry's answer counts (200 or
+/// 401, distribution-spec §Determining support): a TLS server answers 400 to
+/// plain HTTP, and taking that would hide the real TLS error (e.g. an unknown
+/// CA).
 async fn ping(
     client: &reqwest::Client,
     scheme: &str,
     host: &str,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<Scheme, String> {
     let resp = client
         .get(format!("{scheme}://{host}/v2/"))
         .send()
@@ -251,7 +256,15 @@ async fn ping(
     if scheme == "http" && status != 200 && status != 401 {
         return Err(format!("GET /v2/ over plain HTTP answered {status}"));
     }
-    Ok(())
+    if status != 401 {
+        return Ok(Scheme::None);
+    }
+    Ok(resp
+        .headers()
+        .get(reqwest::header::WWW_AUTHENTICATE)
+        .and_then(|h| h.to_str().ok())
+        .map(parse_challenge)
+        .unwrap_or(Scheme::Basic))
 }
 
 /// A blob's bytes as they stream, each item checked by the producer.
@@ -261,6 +274,16 @@ impl Registry {
     /// `host[:port]` as given to the pool.
     pub fn host(&self) -> &str {
         &self.host
+    }
+
+    /// `scheme://host[:port]` of the registry's API.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The HTTP client for requests oci-client does not make for us.
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
     }
 
     /// `https` or `http`, as chosen by the probe.
@@ -343,18 +366,53 @@ impl Registry {
 
     /// Best-effort cross-repository mount of `digest` from `from_repository`
     /// into `r`'s repository. Returns whether the blob is now there. A 202
-    /// (mount refused, upload opened) or any error is `false`: the caller
-    /// streams instead (distribution-spec §Mounting a blob).
+    /// (mount refused, upload opened; the session is cancelled) or any error
+    /// is `false`: the caller streams instead (distribution-spec §Mounting a
+    /// blob). Own request rather than oci-client's `mount_blob`: the token
+    /// must carry pull on the source repository too.
     pub async fn mount(&self, r: &Reference, from_repository: &str, digest: &str) -> bool {
-        let from = oci_client::Reference::with_digest(
-            self.host.clone(),
-            from_repository.to_owned(),
-            digest.to_owned(),
-        );
-        match self.oci.mount_blob(&r.to_oci(), &from, digest).await {
-            Ok(()) => true,
+        let scopes = [
+            format!("repository:{}:pull,push", r.repository()),
+            format!("repository:{from_repository}:pull"),
+        ];
+        let name = format!("{}@{digest}", r.name());
+        let auth = match self.auth_header(&scopes, &name).await {
+            Ok(a) => a,
             Err(e) => {
-                debug!(registry = %self.host, digest, from = from_repository, error = %e, "mount not done; streaming instead");
+                debug!(error = %e, "no token for mount; streaming instead");
+                return false;
+            }
+        };
+        let with_auth = |req: reqwest::RequestBuilder| match &auth {
+            Some(h) => req.header(reqwest::header::AUTHORIZATION, h.clone()),
+            None => req,
+        };
+        let url = format!("{}/v2/{}/blobs/uploads/", self.base, r.repository());
+        let req = self
+            .http
+            .post(url)
+            .query(&[("mount", digest), ("from", from_repository)])
+            .header(reqwest::header::CONTENT_LENGTH, 0);
+        match with_auth(req).send().await {
+            Ok(resp) if resp.status() == reqwest::StatusCode::CREATED => true,
+            Ok(resp) => {
+                debug!(registry = %self.host, digest, from = from_repository, status = resp.status().as_u16(), "mount not done; streaming instead");
+                if resp.status() == reqwest::StatusCode::ACCEPTED
+                    && let Some(loc) = resp
+                        .headers()
+                        .get(reqwest::header::LOCATION)
+                        .and_then(|l| l.to_str().ok())
+                {
+                    let loc = match loc.starts_with('/') {
+                        true => format!("{}{loc}", self.base),
+                        false => loc.to_owned(),
+                    };
+                    let _ = with_auth(self.http.delete(loc)).send().await;
+                }
+                false
+            }
+            Err(e) => {
+                debug!(registry = %self.host, error = %chain(&e), "mount failed; streaming instead");
                 false
             }
         }
@@ -378,29 +436,48 @@ impl Registry {
         Ok(s.stream)
     }
 
-    /// The Authorization header for a push to `r`'s repository: oci-client
-    /// runs the token flow (distribution-spec auth, Docker token spec);
-    /// without a bearer challenge, basic credentials go as they are.
-    async fn push_auth(&self, r: &Reference) -> Result<Option<http::HeaderValue>> {
-        let name = r.name();
-        let token = self
-            .oci
-            .auth(&r.to_oci(), &self.auth, oci_client::RegistryOperation::Push)
-            .await
-            .map_err(|e| RegistryError::from_oci(self.ctx(&name, "authenticate push to"), e))?;
-        let value = match (token, &self.auth) {
-            (Some(t), _) => format!("Bearer {t}"),
-            (None, RegistryAuth::Basic(u, p)) => {
+    /// The Authorization header for our own requests with these token
+    /// `scopes`: a fresh bearer token when the registry challenged with
+    /// Bearer, basic credentials when it asked for Basic, else none.
+    ///
+    /// # Errors
+    /// [`RegistryError::Unauthorized`] when the token endpoint refuses the
+    /// credentials; [`RegistryError::Other`] when it cannot be reached.
+    pub(crate) async fn auth_header(
+        &self,
+        scopes: &[String],
+        reference: &str,
+    ) -> Result<Option<http::HeaderValue>> {
+        let value = match (&self.challenge, &self.auth) {
+            (Scheme::Bearer(c), auth) => match token::fetch(&self.http, c, scopes, auth).await {
+                Ok(t) => format!("Bearer {t}"),
+                Err((Some(401 | 403), _)) => {
+                    return Err(RegistryError::Unauthorized {
+                        registry: self.host.clone(),
+                        reference: reference.to_owned(),
+                        operation: "get a token for",
+                    });
+                }
+                Err((_, message)) => {
+                    return Err(RegistryError::Other {
+                        registry: self.host.clone(),
+                        reference: reference.to_owned(),
+                        operation: "get a token for",
+                        message,
+                    });
+                }
+            },
+            (_, RegistryAuth::Basic(u, p)) => {
                 use base64::Engine as _;
                 let b = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
                 format!("Basic {b}")
             }
-            (None, _) => return Ok(None),
+            _ => return Ok(None),
         };
         let mut h = http::HeaderValue::from_str(&value).map_err(|_| RegistryError::Other {
             registry: self.host.clone(),
-            reference: name,
-            operation: "authenticate push to",
+            reference: reference.to_owned(),
+            operation: "authenticate to",
             message: "credentials contain characters not allowed in a header".into(),
         })?;
         h.set_sensitive(true);
@@ -423,11 +500,8 @@ impl Registry {
     ) -> Result<()> {
         if desc.size > self.chunked_threshold {
             return super::upload::Upload {
-                http: &self.http,
-                base: &self.base,
-                registry: &self.host,
-                repository: r.repository(),
-                auth: self.push_auth(r).await?,
+                registry: self,
+                reference: r,
                 chunk: self.chunked_threshold.max(1),
             }
             .run(desc, stream)

@@ -12,6 +12,7 @@ pub mod client;
 pub mod copy;
 pub mod layout;
 pub mod manifest;
+mod token;
 mod upload;
 
 pub use client::{ClientPool, PoolOptions, Registry, Role};

@@ -6,28 +6,26 @@
 //! memory and waits for each PATCH before reading the next, so a 512 MiB
 //! layer took twice as long as skopeo's upload and memory grew with the
 //! chunk pipeline. Here each PATCH body streams straight from the source, so
-//! memory stays flat whatever the blob or chunk size.
+//! memory stays flat whatever the blob or chunk size. The Authorization
+//! header is fetched afresh for each request, so a token cannot expire in
+//! the middle of a long upload.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderValue, LOCATION};
+use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, LOCATION};
 use tokio::sync::Mutex;
 
-use super::client::BlobStream;
+use super::client::{BlobStream, Registry};
 use super::manifest::Descriptor;
 use super::{RegistryError, Result, chain};
+use crate::reference::Reference;
 
 /// Where and how to upload.
 pub(crate) struct Upload<'a> {
-    pub http: &'a reqwest::Client,
-    /// `scheme://host[:port]`.
-    pub base: &'a str,
-    /// `host[:port]` for error messages.
-    pub registry: &'a str,
-    pub repository: &'a str,
-    pub auth: Option<HeaderValue>,
+    pub registry: &'a Registry,
+    pub reference: &'a Reference,
     /// Bytes per PATCH.
     pub chunk: u64,
 }
@@ -76,17 +74,31 @@ fn take(shared: Shared, len: u64) -> impl futures::Stream<Item = std::io::Result
 impl Upload<'_> {
     fn absolute(&self, location: &str) -> String {
         if location.starts_with('/') {
-            format!("{}{location}", self.base)
+            format!("{}{location}", self.registry.base())
         } else {
             location.to_owned()
         }
     }
 
-    fn with_auth(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.auth {
-            Some(h) => req.header(reqwest::header::AUTHORIZATION, h.clone()),
-            None => req,
-        }
+    fn name(&self, desc: &Descriptor) -> String {
+        format!("{}@{}", self.reference.name(), desc.digest)
+    }
+
+    async fn with_auth(
+        &self,
+        req: reqwest::RequestBuilder,
+        desc: &Descriptor,
+    ) -> Result<reqwest::RequestBuilder> {
+        let scopes = [format!(
+            "repository:{}:pull,push",
+            self.reference.repository()
+        )];
+        Ok(
+            match self.registry.auth_header(&scopes, &self.name(desc)).await? {
+                Some(h) => req.header(reqwest::header::AUTHORIZATION, h),
+                None => req,
+            },
+        )
     }
 
     async fn check(
@@ -96,9 +108,10 @@ impl Upload<'_> {
         operation: &'static str,
         expected: u16,
     ) -> Result<reqwest::Response> {
-        let reference = format!("{}@{}", self.repository, desc.digest);
+        let reference = self.name(desc);
+        let registry = self.registry.host().to_owned();
         let resp = resp.map_err(|e| RegistryError::Other {
-            registry: self.registry.to_owned(),
+            registry: registry.clone(),
             reference: reference.clone(),
             operation,
             message: chain(&e),
@@ -109,7 +122,7 @@ impl Upload<'_> {
         }
         if status == 401 {
             return Err(RegistryError::Unauthorized {
-                registry: self.registry.to_owned(),
+                registry,
                 reference,
                 operation,
             });
@@ -126,7 +139,7 @@ impl Upload<'_> {
             None => (None, body.trim().chars().take(300).collect()),
         };
         Err(RegistryError::Http {
-            registry: self.registry.to_owned(),
+            registry,
             reference,
             operation,
             status,
@@ -141,8 +154,8 @@ impl Upload<'_> {
             .and_then(|v| v.to_str().ok())
             .map(|l| self.absolute(l))
             .ok_or_else(|| RegistryError::Other {
-                registry: self.registry.to_owned(),
-                reference: format!("{}@{}", self.repository, desc.digest),
+                registry: self.registry.host().to_owned(),
+                reference: self.name(desc),
                 operation: "blob upload",
                 message: "the registry sent no Location header".into(),
             })
@@ -155,11 +168,14 @@ impl Upload<'_> {
     /// step that failed; a source stream error aborts the PATCH in flight,
     /// so the session is never closed and no blob is committed.
     pub(crate) async fn run(&self, desc: &Descriptor, stream: BlobStream) -> Result<()> {
-        let start = format!("{}/v2/{}/blobs/uploads/", self.base, self.repository);
-        let resp = self
-            .with_auth(self.http.post(&start).header(CONTENT_LENGTH, 0))
-            .send()
-            .await;
+        let http = self.registry.http();
+        let start = format!(
+            "{}/v2/{}/blobs/uploads/",
+            self.registry.base(),
+            self.reference.repository()
+        );
+        let req = http.post(&start).header(CONTENT_LENGTH, 0);
+        let resp = self.with_auth(req, desc).await?.send().await;
         let resp = self.check(resp, desc, "POST blob upload", 202).await?;
         let mut location = self.location(&resp, desc)?;
         let shared: Shared = Arc::new(Mutex::new((stream, None)));
@@ -168,7 +184,8 @@ impl Upload<'_> {
             let len = self.chunk.min(desc.size - offset);
             let body = reqwest::Body::wrap_stream(take(shared.clone(), len));
             let resp = self
-                .with_auth(self.http.patch(&location))
+                .with_auth(http.patch(&location), desc)
+                .await?
                 .header(CONTENT_TYPE, "application/octet-stream")
                 .header(CONTENT_LENGTH, len)
                 .header(CONTENT_RANGE, format!("{offset}-{}", offset + len - 1))
@@ -185,22 +202,23 @@ impl Upload<'_> {
             let mut guard = shared.lock().await;
             if let Some(Err(e)) = guard.0.next().await {
                 return Err(RegistryError::Other {
-                    registry: self.registry.to_owned(),
-                    reference: format!("{}@{}", self.repository, desc.digest),
+                    registry: self.registry.host().to_owned(),
+                    reference: self.name(desc),
                     operation: "read source blob for",
                     message: chain(&e),
                 });
             }
         }
         let mut url = reqwest::Url::parse(&location).map_err(|e| RegistryError::Other {
-            registry: self.registry.to_owned(),
-            reference: format!("{}@{}", self.repository, desc.digest),
+            registry: self.registry.host().to_owned(),
+            reference: self.name(desc),
             operation: "blob upload",
             message: format!("bad Location {location:?}: {e}"),
         })?;
         url.query_pairs_mut().append_pair("digest", &desc.digest);
         let resp = self
-            .with_auth(self.http.put(url))
+            .with_auth(http.put(url), desc)
+            .await?
             .header(CONTENT_LENGTH, 0)
             .send()
             .await;
