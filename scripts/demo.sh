@@ -11,7 +11,7 @@ if ! command -v docker-registry >/dev/null; then
   apt-get update -qq && apt-get install -y -qq docker-registry >/dev/null
 fi
 
-echo "== building pinswap"
+echo "== building pinswap (the first build takes a few minutes)"
 cargo build --release --quiet
 PINSWAP=$PWD/target/release/pinswap
 
@@ -22,7 +22,7 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-start_registry() { # name -> prints host:port
+start_registry() { # NAME VAR: start a registry, store host:port in VAR
   local name=$1 port; port=$(free_port)
   mkdir -p "$WORK/$name"
   cat >"$WORK/$name.yml" <<YML
@@ -34,7 +34,7 @@ YML
   docker-registry serve "$WORK/$name.yml" >"$WORK/$name.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 50); do curl -fs "http://127.0.0.1:$port/v2/" >/dev/null && break; sleep 0.1; done
-  echo "127.0.0.1:$port"
+  printf -v "$2" '127.0.0.1:%s' "$port"
 }
 
 digest() { # host repo ref -> Docker-Content-Digest
@@ -42,8 +42,8 @@ digest() { # host repo ref -> Docker-Content-Digest
     "http://$1/v2/$2/manifests/$3" | tr -d '\r' | awk -F': ' 'tolower($1)=="docker-content-digest"{print $2}'
 }
 
-SRC=$(start_registry source)
-DST=$(start_registry target)
+start_registry source SRC
+start_registry target DST
 echo "== source registry $SRC, target registry $DST"
 
 echo "== seeding the source from examples/oci with pinswap copy"
@@ -66,7 +66,7 @@ s = json.load(open(sys.argv[1]))
 print(f"{s['succeeded']} succeeded, {s['failed']} failed")
 for i in s["images"]:
     print(f"  {i['destination']}  copied={i['blobsCopied']} mounted={i['blobsMounted']} "
-          f"skipped={i['blobsSkipped']} upToDate={i['upToDate']}")
+          f"skipped={i['blobsSkipped']} upToDate={str(i['upToDate']).lower()}")
 PY
 
 echo "== one platform of the index (a filtered index: new digest, same child)"

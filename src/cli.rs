@@ -110,7 +110,7 @@ pub struct RegistryArgs {
     /// Trust this PEM CA certificate in addition to the system roots (repeatable).
     #[arg(long = "ca-cert", value_name = "FILE")]
     pub ca_certs: Vec<PathBuf>,
-    /// Blobs larger than this many bytes are uploaded in 4 MiB chunks.
+    /// Blobs larger than this many bytes are uploaded in chunks of this size (streamed PATCH requests).
     #[arg(long, value_name = "BYTES", default_value_t = crate::registry::client::DEFAULT_CHUNKED_THRESHOLD)]
     pub chunked_threshold: u64,
 }

@@ -223,6 +223,37 @@ async fn platform_filter_writes_a_filtered_index() {
     .await;
     assert_eq!(again["upToDate"], true);
     assert_eq!(again["digest"], digest.as_str());
+    // When every entry matches there is nothing to filter: the index stays as it is.
+    let plain = Index::oci(6, false);
+    push_index(&src, "two", Some("v1"), &plain).await;
+    let all = copy_json(&[
+        "--platform",
+        "linux/amd64",
+        "--platform",
+        "linux/arm64",
+        &d(&src, "two:v1"),
+        &d(&dst, "two:v1"),
+    ])
+    .await;
+    assert_eq!(all["digest"], plain.digest.as_str());
+    check_index(&src, &dst, &plain, "two").await;
+    let none = pinswap(&[
+        "copy",
+        "--platform",
+        "windows/amd64",
+        &d(&src, "two:v1"),
+        &d(&dst, "three:v1"),
+    ])
+    .await;
+    assert_eq!(none.code, 1);
+    assert!(
+        none.stderr.contains(&format!(
+            "no entry of index {} matches platform(s) windows/amd64",
+            plain.digest
+        )),
+        "{}",
+        none.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -345,7 +345,7 @@ impl Copier {
             .await?;
         let (top, children) = match (&manifest.kind, self.opts.platforms.is_empty()) {
             (ManifestKind::Index { manifests }, true) => (manifest.clone(), manifests.clone()),
-            (ManifestKind::Index { .. }, false) => {
+            (ManifestKind::Index { manifests }, false) => {
                 let (bytes, kept) = filter_index(&manifest, &self.opts.platforms).map_err(|e| {
                     RegistryError::Manifest {
                         registry: side_registry(&s),
@@ -353,14 +353,18 @@ impl Copier {
                         reason: e.to_string(),
                     }
                 })?;
-                let digest = sha256_digest(&bytes);
-                let filtered = RawManifest {
-                    bytes,
-                    media_type: manifest.media_type.clone(),
-                    digest,
-                    kind: ManifestKind::Index {
-                        manifests: kept.clone(),
-                    },
+                let filtered = if kept.len() == manifests.len() {
+                    // Every platform matched: nothing to filter, keep the bytes.
+                    manifest.clone()
+                } else {
+                    RawManifest {
+                        digest: sha256_digest(&bytes),
+                        bytes,
+                        media_type: manifest.media_type.clone(),
+                        kind: ManifestKind::Index {
+                            manifests: kept.clone(),
+                        },
+                    }
                 };
                 if let Some(existing) = self.dest_top_digest(&d, &s).await?
                     && existing == filtered.digest.as_str()

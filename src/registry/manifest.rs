@@ -129,6 +129,14 @@ pub enum ManifestError {
     /// Not JSON or the wrong shape.
     #[error("not a valid manifest: {0}")]
     Invalid(String),
+    /// `--platform` matched no entry of the index.
+    #[error("no entry of index {index} matches platform(s) {wanted}")]
+    NoPlatformMatch {
+        /// The index digest.
+        index: String,
+        /// The platforms asked for.
+        wanted: String,
+    },
     /// Docker schema1 or another version.
     #[error(
         "unsupported manifest (schemaVersion {0}); Docker schema1 manifests are not copied, convert them to schema2 first"
@@ -268,7 +276,8 @@ impl PlatformSpec {
 /// `platforms`. The result is new JSON (compact, keys in serde_json's order),
 /// so its digest differs from the source index's: this is the one place the
 /// copy engine writes a manifest it did not read. Entries without a platform
-/// are dropped.
+/// are dropped. When every entry matches, the caller copies the source index
+/// unchanged instead.
 ///
 /// Returns the new bytes and the kept entries.
 ///
@@ -293,18 +302,17 @@ pub fn filter_index(
         })
         .collect();
     if !keep.iter().any(|k| *k) {
-        return Err(ManifestError::Invalid(format!(
-            "no entry of index {} matches platform(s) {}",
-            source.digest,
-            platforms
+        return Err(ManifestError::NoPlatformMatch {
+            index: source.digest.to_string(),
+            wanted: platforms
                 .iter()
                 .map(|p| match &p.variant {
                     Some(v) => format!("{}/{}/{v}", p.os, p.architecture),
                     None => format!("{}/{}", p.os, p.architecture),
                 })
                 .collect::<Vec<_>>()
-                .join(", ")
-        )));
+                .join(", "),
+        });
     }
     let arr = value
         .get_mut("manifests")
