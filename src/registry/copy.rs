@@ -20,8 +20,9 @@ use serde::Serialize;
 use tokio::sync::{Mutex, Semaphore};
 use tracing::{debug, info};
 
+use super::check::{DigestCheck, checked, sha256_digest};
 use super::client::{BlobStream, ClientPool, Registry, Role};
-use super::layout::{Layout, sha256_digest};
+use super::layout::Layout;
 use super::manifest::{Descriptor, ManifestKind, PlatformSpec, RawManifest, filter_index};
 use super::{RegistryError, Result};
 use crate::reference::{Reference, ReferenceError};
@@ -612,9 +613,11 @@ impl Copier {
         let stream = match s {
             // oci-client verifies the digest; hashing again would cost more
             // than it adds, so registry streams get a size bound only.
-            Side::Registry { client, reference } => {
-                size_bound(client.pull_blob(reference, desc).await?, desc.clone())
-            }
+            Side::Registry { client, reference } => checked(
+                client.pull_blob(reference, desc).await?,
+                desc.clone(),
+                DigestCheck::Upstream,
+            ),
             Side::Layout { layout, .. } => layout.read_blob(desc).await?,
         };
         let bar = self.bars.as_ref().map(|bars| {
@@ -692,60 +695,6 @@ fn source_tag(s: &Side) -> Option<String> {
     }
 }
 
-/// Fails a registry stream that runs past or stops short of the descriptor's
-/// size; the digest itself is checked by oci-client.
-fn size_bound(inner: BlobStream, desc: Descriptor) -> BlobStream {
-    let size = desc.size;
-    let digest = desc.digest;
-    futures::stream::unfold((inner, 0u64, false), move |(mut s, mut n, done)| {
-        let digest = digest.clone();
-        async move {
-            if done {
-                return None;
-            }
-            let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
-            match s.next().await {
-                Some(Ok(b)) => {
-                    n += b.len() as u64;
-                    if n > size {
-                        let e = bad(format!(
-                            "blob {digest} is longer than its descriptor size {size}"
-                        ));
-                        return Some((Err(e), (s, n, true)));
-                    }
-                    if n == size {
-                        // oci-client gives its digest verdict at the end of
-                        // the stream, but an upload with a Content-Length
-                        // stops reading at the last byte. Take the verdict
-                        // before releasing the last bytes, so a bad blob
-                        // never completes an upload.
-                        return match s.next().await {
-                            None => Some((Ok(b), (s, n, true))),
-                            Some(Err(e)) => Some((Err(e), (s, n, true))),
-                            Some(Ok(_)) => {
-                                let e = bad(format!(
-                                    "blob {digest} is longer than its descriptor size {size}"
-                                ));
-                                Some((Err(e), (s, n, true)))
-                            }
-                        };
-                    }
-                    Some((Ok(b), (s, n, false)))
-                }
-                Some(Err(e)) => Some((Err(e), (s, n, true))),
-                None if n != size => {
-                    let e = bad(format!(
-                        "blob {digest} is {n} bytes, its descriptor says {size}"
-                    ));
-                    Some((Err(e), (s, n, true)))
-                }
-                None => None,
-            }
-        }
-    })
-    .boxed()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -773,44 +722,5 @@ mod tests {
             "\"oci::x\": oci: needs a directory, as oci:DIR[:REF]"
         );
         assert!("docker://Nginx".parse::<Endpoint>().is_err());
-    }
-
-    #[tokio::test]
-    async fn size_bound_rejects_long_and_short() {
-        let desc = |size| Descriptor {
-            media_type: String::new(),
-            digest: "sha256:x".into(),
-            size,
-            platform: None,
-            urls: None,
-        };
-        let items = || {
-            futures::stream::iter(vec![
-                Ok(bytes::Bytes::from_static(b"abc")),
-                Ok(bytes::Bytes::from_static(b"de")),
-            ])
-            .boxed()
-        };
-        let ok: Vec<_> = size_bound(items(), desc(5)).collect().await;
-        assert!(ok.iter().all(|r| r.is_ok()));
-        let long: Vec<_> = size_bound(items(), desc(4)).collect().await;
-        assert!(
-            long.last()
-                .unwrap()
-                .as_ref()
-                .unwrap_err()
-                .to_string()
-                .contains("longer than")
-        );
-        let short: Vec<_> = size_bound(items(), desc(6)).collect().await;
-        assert!(
-            short
-                .last()
-                .unwrap()
-                .as_ref()
-                .unwrap_err()
-                .to_string()
-                .contains("is 5 bytes")
-        );
     }
 }

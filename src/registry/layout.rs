@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use sha2::Digest as _;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
+use super::check::{DigestCheck, Hasher, checked};
 use super::client::BlobStream;
 use super::manifest::{Descriptor, RawManifest};
-use crate::reference::{Digest, DigestAlgorithm};
+use crate::reference::Digest;
 
 /// The annotation that names an `index.json` entry.
 pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
@@ -63,40 +63,6 @@ pub enum LayoutError {
 }
 
 type Result<T> = std::result::Result<T, LayoutError>;
-
-/// An incremental sha256/sha512 hasher for blob verification.
-pub(crate) enum Hasher {
-    Sha256(sha2::Sha256),
-    Sha512(sha2::Sha512),
-}
-
-impl Hasher {
-    pub(crate) fn new(alg: DigestAlgorithm) -> Self {
-        match alg {
-            DigestAlgorithm::Sha256 => Self::Sha256(sha2::Sha256::new()),
-            DigestAlgorithm::Sha512 => Self::Sha512(sha2::Sha512::new()),
-        }
-    }
-    pub(crate) fn update(&mut self, b: &[u8]) {
-        match self {
-            Self::Sha256(h) => h.update(b),
-            Self::Sha512(h) => h.update(b),
-        }
-    }
-    pub(crate) fn finish(self) -> String {
-        match self {
-            Self::Sha256(h) => format!("sha256:{}", hex::encode(h.finalize())),
-            Self::Sha512(h) => format!("sha512:{}", hex::encode(h.finalize())),
-        }
-    }
-}
-
-/// sha256 of `bytes`, as a [`Digest`].
-pub fn sha256_digest(bytes: &[u8]) -> Digest {
-    let mut h = Hasher::new(DigestAlgorithm::Sha256);
-    h.update(bytes);
-    Digest::parse(&h.finish()).expect("sha256 hex is a valid digest")
-}
 
 /// An OCI layout directory. Writers in one process share one value so
 /// `index.json` updates are serialised.
@@ -279,7 +245,7 @@ impl Layout {
             .await
             .map_err(|e| io(&path, e))?;
         let reader = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024).boxed();
-        Ok(verify(reader, desc.clone()))
+        Ok(checked(reader, desc.clone(), DigestCheck::Here))
     }
 
     /// Writes `stream` as blob `desc`: to a temporary file, checked, then
@@ -412,64 +378,4 @@ impl Layout {
             .await
             .map_err(|e| io(&path, e))
     }
-}
-
-/// Wraps a stream so it fails unless the bytes hash to `desc.digest` and
-/// number exactly `desc.size`. Checks size as bytes arrive, so an endless
-/// source cannot run on.
-pub(crate) fn verify(inner: BlobStream, desc: Descriptor) -> BlobStream {
-    let hasher = Digest::parse(&desc.digest)
-        .map(|d| Hasher::new(d.algorithm()))
-        .ok();
-    futures::stream::unfold(
-        (inner, hasher, 0u64, desc, false),
-        |(mut s, mut h, mut n, desc, done)| async move {
-            if done {
-                return None;
-            }
-            let bad = |msg: String| std::io::Error::new(std::io::ErrorKind::InvalidData, msg);
-            match s.next().await {
-                Some(Ok(b)) => {
-                    n += b.len() as u64;
-                    if n > desc.size {
-                        let e = bad(format!(
-                            "blob {} is longer than its descriptor size {}",
-                            desc.digest, desc.size
-                        ));
-                        return Some((Err(e), (s, h, n, desc, true)));
-                    }
-                    if let Some(h) = h.as_mut() {
-                        h.update(&b);
-                    }
-                    if n < desc.size {
-                        return Some((Ok(b), (s, h, n, desc, false)));
-                    }
-                    // Judge at the last byte, before releasing it: an upload
-                    // with a Content-Length stops reading there, and a bad
-                    // blob must never complete one.
-                    let actual = h.take().map(Hasher::finish);
-                    if actual.as_deref() == Some(desc.digest.as_str()) {
-                        Some((Ok(b), (s, h, n, desc, true)))
-                    } else {
-                        let e = bad(format!(
-                            "blob {} hashes to {}",
-                            desc.digest,
-                            actual.unwrap_or_else(|| "an unsupported digest".into())
-                        ));
-                        Some((Err(e), (s, h, n, desc, true)))
-                    }
-                }
-                Some(Err(e)) => Some((Err(e), (s, h, n, desc, true))),
-                None if n != desc.size => {
-                    let e = bad(format!(
-                        "blob {} is {n} bytes, its descriptor says {}",
-                        desc.digest, desc.size
-                    ));
-                    Some((Err(e), (s, h, n, desc, true)))
-                }
-                None => None,
-            }
-        },
-    )
-    .boxed()
 }
