@@ -74,6 +74,10 @@ pub struct CopyArgs {
     /// Blobs transferred in parallel.
     #[arg(long, short = 'j', default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub jobs: u16,
+    /// Do not trust the destination's tag: HEAD every child manifest and blob
+    /// and restore what is missing, even when the tag already has the source's digest.
+    #[arg(long)]
+    pub verify_target: bool,
     /// Print a machine-readable summary on stdout.
     #[arg(long)]
     pub json: bool,
@@ -288,6 +292,7 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
             jobs: usize::from(args.jobs),
             platforms: args.platforms.clone(),
             progress,
+            verify_target: args.verify_target,
         },
     ));
 

@@ -1055,3 +1055,64 @@ async fn bearer_token_auth_push_chunked_pull_and_wrong_password() {
     assert!(tok.head_manifest("w/app", "v1").await.is_none());
     assert!(back.head_manifest("w/app", "v1").await.is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_target_restores_what_the_target_lost() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let idx = Index::oci(101, false);
+    push_index(&src, "multi", Some("v1"), &idx).await;
+    copy_json(&[&d(&src, "multi:v1"), &d(&dst, "multi:v1")]).await;
+    // The target loses a layer of one child and the whole other child.
+    let lost_blob = &idx.children[0].layers[1];
+    dst.delete_blob("multi", &lost_blob.digest).await;
+    dst.delete_manifest("multi", &idx.children[1].digest).await;
+    assert!(!dst.blob_exists("multi", &lost_blob.digest).await);
+    // A warm copy trusts the tag...
+    let warm = copy_json(&[&d(&src, "multi:v1"), &d(&dst, "multi:v1")]).await;
+    assert_eq!(warm["upToDate"], true);
+    // ...--verify-target does not, and restores both.
+    let r = copy_json(&[
+        "--verify-target",
+        &d(&src, "multi:v1"),
+        &d(&dst, "multi:v1"),
+    ])
+    .await;
+    assert_eq!(r["upToDate"], false);
+    assert_eq!(r["blobsCopied"], 1, "only the lost layer is streamed: {r}");
+    assert_eq!(r["manifestsPushed"], 3, "both children and the index: {r}");
+    check_index(&src, &dst, &idx, "multi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_bounds_open_connections() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    // 300 tiny layers: one connection per blob would need 300+ descriptors.
+    let layers: Vec<Blob> = (0..300u32)
+        .map(|i| {
+            Blob::new(
+                "application/vnd.oci.image.layer.v1.tar",
+                i.to_be_bytes().to_vec(),
+            )
+        })
+        .collect();
+    let img = image_of(layers, 7);
+    push_image(&src, "many", Some("v1"), &img).await;
+    let cmd = format!(
+        "ulimit -n 64 && exec {} copy --jobs 4 {} {}",
+        pinswap_bin().display(),
+        d(&src, "many:v1"),
+        d(&dst, "many:v1")
+    );
+    let out = tokio::process::Command::new("sh")
+        .args(["-c", &cmd])
+        .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_image(&dst, "many", "v1", &img).await;
+}

@@ -169,6 +169,10 @@ pub struct CopyOptions {
     pub platforms: Vec<PlatformSpec>,
     /// Draw a progress bar per streamed blob.
     pub progress: bool,
+    /// Do not trust the target's tag: check every child manifest and blob
+    /// (HEAD) and restore whatever is missing, even when the tag already has
+    /// the source's digest.
+    pub verify_target: bool,
 }
 
 impl Default for CopyOptions {
@@ -177,6 +181,7 @@ impl Default for CopyOptions {
             jobs: 4,
             platforms: Vec::new(),
             progress: false,
+            verify_target: false,
         }
     }
 }
@@ -330,6 +335,7 @@ impl Copier {
 
         // Warm path: the destination already has this digest under its name.
         if self.opts.platforms.is_empty()
+            && !self.opts.verify_target
             && let Some(existing) = self.dest_top_digest(&d, &s).await?
             && existing == src_digest.as_str()
         {
@@ -367,7 +373,8 @@ impl Copier {
                         },
                     }
                 };
-                if let Some(existing) = self.dest_top_digest(&d, &s).await?
+                if !self.opts.verify_target
+                    && let Some(existing) = self.dest_top_digest(&d, &s).await?
                     && existing == filtered.digest.as_str()
                 {
                     return Ok(report(
@@ -478,11 +485,16 @@ impl Copier {
                     reason: format!("index entry: {e}"),
                 }
             })?;
-            if self.dest_has_manifest(d, &digest).await? {
-                debug!(digest = %desc.digest, "child manifest already at destination");
-                return Ok(());
-            }
-            let m = self.source_manifest(s, &digest, Some(&desc)).await?;
+            let m = {
+                // Slots bound these requests too; released before recursing,
+                // since the children's blobs need slots of their own.
+                let _permit = self.slots.acquire().await.expect("semaphore never closed");
+                if !self.opts.verify_target && self.dest_has_manifest(d, &digest).await? {
+                    debug!(digest = %desc.digest, "child manifest already at destination");
+                    return Ok(());
+                }
+                self.source_manifest(s, &digest, Some(&desc)).await?
+            };
             match &m.kind {
                 ManifestKind::Index { manifests } => {
                     let futs = manifests
@@ -492,6 +504,7 @@ impl Copier {
                 }
                 ManifestKind::Image { .. } => self.copy_blobs(s, d, &m, stats).await?,
             }
+            let _permit = self.slots.acquire().await.expect("semaphore never closed");
             match d {
                 Side::Registry { client, reference } => {
                     client
@@ -567,16 +580,21 @@ impl Copier {
                         .or_default()
                         .clone()
                 };
+                // Lock order: the blob's holder, then a slot. A slot holder
+                // never waits for a holder lock, so this cannot deadlock.
                 let mut holder = cell.lock().await;
                 let repo = reference.repository();
-                if holder.as_deref() == Some(repo)
-                    || client.blob_exists(reference, &desc.digest).await?
-                {
+                if holder.as_deref() == Some(repo) {
                     stats.skipped.fetch_add(1, Ordering::Relaxed);
-                    holder.get_or_insert_with(|| repo.to_owned());
                     return Ok(());
                 }
+                // Every request, HEADs included, runs under a --jobs slot.
                 let _permit = self.slots.acquire().await.expect("semaphore never closed");
+                if client.blob_exists(reference, &desc.digest).await? {
+                    stats.skipped.fetch_add(1, Ordering::Relaxed);
+                    *holder = Some(repo.to_owned());
+                    return Ok(());
+                }
                 // Mount from a repository this run already filled, else from
                 // the source when it is the same registry.
                 let mut from: Vec<String> = holder.iter().cloned().collect();

@@ -368,6 +368,19 @@ impl TestRegistry {
         expect_status(resp, StatusCode::ACCEPTED, &what).await;
     }
 
+    /// DELETE a blob's link from `repo` (the registry then answers 404 for
+    /// it there), as a lifecycle rule or a broken GC would.
+    pub async fn delete_blob(&self, repo: &str, digest: &str) {
+        let what = format!("DELETE blob {repo}@{digest}");
+        let resp = self
+            .send(
+                self.request(Method::DELETE, &format!("/v2/{repo}/blobs/{digest}")),
+                &what,
+            )
+            .await;
+        expect_status(resp, StatusCode::ACCEPTED, &what).await;
+    }
+
     /// Tags of `repo`, sorted; empty when the repository is unknown.
     pub async fn tags(&self, repo: &str) -> Vec<String> {
         let what = format!("GET tags of {repo}");
