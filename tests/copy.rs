@@ -1116,3 +1116,47 @@ async fn jobs_bounds_open_connections() {
     );
     assert_image(&dst, "many", "v1", &img).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_processes_writing_one_layout_keep_every_entry() {
+    let src = TestRegistry::plain().await;
+    let img = Image::oci(1, 111);
+    push_image(&src, "app", Some("v1"), &img).await;
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("shared");
+    let runs: Vec<_> = (0..20)
+        .map(|i| {
+            let dst = format!("oci:{}:t{i}", layout.display());
+            let src = d(&src, "app:v1");
+            tokio::spawn(async move { pinswap(&["copy", &src, &dst]).await })
+        })
+        .collect();
+    for r in runs {
+        let out = r.await.unwrap();
+        assert_eq!(out.code, 0, "{}", out.stderr);
+    }
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let mut names: Vec<String> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            e["annotations"]["org.opencontainers.image.ref.name"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = (0..20).map(|i| format!("t{i}")).collect();
+    want.sort();
+    assert_eq!(names, want);
+    let out = pinswap(&["copy", "oci:/nonexistent/dir:v1", "oci:/tmp/x"]).await;
+    assert!(
+        out.stderr
+            .contains("oci:/nonexistent/dir: not a valid OCI layout: no such directory"),
+        "{}",
+        out.stderr
+    );
+}

@@ -85,6 +85,12 @@ impl Layout {
     /// # Errors
     /// [`LayoutError::Invalid`] when `oci-layout` or `index.json` is missing.
     pub fn open(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(LayoutError::Invalid {
+                path: dir.to_owned(),
+                reason: "no such directory".into(),
+            });
+        }
         for f in ["oci-layout", "index.json"] {
             if !dir.join(f).is_file() {
                 return Err(LayoutError::Invalid {
@@ -340,6 +346,19 @@ impl Layout {
     pub async fn put_top(&self, m: &RawManifest, name: Option<&str>) -> Result<()> {
         self.write_manifest(m).await?;
         let _guard = self.index_lock.lock().await;
+        // Other processes may write this layout too: hold an exclusive
+        // flock on the directory across read-modify-replace of index.json.
+        let dir_lock = {
+            let dir = self.dir.clone();
+            tokio::task::spawn_blocking(move || {
+                let f = std::fs::File::open(&dir)?;
+                f.lock()?;
+                Ok::<_, std::io::Error>(f)
+            })
+            .await
+            .map_err(|e| io(&self.dir, e))?
+            .map_err(|e| io(&self.dir, format!("cannot lock the layout: {e}")))?
+        };
         let mut index = self.read_index().await?;
         let digest = m.digest.to_string();
         let mut entry = serde_json::json!({
@@ -374,8 +393,10 @@ impl Layout {
         tokio::fs::write(&tmp, bytes)
             .await
             .map_err(|e| io(&tmp, e))?;
-        tokio::fs::rename(&tmp, &path)
+        let res = tokio::fs::rename(&tmp, &path)
             .await
-            .map_err(|e| io(&path, e))
+            .map_err(|e| io(&path, e));
+        drop(dir_lock); // closing the file releases the flock
+        res
     }
 }
