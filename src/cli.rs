@@ -114,8 +114,14 @@ pub struct RegistryArgs {
     /// Trust this PEM CA certificate in addition to the system roots (repeatable).
     #[arg(long = "ca-cert", value_name = "FILE")]
     pub ca_certs: Vec<PathBuf>,
-    /// Blobs larger than this many bytes are uploaded in chunks of this size (streamed PATCH requests).
-    #[arg(long, value_name = "BYTES", default_value_t = crate::registry::client::DEFAULT_CHUNKED_THRESHOLD)]
+    /// Blobs larger than this many bytes are uploaded in chunks of this size
+    /// (streamed PATCH requests). At least 1 MiB.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value_t = crate::registry::client::DEFAULT_CHUNKED_THRESHOLD,
+        value_parser = clap::value_parser!(u64).range(1024 * 1024..)
+    )]
     pub chunked_threshold: u64,
 }
 
@@ -136,7 +142,37 @@ impl RegistryArgs {
         for p in &self.ca_certs {
             let pem =
                 std::fs::read(p).map_err(|e| Usage(format!("--ca-cert {}: {e}", p.display())))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).unwrap_or_default();
+            if certs.is_empty() || !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+                return Err(Usage(format!(
+                    "--ca-cert {}: no PEM certificate (-----BEGIN CERTIFICATE-----) in the file",
+                    p.display()
+                ))
+                .into());
+            }
             ca_certs.push(pem);
+        }
+        for h in &self.insecure {
+            let ok = !h.is_empty()
+                && !h.contains('/')
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-:[]".contains(c));
+            if !ok {
+                return Err(Usage(format!(
+                    "--insecure-registry {h:?}: expected HOST[:PORT], without scheme or path"
+                ))
+                .into());
+            }
+        }
+        if let Some(path) = &self.authfile {
+            let bytes = std::fs::read(path)
+                .map_err(|e| Usage(format!("--authfile {}: {e}", path.display())))?;
+            serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| {
+                Usage(format!(
+                    "--authfile {}: not valid JSON: {e}",
+                    path.display()
+                ))
+            })?;
         }
         Ok(PoolOptions {
             insecure: self.insecure.clone(),
@@ -193,6 +229,7 @@ fn init_logging(cli: &Cli) -> anyhow::Result<()> {
         .map_err(|e| Usage(format!("--log-level {:?}: {e}", cli.log_level)))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let res = match cli.log_format {
         LogFormat::Text => builder.try_init(),
@@ -278,10 +315,17 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
                     .ok_or_else(|| Usage(format!("missing {what}")))?;
                 s.parse().map_err(|e| Usage(format!("{what}: {e}")))
             };
-            vec![(
+            let (src, dst) = (
                 parse(&args.source, "SOURCE")?,
                 parse(&args.destination, "DESTINATION")?,
-            )]
+            );
+            if src == dst && !args.platforms.is_empty() {
+                return Err(Usage(format!(
+                    "--platform with the same source and destination ({src}) would replace the index with a filtered one; copy to another tag"
+                ))
+                .into());
+            }
+            vec![(src, dst)]
         }
     };
     let pool = Arc::new(ClientPool::new(args.registry.pool_options()?));

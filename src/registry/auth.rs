@@ -7,7 +7,7 @@
 //! Parsing and helper calls are docker_credential's. Credentials are never
 //! formatted into logs or errors: [`Credentials`] redacts its `Debug`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use oci_client::secrets::RegistryAuth;
 
@@ -111,31 +111,52 @@ fn to_auth(c: docker_credential::DockerCredential) -> RegistryAuth {
     }
 }
 
-fn lookup(
-    registry: &str,
-    read: impl Fn(
-        &str,
-    ) -> Result<
-        docker_credential::DockerCredential,
-        docker_credential::CredentialRetrievalError,
-    >,
-    source_name: &str,
-) -> Result<Option<RegistryAuth>, AuthError> {
+/// The credential helper a Docker config names for `key`, if any
+/// (`credHelpers[key]`, else `credsStore`), for error messages.
+fn helper_for(conf: &serde_json::Value, key: &str) -> Option<String> {
+    conf.get("credHelpers")
+        .and_then(|h| h.get(key))
+        .or_else(|| conf.get("credsStore"))
+        .and_then(|v| v.as_str())
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("docker-credential-{s}"))
+}
+
+/// Looks `registry` up in one Docker-format config file's bytes.
+fn lookup(registry: &str, path: &Path, bytes: &[u8]) -> Result<Option<RegistryAuth>, AuthError> {
     use docker_credential::CredentialRetrievalError as E;
+    let conf: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| AuthError::AuthFile {
+            path: path.to_owned(),
+            reason: format!("not valid JSON: {e}"),
+        })?;
     for key in config_keys(registry) {
-        match read(&key) {
+        match docker_credential::get_credential_from_reader(bytes, &key) {
             Ok(c) => return Ok(Some(to_auth(c))),
-            Err(E::NoCredentialConfigured | E::ConfigNotFound | E::ConfigReadError) => {}
+            Err(E::NoCredentialConfigured | E::ConfigNotFound) => {}
             Err(e) => {
+                let source_name = match helper_for(&conf, &key) {
+                    Some(h) => format!("{} (helper {h})", path.display()),
+                    None => path.display().to_string(),
+                };
                 return Err(AuthError::Helper {
                     registry: registry.to_owned(),
-                    source_name: source_name.to_owned(),
+                    source_name,
                     reason: e.to_string(),
                 });
             }
         }
     }
     Ok(None)
+}
+
+/// `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`, as Docker
+/// and docker_credential resolve it.
+fn docker_config_path() -> Option<PathBuf> {
+    std::env::var_os("DOCKER_CONFIG")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".docker")))
+        .map(|d| d.join("config.json"))
 }
 
 impl CredentialSources {
@@ -147,28 +168,25 @@ impl CredentialSources {
     /// [`AuthError::AuthFile`] when the authfile is unreadable or not JSON,
     /// [`AuthError::Helper`] when a credential helper fails.
     pub fn lookup_blocking(&self, registry: &str) -> Result<Option<RegistryAuth>, AuthError> {
-        if let Some(path) = &self.authfile {
-            let bytes = std::fs::read(path).map_err(|e| AuthError::AuthFile {
-                path: path.clone(),
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|e| AuthError::AuthFile {
+                path: path.to_owned(),
                 reason: e.to_string(),
-            })?;
-            serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| {
-                AuthError::AuthFile {
-                    path: path.clone(),
-                    reason: format!("not valid JSON: {e}"),
-                }
-            })?;
-            let found = lookup(
-                registry,
-                |k| docker_credential::get_credential_from_reader(&bytes[..], k),
-                &path.display().to_string(),
-            )?;
+            })
+        };
+        if let Some(path) = &self.authfile {
+            let found = lookup(registry, path, &read(path)?)?;
             if found.is_some() {
                 return Ok(found);
             }
         }
-        if self.docker_config {
-            return lookup(registry, docker_credential::get_credential, "docker config");
+        // A missing Docker config is normal; a broken one is an error, not
+        // silently anonymous.
+        if self.docker_config
+            && let Some(path) = docker_config_path()
+            && path.is_file()
+        {
+            return lookup(registry, &path, &read(&path)?);
         }
         Ok(None)
     }
@@ -237,5 +255,9 @@ mod tests {
         };
         let e = s.lookup_blocking("127.0.0.1:5000").unwrap_err().to_string();
         assert!(e.starts_with("credentials for 127.0.0.1:5000 from "), "{e}");
+        assert!(
+            e.contains("(helper docker-credential-pinswap-test-no-such-helper)"),
+            "{e}"
+        );
     }
 }

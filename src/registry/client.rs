@@ -276,6 +276,11 @@ impl Registry {
         &self.host
     }
 
+    /// Whether no credentials are configured for this registry.
+    pub(crate) fn is_anonymous(&self) -> bool {
+        self.auth == RegistryAuth::Anonymous
+    }
+
     /// `scheme://host[:port]` of the registry's API.
     pub(crate) fn base(&self) -> &str {
         &self.base
@@ -291,11 +296,12 @@ impl Registry {
         self.scheme
     }
 
-    fn ctx<'a>(&'a self, reference: &'a str, operation: &'static str) -> Ctx<'a> {
+    pub(crate) fn ctx<'a>(&'a self, reference: &'a str, operation: &'static str) -> Ctx<'a> {
         Ctx {
             registry: &self.host,
             reference,
             operation,
+            anonymous: self.is_anonymous(),
         }
     }
 
@@ -452,11 +458,9 @@ impl Registry {
             (Scheme::Bearer(c), auth) => match token::fetch(&self.http, c, scopes, auth).await {
                 Ok(t) => format!("Bearer {t}"),
                 Err((Some(401 | 403), _)) => {
-                    return Err(RegistryError::Unauthorized {
-                        registry: self.host.clone(),
-                        reference: reference.to_owned(),
-                        operation: "get a token for",
-                    });
+                    return Err(RegistryError::unauthorized(
+                        self.ctx(reference, "get a token for"),
+                    ));
                 }
                 Err((_, message)) => {
                     return Err(RegistryError::Other {

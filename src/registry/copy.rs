@@ -18,7 +18,7 @@ use futures::{FutureExt, StreamExt};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tokio::sync::{Mutex, Semaphore};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::check::{DigestCheck, checked, sha256_digest};
 use super::client::{BlobStream, ClientPool, Registry, Role};
@@ -47,6 +47,16 @@ pub enum EndpointError {
     /// Neither `docker://` nor `oci:`.
     #[error("{0:?}: expected docker://REFERENCE or oci:DIR[:REF]")]
     Transport(String),
+    /// `user:password@` in a reference; never echoed.
+    #[error(
+        "credentials in a docker:// reference are not supported (and not echoed); use --src-creds/--dest-creds or --authfile"
+    )]
+    Credentials,
+    /// An `oci:DIR:REF` whose REF breaks the image-layout `ref.name` grammar.
+    #[error(
+        "{0:?}: REF must match the OCI image-layout ref.name grammar: components of [A-Za-z0-9] joined by one of -._:@+ or --, separated by /"
+    )]
+    LayoutRef(String),
     /// `oci:` with an empty directory.
     #[error("{0:?}: oci: needs a directory, as oci:DIR[:REF]")]
     EmptyDir(String),
@@ -61,6 +71,12 @@ impl std::str::FromStr for Endpoint {
     /// skopeo, the directory ends at the first `:`.
     fn from_str(s: &str) -> std::result::Result<Self, EndpointError> {
         if let Some(r) = s.strip_prefix("docker://") {
+            // `user:password@host/...` must not reach an error message.
+            if let Some((_, after)) = r.rsplit_once('@')
+                && (!after.contains(':') || after.contains('/'))
+            {
+                return Err(EndpointError::Credentials);
+            }
             return Ok(Self::Registry(Reference::parse(r)?));
         }
         if let Some(rest) = s.strip_prefix("oci:") {
@@ -71,6 +87,11 @@ impl std::str::FromStr for Endpoint {
             if dir.is_empty() {
                 return Err(EndpointError::EmptyDir(s.to_owned()));
             }
+            if let Some(n) = &name
+                && !is_layout_ref(n)
+            {
+                return Err(EndpointError::LayoutRef(s.to_owned()));
+            }
             return Ok(Self::Layout {
                 dir: PathBuf::from(dir),
                 name,
@@ -78,6 +99,39 @@ impl std::str::FromStr for Endpoint {
         }
         Err(EndpointError::Transport(s.to_owned()))
     }
+}
+
+/// image-spec §image-layout `org.opencontainers.image.ref.name`:
+/// `ref ::= component ("/" component)*`, `component ::= alphanum (separator
+/// alphanum)*`, `alphanum ::= [A-Za-z0-9]+`, `separator ::= [-._:@+] | "--"`.
+fn is_layout_ref(r: &str) -> bool {
+    r.split('/').all(|component| {
+        let b = component.as_bytes();
+        if b.is_empty() || !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric()
+        {
+            return false;
+        }
+        let mut i = 0;
+        while i < b.len() {
+            if b[i].is_ascii_alphanumeric() {
+                i += 1;
+                continue;
+            }
+            let sep = if b[i] == b'-' && b.get(i + 1) == Some(&b'-') {
+                2
+            } else {
+                1
+            };
+            if sep == 1 && !b"-._:@+".contains(&b[i]) {
+                return false;
+            }
+            i += sep;
+            if !b.get(i).is_some_and(u8::is_ascii_alphanumeric) {
+                return false;
+            }
+        }
+        true
+    })
 }
 
 impl std::fmt::Display for Endpoint {
@@ -386,7 +440,12 @@ impl Copier {
                 }
                 (filtered, kept)
             }
-            (ManifestKind::Image { .. }, _) => (manifest.clone(), Vec::new()),
+            (ManifestKind::Image { .. }, filtered) => {
+                if !filtered {
+                    warn!(source = %src, "--platform ignored: the source is a single manifest, not an index");
+                }
+                (manifest.clone(), Vec::new())
+            }
         };
 
         if let Side::Registry { reference, .. } = &d
@@ -740,5 +799,39 @@ mod tests {
             "\"oci::x\": oci: needs a directory, as oci:DIR[:REF]"
         );
         assert!("docker://Nginx".parse::<Endpoint>().is_err());
+        for bad in [
+            "docker://bob:hunter2@127.0.0.1:5000/app:v1",
+            "docker://bob:hunter2@host",
+        ] {
+            let e = bad.parse::<Endpoint>().unwrap_err().to_string();
+            assert!(!e.contains("hunter2") && e.contains("--src-creds"), "{e}");
+        }
+        let digest = format!("docker://nginx@sha256:{}", "a".repeat(64));
+        assert!(digest.parse::<Endpoint>().is_ok());
+        for ok in [
+            "v1",
+            "1.0",
+            "a/b-c",
+            "x--y",
+            "v1.2+build",
+            "sha256:abc",
+            "a@b",
+        ] {
+            assert!(is_layout_ref(ok), "{ok}");
+        }
+        for bad in [
+            "has space",
+            "../../etc",
+            "-x",
+            "x-",
+            "a//b",
+            "a---b",
+            "a..b",
+            "",
+        ] {
+            assert!(!is_layout_ref(bad), "{bad}");
+        }
+        let e = "oci:/tmp/l:has space".parse::<Endpoint>().unwrap_err();
+        assert!(e.to_string().contains("ref.name grammar"), "{e}");
     }
 }

@@ -45,6 +45,19 @@ pub enum RegistryError {
         /// What we were doing, e.g. `GET manifest`.
         operation: &'static str,
     },
+    /// The registry answered 401 and we had no credentials for it.
+    #[error(
+        "registry {registry} requires authentication for {operation} {reference} (HTTP 401 UNAUTHORIZED) \
+         and no credentials were found for it; pass --src-creds/--dest-creds or --authfile, or run docker login"
+    )]
+    AuthRequired {
+        /// `host[:port]` of the registry.
+        registry: String,
+        /// The reference or `repository@digest` being accessed.
+        reference: String,
+        /// What we were doing.
+        operation: &'static str,
+    },
     /// The registry answered with an error status.
     #[error("{operation} {reference} on registry {registry} failed: HTTP {status}{code}: {message}", code = code.as_deref().map(|c| format!(" {c}")).unwrap_or_default())]
     Http {
@@ -116,6 +129,8 @@ pub(crate) struct Ctx<'a> {
     pub registry: &'a str,
     pub reference: &'a str,
     pub operation: &'static str,
+    /// No credentials were configured: a 401 means "log in", not "wrong password".
+    pub anonymous: bool,
 }
 
 /// Canonical HTTP status of a distribution-spec error code, for errors that
@@ -158,6 +173,44 @@ pub(crate) fn is_not_found(err: &OciDistributionError) -> bool {
     }
 }
 
+/// The code and message of a registry error body (distribution-spec §Error
+/// Codes): the first error's code, and every error's message with its
+/// `detail` (which often holds the real cause) and, after the first, its code.
+/// A body that is not an error envelope is quoted, cut to 300 characters.
+pub(crate) fn describe_body(body: &str) -> (Option<String>, String) {
+    match serde_json::from_str::<oci_client::errors::OciEnvelope>(body) {
+        Ok(env) if !env.errors.is_empty() => describe_envelope(&env),
+        _ => (None, body.trim().chars().take(300).collect()),
+    }
+}
+
+fn describe_envelope(env: &oci_client::errors::OciEnvelope) -> (Option<String>, String) {
+    let parts: Vec<String> = env
+        .errors
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let mut m = if i == 0 {
+                e.message.clone()
+            } else {
+                format!("{}: {}", code_name(&e.code), e.message)
+            };
+            if !e.detail.is_null() {
+                let d = match &e.detail {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                m.push_str(&format!(" ({})", d.chars().take(200).collect::<String>()));
+            }
+            m
+        })
+        .collect();
+    (
+        env.errors.first().map(|e| code_name(&e.code)),
+        parts.join("; "),
+    )
+}
+
 /// Renders an error and its sources on one line.
 pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut out = err.to_string();
@@ -174,6 +227,28 @@ pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 impl RegistryError {
+    /// The error for a 401 at `ctx`.
+    pub(crate) fn unauthorized(ctx: Ctx<'_>) -> Self {
+        let (registry, reference, operation) = (
+            ctx.registry.to_owned(),
+            ctx.reference.to_owned(),
+            ctx.operation,
+        );
+        if ctx.anonymous {
+            Self::AuthRequired {
+                registry,
+                reference,
+                operation,
+            }
+        } else {
+            Self::Unauthorized {
+                registry,
+                reference,
+                operation,
+            }
+        }
+    }
+
     /// Maps an oci-client error into one that names registry, reference,
     /// status and code.
     pub(crate) fn from_oci(ctx: Ctx<'_>, err: OciDistributionError) -> Self {
@@ -181,53 +256,33 @@ impl RegistryError {
             registry,
             reference,
             operation,
+            ..
         } = ctx;
         let (registry, reference) = (registry.to_owned(), reference.to_owned());
         match err {
             OciDistributionError::UnauthorizedError { .. }
-            | OciDistributionError::AuthenticationFailure(_) => Self::Unauthorized {
-                registry,
-                reference,
-                operation,
-            },
+            | OciDistributionError::AuthenticationFailure(_) => Self::unauthorized(ctx),
             OciDistributionError::RegistryError { envelope, .. } => {
                 let first = envelope.errors.first();
                 let status = first.map(|e| status_of(&e.code)).unwrap_or(400);
                 if status == 401 {
-                    return Self::Unauthorized {
-                        registry,
-                        reference,
-                        operation,
-                    };
+                    return Self::unauthorized(ctx);
                 }
+                let (code, message) = describe_envelope(&envelope);
                 Self::Http {
                     registry,
                     reference,
                     operation,
                     status,
-                    code: first.map(|e| code_name(&e.code)),
-                    message: envelope
-                        .errors
-                        .iter()
-                        .map(|e| e.message.clone())
-                        .collect::<Vec<_>>()
-                        .join("; "),
+                    code,
+                    message,
                 }
             }
             OciDistributionError::ServerError { code, message, .. } => {
                 if code == 401 {
-                    return Self::Unauthorized {
-                        registry,
-                        reference,
-                        operation,
-                    };
+                    return Self::unauthorized(ctx);
                 }
-                let parsed: Option<oci_client::errors::OciEnvelope> =
-                    serde_json::from_str(&message).ok();
-                let (ecode, msg) = match parsed.as_ref().and_then(|p| p.errors.first()) {
-                    Some(e) => (Some(code_name(&e.code)), e.message.clone()),
-                    None => (None, message.trim().chars().take(300).collect()),
-                };
+                let (ecode, msg) = describe_body(&message);
                 Self::Http {
                     registry,
                     reference,
@@ -244,12 +299,20 @@ impl RegistryError {
                 expected: "the digest in the reference".into(),
                 actual: e.to_string(),
             },
+            // Without the URL: upload URLs carry session state (`_state=`,
+            // signatures) that has no place in an error message.
             OciDistributionError::RequestError(e) if e.is_connect() || e.is_timeout() => {
                 Self::Unreachable {
                     registry,
-                    reason: chain(&e),
+                    reason: chain(&e.without_url()),
                 }
             }
+            OciDistributionError::RequestError(e) => Self::Other {
+                registry,
+                reference,
+                operation,
+                message: chain(&e.without_url()),
+            },
             other => Self::Other {
                 registry,
                 reference,
@@ -257,5 +320,31 @@ impl RegistryError {
                 message: chain(&other),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_bodies_keep_detail_and_every_code() {
+        let (c, m) = describe_body(
+            r#"{"errors":[{"code":"MANIFEST_INVALID","message":"manifest invalid","detail":"http: request body too large"}]}"#,
+        );
+        assert_eq!(c.as_deref(), Some("MANIFEST_INVALID"));
+        assert_eq!(m, "manifest invalid (http: request body too large)");
+        let (c, m) = describe_body(
+            r#"{"errors":[{"code":"UNKNOWN","message":"unknown error"},{"code":"MANIFEST_BLOB_UNKNOWN","message":"blob unknown to registry","detail":"sha256:abc"}]}"#,
+        );
+        assert_eq!(c.as_deref(), Some("UNKNOWN"));
+        assert_eq!(
+            m,
+            "unknown error; MANIFEST_BLOB_UNKNOWN: blob unknown to registry (sha256:abc)"
+        );
+        assert_eq!(
+            describe_body("  bad gateway \n"),
+            (None, "bad gateway".into())
+        );
     }
 }

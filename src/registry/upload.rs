@@ -110,34 +110,24 @@ impl Upload<'_> {
     ) -> Result<reqwest::Response> {
         let reference = self.name(desc);
         let registry = self.registry.host().to_owned();
+        // Without the URL: upload URLs carry session state.
         let resp = resp.map_err(|e| RegistryError::Other {
             registry: registry.clone(),
             reference: reference.clone(),
             operation,
-            message: chain(&e),
+            message: chain(&e.without_url()),
         })?;
         let status = resp.status().as_u16();
         if status == expected {
             return Ok(resp);
         }
         if status == 401 {
-            return Err(RegistryError::Unauthorized {
-                registry,
-                reference,
-                operation,
-            });
+            return Err(RegistryError::unauthorized(
+                self.registry.ctx(&reference, operation),
+            ));
         }
         let body = resp.text().await.unwrap_or_default();
-        let parsed: Option<oci_client::errors::OciEnvelope> = serde_json::from_str(&body).ok();
-        let (code, message) = match parsed.as_ref().and_then(|p| p.errors.first()) {
-            Some(e) => (
-                serde_json::to_value(&e.code)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned)),
-                e.message.clone(),
-            ),
-            None => (None, body.trim().chars().take(300).collect()),
-        };
+        let (code, message) = super::describe_body(&body);
         Err(RegistryError::Http {
             registry,
             reference,
