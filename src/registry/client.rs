@@ -64,6 +64,8 @@ type Slot = Arc<OnceCell<Arc<Registry>>>;
 #[derive(Debug)]
 pub struct ClientPool {
     opts: PoolOptions,
+    http: OnceCell<reqwest::Client>,
+    roots: OnceCell<Vec<Vec<u8>>>,
     entries: Mutex<HashMap<(String, Role), Slot>>,
 }
 
@@ -97,8 +99,72 @@ impl ClientPool {
     pub fn new(opts: PoolOptions) -> Self {
         Self {
             opts,
+            http: OnceCell::new(),
+            roots: OnceCell::new(),
             entries: Mutex::default(),
         }
+    }
+
+    /// Trusted roots: the system's (read once; each client build would
+    /// otherwise scan /etc/ssl/certs again) plus `--ca-cert`, as DER.
+    async fn roots(&self, registry: &str) -> Result<Vec<Vec<u8>>> {
+        self.roots
+            .get_or_try_init(|| async {
+                let mut ders: Vec<Vec<u8>> = tokio::task::spawn_blocking(|| {
+                    let found = rustls_native_certs::load_native_certs();
+                    for e in &found.errors {
+                        debug!(error = %e, "skipping a system root certificate");
+                    }
+                    found.certs.into_iter().map(|c| c.to_vec()).collect()
+                })
+                .await
+                .unwrap_or_default();
+                for pem in &self.opts.ca_certs {
+                    use rustls::pki_types::{CertificateDer, pem::PemObject};
+                    let before = ders.len();
+                    ders.extend(
+                        CertificateDer::pem_slice_iter(pem)
+                            .filter_map(|c| c.ok())
+                            .map(|c| c.to_vec()),
+                    );
+                    if ders.len() == before {
+                        return Err(RegistryError::Other {
+                            registry: registry.into(),
+                            reference: "CA certificate".into(),
+                            operation: "load",
+                            message: "no PEM certificate in --ca-cert".into(),
+                        });
+                    }
+                }
+                Ok(ders)
+            })
+            .await
+            .cloned()
+    }
+
+    /// The HTTP client for probes and our own requests, built once.
+    async fn http_client(&self, registry: &str) -> Result<reqwest::Client> {
+        let roots = self.roots(registry).await?;
+        self.http
+            .get_or_try_init(|| async {
+                let certs = roots
+                    .iter()
+                    .filter_map(|d| reqwest::Certificate::from_der(d).ok());
+                reqwest::Client::builder()
+                    .connect_timeout(Duration::from_secs(10))
+                    .read_timeout(Duration::from_secs(60))
+                    .user_agent(concat!("pinswap/", env!("CARGO_PKG_VERSION")))
+                    .tls_certs_only(certs)
+                    .build()
+                    .map_err(|e| RegistryError::Other {
+                        registry: registry.into(),
+                        reference: "/v2/".into(),
+                        operation: "build client for",
+                        message: chain(&e),
+                    })
+            })
+            .await
+            .cloned()
     }
 
     /// The client for `registry` (`host[:port]`, Docker Hub as `docker.io`)
@@ -119,16 +185,6 @@ impl ClientPool {
             .cloned()
     }
 
-    fn certificates(&self) -> Vec<Certificate> {
-        self.opts
-            .ca_certs
-            .iter()
-            .map(|pem| Certificate {
-                encoding: CertificateEncoding::Pem,
-                data: pem.clone(),
-            })
-            .collect()
-    }
 
     async fn connect(&self, registry: &str, role: Role) -> Result<Registry> {
         // Docker Hub's API lives on another host than its name.
@@ -137,43 +193,34 @@ impl ClientPool {
         } else {
             registry
         };
-        let insecure = allows_plain_http(&self.opts.insecure, api_host);
-        let mut probe = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(60))
-            .user_agent(concat!("pinswap/", env!("CARGO_PKG_VERSION")));
-        for pem in &self.opts.ca_certs {
-            let cert = reqwest::Certificate::from_pem(pem).map_err(|e| RegistryError::Other {
-                registry: registry.into(),
-                reference: "CA certificate".into(),
-                operation: "load",
-                message: chain(&e),
-            })?;
-            probe = probe.add_root_certificate(cert);
-        }
-        let probe = probe.build().map_err(|e| RegistryError::Other {
-            registry: registry.into(),
-            reference: "/v2/".into(),
-            operation: "build client for",
-            message: chain(&e),
-        })?;
-        let (scheme, challenge) = match ping(&probe, "https", api_host).await {
-            Ok(c) => ("https", c),
-            Err(https_err) if insecure => match ping(&probe, "http", api_host).await {
-                Ok(c) => ("http", c),
-                Err(_) => {
-                    return Err(RegistryError::Unreachable {
-                        registry: registry.into(),
-                        reason: https_err,
-                    });
+        let probe = self.http_client(registry).await?;
+        let roots = self.roots(registry).await?;
+        // Plain HTTP first on loopback, where TLS protects nothing and most
+        // registries are plain; HTTPS first elsewhere, as Docker does.
+        let order: &[&'static str] = if is_loopback_registry(api_host) {
+            &["http", "https"]
+        } else if allows_plain_http(&self.opts.insecure, api_host) {
+            &["https", "http"]
+        } else {
+            &["https"]
+        };
+        let mut found = None;
+        let mut https_err = None;
+        for scheme in order {
+            match ping(&probe, scheme, api_host).await {
+                Ok(c) => {
+                    found = Some((*scheme, c));
+                    break;
                 }
-            },
-            Err(e) => {
-                return Err(RegistryError::Unreachable {
-                    registry: registry.into(),
-                    reason: e,
-                });
+                Err(e) if *scheme == "https" || https_err.is_none() => https_err = Some(e),
+                Err(_) => {}
             }
+        }
+        let Some((scheme, challenge)) = found else {
+            return Err(RegistryError::Unreachable {
+                registry: registry.into(),
+                reason: https_err.unwrap_or_default(),
+            });
         };
         let explicit = match role {
             Role::Source => self.opts.source_creds.as_ref(),
@@ -207,7 +254,13 @@ impl ClientPool {
                 ClientProtocol::Https
             },
             use_monolithic_push: true,
-            extra_root_certificates: self.certificates(),
+            tls_certs_only: roots
+                .iter()
+                .map(|d| Certificate {
+                    encoding: CertificateEncoding::Der,
+                    data: d.clone(),
+                })
+                .collect(),
             connect_timeout: Some(Duration::from_secs(10)),
             read_timeout: Some(Duration::from_secs(60)),
             user_agent: concat!("pinswap/", env!("CARGO_PKG_VERSION")),
