@@ -185,7 +185,6 @@ impl ClientPool {
             .cloned()
     }
 
-
     async fn connect(&self, registry: &str, role: Role) -> Result<Registry> {
         // Docker Hub's API lives on another host than its name.
         let api_host = if registry == "docker.io" {
