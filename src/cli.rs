@@ -1,5 +1,6 @@
 //! The `pinswap` command line (clap derive). Exit codes: 0 success, 1 a copy
-//! failed, 2 usage error (bad flag, reference or list file).
+//! failed or a config is invalid, 2 usage error (bad flag, reference or list
+//! file).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -44,7 +45,22 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Copy an image (manifest, index or artifact) byte-exact between registries and OCI layouts.
-    Copy(CopyArgs),
+    Copy(Box<CopyArgs>),
+    /// Check or print the webhook's YAML config.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// `pinswap config ...`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Check a config file: exit 0 when valid, 1 with every problem listed (key path, found, accepted).
+    Validate {
+        /// The YAML file.
+        file: PathBuf,
+    },
+    /// Print the default config, commented.
+    Default,
 }
 
 /// `pinswap copy SRC DST`, or `pinswap copy --from-file LIST --to docker://TARGET[/prefix]`.
@@ -240,7 +256,23 @@ fn init_logging(cli: &Cli) -> anyhow::Result<()> {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Copy(args) => copy(args).await,
+        Command::Copy(args) => copy(*args).await,
+        Command::Config(ConfigCommand::Default) => {
+            print!("{}", crate::config::DEFAULT_YAML);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config(ConfigCommand::Validate { file }) => {
+            match crate::config::Config::load(&file) {
+                Ok(_) => {
+                    println!("{}: ok", file.display());
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    Ok(ExitCode::from(1))
+                }
+            }
+        }
     }
 }
 

@@ -8,5 +8,6 @@
 #![deny(missing_docs)]
 
 pub mod cli;
+pub mod config;
 pub mod reference;
 pub mod registry;

@@ -1,0 +1,796 @@
+//! The YAML config (DESIGN.md §6): schema, defaults, durations such as `8s`
+//! or `1h`, and strict validation.
+//!
+//! A config file either loads completely or fails with messages that name
+//! the key path, what was found and what is accepted. Unknown keys are
+//! errors. Secrets are never inline: credentials are referenced as a file
+//! (`passwordFile`, `dockerConfigFile`) or an environment variable
+//! (`passwordEnv`), and a `password` key is refused.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::reference::MirrorTarget;
+use crate::registry::manifest::PlatformSpec;
+
+/// Config loading errors. Each names the file and the key path.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {reason}")]
+    Read {
+        /// The config file.
+        file: String,
+        /// The OS error.
+        reason: String,
+    },
+    /// The YAML does not fit the schema (syntax, unknown key, wrong type).
+    #[error("{file}{}: {path}: {message}", if *line > 0 { format!(":{line}:{column}") } else { String::new() })]
+    Parse {
+        /// The config file.
+        file: String,
+        /// Key path, e.g. `cache.ttl` (`.` for the top level).
+        path: String,
+        /// 1-based line, 0 when unknown.
+        line: usize,
+        /// 1-based column, 0 when unknown.
+        column: usize,
+        /// What was found and what is accepted.
+        message: String,
+    },
+    /// Values that parse but cannot work together or at all.
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<Invalid>),
+}
+
+/// One semantic problem.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {path}: {message}")]
+pub struct Invalid {
+    /// The config file.
+    pub file: String,
+    /// Key path.
+    pub path: String,
+    /// What was found and what is accepted.
+    pub message: String,
+}
+
+/// `exists`: rewrite only when the target has the image; `always`: rewrite
+/// regardless (DESIGN.md §2).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SwapPolicy {
+    /// Rewrite only when the target has the image.
+    #[default]
+    Exists,
+    /// Always rewrite.
+    Always,
+}
+
+/// When to copy (DESIGN.md §2).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CopyPolicy {
+    /// Copy in the background.
+    #[default]
+    Delayed,
+    /// Start the copy and wait up to `copyDeadline`.
+    Immediate,
+    /// Copy inline, up to `copyDeadline`.
+    Force,
+    /// Never copy.
+    None,
+}
+
+/// What to do on an identity collision (issue 5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CollisionPolicy {
+    /// Rewrite as usual and report.
+    #[default]
+    Warn,
+    /// Write a repaired copy at the target.
+    Repair,
+    /// Reject the Pod.
+    Deny,
+}
+
+/// Whether an admission error leaves the Pod unchanged or denies it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailurePolicy {
+    /// Leave the slot unchanged.
+    #[default]
+    Open,
+    /// Deny the Pod.
+    Closed,
+}
+
+/// Registry credentials, by reference only.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Auth {
+    /// User name for basic auth or the token flow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// File whose content (trailing newline trimmed) is the password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// Environment variable holding the password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_env: Option<String>,
+    /// A Docker config.json to read credentials from (helpers included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docker_config_file: Option<PathBuf>,
+    /// Refused with a clear message; present only to give one.
+    #[serde(default, skip_serializing)]
+    password: Option<Present>,
+}
+
+/// Deserialises from any value and keeps none of it, so a refused key (an
+/// inline password) can be reported without the secret staying in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Present;
+
+impl<'de> Deserialize<'de> for Present {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| Present)
+    }
+}
+
+/// The registry (and optional path prefix) that pinswap mirrors into.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Target {
+    /// `host[:port][/prefix]`.
+    pub registry: String,
+    /// Allow plain HTTP.
+    #[serde(default)]
+    pub insecure: bool,
+    /// Credentials for the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<Auth>,
+}
+
+/// An allowed source registry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SourceRegistry {
+    /// `host[:port]` (Docker Hub as `docker.io`), or `*` for any.
+    pub registry: String,
+    /// Allow plain HTTP.
+    #[serde(default)]
+    pub insecure: bool,
+    /// Credentials for this source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<Auth>,
+}
+
+/// A JMESPath filter; `true` skips the container (as in k8s-image-swapper).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Filter {
+    /// Evaluated against `{"obj": <Pod>, "container": <container>}`.
+    pub jmespath: String,
+}
+
+/// Where images may come from, and which containers to leave alone.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Source {
+    /// Allowlist. Only these registries are ever contacted.
+    #[serde(default = "default_registries")]
+    pub registries: Vec<SourceRegistry>,
+    /// Skip filters.
+    #[serde(default)]
+    pub filters: Vec<Filter>,
+}
+
+fn default_registries() -> Vec<SourceRegistry> {
+    vec![SourceRegistry {
+        registry: "docker.io".into(),
+        insecure: false,
+        auth: None,
+    }]
+}
+
+impl Default for Source {
+    fn default() -> Self {
+        Self {
+            registries: default_registries(),
+            filters: Vec::new(),
+        }
+    }
+}
+
+/// Which platforms of an index to mirror.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Platforms {
+    /// Every child.
+    #[default]
+    All,
+    /// Only these.
+    Only(Vec<PlatformSpec>),
+}
+
+impl<'de> Deserialize<'de> for Platforms {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Word(String),
+            List(Vec<String>),
+        }
+        let expected = "\"all\" or a list of os/arch[/variant], e.g. [linux/amd64, linux/arm64]";
+        match Raw::deserialize(d)
+            .map_err(|_| serde::de::Error::custom(format!("expected {expected}")))?
+        {
+            Raw::Word(w) if w == "all" => Ok(Self::All),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!(
+                "found {w:?}, expected {expected}"
+            ))),
+            Raw::List(l) if l.is_empty() => Err(serde::de::Error::custom(format!(
+                "found an empty list, expected {expected}"
+            ))),
+            Raw::List(l) => l
+                .iter()
+                .map(|p| p.parse::<PlatformSpec>())
+                .collect::<Result<_, _>>()
+                .map(Self::Only)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl Serialize for Platforms {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::All => s.serialize_str("all"),
+            Self::Only(l) => s.collect_seq(l.iter().map(|p| match &p.variant {
+                Some(v) => format!("{}/{}/{v}", p.os, p.architecture),
+                None => format!("{}/{}", p.os, p.architecture),
+            })),
+        }
+    }
+}
+
+/// Durations as `8s`, `500ms`, `1h 30m` (humantime), serialised the same way.
+mod duration {
+    use super::*;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a duration such as 8s, 500ms, 10m or 1h")
+        })?;
+        humantime::parse_duration(&s).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "found {s:?} ({e}), expected a duration such as 8s, 500ms, 10m or 1h"
+            ))
+        })
+    }
+
+    pub fn serialize<S: Serializer>(v: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*v).to_string())
+    }
+}
+
+/// Cache lifetimes (DESIGN.md §2 existence and resolution caches).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cache {
+    /// Existence cache lifetime; `0s` turns it off.
+    #[serde(default = "d_1h", with = "duration")]
+    pub ttl: Duration,
+    /// Tag → digest cache lifetime; `0s` turns it off.
+    #[serde(default = "d_30s", with = "duration")]
+    pub resolution_ttl: Duration,
+    /// Re-verification interval of cached target manifests; `0s` turns it off.
+    #[serde(default = "d_10m", with = "duration")]
+    pub reverify: Duration,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Self {
+            ttl: d_1h(),
+            resolution_ttl: d_30s(),
+            reverify: d_10m(),
+        }
+    }
+}
+
+/// Identity-collision handling (issue 5).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    /// `warn`, `repair` or `deny`.
+    #[serde(default)]
+    pub collisions: CollisionPolicy,
+}
+
+/// Listen addresses, TLS files and the admission budget.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Server {
+    /// HTTPS webhook address.
+    #[serde(default = "listen")]
+    pub listen: std::net::SocketAddr,
+    /// Plain-HTTP health and metrics address.
+    #[serde(default = "health_listen")]
+    pub health_listen: std::net::SocketAddr,
+    /// PEM certificate chain for the webhook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for the webhook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Time budget of one admission.
+    #[serde(default = "d_2s", with = "duration")]
+    pub admission_budget: Duration,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Self {
+            listen: listen(),
+            health_listen: health_listen(),
+            tls_cert: None,
+            tls_key: None,
+            admission_budget: d_2s(),
+        }
+    }
+}
+
+fn listen() -> std::net::SocketAddr {
+    ([0, 0, 0, 0], 8443).into()
+}
+fn health_listen() -> std::net::SocketAddr {
+    ([0, 0, 0, 0], 8080).into()
+}
+fn d_2s() -> Duration {
+    Duration::from_secs(2)
+}
+fn d_8s() -> Duration {
+    Duration::from_secs(8)
+}
+fn d_30s() -> Duration {
+    Duration::from_secs(30)
+}
+fn d_10m() -> Duration {
+    Duration::from_secs(600)
+}
+fn d_1h() -> Duration {
+    Duration::from_secs(3600)
+}
+fn yes() -> bool {
+    true
+}
+
+/// The whole config. Every key but `target` has a default.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Config {
+    /// Where images are mirrored to.
+    pub target: Target,
+    /// Where they may come from.
+    #[serde(default)]
+    pub source: Source,
+    /// `exists` or `always`.
+    #[serde(default)]
+    pub swap_policy: SwapPolicy,
+    /// `delayed`, `immediate`, `force` or `none`.
+    #[serde(default)]
+    pub copy_policy: CopyPolicy,
+    /// How long `immediate` and `force` wait for a copy.
+    #[serde(default = "d_8s", with = "duration")]
+    pub copy_deadline: Duration,
+    /// Rewrite to `target:tag@sha256:...`.
+    #[serde(default = "yes")]
+    pub pin: bool,
+    /// `all` or a platform list.
+    #[serde(default)]
+    pub platforms: Platforms,
+    /// Cache lifetimes.
+    #[serde(default)]
+    pub cache: Cache,
+    /// Identity-collision handling.
+    #[serde(default)]
+    pub identity: Identity,
+    /// `open` or `closed`.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    /// Server settings.
+    #[serde(default)]
+    pub server: Server,
+}
+
+/// The API server's upper bound on a webhook's `timeoutSeconds`.
+const WEBHOOK_TIMEOUT_MAX: Duration = Duration::from_secs(30);
+
+impl Config {
+    /// Parses and validates YAML; `file` names the source in messages.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] for syntax, unknown keys and wrong types (the
+    /// first one, with line and column); [`ConfigError::Invalid`] listing
+    /// every semantic problem.
+    pub fn from_yaml(text: &str, file: &str) -> Result<Self, ConfigError> {
+        let de = yaml_serde::Deserializer::from_str(text);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let (line, column) = inner
+                .location()
+                .map(|l| (l.line(), l.column()))
+                .unwrap_or((0, 0));
+            let mut message = inner.to_string();
+            // yaml_serde appends " at line L column C" (we print it up front)
+            // and, for its own errors, prefixes a path we already print.
+            if let Some(i) = message.find(" at line ") {
+                message.truncate(i);
+            }
+            if let Some((head, rest)) = message.split_once(": ")
+                && (path == head || path.starts_with(&format!("{head}.")))
+            {
+                message = rest.to_owned();
+            }
+            // Errors raised by our own field parsers carry no position
+            // (yaml_serde reports 1:1); the key path locates them instead.
+            let (line, column) = if (line, column) == (1, 1) && path != "." {
+                (0, 0)
+            } else {
+                (line, column)
+            };
+            ConfigError::Parse {
+                file: file.to_owned(),
+                path,
+                line,
+                column,
+                message,
+            }
+        })?;
+        let problems = config.problems(file);
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+
+    /// Reads, parses and validates a config file.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`], or as [`Config::from_yaml`].
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            file: file.clone(),
+            reason: e.to_string(),
+        })?;
+        Self::from_yaml(&text, &file)
+    }
+
+    /// Every semantic problem, in key order.
+    fn problems(&self, file: &str) -> Vec<Invalid> {
+        let mut out = Vec::new();
+        let mut bad = |path: String, message: String| {
+            out.push(Invalid {
+                file: file.to_owned(),
+                path,
+                message,
+            })
+        };
+        if let Err(e) = MirrorTarget::parse(&self.target.registry) {
+            bad(
+                "target.registry".into(),
+                format!("{e}; expected HOST[:PORT][/prefix], e.g. mirror.example.com/cache"),
+            );
+        }
+        check_auth(self.target.auth.as_ref(), "target.auth", &mut bad);
+        if self.source.registries.is_empty() {
+            bad(
+                "source.registries".into(),
+                "found an empty list; list the registries to mirror from, or \"*\" for any".into(),
+            );
+        }
+        for (i, r) in self.source.registries.iter().enumerate() {
+            let path = format!("source.registries[{i}]");
+            if r.registry != "*" && !is_registry_host(&r.registry) {
+                bad(
+                    format!("{path}.registry"),
+                    format!(
+                        "found {:?}, expected HOST[:PORT] (no scheme, no path) or \"*\"",
+                        r.registry
+                    ),
+                );
+            }
+            check_auth(r.auth.as_ref(), &format!("{path}.auth"), &mut bad);
+        }
+        for (i, f) in self.source.filters.iter().enumerate() {
+            if let Err(e) = jmespath::compile(&f.jmespath) {
+                bad(
+                    format!("source.filters[{i}].jmespath"),
+                    format!(
+                        "not a valid JMESPath expression: {}",
+                        e.to_string()
+                            .split_whitespace()
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    ),
+                );
+            }
+        }
+        if self.copy_deadline.is_zero() || self.copy_deadline > WEBHOOK_TIMEOUT_MAX {
+            bad(
+                "copyDeadline".into(),
+                format!(
+                    "found {}, expected more than 0s and at most 30s (the API server's webhook timeout limit)",
+                    humantime::format_duration(self.copy_deadline)
+                ),
+            );
+        }
+        let budget = self.server.admission_budget;
+        if budget.is_zero() || budget > WEBHOOK_TIMEOUT_MAX {
+            bad(
+                "server.admissionBudget".into(),
+                format!(
+                    "found {}, expected more than 0s and at most 30s",
+                    humantime::format_duration(budget)
+                ),
+            );
+        }
+        if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
+            bad(
+                "server".into(),
+                "tlsCert and tlsKey go together: set both or neither".into(),
+            );
+        }
+        if self.server.listen == self.server.health_listen {
+            bad(
+                "server.healthListen".into(),
+                format!(
+                    "found {}, the same address as server.listen",
+                    self.server.health_listen
+                ),
+            );
+        }
+        out
+    }
+}
+
+fn is_registry_host(s: &str) -> bool {
+    !s.is_empty()
+        && !s.contains('/')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".-:[]".contains(c))
+}
+
+fn check_auth(auth: Option<&Auth>, path: &str, bad: &mut impl FnMut(String, String)) {
+    let Some(a) = auth else { return };
+    if a.password.is_some() {
+        bad(
+            format!("{path}.password"),
+            "inline secrets are not accepted; use passwordFile or passwordEnv".into(),
+        );
+    }
+    let sources = [
+        a.password_file.is_some(),
+        a.password_env.is_some(),
+        a.docker_config_file.is_some(),
+    ]
+    .iter()
+    .filter(|x| **x)
+    .count();
+    if sources > 1 {
+        bad(
+            path.to_owned(),
+            "found more than one of passwordFile, passwordEnv and dockerConfigFile; use one".into(),
+        );
+    }
+    if (a.password_file.is_some() || a.password_env.is_some()) && a.username.is_none() {
+        bad(
+            format!("{path}.username"),
+            "missing; passwordFile and passwordEnv need a username".into(),
+        );
+    }
+    if sources == 0 && a.password.is_none() {
+        bad(
+            path.to_owned(),
+            "found no credentials; set username with passwordFile or passwordEnv, or dockerConfigFile"
+                .into(),
+        );
+    }
+}
+
+/// The commented default config printed by `pinswap config default`. A test
+/// checks that it parses to [`Config`]'s defaults with this target.
+pub const DEFAULT_YAML: &str = r#"# pinswap config. Every key but target.registry has the default shown.
+
+target:
+  # Registry (and optional path prefix) to mirror into: HOST[:PORT][/prefix].
+  registry: mirror.example.com/cache
+  # Allow plain HTTP to the target.
+  insecure: false
+  # Credentials, by reference only (never inline):
+  # auth:
+  #   username: pinswap
+  #   passwordFile: /var/run/secrets/pinswap/target-password
+  #   # or passwordEnv: PINSWAP_TARGET_PASSWORD
+  #   # or dockerConfigFile: /var/run/secrets/pinswap/config.json
+
+source:
+  # Registries that may be mirrored; no other registry is ever contacted.
+  # "*" allows any (link-local and metadata addresses stay refused).
+  registries:
+    - registry: docker.io
+  # JMESPath over {"obj": <Pod>, "container": <container>}; true skips the container.
+  filters: []
+  #  - jmespath: "obj.metadata.namespace == 'kube-system'"
+
+# exists: rewrite only when the target has the image; always: rewrite regardless.
+swapPolicy: exists
+# delayed: copy in the background; immediate: start the copy and wait up to
+# copyDeadline; force: copy inline up to copyDeadline; none: never copy.
+copyPolicy: delayed
+copyDeadline: 8s
+# Rewrite to target/registry/repo:tag@sha256:... (pinned by manifest digest).
+pin: true
+# Index children to mirror: all, or a list such as [linux/amd64, linux/arm64].
+platforms: all
+
+cache:
+  # How long "target has repository@digest" is trusted; 0s turns the cache off.
+  ttl: 1h
+  # How long tag -> digest resolutions are kept; 0s turns the cache off.
+  resolutionTtl: 30s
+  # How often cached target manifests are re-checked; 0s turns it off.
+  reverify: 10m
+
+identity:
+  # Config-digest (image ID) collisions: warn, repair or deny.
+  collisions: warn
+
+# open: on any error leave the container unchanged; closed: deny the Pod.
+failurePolicy: open
+
+server:
+  listen: 0.0.0.0:8443
+  healthListen: 0.0.0.0:8080
+  # tlsCert: /etc/pinswap/tls/tls.crt
+  # tlsKey: /etc/pinswap/tls/tls.key
+  # Time budget of one admission, well under the webhook's timeoutSeconds.
+  admissionBudget: 2s
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(y: &str) -> Result<Config, ConfigError> {
+        Config::from_yaml(y, "test.yaml")
+    }
+
+    #[test]
+    fn default_yaml_is_the_defaults() {
+        let c = parse(DEFAULT_YAML).unwrap();
+        let minimal = parse("target: {registry: mirror.example.com/cache}\n").unwrap();
+        assert_eq!(c, minimal);
+        assert_eq!(c.copy_deadline, Duration::from_secs(8));
+        assert_eq!(c.cache.ttl, Duration::from_secs(3600));
+        assert_eq!(c.cache.resolution_ttl, Duration::from_secs(30));
+        assert_eq!(c.cache.reverify, Duration::from_secs(600));
+        assert_eq!(c.server.admission_budget, Duration::from_secs(2));
+        assert!(c.pin);
+        assert_eq!(c.platforms, Platforms::All);
+        assert_eq!(c.source.registries[0].registry, "docker.io");
+        // And it survives a round trip through its own serialisation.
+        let again = parse(&yaml_serde::to_string(&c).unwrap()).unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn full_config() {
+        let c = parse(
+            r#"
+target: {registry: "127.0.0.1:5002/mirror", insecure: true, auth: {username: u, passwordEnv: PW}}
+source:
+  registries:
+    - {registry: docker.io, auth: {dockerConfigFile: /etc/pinswap/config.json}}
+    - registry: "*"
+  filters: [{jmespath: "obj.metadata.namespace == 'kube-system'"}]
+swapPolicy: always
+copyPolicy: force
+copyDeadline: 1500ms
+pin: false
+platforms: [linux/amd64, linux/arm64/v8]
+cache: {ttl: 0s, resolutionTtl: 5s, reverify: 1m}
+identity: {collisions: repair}
+failurePolicy: closed
+server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, tlsKey: /k, admissionBudget: 1s}
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.copy_policy, CopyPolicy::Force);
+        assert_eq!(c.copy_deadline, Duration::from_millis(1500));
+        assert_eq!(c.cache.ttl, Duration::ZERO);
+        assert_eq!(c.identity.collisions, CollisionPolicy::Repair);
+        assert_eq!(c.failure_policy, FailurePolicy::Closed);
+        let Platforms::Only(p) = &c.platforms else {
+            panic!("platform list expected")
+        };
+        assert_eq!(p[1].variant.as_deref(), Some("v8"));
+    }
+
+    #[test]
+    fn errors_name_the_key_what_was_found_and_what_is_accepted() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "target: {registry: m.example.com}\ncache: {ttll: 1h}\n",
+                "test.yaml:2:9: cache.ttll: unknown field `ttll`, expected one of `ttl`, `resolutionTtl`, `reverify`",
+            ),
+            (
+                "target: {registry: m.example.com}\nswapPolicy: sometimes\n",
+                "test.yaml:2:13: swapPolicy: unknown variant `sometimes`, expected `exists` or `always`",
+            ),
+            (
+                "target: {registry: m.example.com}\ncopyDeadline: soon\n",
+                "test.yaml: copyDeadline: found \"soon\" (expected number at 0), expected a duration such as 8s, 500ms, 10m or 1h",
+            ),
+            (
+                "target: {registry: m.example.com}\npin: maybe\n",
+                "test.yaml:2:6: pin: invalid type: string \"maybe\", expected a boolean",
+            ),
+            (
+                "target: {registry: m.example.com}\nplatforms: [linux]\n",
+                "test.yaml: platforms: invalid platform \"linux\": expected os/arch[/variant], e.g. linux/arm64/v8",
+            ),
+            (
+                "source: {registries: [{registry: docker.io}]}\n",
+                "test.yaml:1:1: .: missing field `target`",
+            ),
+        ];
+        for (yaml, want) in cases {
+            let got = parse(yaml).unwrap_err().to_string();
+            assert_eq!(&got, want, "for {yaml:?}");
+        }
+    }
+
+    #[test]
+    fn semantic_problems_are_all_listed() {
+        let e = parse(
+            r#"
+target: {registry: "https://mirror.example.com", auth: {username: u, password: hunter2}}
+source:
+  registries: [{registry: "http://quay.io"}]
+  filters: [{jmespath: "obj.metadata.[["}]
+copyDeadline: 45s
+server: {tlsCert: /c, listen: "0.0.0.0:8080"}
+"#,
+        )
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(!text.contains("hunter2"), "secret echoed: {text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let paths: Vec<&str> = lines
+            .iter()
+            .map(|l| l.split(": ").nth(1).unwrap_or(""))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "target.registry",
+                "target.auth.password",
+                "source.registries[0].registry",
+                "source.filters[0].jmespath",
+                "copyDeadline",
+                "server",
+                "server.healthListen",
+            ],
+            "{text}"
+        );
+        assert!(text.contains("inline secrets are not accepted; use passwordFile or passwordEnv"));
+        assert!(text.contains("copyDeadline: found 45s, expected more than 0s and at most 30s"));
+    }
+}
