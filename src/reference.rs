@@ -523,6 +523,15 @@ impl Reference {
     /// [`InvalidTag`](ReferenceError::InvalidTag),
     /// [`EmptyDigest`](ReferenceError::EmptyDigest), and the digest errors of
     /// [`Digest::parse`].
+    ///
+    /// ```
+    /// use pinswap::reference::Reference;
+    /// let r = Reference::parse("nginx").unwrap();
+    /// assert_eq!(r.to_string(), "docker.io/library/nginx:latest");
+    /// let r = Reference::parse("localhost:5000/team/app:v1").unwrap();
+    /// assert_eq!((r.registry(), r.repository(), r.tag()), ("localhost:5000", "team/app", Some("v1")));
+    /// assert!(Reference::parse("Nginx").is_err());
+    /// ```
     pub fn parse(s: &str) -> Result<Reference, ReferenceError> {
         let ctx = Ctx {
             subject: Subject::Reference,
@@ -1163,6 +1172,16 @@ impl MirrorTarget {
     /// [`Subject::MirrorPath`] and the mapped reference as input, when the
     /// mapped repository is longer than [`REPOSITORY_MAX_LEN`] (255)
     /// characters.
+    ///
+    /// ```
+    /// use pinswap::reference::{MirrorTarget, Reference};
+    /// let target = MirrorTarget::parse("mirror.example.com/cache").unwrap();
+    /// let src = Reference::parse("127.0.0.1:5001/team/app:v1").unwrap();
+    /// assert_eq!(
+    ///     target.map(&src).unwrap().to_string(),
+    ///     "mirror.example.com/cache/127.0.0.1_5001/team/app:v1"
+    /// );
+    /// ```
     pub fn map(&self, source: &Reference) -> Result<Reference, ReferenceError> {
         let component = registry_path_component(source.registry());
         let repository = match &self.prefix {
