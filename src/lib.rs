@@ -7,7 +7,9 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod cli;
 pub mod config;
+pub mod metrics;
 pub mod reference;
 pub mod registry;
