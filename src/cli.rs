@@ -46,9 +46,31 @@ pub enum LogFormat {
 pub enum Command {
     /// Copy an image (manifest, index or artifact) byte-exact between registries and OCI layouts.
     Copy(Box<CopyArgs>),
+    /// Run the mutating admission webhook (HTTPS) and its health/metrics server.
+    Serve(ServeArgs),
     /// Check or print the webhook's YAML config.
     #[command(subcommand)]
     Config(ConfigCommand),
+}
+
+/// `pinswap serve --config FILE`. Flags override the config's `server` keys.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The YAML config (`pinswap config default` prints one).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: PathBuf,
+    /// HTTPS webhook address (config: server.listen; default 0.0.0.0:8443).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Plain-HTTP /healthz, /readyz and /metrics address (config: server.healthListen; default 0.0.0.0:8080).
+    #[arg(long, value_name = "ADDR")]
+    pub health_listen: Option<std::net::SocketAddr>,
+    /// PEM certificate chain (config: server.tlsCert); reloaded when the file changes.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (config: server.tlsKey); reloaded when the file changes.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `pinswap config ...`.
@@ -195,6 +217,7 @@ impl RegistryArgs {
             ca_certs,
             source_creds: creds(&self.src_creds, "--src-creds")?,
             target_creds: creds(&self.dest_creds, "--dest-creds")?,
+            per_registry: Default::default(),
             sources: CredentialSources {
                 authfile: self.authfile.clone(),
                 docker_config: true,
@@ -257,6 +280,7 @@ fn init_logging(cli: &Cli) -> anyhow::Result<()> {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Copy(args) => copy(*args).await,
+        Command::Serve(args) => serve(args).await,
         Command::Config(ConfigCommand::Default) => {
             print!("{}", crate::config::DEFAULT_YAML);
             Ok(ExitCode::SUCCESS)
@@ -445,4 +469,36 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    // A bad config fails here, at startup, never at the first request.
+    let config = crate::config::Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
+    let tls_cert = args
+        .tls_cert
+        .or(config.server.tls_cert.clone())
+        .ok_or_else(|| Usage("no TLS certificate: pass --tls-cert or set server.tlsCert".into()))?;
+    let tls_key = args
+        .tls_key
+        .or(config.server.tls_key.clone())
+        .ok_or_else(|| Usage("no TLS key: pass --tls-key or set server.tlsKey".into()))?;
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let admission = crate::admission::Admission::from_config(&config, metrics.clone())
+        .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
+    let opts = crate::server::ServerOptions {
+        listen: args.listen.unwrap_or(config.server.listen),
+        health_listen: args.health_listen.unwrap_or(config.server.health_listen),
+        tls_cert,
+        tls_key,
+        reload_interval: std::time::Duration::from_secs(10),
+    };
+    tracing::info!(listen = %opts.listen, health = %opts.health_listen, target = %config.target.registry, "serving");
+    crate::server::serve(
+        opts,
+        Arc::new(admission),
+        metrics,
+        crate::server::shutdown_signal(),
+    )
+    .await?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -11,5 +11,7 @@ pub mod admission;
 pub mod cli;
 pub mod config;
 pub mod metrics;
+pub mod mirror;
 pub mod reference;
 pub mod registry;
+pub mod server;

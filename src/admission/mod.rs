@@ -1,7 +1,30 @@
-//! AdmissionReview in, AdmissionReview out (being written; this is the
-//! interface the server calls).
+//! AdmissionReview in, AdmissionReview out (DESIGN.md §3 "Admission").
+//!
+//! For a Pod on CREATE or UPDATE: find the image slots, skip those a filter,
+//! the allowlist or idempotence rules out, decide the rest through the
+//! [`Mirror`] (each distinct image once, concurrently, within one time
+//! budget), and answer with JSONPatch `replace` ops plus the
+//! `pinswap.dev/original-images` and `pinswap.dev/decisions` annotations.
+//! Any error leaves its slot unchanged (fail open) unless `failurePolicy` is
+//! `closed`, which denies the Pod naming the image and the cause.
+
+pub mod pod;
+pub mod policy;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use tracing::{debug, info, warn};
+
+use crate::config::{Config, FailurePolicy};
+use crate::metrics::Metrics;
+use crate::mirror::Mirror;
+use crate::reference::Reference;
+use policy::{Policy, Skip};
 
 /// Why a request body is not an AdmissionReview; the server answers 400.
 #[derive(Debug, thiserror::Error)]
@@ -11,27 +34,203 @@ pub enum ReviewError {
     Malformed(String),
 }
 
-/// Answers AdmissionReviews.
-pub struct Admission {}
+/// Answers AdmissionReviews for Pods.
+pub struct Admission {
+    mirror: Arc<Mirror>,
+    policy: Policy,
+    failure: FailurePolicy,
+    budget: Duration,
+    metrics: Arc<Metrics>,
+}
+
+/// What happened to one slot.
+enum Outcome {
+    Rewrite(String, String),
+    Keep(String),
+    Error(String),
+}
 
 impl Admission {
-    /// Answers one AdmissionReview body with the response AdmissionReview's
-    /// JSON.
+    /// Builds the handler from a validated config.
+    ///
+    /// # Errors
+    /// A message when a filter does not compile (validation normally caught
+    /// it already).
+    pub fn new(
+        config: &Config,
+        mirror: Arc<Mirror>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, String> {
+        Ok(Self {
+            policy: Policy::new(config, mirror.target().clone())?,
+            mirror,
+            failure: config.failure_policy,
+            budget: config.server.admission_budget,
+            metrics,
+        })
+    }
+
+    /// Builds the mirror service and the handler from a validated config.
+    ///
+    /// # Errors
+    /// A message naming the config key whose credentials cannot be read, or
+    /// the filter that does not compile.
+    pub fn from_config(config: &Config, metrics: Arc<Metrics>) -> Result<Self, String> {
+        let mirror = Mirror::from_config(config, metrics.clone()).map_err(|e| e.to_string())?;
+        Self::new(config, Arc::new(mirror), metrics)
+    }
+
+    /// Whether the webhook can serve: the target registry answers.
+    pub async fn ready(&self) -> bool {
+        self.mirror.target_ready().await
+    }
+
+    /// Answers one AdmissionReview body (`admission.k8s.io/v1` or `v1beta1`;
+    /// the response uses the request's version) with the response
+    /// AdmissionReview's JSON. A kind other than Pod, or an operation other
+    /// than CREATE and UPDATE, is allowed unchanged.
     ///
     /// # Errors
     /// [`ReviewError::Malformed`] when the body is not an AdmissionReview.
     pub async fn review(&self, body: Bytes) -> Result<Vec<u8>, ReviewError> {
-        let review: kube::core::admission::AdmissionReview<kube::core::DynamicObject> =
+        let start = Instant::now();
+        let review: AdmissionReview<DynamicObject> =
             serde_json::from_slice(&body).map_err(|e| ReviewError::Malformed(e.to_string()))?;
-        let req: kube::core::admission::AdmissionRequest<kube::core::DynamicObject> = review
+        let req: AdmissionRequest<DynamicObject> = review
             .try_into()
-            .map_err(|_| ReviewError::Malformed("no request".into()))?;
-        let resp = kube::core::admission::AdmissionResponse::from(&req).into_review();
-        serde_json::to_vec(&resp).map_err(|e| ReviewError::Malformed(e.to_string()))
+            .map_err(|_| ReviewError::Malformed("the AdmissionReview has no request".into()))?;
+        let (resp, outcome) = self.answer(&req).await;
+        self.metrics.admission(outcome);
+        self.metrics
+            .admission_seconds
+            .observe(start.elapsed().as_secs_f64());
+        serde_json::to_vec(&resp.into_review()).map_err(|e| ReviewError::Malformed(e.to_string()))
     }
 
-    /// Whether the webhook can serve: config loaded and the target answers.
-    pub async fn ready(&self) -> bool {
-        true
+    async fn answer(
+        &self,
+        req: &AdmissionRequest<DynamicObject>,
+    ) -> (AdmissionResponse, &'static str) {
+        let allow = AdmissionResponse::from(req);
+        let is_pod = req.kind.group.is_empty() && req.kind.kind == "Pod";
+        if !is_pod || !matches!(req.operation, Operation::Create | Operation::Update) {
+            return (allow, "skipped");
+        }
+        let Some(obj) = &req.object else {
+            return (allow, "skipped");
+        };
+        let pod = match serde_json::to_value(obj) {
+            Ok(v) => v,
+            Err(e) => {
+                warn!(uid = %req.uid, error = %e, "Pod object unreadable; allowed unchanged");
+                return (allow, "unchanged");
+            }
+        };
+        let deadline = Instant::now() + self.budget;
+        let slots = pod::slots(pod.get("spec").unwrap_or(&serde_json::Value::Null));
+        let outcomes = self.decide_slots(&pod, &slots, deadline).await;
+
+        let mut rewrites = Vec::new();
+        let mut decisions = BTreeMap::new();
+        let mut errors = Vec::new();
+        for (slot, outcome) in slots.iter().zip(outcomes) {
+            let note = match outcome {
+                Outcome::Rewrite(image, why) => {
+                    let note = format!("rewritten: {why}");
+                    rewrites.push((slot, image));
+                    note
+                }
+                Outcome::Keep(why) => format!("unchanged: {why}"),
+                Outcome::Error(why) => {
+                    errors.push(format!("{}: {why}", slot.image));
+                    format!("unchanged (error): {why}")
+                }
+            };
+            decisions.insert(slot.key(), note);
+        }
+        let name = pod
+            .pointer("/metadata/name")
+            .or_else(|| pod.pointer("/metadata/generateName"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        if !errors.is_empty() && self.failure == FailurePolicy::Closed {
+            let msg = format!("pinswap (failurePolicy closed): {}", errors.join("; "));
+            warn!(uid = %req.uid, pod = name, "{msg}");
+            return (allow.deny(msg), "denied");
+        }
+        let outcome = if rewrites.is_empty() {
+            "unchanged"
+        } else {
+            "rewritten"
+        };
+        self.metrics.rewrites.inc_by(rewrites.len() as u64);
+        info!(uid = %req.uid, namespace = ?req.namespace, pod = name, rewritten = rewrites.len(), slots = slots.len(), "admitted");
+        let patch = pod::patch(&pod, &["spec"], &rewrites, &decisions);
+        match allow.clone().with_patch(patch) {
+            Ok(r) => (r, outcome),
+            Err(e) => {
+                warn!(uid = %req.uid, error = %e, "patch not serialisable; allowed unchanged");
+                (allow, "unchanged")
+            }
+        }
+    }
+
+    /// One outcome per slot. Each distinct image is decided once.
+    async fn decide_slots(
+        &self,
+        pod: &serde_json::Value,
+        slots: &[pod::Slot],
+        deadline: Instant,
+    ) -> Vec<Outcome> {
+        let mut pending: HashMap<String, Reference> = HashMap::new();
+        let mut first: Vec<Option<Outcome>> = Vec::with_capacity(slots.len());
+        for slot in slots {
+            match self.policy.check(pod, slot) {
+                Ok(reference) => {
+                    pending.insert(slot.image.clone(), reference);
+                    first.push(None);
+                }
+                Err(Skip::Keep(why)) => first.push(Some(Outcome::Keep(why))),
+                Err(Skip::Error(why)) => first.push(Some(Outcome::Error(why))),
+            }
+        }
+        let decided: HashMap<String, Result<crate::mirror::Decision, String>> =
+            futures::future::join_all(pending.into_iter().map(|(image, reference)| async move {
+                let r = tokio::time::timeout_at(
+                    deadline.into(),
+                    self.mirror.decide(&reference, deadline),
+                )
+                .await;
+                let r = match r {
+                    Ok(Ok(d)) => Ok(d),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!(
+                        "admission budget of {} exhausted",
+                        humantime::format_duration(self.budget)
+                    )),
+                };
+                debug!(image, ?r, "decided");
+                (image, r)
+            }))
+            .await
+            .into_iter()
+            .collect();
+        slots
+            .iter()
+            .zip(first)
+            .map(|(slot, early)| match early {
+                Some(o) => o,
+                None => match &decided[&slot.image] {
+                    Ok(d) => match &d.image {
+                        Some(new) if *new != slot.image => {
+                            Outcome::Rewrite(new.clone(), d.reason.clone())
+                        }
+                        Some(_) => Outcome::Keep("already the mirrored image".into()),
+                        None => Outcome::Keep(d.reason.clone()),
+                    },
+                    Err(e) => Outcome::Error(e.clone()),
+                },
+            })
+            .collect()
     }
 }

@@ -71,6 +71,14 @@ impl Credentials {
         }
     }
 
+    /// Credentials from parts (config files, env).
+    pub fn new(username: impl Into<String>, password: impl Into<String>) -> Self {
+        Self {
+            username: username.into(),
+            password: password.into(),
+        }
+    }
+
     /// The credentials as oci-client's basic auth.
     pub fn to_auth(&self) -> RegistryAuth {
         RegistryAuth::Basic(self.username.clone(), self.password.clone())

@@ -51,6 +51,9 @@ pub struct PoolOptions {
     pub source_creds: Option<Credentials>,
     /// Credentials used only for the target side.
     pub target_creds: Option<Credentials>,
+    /// Credentials for one registry on one side (from the webhook config),
+    /// used when no side-wide credentials are given.
+    pub per_registry: HashMap<(String, Role), Credentials>,
     /// Authfile and Docker config lookup.
     pub sources: CredentialSources,
     /// Blobs above this many bytes use chunked upload; `None` for the default.
@@ -225,6 +228,8 @@ impl ClientPool {
             Role::Source => self.opts.source_creds.as_ref(),
             Role::Target => self.opts.target_creds.as_ref(),
         };
+        let explicit =
+            explicit.or_else(|| self.opts.per_registry.get(&(registry.to_owned(), role)));
         let auth = match explicit {
             Some(c) => c.to_auth(),
             None => {

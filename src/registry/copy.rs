@@ -323,29 +323,13 @@ impl Copier {
         })
     }
 
-    /// Copies `src` to `dst`.
-    ///
-    /// A layout destination without a name takes the source's tag as its
-    /// `ref.name`. A registry destination pinned by digest must name the
-    /// source's digest.
-    ///
-    /// # Errors
-    /// [`CopyError::Registry`] for registry and layout failures (each names
-    /// the registry, reference, status and code), [`CopyError::Blob`] when a
-    /// blob's bytes are wrong, [`CopyError::DestinationDigest`]. On error no
-    /// top manifest has been pushed.
-    pub async fn copy(
+    /// The source's manifest digest, and its `index.json` descriptor for a
+    /// layout.
+    async fn resolve_source(
         &self,
-        src: &Endpoint,
-        dst: &Endpoint,
-    ) -> std::result::Result<CopyReport, CopyError> {
-        let start = Instant::now();
-        let s = self.side(src, Role::Source).await?;
-        let d = self.side(dst, Role::Target).await?;
-        let stats = Stats::default();
-
-        // Resolve the source to a manifest digest.
-        let (src_digest, src_desc) = match &s {
+        s: &Side,
+    ) -> std::result::Result<(crate::reference::Digest, Option<Descriptor>), CopyError> {
+        Ok(match s {
             Side::Registry { client, reference } => match reference.digest() {
                 Some(d) => (d.clone(), None),
                 None => match client.manifest_digest(reference).await? {
@@ -368,7 +352,63 @@ impl Copier {
                 })?;
                 (d, Some(desc))
             }
+        })
+    }
+
+    /// The digest a copy of `src` has at its destination: the source's
+    /// manifest digest, or, when `platforms` filters an index, the digest of
+    /// the filtered index (computed, nothing pushed).
+    ///
+    /// # Errors
+    /// As [`Copier::copy`] for reading the source.
+    pub async fn planned_digest(
+        &self,
+        src: &Endpoint,
+    ) -> std::result::Result<crate::reference::Digest, CopyError> {
+        let s = self.side(src, Role::Source).await?;
+        let (digest, desc) = self.resolve_source(&s).await?;
+        if self.opts.platforms.is_empty() {
+            return Ok(digest);
+        }
+        let manifest = self.source_manifest(&s, &digest, desc.as_ref()).await?;
+        let ManifestKind::Index { manifests } = &manifest.kind else {
+            return Ok(digest);
         };
+        let (bytes, kept) =
+            filter_index(&manifest, &self.opts.platforms).map_err(|e| RegistryError::Manifest {
+                registry: side_registry(&s),
+                reference: s.describe(),
+                reason: e.to_string(),
+            })?;
+        Ok(if kept.len() == manifests.len() {
+            digest
+        } else {
+            sha256_digest(&bytes)
+        })
+    }
+
+    /// Copies `src` to `dst`.
+    ///
+    /// A layout destination without a name takes the source's tag as its
+    /// `ref.name`. A registry destination pinned by digest must name the
+    /// source's digest.
+    ///
+    /// # Errors
+    /// [`CopyError::Registry`] for registry and layout failures (each names
+    /// the registry, reference, status and code), [`CopyError::Blob`] when a
+    /// blob's bytes are wrong, [`CopyError::DestinationDigest`]. On error no
+    /// top manifest has been pushed.
+    pub async fn copy(
+        &self,
+        src: &Endpoint,
+        dst: &Endpoint,
+    ) -> std::result::Result<CopyReport, CopyError> {
+        let start = Instant::now();
+        let s = self.side(src, Role::Source).await?;
+        let d = self.side(dst, Role::Target).await?;
+        let stats = Stats::default();
+
+        let (src_digest, src_desc) = self.resolve_source(&s).await?;
 
         let report = |digest: String,
                       media_type: Option<String>,

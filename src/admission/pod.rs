@@ -1,0 +1,214 @@
+//! A Pod's image slots and the JSONPatch that rewrites them. Works on the
+//! Pod as JSON, so fields this version of k8s-openapi does not know survive
+//! untouched (the API server applies our patch to its own object).
+
+use std::collections::BTreeMap;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
+use serde_json::Value;
+
+/// Annotation: JSON map of slot → original image, for rewritten slots.
+pub const ORIGINAL_IMAGES: &str = "pinswap.dev/original-images";
+/// Annotation: JSON map of slot → why it was or was not rewritten.
+pub const DECISIONS: &str = "pinswap.dev/decisions";
+
+/// The container lists that hold images, in Pod spec order.
+pub const SLOT_KINDS: [&str; 3] = ["initContainers", "containers", "ephemeralContainers"];
+
+/// One container image in a Pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// `containers`, `initContainers` or `ephemeralContainers`.
+    pub kind: &'static str,
+    /// Index in that list.
+    pub index: usize,
+    /// The container's name.
+    pub name: String,
+    /// The image as written in the Pod.
+    pub image: String,
+    /// The container object, for filters.
+    pub container: Value,
+}
+
+impl Slot {
+    /// `kind/name`, the key used in the annotations.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.kind, self.name)
+    }
+}
+
+/// Every image slot of a Pod (or pod template) `spec`, in order. Containers
+/// without an `image` string are skipped.
+pub fn slots(spec: &Value) -> Vec<Slot> {
+    let mut out = Vec::new();
+    for kind in SLOT_KINDS {
+        let Some(list) = spec.get(kind).and_then(Value::as_array) else {
+            continue;
+        };
+        for (index, c) in list.iter().enumerate() {
+            if let Some(image) = c.get("image").and_then(Value::as_str) {
+                out.push(Slot {
+                    kind,
+                    index,
+                    name: c
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                    image: image.to_owned(),
+                    container: c.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The JSONPatch for a Pod at `spec_path` (e.g. `["spec"]`): a `replace` per
+/// rewritten slot, and the two annotations merged with any earlier ones (a
+/// reinvoked webhook keeps the first invocation's originals).
+///
+/// `rewrites` maps slot → new image; `decisions` maps slot key → reason.
+pub fn patch(
+    pod: &Value,
+    spec_path: &[&str],
+    rewrites: &[(&Slot, String)],
+    decisions: &BTreeMap<String, String>,
+) -> Patch {
+    let mut ops = Vec::new();
+    for (slot, image) in rewrites {
+        let mut tokens: Vec<String> = spec_path.iter().map(|s| s.to_string()).collect();
+        tokens.extend([slot.kind.to_owned(), slot.index.to_string(), "image".into()]);
+        ops.push(PatchOperation::Replace(ReplaceOperation {
+            path: PointerBuf::from_tokens(tokens),
+            value: Value::String(image.clone()),
+        }));
+    }
+    let existing = pod.pointer("/metadata/annotations");
+    let read = |key: &str| -> BTreeMap<String, String> {
+        existing
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_str)
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_default()
+    };
+    let mut originals = read(ORIGINAL_IMAGES);
+    for (slot, _) in rewrites {
+        originals
+            .entry(slot.key())
+            .or_insert_with(|| slot.image.clone());
+    }
+    let mut all_decisions = read(DECISIONS);
+    all_decisions.extend(decisions.clone());
+    let mut notes = vec![(DECISIONS, all_decisions)];
+    if !originals.is_empty() {
+        notes.push((ORIGINAL_IMAGES, originals));
+    }
+    let encode = |m: &BTreeMap<String, String>| {
+        Value::String(serde_json::to_string(m).expect("a map of strings serialises"))
+    };
+    if existing.is_some_and(Value::is_object) {
+        for (key, map) in notes {
+            ops.push(PatchOperation::Add(AddOperation {
+                path: PointerBuf::from_tokens(["metadata", "annotations", key]),
+                value: encode(&map),
+            }));
+        }
+    } else {
+        let obj: serde_json::Map<String, Value> = notes
+            .into_iter()
+            .map(|(k, m)| (k.to_owned(), encode(&m)))
+            .collect();
+        if pod.get("metadata").is_none() {
+            ops.push(PatchOperation::Add(AddOperation {
+                path: PointerBuf::from_tokens(["metadata"]),
+                value: serde_json::json!({}),
+            }));
+        }
+        ops.push(PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(["metadata", "annotations"]),
+            value: Value::Object(obj),
+        }));
+    }
+    Patch(ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod() -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {
+                "initContainers": [{"name": "init", "image": "busybox:1.36"}],
+                "containers": [{"name": "web", "image": "nginx:1.25"}, {"name": "side", "image": "nginx:1.25"}],
+                "ephemeralContainers": [{"name": "debug", "image": "alpine"}]
+            }
+        })
+    }
+
+    #[test]
+    fn slots_in_order() {
+        let p = pod();
+        let s = slots(&p["spec"]);
+        let keys: Vec<String> = s.iter().map(Slot::key).collect();
+        assert_eq!(
+            keys,
+            [
+                "initContainers/init",
+                "containers/web",
+                "containers/side",
+                "ephemeralContainers/debug"
+            ]
+        );
+        assert_eq!(s[2].index, 1);
+    }
+
+    #[test]
+    fn patch_applies_and_merges_annotations() {
+        let mut p = pod();
+        let s = slots(&p["spec"]);
+        let mut decisions = BTreeMap::new();
+        decisions.insert(s[1].key(), "rewritten".to_owned());
+        let ops = patch(
+            &p,
+            &["spec"],
+            &[(&s[1], "m/x:1@sha256:aa".into())],
+            &decisions,
+        );
+        json_patch::patch(&mut p, &ops).unwrap();
+        assert_eq!(p["spec"]["containers"][0]["image"], "m/x:1@sha256:aa");
+        assert_eq!(p["spec"]["containers"][1]["image"], "nginx:1.25");
+        let orig: BTreeMap<String, String> = serde_json::from_str(
+            p["metadata"]["annotations"][ORIGINAL_IMAGES]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(orig["containers/web"], "nginx:1.25");
+
+        // Reinvocation: the rewritten image is now the target's; the first
+        // original stays, a new rewrite is added.
+        let s = slots(&p["spec"]);
+        let mut d2 = BTreeMap::new();
+        d2.insert(s[2].key(), "rewritten".to_owned());
+        let ops = patch(&p, &["spec"], &[(&s[2], "m/x:1@sha256:aa".into())], &d2);
+        json_patch::patch(&mut p, &ops).unwrap();
+        let orig: BTreeMap<String, String> = serde_json::from_str(
+            p["metadata"]["annotations"][ORIGINAL_IMAGES]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(orig["containers/web"], "nginx:1.25");
+        assert_eq!(orig["containers/side"], "nginx:1.25");
+        let dec: BTreeMap<String, String> =
+            serde_json::from_str(p["metadata"]["annotations"][DECISIONS].as_str().unwrap())
+                .unwrap();
+        assert_eq!(dec.len(), 2);
+    }
+}

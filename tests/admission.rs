@@ -1,0 +1,372 @@
+//! Admission against real registries: AdmissionReview fixtures from
+//! `tests/data/admission/` go through `Admission::review`, the returned
+//! JSONPatch is applied to the Pod with json-patch, and the Pod and the
+//! target registry are checked field by field.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::fixtures::Image;
+use common::{TestRegistry, push_image};
+use pinswap::admission::Admission;
+use pinswap::config::Config;
+use pinswap::metrics::Metrics;
+use serde_json::Value;
+
+fn fixture(name: &str, vars: &[(&str, &str)]) -> bytes::Bytes {
+    let path = format!("{}/tests/data/admission/{name}", env!("CARGO_MANIFEST_DIR"));
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    for (k, v) in vars {
+        text = text.replace(&format!("{{{{{k}}}}}"), v);
+    }
+    bytes::Bytes::from(text)
+}
+
+fn config(src: &str, target: &str, extra: &str) -> Config {
+    let yaml = format!(
+        "target: {{registry: \"{target}/mirror\"}}\nsource:\n  registries: [{{registry: \"{src}\"}}]\n  filters: [{{jmespath: \"container.env[?name=='PINSWAP_SKIP'] | [0].value == 'true'\"}}]\n{extra}"
+    );
+    Config::from_yaml(&yaml, "test.yaml").unwrap()
+}
+
+struct Answer {
+    response: Value,
+    pod: Value,
+    original: Value,
+}
+
+impl Answer {
+    fn allowed(&self) -> bool {
+        self.response["allowed"] == true
+    }
+    fn image(&self, kind: &str, i: usize) -> &str {
+        self.pod["spec"][kind][i]["image"].as_str().unwrap()
+    }
+    fn annotation(&self, key: &str) -> BTreeMap<String, String> {
+        self.pod["metadata"]["annotations"][key]
+            .as_str()
+            .map(|s| serde_json::from_str(s).unwrap())
+            .unwrap_or_default()
+    }
+}
+
+/// Reviews `body` and applies the patch to the request's Pod.
+async fn review(adm: &Admission, body: bytes::Bytes) -> Answer {
+    let request: Value = serde_json::from_slice(&body).unwrap();
+    let out = adm.review(body).await.expect("a review");
+    let review: Value = serde_json::from_slice(&out).unwrap();
+    let response = review["response"].clone();
+    assert_eq!(response["uid"], request["request"]["uid"]);
+    assert_eq!(
+        review["apiVersion"], request["apiVersion"],
+        "answers in the request's version"
+    );
+    let original = request["request"]["object"].clone();
+    let mut pod = original.clone();
+    // kube-core sends the patch bytes as a JSON array of numbers, which the
+    // API server's Go decoder accepts as []byte like a base64 string.
+    let patch_bytes: Option<Vec<u8>> = match &response["patch"] {
+        Value::String(p) => {
+            use base64::Engine as _;
+            Some(base64::engine::general_purpose::STANDARD.decode(p).unwrap())
+        }
+        Value::Array(a) => Some(a.iter().map(|n| n.as_u64().unwrap() as u8).collect()),
+        _ => None,
+    };
+    if let Some(bytes) = patch_bytes {
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+        for op in &patch.0 {
+            if let json_patch::PatchOperation::Replace(r) = op {
+                assert!(
+                    r.path.to_string().ends_with("/image"),
+                    "only image replaces: {op:?}"
+                );
+            }
+        }
+        json_patch::patch(&mut pod, &patch).unwrap();
+        assert_eq!(response["patchType"], "JSONPatch");
+    }
+    Answer {
+        response,
+        pod,
+        original,
+    }
+}
+
+struct Rig {
+    src: TestRegistry,
+    dst: TestRegistry,
+    app: Image,
+    debug: Image,
+}
+
+async fn rig() -> Rig {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let app = Image::oci(2, 301);
+    push_image(&src, "shop/app", Some("v1"), &app).await;
+    let debug = Image::oci(1, 302);
+    push_image(&src, "shop/debug", Some("v1"), &debug).await;
+    push_image(&src, "shop/sidecar", Some("v1"), &Image::oci(1, 303)).await;
+    Rig {
+        src,
+        dst,
+        app,
+        debug,
+    }
+}
+
+impl Rig {
+    fn vars(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("SRC", self.src.host()),
+            ("TARGET", self.dst.host()),
+            ("SRC_COMPONENT", format!("127.0.0.1_{}", self.src.port())),
+            ("APP_DIGEST", self.app.digest.clone()),
+        ]
+    }
+    fn body(&self, name: &str) -> bytes::Bytes {
+        let v = self.vars();
+        let vars: Vec<(&str, &str)> = v.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        fixture(name, &vars)
+    }
+    fn admission(&self, extra: &str) -> (Admission, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        let c = config(&self.src.host(), &self.dst.host(), extra);
+        (
+            Admission::from_config(&c, metrics.clone()).unwrap(),
+            metrics,
+        )
+    }
+    fn mirrored(&self, repo: &str) -> String {
+        format!(
+            "{}/mirror/127.0.0.1_{}/{repo}",
+            self.dst.host(),
+            self.src.port()
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_slot_kind_and_reference_form() {
+    common::init();
+    let r = rig().await;
+    let (adm, metrics) = r.admission("copyPolicy: immediate\n");
+    let a = review(&adm, r.body("pod-all-slots.json")).await;
+    assert!(a.allowed(), "{}", a.response);
+    let app = r.mirrored("shop/app");
+    let pinned = format!("{app}:v1@{}", r.app.digest);
+    // Tag: pinned to the digest, tag kept.
+    assert_eq!(a.image("initContainers", 0), pinned);
+    assert_eq!(a.image("containers", 0), pinned);
+    // Digest-only stays digest-only.
+    assert_eq!(a.image("containers", 1), format!("{app}@{}", r.app.digest));
+    // Tag + digest.
+    assert_eq!(a.image("containers", 2), pinned);
+    // Already under the target, outside the allowlist, filtered: untouched.
+    for i in 3..6 {
+        assert_eq!(
+            a.image("containers", i),
+            a.original["spec"]["containers"][i]["image"]
+        );
+    }
+    let debug = r.mirrored("shop/debug");
+    assert!(
+        a.image("ephemeralContainers", 0)
+            .starts_with(&format!("{debug}:v1@sha256:"))
+    );
+
+    let original = a.annotation("pinswap.dev/original-images");
+    assert_eq!(
+        original["containers/web"],
+        format!("{}/shop/app:v1", r.src.host())
+    );
+    assert_eq!(original.len(), 5, "{original:?}");
+    let decisions = a.annotation("pinswap.dev/decisions");
+    assert_eq!(decisions.len(), 8, "every slot explained: {decisions:?}");
+    assert!(decisions["containers/mirrored"].contains("already under the target"));
+    assert!(decisions["containers/elsewhere"].contains("not in source.registries"));
+    assert!(decisions["containers/skipped"].contains("filter"));
+    assert!(decisions["containers/web"].starts_with("rewritten"));
+
+    // The target serves the copies by digest, byte for byte.
+    let repo = format!("mirror/127.0.0.1_{}/shop/app", r.src.port());
+    let (bytes, _, digest) = r.dst.get_manifest(&repo, &r.app.digest).await.unwrap();
+    assert_eq!(digest, r.app.digest);
+    assert!(bytes == r.app.manifest);
+    assert_eq!(
+        r.dst.head_manifest(&repo, "v1").await.as_deref(),
+        Some(r.app.digest.as_str())
+    );
+    // The digest-only slot got an anchor tag, not sha256-<hex>.
+    let tags = r.dst.tags(&repo).await;
+    assert!(
+        tags.contains(&format!(
+            "pinswap-{}",
+            r.app.digest.trim_start_matches("sha256:")
+        )),
+        "{tags:?}"
+    );
+    assert!(!tags.iter().any(|t| t.starts_with("sha256-")));
+    // One image in five slots is streamed once: app (tagged), app's anchor
+    // tag (a manifest push, blobs already there) and debug; bytes counted
+    // once each.
+    let text = metrics.encode();
+    assert!(text.contains("pinswap_copies_started_total 3"), "{text}");
+    let bytes: u64 = r.app.blobs().chain(r.debug.blobs()).map(|b| b.size()).sum();
+    assert!(
+        text.contains(&format!("pinswap_copy_bytes_total {bytes}")),
+        "{text}"
+    );
+    assert!(text.contains("pinswap_rewrites_total 5"));
+    assert!(text.contains("pinswap_admissions_total{outcome=\"rewritten\"} 1"));
+
+    // Reinvocation: nothing left to do, and the originals stay.
+    let again_body = {
+        let mut v: Value = serde_json::from_slice(&r.body("pod-all-slots.json")).unwrap();
+        v["request"]["object"] = a.pod.clone();
+        bytes::Bytes::from(serde_json::to_vec(&v).unwrap())
+    };
+    let b = review(&adm, again_body).await;
+    assert_eq!(b.pod["spec"], a.pod["spec"], "idempotent");
+    assert_eq!(b.annotation("pinswap.dev/original-images"), original);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swap_and_copy_policy_matrix() {
+    common::init();
+    let r = rig().await;
+    let app = r.mirrored("shop/app");
+    let pinned = format!("{app}:v1@{}", r.app.digest);
+    let repo = format!("mirror/127.0.0.1_{}/shop/app", r.src.port());
+    for (swap, copy, rewritten, copied_now) in [
+        ("exists", "none", false, false),
+        ("always", "none", true, false),
+        ("exists", "delayed", false, false),
+        ("always", "delayed", true, false),
+        ("exists", "immediate", true, true),
+        ("always", "immediate", true, true),
+        ("exists", "force", true, true),
+        ("always", "force", true, true),
+    ] {
+        // A fresh target per combination.
+        let dst = TestRegistry::plain().await;
+        let metrics = Arc::new(Metrics::new());
+        let c = config(
+            &r.src.host(),
+            &dst.host(),
+            &format!("swapPolicy: {swap}\ncopyPolicy: {copy}\n"),
+        );
+        let adm = Admission::from_config(&c, metrics.clone()).unwrap();
+        let a = review(&adm, r.body("pod-v1beta1.json")).await;
+        let got = a.image("containers", 0);
+        let want_image = pinned.replace(&r.dst.host(), &dst.host());
+        assert_eq!(got == want_image, rewritten, "{swap}/{copy}: got {got}");
+        let present = dst.head_manifest(&repo, &r.app.digest).await.is_some();
+        if copied_now {
+            assert!(present, "{swap}/{copy}: copied before the answer");
+        }
+        if copy == "delayed" {
+            // The background copy lands shortly after.
+            let t = Instant::now();
+            while dst.head_manifest(&repo, &r.app.digest).await.is_none() {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "{swap}/{copy}: no background copy"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // Now it exists, so even swapPolicy exists rewrites.
+            let b = review(&adm, r.body("pod-v1beta1.json")).await;
+            assert_eq!(
+                b.image("containers", 0),
+                want_image,
+                "{swap}/{copy}: after the copy"
+            );
+        }
+        if copy == "none" {
+            assert!(!present, "{swap}/{copy}: nothing copied");
+        }
+        // The v1beta1 Pod kept its own annotation next to ours.
+        assert_eq!(a.pod["metadata"]["annotations"]["team"], "core");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_down_admits_unchanged_within_the_budget() {
+    common::init();
+    let mut r = rig().await;
+    r.src.kill();
+    for copy in ["none", "delayed", "immediate", "force"] {
+        let (adm, _) = r.admission(&format!(
+            "copyPolicy: {copy}\nserver: {{admissionBudget: 1s}}\n"
+        ));
+        let start = Instant::now();
+        let a = review(&adm, r.body("pod-v1beta1.json")).await;
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{copy}: took {:?}",
+            start.elapsed()
+        );
+        assert!(a.allowed(), "fail open");
+        assert_eq!(
+            a.image("containers", 0),
+            a.original["spec"]["containers"][0]["image"]
+        );
+        let d = a.annotation("pinswap.dev/decisions");
+        assert!(
+            d["containers/app"].starts_with("unchanged (error)"),
+            "{d:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_policy_closed_denies_naming_the_image() {
+    common::init();
+    let r = rig().await;
+    let (adm, metrics) = r.admission("failurePolicy: closed\n");
+    let body = String::from_utf8(r.body("pod-v1beta1.json").to_vec())
+        .unwrap()
+        .replace("shop/app:v1", "shop/missing:v9");
+    let a = review(&adm, body.into()).await;
+    assert_eq!(a.response["allowed"], false);
+    let msg = a.response["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("{}/shop/missing:v9", r.src.host())),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("MANIFEST_UNKNOWN") || msg.contains("NAME_UNKNOWN"),
+        "{msg}"
+    );
+    assert!(metrics.encode().contains("outcome=\"denied\"} 1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_kinds_and_malformed_bodies() {
+    common::init();
+    let r = rig().await;
+    let (adm, _) = r.admission("");
+    let a = review(&adm, r.body("configmap-create.json")).await;
+    assert!(a.allowed());
+    assert!(
+        a.response.get("patch").is_none(),
+        "a ConfigMap is not patched"
+    );
+    for bad in [
+        &b"not json"[..],
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
+    ] {
+        let e = adm
+            .review(bytes::Bytes::from_static(bad))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().starts_with("malformed AdmissionReview: "),
+            "{e}"
+        );
+    }
+}
