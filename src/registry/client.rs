@@ -547,7 +547,7 @@ impl Registry {
 
     /// Uploads `stream` as blob `desc` into `r`'s repository: one streamed
     /// PUT up to the chunked threshold, else streamed PATCH chunks of that
-    /// size and a closing PUT ([`super::upload`]). The registry verifies the
+    /// size and a closing PUT (see `upload.rs`). The registry verifies the
     /// digest on the closing PUT; a stream error aborts the upload before it,
     /// so nothing is committed.
     ///

@@ -1,0 +1,424 @@
+//! `pinswap serve`: the routers in-process, then the real HTTPS server with a
+//! certificate rotated under it and a graceful shutdown.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use pinswap::admission::Admission;
+use pinswap::config::Config;
+use pinswap::metrics::Metrics;
+use pinswap::mirror::Mirror;
+use pinswap::server::{self, ServerError, ServerOptions};
+use serde_json::Value;
+use tower::ServiceExt;
+
+const POD_CREATE: &str = include_str!("data/admission/pod-create.json");
+const POD_CREATE_UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
+
+/// An [`Admission`] built from `yaml`, with the metrics it and the routers
+/// share.
+fn admission_from(yaml: &str) -> (Arc<Admission>, Arc<Metrics>) {
+    let config = Config::from_yaml(yaml, "test.yaml").unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let mirror = Arc::new(Mirror::from_config(&config, metrics.clone()).unwrap());
+    let admission = Admission::new(&config, mirror, metrics.clone()).unwrap();
+    (Arc::new(admission), metrics)
+}
+
+/// An [`Admission`] mirroring into `target` that allows only a source no
+/// fixture uses, so reviews never reach the network.
+fn admission_for(target: &str) -> (Arc<Admission>, Arc<Metrics>) {
+    admission_from(&format!(
+        "target: {{registry: \"{target}\", insecure: true}}\n\
+         source: {{registries: [{{registry: \"registry.invalid\"}}]}}\n"
+    ))
+}
+
+/// An in-process registry that only answers `GET /v2/`: enough for
+/// `/readyz`. Returns its `host:port`.
+async fn fake_target() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().route("/v2/", axum::routing::get(|| async { "{}" }));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr.to_string()
+}
+
+/// An [`Admission`] whose target is down.
+fn offline_admission() -> (Arc<Admission>, Arc<Metrics>) {
+    admission_for(&format!("127.0.0.1:{}", common::registry::free_port()))
+}
+
+/// Sends one request through `router`: (status, content type, body).
+async fn call(
+    router: &Router,
+    method: Method,
+    uri: &str,
+    body: Body,
+) -> (StatusCode, String, String) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        content_type,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+fn response_uid(review: &str) -> String {
+    let review: Value = serde_json::from_str(review).expect("response is JSON");
+    assert_eq!(review["kind"], "AdmissionReview", "{review}");
+    review["response"]["uid"]
+        .as_str()
+        .expect("response.uid")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn mutate_answers_a_review_with_its_uid_and_observes_it_once() {
+    let (admission, metrics) = offline_admission();
+    let router = server::webhook_router(admission.clone(), metrics.clone());
+    let (status, content_type, body) =
+        call(&router, Method::POST, "/mutate", Body::from(POD_CREATE)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(content_type, "application/json");
+    assert_eq!(response_uid(&body), POD_CREATE_UID);
+    let text = metrics.encode();
+    assert!(
+        text.contains("pinswap_admission_duration_seconds_count 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn mutate_refuses_a_body_over_4_mib() {
+    let (admission, metrics) = offline_admission();
+    let router = server::webhook_router(admission, metrics.clone());
+    let body = Body::from(vec![b' '; 5 * 1024 * 1024]);
+    let (status, _, _) = call(&router, Method::POST, "/mutate", body).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let text = metrics.encode();
+    assert!(
+        text.contains("pinswap_admissions_total{outcome=\"invalid\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn mutate_refuses_what_is_not_a_review_and_counts_it() {
+    let (admission, metrics) = offline_admission();
+    let router = server::webhook_router(admission.clone(), metrics.clone());
+    for body in [r#"{"not":"a review"}"#, "not json"] {
+        let (status, _, message) = call(&router, Method::POST, "/mutate", Body::from(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        let parse_error = message.strip_prefix("malformed AdmissionReview: ");
+        assert!(
+            parse_error.is_some_and(|e| !e.is_empty()),
+            "{body} → {message}"
+        );
+    }
+    let (status, _, _) = call(&router, Method::GET, "/mutate", Body::empty()).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    let (status, _, _) = call(&router, Method::POST, "/validate", Body::from(POD_CREATE)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let health = server::health_router(admission, metrics);
+    let (status, content_type, text) = call(&health, Method::GET, "/metrics", Body::empty()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(content_type, server::OPENMETRICS_CONTENT_TYPE);
+    assert!(
+        text.contains("pinswap_admissions_total{outcome=\"invalid\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pinswap_admission_duration_seconds_count 2"),
+        "{text}"
+    );
+    assert!(text.ends_with("# EOF\n"), "{text}");
+}
+
+#[tokio::test]
+async fn health_and_readiness_follow_the_target() {
+    let (admission, metrics) = admission_for(&fake_target().await);
+    let up = server::health_router(admission, metrics);
+    let (status, _, body) = call(&up, Method::GET, "/healthz", Body::empty()).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+    let (status, _, body) = call(&up, Method::GET, "/readyz", Body::empty()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    let (admission, metrics) = offline_admission();
+    let down = server::health_router(admission, metrics);
+    let (status, _, _) = call(&down, Method::GET, "/healthz", Body::empty()).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "liveness does not depend on the target"
+    );
+    let (status, _, _) = call(&down, Method::GET, "/readyz", Body::empty()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// Writes `ca.crt`, and `tls.crt`/`tls.key` for 127.0.0.1 signed by it, into
+/// `dir`, replacing the files in place as cert-manager does.
+fn write_ca_and_cert(dir: &Path, name: &str) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("{name} CA"));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+
+    let key = KeyPair::generate().unwrap();
+    let mut leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    leaf.distinguished_name
+        .push(DnType::CommonName, format!("{name} webhook"));
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = leaf.signed_by(&key, &issuer).unwrap();
+
+    std::fs::write(dir.join(format!("{name}-ca.crt")), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
+}
+
+/// `serve` running on free loopback ports with `dir/tls.{crt,key}`.
+struct Running {
+    mutate_url: String,
+    healthz_url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), ServerError>>,
+}
+
+impl Running {
+    async fn start(dir: &Path, (admission, metrics): (Arc<Admission>, Arc<Metrics>)) -> Self {
+        common::init();
+        let opts = ServerOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], common::registry::free_port())),
+            health_listen: SocketAddr::from(([127, 0, 0, 1], common::registry::free_port())),
+            reload_interval: Duration::from_millis(100),
+            ..ServerOptions::new(dir.join("tls.crt"), dir.join("tls.key"))
+        };
+        let mutate_url = format!("https://{}/mutate", opts.listen);
+        let healthz_url = format!("http://{}/healthz", opts.health_listen);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server::serve(opts, admission, metrics, async move {
+            let _ = stopped.await;
+        }));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !Self::healthy(&healthz_url).await {
+            assert!(Instant::now() < deadline, "health server never came up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Self {
+            mutate_url,
+            healthz_url,
+            stop,
+            task,
+        }
+    }
+
+    async fn healthy(url: &str) -> bool {
+        let client = common::registry::http_client(None);
+        client.get(url).send().await.is_ok()
+    }
+
+    /// Resolves the shutdown future; returns the sender's instant.
+    fn shut_down(self) -> (Instant, tokio::task::JoinHandle<Result<(), ServerError>>) {
+        self.stop.send(()).unwrap();
+        (Instant::now(), self.task)
+    }
+}
+
+/// POSTs `review` to `url` with a fresh client trusting only `ca`.
+async fn post_review(url: &str, ca: &Path, review: &str) -> reqwest::Result<reqwest::Response> {
+    common::registry::http_client(Some(ca))
+        .post(url)
+        .header("content-type", "application/json")
+        .body(review.to_owned())
+        .send()
+        .await
+}
+
+/// Waits for `serve` to return after shutdown; asserts it did within 5 s
+/// and with `Ok`.
+async fn assert_stops(sent: Instant, task: tokio::task::JoinHandle<Result<(), ServerError>>) {
+    let result = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("serve returned within 5 s of shutdown")
+        .unwrap();
+    assert!(result.is_ok(), "{result:?}");
+    eprintln!("serve returned {:?} after shutdown", sent.elapsed());
+}
+
+#[tokio::test]
+async fn https_webhook_reloads_its_certificate_and_shuts_down() {
+    let dir = tempfile::tempdir().unwrap();
+    write_ca_and_cert(dir.path(), "first");
+    let first_ca = dir.path().join("first-ca.crt");
+    let second_ca = dir.path().join("second-ca.crt");
+    let server = Running::start(dir.path(), offline_admission()).await;
+    let url = server.mutate_url.clone();
+
+    let response = post_review(&url, &first_ca, POD_CREATE)
+        .await
+        .expect("HTTPS with the first CA");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response_uid(&response.text().await.unwrap()),
+        POD_CREATE_UID
+    );
+
+    // A client kept open across the rotation and the shutdown: its pooled
+    // keep-alive connection must not hold the shutdown up.
+    let kept = common::registry::http_client(Some(&first_ca));
+    let response = kept.post(&url).body(POD_CREATE).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+
+    // Rotate: a new key and certificate from a different CA, written over the
+    // old files.
+    write_ca_and_cert(dir.path(), "second");
+    let rotated = Instant::now();
+    loop {
+        match post_review(&url, &second_ca, POD_CREATE).await {
+            Ok(response) => {
+                assert_eq!(response.status(), StatusCode::OK);
+                break;
+            }
+            Err(err) if rotated.elapsed() < Duration::from_secs(5) => {
+                tracing::debug!(%err, "not reloaded yet");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("the new certificate was not served after 5 s: {err}"),
+        }
+    }
+    eprintln!("certificate reloaded after {:?}", rotated.elapsed());
+    let err = post_review(&url, &first_ca, POD_CREATE)
+        .await
+        .expect_err("a new connection must not validate with the old CA");
+    assert!(err.is_connect(), "{err:?}");
+
+    let healthz_url = server.healthz_url.clone();
+    let (sent, task) = server.shut_down();
+    assert_stops(sent, task).await;
+    assert!(
+        !Running::healthy(&healthz_url).await,
+        "health listener closed"
+    );
+    drop(kept);
+}
+
+#[tokio::test]
+async fn shutdown_finishes_the_review_in_flight() {
+    // A source that accepts connections and never answers: the review waits
+    // out its 1.5 s budget, then admits the Pod unchanged (fail open).
+    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let source = black_hole.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = black_hole.accept().await {
+            held.push(stream);
+        }
+    });
+    let target = format!("127.0.0.1:{}", common::registry::free_port());
+    let admission = admission_from(&format!(
+        "target: {{registry: \"{target}\", insecure: true}}\n\
+         source: {{registries: [{{registry: \"{source}\", insecure: true}}]}}\n\
+         server: {{admissionBudget: 1500ms}}\n"
+    ));
+    let review = POD_CREATE.replace("nginx:1.27", &format!("{source}/shop/web:1.0"));
+    let dir = tempfile::tempdir().unwrap();
+    write_ca_and_cert(dir.path(), "only");
+    let server = Running::start(dir.path(), admission).await;
+    let (url, healthz_url) = (server.mutate_url.clone(), server.healthz_url.clone());
+
+    let ca = dir.path().join("only-ca.crt");
+    let started = Instant::now();
+    let in_flight = tokio::spawn(async move { post_review(&url, &ca, &review).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (sent, task) = server.shut_down();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !in_flight.is_finished(),
+        "the review should still be running"
+    );
+    assert!(
+        !Running::healthy(&healthz_url).await,
+        "no new connections while draining"
+    );
+
+    let response = in_flight
+        .await
+        .unwrap()
+        .expect("the review in flight is answered");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response_uid(&response.text().await.unwrap()),
+        POD_CREATE_UID
+    );
+    eprintln!("review in flight answered after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "it waited for its budget"
+    );
+    assert_stops(sent, task).await;
+}
+
+#[tokio::test]
+async fn startup_errors_name_the_address_or_the_files() {
+    common::init();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ServerOptions {
+        listen: SocketAddr::from(([127, 0, 0, 1], common::registry::free_port())),
+        health_listen: SocketAddr::from(([127, 0, 0, 1], common::registry::free_port())),
+        ..ServerOptions::new(dir.path().join("tls.crt"), dir.path().join("tls.key"))
+    };
+    let never = std::future::pending::<()>;
+    let (admission, metrics) = offline_admission();
+
+    let err = server::serve(opts.clone(), admission.clone(), metrics.clone(), never())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ServerError::Tls { .. }), "{err:?}");
+    assert!(err.to_string().contains("tls.crt"), "{err}");
+
+    write_ca_and_cert(dir.path(), "only");
+    let taken = std::net::TcpListener::bind(opts.health_listen).unwrap();
+    let err = server::serve(opts.clone(), admission, metrics, never())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ServerError::Bind { what: "health", .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains(&opts.health_listen.to_string()),
+        "{err}"
+    );
+    drop(taken);
+}
