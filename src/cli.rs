@@ -25,8 +25,9 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Log filter (tracing EnvFilter syntax), e.g. `info`, `pinswap=debug`.
-    #[arg(long, global = true, env = "PINSWAP_LOG", default_value = "warn")]
-    pub log_level: String,
+    /// Default: `info` for `serve` (every decision is logged), `warn` otherwise.
+    #[arg(long, global = true, env = "PINSWAP_LOG")]
+    pub log_level: Option<String>,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -48,6 +49,8 @@ pub enum Command {
     Copy(Box<CopyArgs>),
     /// Run the mutating admission webhook (HTTPS) and its health/metrics server.
     Serve(ServeArgs),
+    /// Rewrite Pods and pod templates in Kubernetes YAML/JSON files, mirroring as configured (GitOps).
+    Mutate(MutateArgs),
     /// Check or print the webhook's YAML config.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -71,6 +74,25 @@ pub struct ServeArgs {
     /// PEM private key (config: server.tlsKey); reloaded when the file changes.
     #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+}
+
+/// `pinswap mutate --config FILE [-f FILE|-] [--dry-run]`.
+#[derive(Debug, Args)]
+pub struct MutateArgs {
+    /// The YAML config, as for `serve`.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: PathBuf,
+    /// Manifests to rewrite (multi-document YAML or JSON); `-` for stdin.
+    #[arg(
+        long = "filename",
+        short = 'f',
+        value_name = "FILE",
+        default_value = "-"
+    )]
+    pub file: PathBuf,
+    /// Resolve and rewrite without checking or copying anything at the target.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `pinswap config ...`.
@@ -264,8 +286,15 @@ pub fn main() -> ExitCode {
 }
 
 fn init_logging(cli: &Cli) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
-        .map_err(|e| Usage(format!("--log-level {:?}: {e}", cli.log_level)))?;
+    let level = cli.log_level.clone().unwrap_or_else(|| {
+        match cli.command {
+            Command::Serve(_) => "info",
+            _ => "warn",
+        }
+        .to_owned()
+    });
+    let filter = tracing_subscriber::EnvFilter::try_new(&level)
+        .map_err(|e| Usage(format!("--log-level {level:?}: {e}")))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
@@ -281,6 +310,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Copy(args) => copy(*args).await,
         Command::Serve(args) => serve(args).await,
+        Command::Mutate(args) => mutate(args).await,
         Command::Config(ConfigCommand::Default) => {
             print!("{}", crate::config::DEFAULT_YAML);
             Ok(ExitCode::SUCCESS)
@@ -501,4 +531,33 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     )
     .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+async fn mutate(args: MutateArgs) -> anyhow::Result<ExitCode> {
+    let config = crate::config::Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
+    let input = if args.file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading manifests from stdin")?
+    } else {
+        std::fs::read_to_string(&args.file)
+            .map_err(|e| Usage(format!("{}: {e}", args.file.display())))?
+    };
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let admission = crate::admission::Admission::from_config(&config, metrics)
+        .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
+    let out = crate::admission::mutate::mutate(&admission, &input, args.dry_run)
+        .await
+        .map_err(|e| Usage(format!("{}: {e}", args.file.display())))?;
+    print!("{}", out.text);
+    for e in &out.errors {
+        eprintln!("warning: left unchanged: {e}");
+    }
+    let failed = admission.wait_for_copies().await;
+    if failed > 0 {
+        eprintln!("warning: {failed} background copies failed; see the log");
+    }
+    Ok(if !out.errors.is_empty() && admission.fails_closed() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

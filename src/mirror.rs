@@ -375,6 +375,45 @@ impl Mirror {
         handle
     }
 
+    /// The image a Pod gets for `plan`: `target:tag@digest` when pinned, the
+    /// tag alone when not; a digest-only source stays digest-only.
+    fn rewritten(&self, plan: &Plan) -> String {
+        if plan.tagged && self.pin {
+            plan.target.to_string()
+        } else if plan.tagged {
+            plan.target.without_digest().to_string()
+        } else {
+            plan.target.without_tag().to_string()
+        }
+    }
+
+    /// Waits for every copy started so far (a CLI run must not exit while
+    /// `copyPolicy: delayed` copies are still in flight). Returns how many
+    /// failed.
+    pub async fn wait_for_copies(&self) -> usize {
+        let handles: Vec<CopyHandle> = self
+            .inflight
+            .lock()
+            .expect("inflight lock")
+            .values()
+            .cloned()
+            .collect();
+        futures::future::join_all(handles)
+            .await
+            .iter()
+            .filter(|r| r.is_err())
+            .count()
+    }
+
+    /// What `src` would be rewritten to, resolved at the source but not
+    /// checked at or copied to the target (`pinswap mutate --dry-run`).
+    ///
+    /// # Errors
+    /// Resolution errors.
+    pub async fn plan_image(&self, src: &Reference) -> Result<String, MirrorError> {
+        Ok(self.rewritten(&self.plan(src).await?))
+    }
+
     /// Decides what `src` becomes, under the swap and copy policies
     /// (DESIGN.md §2), without passing `deadline`:
     ///
@@ -395,17 +434,7 @@ impl Mirror {
         deadline: Instant,
     ) -> Result<Decision, MirrorError> {
         let plan = self.plan(src).await?;
-        let image = if self.pin {
-            if plan.tagged {
-                plan.target.to_string()
-            } else {
-                plan.target.without_tag().to_string()
-            }
-        } else if plan.tagged {
-            plan.target.without_digest().to_string()
-        } else {
-            plan.target.without_tag().to_string()
-        };
+        let image = self.rewritten(&plan);
         let rewrite = |reason: &str| Decision {
             image: Some(image.clone()),
             reason: reason.to_owned(),

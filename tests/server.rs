@@ -182,29 +182,10 @@ async fn health_and_readiness_follow_the_target() {
 /// Writes `ca.crt`, and `tls.crt`/`tls.key` for 127.0.0.1 signed by it, into
 /// `dir`, replacing the files in place as cert-manager does.
 fn write_ca_and_cert(dir: &Path, name: &str) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, format!("{name} CA"));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-
-    let key = KeyPair::generate().unwrap();
-    let mut leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
-    leaf.distinguished_name
-        .push(DnType::CommonName, format!("{name} webhook"));
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let cert = leaf.signed_by(&key, &issuer).unwrap();
-
-    std::fs::write(dir.join(format!("{name}-ca.crt")), ca_cert.pem()).unwrap();
-    std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
-    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
+    let pki = common::tls::pki(name, &["127.0.0.1"]);
+    std::fs::write(dir.join(format!("{name}-ca.crt")), pki.ca_pem).unwrap();
+    std::fs::write(dir.join("tls.crt"), pki.cert_pem).unwrap();
+    std::fs::write(dir.join("tls.key"), pki.key_pem).unwrap();
 }
 
 /// `serve` running on free loopback ports with `dir/tls.{crt,key}`.

@@ -8,6 +8,7 @@
 //! Any error leaves its slot unchanged (fail open) unless `failurePolicy` is
 //! `closed`, which denies the Pod naming the image and the cause.
 
+pub mod mutate;
 pub mod pod;
 pub mod policy;
 
@@ -41,6 +42,13 @@ pub struct Admission {
     failure: FailurePolicy,
     budget: Duration,
     metrics: Arc<Metrics>,
+}
+
+/// Every slot of one pod spec, decided.
+struct Decided<'a> {
+    rewrites: Vec<(&'a pod::Slot, String)>,
+    decisions: BTreeMap<String, String>,
+    errors: Vec<String>,
 }
 
 /// What happened to one slot.
@@ -128,26 +136,11 @@ impl Admission {
         };
         let deadline = Instant::now() + self.budget;
         let slots = pod::slots(pod.get("spec").unwrap_or(&serde_json::Value::Null));
-        let outcomes = self.decide_slots(&pod, &slots, deadline).await;
-
-        let mut rewrites = Vec::new();
-        let mut decisions = BTreeMap::new();
-        let mut errors = Vec::new();
-        for (slot, outcome) in slots.iter().zip(outcomes) {
-            let note = match outcome {
-                Outcome::Rewrite(image, why) => {
-                    let note = format!("rewritten: {why}");
-                    rewrites.push((slot, image));
-                    note
-                }
-                Outcome::Keep(why) => format!("unchanged: {why}"),
-                Outcome::Error(why) => {
-                    errors.push(format!("{}: {why}", slot.image));
-                    format!("unchanged (error): {why}")
-                }
-            };
-            decisions.insert(slot.key(), note);
-        }
+        let Decided {
+            rewrites,
+            decisions,
+            errors,
+        } = self.decide_spec(&pod, &slots, deadline, false).await;
         let name = pod
             .pointer("/metadata/name")
             .or_else(|| pod.pointer("/metadata/generateName"))
@@ -175,12 +168,78 @@ impl Admission {
         }
     }
 
+    /// Decides every slot of one pod spec: the rewrites, a reason per slot,
+    /// and the errors (`image: cause`).
+    async fn decide_spec<'a>(
+        &self,
+        obj: &serde_json::Value,
+        slots: &'a [pod::Slot],
+        deadline: Instant,
+        dry_run: bool,
+    ) -> Decided<'a> {
+        let outcomes = self.decide_slots(obj, slots, deadline, dry_run).await;
+        let mut out = Decided {
+            rewrites: Vec::new(),
+            decisions: BTreeMap::new(),
+            errors: Vec::new(),
+        };
+        for (slot, outcome) in slots.iter().zip(outcomes) {
+            let note = match outcome {
+                Outcome::Rewrite(image, why) => {
+                    out.rewrites.push((slot, image));
+                    format!("rewritten: {why}")
+                }
+                Outcome::Keep(why) => format!("unchanged: {why}"),
+                Outcome::Error(why) => {
+                    out.errors.push(format!("{}: {why}", slot.image));
+                    format!("unchanged (error): {why}")
+                }
+            };
+            out.decisions.insert(slot.key(), note);
+        }
+        out
+    }
+
+    /// Rewrites a pod template (`{metadata, spec}`) in place, as admission
+    /// would rewrite the Pod made from it, with the annotations on the
+    /// template's metadata. `obj` is what filters see as `obj`. Returns the
+    /// errors (`image: cause`); their slots are left unchanged.
+    pub async fn rewrite_template(
+        &self,
+        obj: &serde_json::Value,
+        template: &mut serde_json::Value,
+        dry_run: bool,
+    ) -> Vec<String> {
+        let slots = pod::slots(template.get("spec").unwrap_or(&serde_json::Value::Null));
+        if slots.is_empty() {
+            return Vec::new();
+        }
+        let deadline = Instant::now() + self.budget;
+        let d = self.decide_spec(obj, &slots, deadline, dry_run).await;
+        let patch = pod::patch(template, &["spec"], &d.rewrites, &d.decisions);
+        if let Err(e) = json_patch::patch(template, &patch) {
+            return vec![format!("applying the rewrite: {e}")];
+        }
+        d.errors
+    }
+
+    /// Waits for the copies decisions have started; returns how many failed.
+    pub async fn wait_for_copies(&self) -> usize {
+        self.mirror.wait_for_copies().await
+    }
+
+    /// Whether errors should fail the whole object (`failurePolicy: closed`).
+    pub fn fails_closed(&self) -> bool {
+        self.failure == FailurePolicy::Closed
+    }
+
     /// One outcome per slot. Each distinct image is decided once.
     async fn decide_slots(
         &self,
         pod: &serde_json::Value,
         slots: &[pod::Slot],
         deadline: Instant,
+        dry_run: bool,
     ) -> Vec<Outcome> {
         let mut pending: HashMap<String, Reference> = HashMap::new();
         let mut first: Vec<Option<Outcome>> = Vec::with_capacity(slots.len());
@@ -196,11 +255,19 @@ impl Admission {
         }
         let decided: HashMap<String, Result<crate::mirror::Decision, String>> =
             futures::future::join_all(pending.into_iter().map(|(image, reference)| async move {
-                let r = tokio::time::timeout_at(
-                    deadline.into(),
-                    self.mirror.decide(&reference, deadline),
-                )
-                .await;
+                let decide = async {
+                    if dry_run {
+                        self.mirror.plan_image(&reference).await.map(|image| {
+                            crate::mirror::Decision {
+                                image: Some(image),
+                                reason: "dry run: resolved, not copied".into(),
+                            }
+                        })
+                    } else {
+                        self.mirror.decide(&reference, deadline).await
+                    }
+                };
+                let r = tokio::time::timeout_at(deadline.into(), decide).await;
                 let r = match r {
                     Ok(Ok(d)) => Ok(d),
                     Ok(Err(e)) => Err(e.to_string()),

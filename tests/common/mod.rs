@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod push;
 pub mod registry;
 pub mod skopeo;
+pub mod tls;
 pub mod token;
 
 pub use fixtures::{Blob, Image, Index, StreamedImage};

@@ -492,31 +492,10 @@ pub fn free_port() -> u16 {
 /// A CA, and a server certificate for 127.0.0.1 and localhost signed by it:
 /// `ca/ca.crt` (alone in its dir, for skopeo), `server/{cert,key}.pem`.
 fn write_tls_material(dir: &Path) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "pinswap test CA");
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-
-    let key = KeyPair::generate().unwrap();
-    let mut server =
-        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
-    server
-        .distinguished_name
-        .push(DnType::CommonName, "pinswap test registry");
-    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let cert = server.signed_by(&key, &issuer).unwrap();
-
+    let pki = super::tls::pki("pinswap test registry", &["127.0.0.1", "localhost"]);
     fs::create_dir_all(dir.join("ca")).unwrap();
     fs::create_dir_all(dir.join("server")).unwrap();
-    fs::write(dir.join("ca/ca.crt"), ca_cert.pem()).unwrap();
-    fs::write(dir.join("server/cert.pem"), cert.pem()).unwrap();
-    fs::write(dir.join("server/key.pem"), key.serialize_pem()).unwrap();
+    fs::write(dir.join("ca/ca.crt"), pki.ca_pem).unwrap();
+    fs::write(dir.join("server/cert.pem"), pki.cert_pem).unwrap();
+    fs::write(dir.join("server/key.pem"), pki.key_pem).unwrap();
 }
