@@ -513,8 +513,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .or(config.server.tls_key.clone())
         .ok_or_else(|| Usage("no TLS key: pass --tls-key or set server.tlsKey".into()))?;
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let admission = crate::admission::Admission::from_config(&config, metrics.clone())
+    let mut admission = crate::admission::Admission::from_config(&config, metrics.clone())
         .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
+    if config.source.image_pull_secrets {
+        // In-cluster config, else KUBECONFIG: kube's usual order.
+        let client = kube::Client::try_default().await.map_err(|e| {
+            Usage(format!(
+                "{}: source.imagePullSecrets is on, but no Kubernetes API client could be built: {e}",
+                args.config.display()
+            ))
+        })?;
+        admission = admission.with_pull_secrets(client);
+    }
     let opts = crate::server::ServerOptions {
         listen: args.listen.unwrap_or(config.server.listen),
         health_listen: args.health_listen.unwrap_or(config.server.health_listen),

@@ -186,6 +186,11 @@ pub struct Source {
     /// Skip filters.
     #[serde(default)]
     pub filters: Vec<Filter>,
+    /// Authenticate to sources with the Pod's imagePullSecrets and its
+    /// ServiceAccount's, read through the Kubernetes API (RBAC: get secrets
+    /// and serviceaccounts).
+    #[serde(default)]
+    pub image_pull_secrets: bool,
 }
 
 fn default_registries() -> Vec<SourceRegistry> {
@@ -201,6 +206,7 @@ impl Default for Source {
         Self {
             registries: default_registries(),
             filters: Vec::new(),
+            image_pull_secrets: false,
         }
     }
 }
@@ -628,6 +634,9 @@ source:
   # JMESPath over {"obj": <Pod>, "container": <container>}; true skips the container.
   filters: []
   #  - jmespath: "obj.metadata.namespace == 'kube-system'"
+  # Authenticate to sources with the Pod's imagePullSecrets (and its
+  # ServiceAccount's), read through the Kubernetes API.
+  imagePullSecrets: false
 
 # exists: rewrite only when the target has the image; always: rewrite regardless.
 swapPolicy: exists

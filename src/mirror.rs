@@ -219,7 +219,11 @@ impl Mirror {
     }
 
     /// Tag → manifest digest on the source, cached for `cache.resolutionTtl`.
-    async fn resolve(&self, src: &Reference) -> Result<Digest, MirrorError> {
+    async fn resolve(
+        &self,
+        src: &Reference,
+        creds: Option<&Credentials>,
+    ) -> Result<Digest, MirrorError> {
         if let Some(d) = src.digest() {
             return Ok(d.clone());
         }
@@ -231,7 +235,10 @@ impl Mirror {
             return Ok(d);
         }
         self.metrics.cache("resolution", false);
-        let client = self.pool.get(src.registry(), Role::Source).await?;
+        let client = self
+            .pool
+            .get_with(src.registry(), Role::Source, creds)
+            .await?;
         let d = match client.manifest_digest(src).await? {
             Some(d) => d,
             // HEAD has no body; GET brings the registry's own error code.
@@ -243,8 +250,12 @@ impl Mirror {
         Ok(d)
     }
 
-    async fn plan(&self, src: &Reference) -> Result<Plan, MirrorError> {
-        let source_digest = self.resolve(src).await?;
+    async fn plan(
+        &self,
+        src: &Reference,
+        creds: Option<&Credentials>,
+    ) -> Result<Plan, MirrorError> {
+        let source_digest = self.resolve(src, creds).await?;
         let pinned_source = src.with_digest(source_digest.clone());
         // With a platform filter the target holds a filtered index with its
         // own digest; planned_digest computes it without pushing anything.
@@ -259,7 +270,7 @@ impl Mirror {
             None => {
                 let d = self
                     .copier
-                    .planned_digest(&Endpoint::Registry(pinned_source.clone()))
+                    .planned_digest(&Endpoint::Registry(pinned_source.clone()), creds)
                     .await?;
                 if let Some(c) = &self.resolution {
                     c.insert(key, d.clone()).await;
@@ -327,13 +338,13 @@ impl Mirror {
 
     /// Starts (or joins) the copy for `plan`; it runs to the end in the
     /// background whoever stops waiting for it.
-    fn copy(&self, plan: &Plan) -> CopyHandle {
+    fn copy(&self, plan: &Plan, creds: Option<&Credentials>) -> CopyHandle {
         let key = self.key(plan);
         let mut inflight = self.inflight.lock().expect("inflight lock");
         if let Some(h) = inflight.get(&key) {
             return h.clone();
         }
-        let (src, dst) = (plan.source.clone(), plan.target.clone());
+        let (src, dst, creds) = (plan.source.clone(), plan.target.clone(), creds.cloned());
         let (copier, metrics, slots) = (
             self.copier.clone(),
             self.metrics.clone(),
@@ -346,7 +357,11 @@ impl Mirror {
             metrics.copies_started.inc();
             let start = Instant::now();
             let res = copier
-                .copy(&Endpoint::Registry(src.clone()), &Endpoint::Registry(dst))
+                .copy_with(
+                    &Endpoint::Registry(src.clone()),
+                    &Endpoint::Registry(dst),
+                    creds.as_ref(),
+                )
                 .await;
             metrics.copy_seconds.observe(start.elapsed().as_secs_f64());
             let out = match res {
@@ -410,11 +425,16 @@ impl Mirror {
     ///
     /// # Errors
     /// Resolution errors.
-    pub async fn plan_image(&self, src: &Reference) -> Result<String, MirrorError> {
-        Ok(self.rewritten(&self.plan(src).await?))
+    pub async fn plan_image(
+        &self,
+        src: &Reference,
+        creds: Option<&Credentials>,
+    ) -> Result<String, MirrorError> {
+        Ok(self.rewritten(&self.plan(src, creds).await?))
     }
 
-    /// Decides what `src` becomes, under the swap and copy policies
+    /// Decides what `src` becomes, reading the source with `creds` (a Pod's
+    /// imagePullSecrets) when given, under the swap and copy policies
     /// (DESIGN.md §2), without passing `deadline`:
     ///
     /// | at target | copyPolicy | result |
@@ -432,8 +452,9 @@ impl Mirror {
         &self,
         src: &Reference,
         deadline: Instant,
+        creds: Option<&Credentials>,
     ) -> Result<Decision, MirrorError> {
-        let plan = self.plan(src).await?;
+        let plan = self.plan(src, creds).await?;
         let image = self.rewritten(&plan);
         let rewrite = |reason: &str| Decision {
             image: Some(image.clone()),
@@ -451,7 +472,7 @@ impl Mirror {
             CopyPolicy::None if always => Ok(rewrite("swapPolicy always (copyPolicy none)")),
             CopyPolicy::None => Ok(keep("not at the target and copyPolicy is none")),
             CopyPolicy::Delayed => {
-                drop(self.copy(&plan));
+                drop(self.copy(&plan, creds));
                 Ok(if always {
                     rewrite("copy started in the background (swapPolicy always)")
                 } else {
@@ -459,7 +480,7 @@ impl Mirror {
                 })
             }
             CopyPolicy::Immediate | CopyPolicy::Force => {
-                let handle = self.copy(&plan);
+                let handle = self.copy(&plan, creds);
                 let wait = self
                     .copy_deadline
                     .min(deadline.saturating_duration_since(Instant::now()));

@@ -25,6 +25,7 @@ use crate::config::{Config, FailurePolicy};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::reference::Reference;
+use crate::registry::auth::Credentials;
 use policy::{Policy, Skip};
 
 /// Why a request body is not an AdmissionReview; the server answers 400.
@@ -38,6 +39,7 @@ pub enum ReviewError {
 /// Answers AdmissionReviews for Pods.
 pub struct Admission {
     mirror: Arc<Mirror>,
+    pull_secrets: Option<crate::registry::pullsecrets::PullSecrets>,
     policy: Policy,
     failure: FailurePolicy,
     budget: Duration,
@@ -70,6 +72,7 @@ impl Admission {
         metrics: Arc<Metrics>,
     ) -> Result<Self, String> {
         Ok(Self {
+            pull_secrets: None,
             policy: Policy::new(config, mirror.target().clone())?,
             mirror,
             failure: config.failure_policy,
@@ -86,6 +89,13 @@ impl Admission {
     pub fn from_config(config: &Config, metrics: Arc<Metrics>) -> Result<Self, String> {
         let mirror = Mirror::from_config(config, metrics.clone()).map_err(|e| e.to_string())?;
         Self::new(config, Arc::new(mirror), metrics)
+    }
+
+    /// Reads source credentials from each Pod's imagePullSecrets through
+    /// `client` (`source.imagePullSecrets: true`).
+    pub fn with_pull_secrets(mut self, client: kube::Client) -> Self {
+        self.pull_secrets = Some(crate::registry::pullsecrets::PullSecrets::new(client));
+        self
     }
 
     /// Whether the webhook can serve: the target registry answers.
@@ -136,11 +146,17 @@ impl Admission {
         };
         let deadline = Instant::now() + self.budget;
         let slots = pod::slots(pod.get("spec").unwrap_or(&serde_json::Value::Null));
+        let creds = match (&self.pull_secrets, &req.namespace) {
+            (Some(ps), Some(ns)) => ps.for_pod(ns, &pod).await,
+            _ => HashMap::new(),
+        };
         let Decided {
             rewrites,
             decisions,
             errors,
-        } = self.decide_spec(&pod, &slots, deadline, false).await;
+        } = self
+            .decide_spec(&pod, &slots, deadline, false, &creds)
+            .await;
         let name = pod
             .pointer("/metadata/name")
             .or_else(|| pod.pointer("/metadata/generateName"))
@@ -176,8 +192,11 @@ impl Admission {
         slots: &'a [pod::Slot],
         deadline: Instant,
         dry_run: bool,
+        creds: &HashMap<String, Credentials>,
     ) -> Decided<'a> {
-        let outcomes = self.decide_slots(obj, slots, deadline, dry_run).await;
+        let outcomes = self
+            .decide_slots(obj, slots, deadline, dry_run, creds)
+            .await;
         let mut out = Decided {
             rewrites: Vec::new(),
             decisions: BTreeMap::new(),
@@ -215,7 +234,9 @@ impl Admission {
             return Vec::new();
         }
         let deadline = Instant::now() + self.budget;
-        let d = self.decide_spec(obj, &slots, deadline, dry_run).await;
+        let d = self
+            .decide_spec(obj, &slots, deadline, dry_run, &HashMap::new())
+            .await;
         let patch = pod::patch(template, &["spec"], &d.rewrites, &d.decisions);
         if let Err(e) = json_patch::patch(template, &patch) {
             return vec![format!("applying the rewrite: {e}")];
@@ -240,6 +261,7 @@ impl Admission {
         slots: &[pod::Slot],
         deadline: Instant,
         dry_run: bool,
+        creds: &HashMap<String, Credentials>,
     ) -> Vec<Outcome> {
         let mut pending: HashMap<String, Reference> = HashMap::new();
         let mut first: Vec<Option<Outcome>> = Vec::with_capacity(slots.len());
@@ -255,16 +277,18 @@ impl Admission {
         }
         let decided: HashMap<String, Result<crate::mirror::Decision, String>> =
             futures::future::join_all(pending.into_iter().map(|(image, reference)| async move {
+                let creds = creds.get(&reference.registry().to_ascii_lowercase());
                 let decide = async {
                     if dry_run {
-                        self.mirror.plan_image(&reference).await.map(|image| {
-                            crate::mirror::Decision {
+                        self.mirror
+                            .plan_image(&reference, creds)
+                            .await
+                            .map(|image| crate::mirror::Decision {
                                 image: Some(image),
                                 reason: "dry run: resolved, not copied".into(),
-                            }
-                        })
+                            })
                     } else {
-                        self.mirror.decide(&reference, deadline).await
+                        self.mirror.decide(&reference, deadline, creds).await
                     }
                 };
                 let r = tokio::time::timeout_at(deadline.into(), decide).await;

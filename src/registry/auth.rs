@@ -79,6 +79,13 @@ impl Credentials {
         }
     }
 
+    /// A stable, non-reversible key for these credentials (sha256 of
+    /// `user:password`), to keep clients apart per credentials.
+    pub fn fingerprint(&self) -> String {
+        super::check::sha256_digest(format!("{}:{}", self.username, self.password).as_bytes())
+            .to_string()
+    }
+
     /// The credentials as oci-client's basic auth.
     pub fn to_auth(&self) -> RegistryAuth {
         RegistryAuth::Basic(self.username.clone(), self.password.clone())

@@ -69,7 +69,7 @@ pub struct ClientPool {
     opts: PoolOptions,
     http: OnceCell<reqwest::Client>,
     roots: OnceCell<Vec<Vec<u8>>>,
-    entries: Mutex<HashMap<(String, Role), Slot>>,
+    entries: Mutex<HashMap<(String, Role, String), Slot>>,
 }
 
 /// A connection to one registry. Cheap to share (`Arc`).
@@ -179,16 +179,39 @@ impl ClientPool {
     /// no credentials are known; [`RegistryError::Auth`] when credentials
     /// cannot be read.
     pub async fn get(&self, registry: &str, role: Role) -> Result<Arc<Registry>> {
+        self.get_with(registry, role, None).await
+    }
+
+    /// As [`ClientPool::get`], but with these credentials (a Pod's
+    /// imagePullSecrets) instead of the configured ones. Clients are kept
+    /// per registry, side and credentials.
+    ///
+    /// # Errors
+    /// As [`ClientPool::get`].
+    pub async fn get_with(
+        &self,
+        registry: &str,
+        role: Role,
+        creds: Option<&Credentials>,
+    ) -> Result<Arc<Registry>> {
         let cell = {
             let mut map = self.entries.lock().await;
-            map.entry((registry.to_owned(), role)).or_default().clone()
+            let who = creds.map(Credentials::fingerprint).unwrap_or_default();
+            map.entry((registry.to_owned(), role, who))
+                .or_default()
+                .clone()
         };
-        cell.get_or_try_init(|| async { self.connect(registry, role).await.map(Arc::new) })
+        cell.get_or_try_init(|| async { self.connect(registry, role, creds).await.map(Arc::new) })
             .await
             .cloned()
     }
 
-    async fn connect(&self, registry: &str, role: Role) -> Result<Registry> {
+    async fn connect(
+        &self,
+        registry: &str,
+        role: Role,
+        creds: Option<&Credentials>,
+    ) -> Result<Registry> {
         // Docker Hub's API lives on another host than its name.
         let api_host = if registry == "docker.io" {
             "index.docker.io"
@@ -228,8 +251,9 @@ impl ClientPool {
             Role::Source => self.opts.source_creds.as_ref(),
             Role::Target => self.opts.target_creds.as_ref(),
         };
-        let explicit =
-            explicit.or_else(|| self.opts.per_registry.get(&(registry.to_owned(), role)));
+        let explicit = creds
+            .or(explicit)
+            .or_else(|| self.opts.per_registry.get(&(registry.to_owned(), role)));
         let auth = match explicit {
             Some(c) => c.to_auth(),
             None => {

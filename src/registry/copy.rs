@@ -20,6 +20,7 @@ use serde::Serialize;
 use tokio::sync::{Mutex, Semaphore};
 use tracing::{debug, info, warn};
 
+use super::auth::Credentials;
 use super::check::{DigestCheck, checked, sha256_digest};
 use super::client::{BlobStream, ClientPool, Registry, Role};
 use super::layout::Layout;
@@ -310,10 +311,10 @@ impl Copier {
         Ok(l)
     }
 
-    async fn side(&self, e: &Endpoint, role: Role) -> Result<Side> {
+    async fn side(&self, e: &Endpoint, role: Role, creds: Option<&Credentials>) -> Result<Side> {
         Ok(match e {
             Endpoint::Registry(r) => Side::Registry {
-                client: self.pool.get(r.registry(), role).await?,
+                client: self.pool.get_with(r.registry(), role, creds).await?,
                 reference: r.clone(),
             },
             Endpoint::Layout { dir, name } => Side::Layout {
@@ -364,8 +365,9 @@ impl Copier {
     pub async fn planned_digest(
         &self,
         src: &Endpoint,
+        source_creds: Option<&Credentials>,
     ) -> std::result::Result<crate::reference::Digest, CopyError> {
-        let s = self.side(src, Role::Source).await?;
+        let s = self.side(src, Role::Source, source_creds).await?;
         let (digest, desc) = self.resolve_source(&s).await?;
         if self.opts.platforms.is_empty() {
             return Ok(digest);
@@ -403,9 +405,23 @@ impl Copier {
         src: &Endpoint,
         dst: &Endpoint,
     ) -> std::result::Result<CopyReport, CopyError> {
+        self.copy_with(src, dst, None).await
+    }
+
+    /// As [`Copier::copy`], reading the source with `source_creds` (a Pod's
+    /// imagePullSecrets) instead of the configured credentials.
+    ///
+    /// # Errors
+    /// As [`Copier::copy`].
+    pub async fn copy_with(
+        &self,
+        src: &Endpoint,
+        dst: &Endpoint,
+        source_creds: Option<&Credentials>,
+    ) -> std::result::Result<CopyReport, CopyError> {
         let start = Instant::now();
-        let s = self.side(src, Role::Source).await?;
-        let d = self.side(dst, Role::Target).await?;
+        let s = self.side(src, Role::Source, source_creds).await?;
+        let d = self.side(dst, Role::Target, None).await?;
         let stats = Stats::default();
 
         let (src_digest, src_desc) = self.resolve_source(&s).await?;

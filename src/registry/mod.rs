@@ -13,6 +13,7 @@ pub mod client;
 pub mod copy;
 pub mod layout;
 pub mod manifest;
+pub mod pullsecrets;
 mod token;
 mod upload;
 
