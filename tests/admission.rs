@@ -503,3 +503,20 @@ fn serve_refuses_a_bad_config_at_startup() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_requests_rewrite_without_copying() {
+    common::init();
+    let r = rig().await;
+    let (adm, metrics) = r.admission("copyPolicy: force\n");
+    let mut v: Value = serde_json::from_slice(&r.body("pod-v1beta1.json")).unwrap();
+    v["request"]["dryRun"] = Value::Bool(true);
+    let a = review(&adm, bytes::Bytes::from(serde_json::to_vec(&v).unwrap())).await;
+    let pinned = format!("{}:v1@{}", r.mirrored("shop/app"), r.app.digest);
+    assert_eq!(a.image("containers", 0), pinned);
+    assert!(
+        r.dst.catalog().await.is_empty(),
+        "no side effect on dry run"
+    );
+    assert!(metrics.encode().contains("pinswap_copies_started_total 0"));
+}

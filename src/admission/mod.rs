@@ -155,7 +155,8 @@ impl Admission {
             decisions,
             errors,
         } = self
-            .decide_spec(&pod, &slots, deadline, false, &creds)
+            // A dry-run request must have no side effects: plan, don't copy.
+            .decide_spec(&pod, &slots, deadline, req.dry_run, &creds)
             .await;
         let name = pod
             .pointer("/metadata/name")
