@@ -520,3 +520,143 @@ async fn dry_run_requests_rewrite_without_copying() {
     );
     assert!(metrics.encode().contains("pinswap_copies_started_total 0"));
 }
+
+/// `source.imagePullSecrets`: a private (bearer-token) source is read with
+/// the Pod's pull secret, or its ServiceAccount's, fetched through the
+/// Kubernetes API; a Pod with neither is left unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_secrets_from_the_pod_and_its_service_account() {
+    use k8s_openapi::api::core::v1::{LocalObjectReference, ServiceAccount};
+    common::init();
+    let src = TestRegistry::token_auth("puller", "Pull-Secret-77").await;
+    let dst = TestRegistry::plain().await;
+    let app = Image::oci(1, 501);
+    push_image(&src, "private/app", Some("v1"), &app).await;
+    let kube = common::kube::KubeApi::start().await;
+    kube.put_secret(
+        "shop",
+        common::kube::dockerconfigjson_secret("regcred", &src.host(), "puller", "Pull-Secret-77"),
+    );
+    kube.put_secret(
+        "shop",
+        common::kube::dockerconfigjson_secret("sa-cred", &src.host(), "puller", "Pull-Secret-77"),
+    );
+    kube.put_service_account(
+        "shop",
+        ServiceAccount {
+            metadata: kube::api::ObjectMeta {
+                name: Some("builder".into()),
+                ..Default::default()
+            },
+            image_pull_secrets: Some(vec![LocalObjectReference {
+                name: "sa-cred".into(),
+            }]),
+            ..Default::default()
+        },
+    );
+    let c = Config::from_yaml(
+        &format!(
+            "target: {{registry: \"{}/mirror\"}}\nsource: {{registries: [{{registry: \"{}\"}}], imagePullSecrets: true}}\ncopyPolicy: immediate\n",
+            dst.host(),
+            src.host()
+        ),
+        "test.yaml",
+    )
+    .unwrap();
+    let adm = Admission::from_config(&c, Arc::new(Metrics::new()))
+        .unwrap()
+        .with_pull_secrets(kube.client());
+    let pod_review = |spec: Value| {
+        let v = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "shop",
+                "operation": "CREATE",
+                "userInfo": {"username": "alice"},
+                "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "shop"}, "spec": spec},
+                "dryRun": false
+            }
+        });
+        bytes::Bytes::from(serde_json::to_vec(&v).unwrap())
+    };
+    let image = format!("{}/private/app:v1", src.host());
+    let mirrored = format!(
+        "{}/mirror/127.0.0.1_{}/private/app:v1@{}",
+        dst.host(),
+        src.port(),
+        app.digest
+    );
+
+    // No secret anywhere: the source refuses, the Pod is left unchanged.
+    let a = review(
+        &adm,
+        pod_review(serde_json::json!({"containers": [{"name": "c", "image": image}]})),
+    )
+    .await;
+    assert_eq!(a.image("containers", 0), image);
+    let d = a.annotation("pinswap.dev/decisions");
+    assert!(
+        d["containers/c"].contains("requires authentication"),
+        "{d:?}"
+    );
+
+    // The Pod's own pull secret.
+    let a = review(
+        &adm,
+        pod_review(serde_json::json!({
+            "imagePullSecrets": [{"name": "regcred"}, {"name": "missing"}],
+            "containers": [{"name": "c", "image": image}]
+        })),
+    )
+    .await;
+    assert_eq!(a.image("containers", 0), mirrored);
+    let repo = format!("mirror/127.0.0.1_{}/private/app", src.port());
+    let (bytes, _, _) = dst.get_manifest(&repo, &app.digest).await.expect("copied");
+    assert!(bytes == app.manifest);
+    let text = a.pod.to_string();
+    assert!(
+        !text.contains("Pull-Secret-77"),
+        "secret leaked into the Pod"
+    );
+
+    // The ServiceAccount's pull secret, for an image no cache has seen.
+    let other_img = Image::oci(1, 502);
+    push_image(&src, "private/other", Some("v1"), &other_img).await;
+    let other = format!("{}/private/other:v1", src.host());
+    let a = review(
+        &adm,
+        pod_review(serde_json::json!({
+            "serviceAccountName": "builder",
+            "containers": [{"name": "c", "image": other}]
+        })),
+    )
+    .await;
+    let want = format!(
+        "{}/mirror/127.0.0.1_{}/private/other:v1@{}",
+        dst.host(),
+        src.port(),
+        other_img.digest
+    );
+    assert_eq!(a.image("containers", 0), want);
+    assert!(
+        src.token_server().log().iter().any(|t| t.granted
+            && t.user.as_deref() == Some("puller")
+            && t.scopes
+                .iter()
+                .any(|s| s == "repository:private/other:pull")),
+        "read with the ServiceAccount's secret: {:?}",
+        src.token_server().log()
+    );
+    // The API calls were reads of secrets and service accounts only.
+    for r in kube.requests() {
+        assert_eq!(r.method, "GET", "{r:?}");
+        assert!(
+            r.path.contains("/secrets/") || r.path.contains("/serviceaccounts/"),
+            "{r:?}"
+        );
+    }
+}

@@ -10,6 +10,8 @@
 //! - [`fixtures`]: images, indexes and artifacts built in-process, with their
 //!   exact bytes and digests, and [`push`] to put them in a registry;
 //! - [`skopeo`]: skopeo as an independent peer;
+//! - [`kube::KubeApi`]: an in-process Kubernetes API server (Pods list/watch,
+//!   Events, Leases, Secrets, ServiceAccounts) and a `kube::Client` for it;
 //! - [`pinswap_bin`]: the path of the binary under test.
 //!
 //! Helpers panic with context instead of returning errors: they are test code.
@@ -17,6 +19,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod fixtures;
+pub mod kube;
 pub mod proxy;
 pub mod push;
 pub mod registry;

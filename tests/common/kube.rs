@@ -1,0 +1,826 @@
+//! An in-process Kubernetes API server for the calls pinswap makes
+//! (DESIGN.md §7), speaking the real API's JSON through k8s-openapi types.
+//!
+//! Plain HTTP on 127.0.0.1 and a free port; [`KubeApi::client`] gives a
+//! `kube::Client` pointed at it. It serves:
+//! - GET of core/v1 Secrets, ServiceAccounts and Pods;
+//! - Pods list and watch, cluster-wide or per namespace, with one global
+//!   resourceVersion, bookmarks, `timeoutSeconds`, and 410 Expired after
+//!   [`KubeApi::expire_history`];
+//! - Events, core/v1 and events.k8s.io/v1 (one store, as in the real API):
+//!   POST (with `generateName`) and PATCH (merge, and strategic merge
+//!   treated as merge);
+//! - Leases, coordination.k8s.io/v1: GET, POST, and PUT with optimistic
+//!   concurrency (a stale `metadata.resourceVersion` gets 409 Conflict).
+//!
+//! Errors are `Status` objects with the real API's reasons and messages.
+//! What it doesn't implement (label and field selectors, `sendInitialEvents`,
+//! other verbs) is refused, never silently ignored. Every request is
+//! recorded ([`KubeApi::requests`]); [`KubeApi::fail_next`] injects failures.
+
+// Handlers answer `Result<Response, Response>`: both sides are responses.
+#![allow(clippy::result_large_err)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::get;
+use base64::Engine as _;
+use futures::{FutureExt as _, StreamExt as _, stream};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Status, StatusDetails};
+use k8s_openapi::{ByteString, Metadata, Resource};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+/// A resource as URLs and error messages name it: (API group, plural).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Kind(&'static str, &'static str);
+
+const SECRETS: Kind = Kind("", "secrets");
+const SERVICE_ACCOUNTS: Kind = Kind("", "serviceaccounts");
+const PODS: Kind = Kind("", "pods");
+const CORE_EVENTS: Kind = Kind("", "events");
+const EVENTS: Kind = Kind("events.k8s.io", "events");
+const LEASES: Kind = Kind("coordination.k8s.io", "leases");
+const KINDS: [Kind; 6] = [SECRETS, SERVICE_ACCOUNTS, PODS, CORE_EVENTS, EVENTS, LEASES];
+
+impl Kind {
+    /// `leases.coordination.k8s.io "NAME"`, as in the API's messages.
+    fn named(self, name: &str) -> String {
+        match self.0 {
+            "" => format!("{} {name:?}", self.1),
+            group => format!("{}.{group} {name:?}", self.1),
+        }
+    }
+}
+
+/// One request the server received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiRequest {
+    pub method: String,
+    pub path: String,
+    /// The raw query string, `""` when there is none.
+    pub query: String,
+}
+
+/// What live watches are fed.
+#[derive(Clone)]
+enum Feed {
+    Pod { rv: u64, ns: String, line: Arc<str> },
+    Bookmark(u64),
+    Close,
+}
+
+#[derive(Default)]
+struct Store {
+    /// The global resourceVersion, bumped by every write of any kind.
+    rv: u64,
+    /// (plural, namespace, name) → the object as the API returns it.
+    objects: BTreeMap<(&'static str, String, String), Value>,
+    /// Pod watch events: (resourceVersion, namespace, JSON line).
+    pod_history: Vec<(u64, String, Arc<str>)>,
+    /// A watch from an older resourceVersion gets 410 Expired.
+    oldest_watchable: u64,
+    requests: Vec<ApiRequest>,
+    /// (method, path, HTTP code) for the next matching requests.
+    failures: Vec<(String, String, u16)>,
+}
+
+impl Store {
+    /// Stores `obj` under a new resourceVersion, setting the metadata the
+    /// API server owns (uid and creationTimestamp survive updates). Returns
+    /// it and the version it replaced.
+    fn write(
+        &mut self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        mut obj: Value,
+    ) -> (Value, Option<Value>) {
+        self.rv += 1;
+        let key = (kind.1, ns.to_owned(), name.to_owned());
+        let previous = self.objects.get(&key).cloned();
+        let kept = |field: &str, new: Value| {
+            previous
+                .as_ref()
+                .map_or(new, |p| p["metadata"][field].clone())
+        };
+        let uid = kept(
+            "uid",
+            format!("00000000-0000-4000-8000-{:012x}", self.rv).into(),
+        );
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let created = kept(
+            "creationTimestamp",
+            serde_json::to_value(now).expect("time"),
+        );
+        let meta = &mut obj["metadata"];
+        meta["name"] = name.into();
+        meta["namespace"] = ns.into();
+        meta["resourceVersion"] = self.rv.to_string().into();
+        meta["uid"] = uid;
+        meta["creationTimestamp"] = created;
+        self.objects.insert(key, obj.clone());
+        (obj, previous)
+    }
+}
+
+struct Shared {
+    store: Mutex<Store>,
+    feed: broadcast::Sender<Feed>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running test API server; stops, ending its watches, when dropped.
+pub struct KubeApi {
+    url: String,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl KubeApi {
+    /// Listens on 127.0.0.1 and a free port. Call inside a tokio runtime.
+    pub async fn start() -> KubeApi {
+        // resourceVersion "0" would mean "any": real servers never hand it out.
+        let store = Mutex::new(Store {
+            rv: 1,
+            ..Store::default()
+        });
+        let shared = Arc::new(Shared {
+            store,
+            feed: broadcast::channel(4096).0,
+        });
+        let core = "/api/v1/namespaces/{ns}/{plural}";
+        let grouped = "/apis/{group}/v1/namespaces/{ns}/{plural}";
+        let app = axum::Router::new()
+            .route("/api/v1/pods", get(all_pods))
+            .route(core, get(list).post(create))
+            .route(
+                &format!("{core}/{{name}}"),
+                get(read).put(replace).patch(patch),
+            )
+            .route(grouped, get(list).post(create))
+            .route(
+                &format!("{grouped}/{{name}}"),
+                get(read).put(replace).patch(patch),
+            )
+            .fallback(|| async { no_such_resource() })
+            .method_not_allowed_fallback(|| async { unsupported() })
+            .layer(middleware::from_fn_with_state(shared.clone(), record))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1");
+        let url = format!("http://{}", listener.local_addr().expect("local address"));
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .await
+                .expect("test Kubernetes API server");
+        });
+        KubeApi { url, shared, task }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A client whose default namespace is `default`.
+    pub fn client(&self) -> ::kube::Client {
+        self.client_in("default")
+    }
+
+    /// A client whose default namespace is `ns`.
+    pub fn client_in(&self, ns: &str) -> ::kube::Client {
+        let mut config = ::kube::Config::new(self.url.parse().expect("server URL as a URI"));
+        config.default_namespace = ns.to_owned();
+        ::kube::Client::try_from(config).expect("kube client for the test API server")
+    }
+
+    /// The current global resourceVersion.
+    pub fn resource_version(&self) -> String {
+        self.shared.lock().rv.to_string()
+    }
+
+    /// Creates or replaces a Secret; `stringData` is folded into `data`, as
+    /// the API server does.
+    pub fn put_secret(&self, ns: &str, mut secret: Secret) -> Secret {
+        for (k, v) in secret.string_data.take().unwrap_or_default() {
+            let data = secret.data.get_or_insert_with(BTreeMap::new);
+            data.insert(k, ByteString(v.into_bytes()));
+        }
+        self.put(SECRETS, ns, &secret).0
+    }
+
+    pub fn put_service_account(&self, ns: &str, sa: ServiceAccount) -> ServiceAccount {
+        self.put(SERVICE_ACCOUNTS, ns, &sa).0
+    }
+
+    /// Creates or replaces a Lease, e.g. one held by another replica.
+    pub fn put_lease(&self, ns: &str, lease: Lease) -> Lease {
+        self.put(LEASES, ns, &lease).0
+    }
+
+    pub fn lease(&self, ns: &str, name: &str) -> Option<Lease> {
+        self.get(LEASES, ns, name)
+    }
+
+    pub fn pod(&self, ns: &str, name: &str) -> Option<Pod> {
+        self.get(PODS, ns, name)
+    }
+
+    /// Creates or updates a Pod (in `default` if it names no namespace),
+    /// sending ADDED or MODIFIED to watches. Returns it as stored.
+    pub fn apply_pod(&self, pod: Pod) -> Pod {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let name = pod.metadata.name.as_deref().expect("apply_pod: no name");
+        let mut st = self.shared.lock();
+        let value = serde_json::to_value(&pod).expect("serialise");
+        let (stored, previous) = st.write(PODS, ns, name, value);
+        let type_ = if previous.is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.emit_pod(&mut st, type_, ns, &stored);
+        serde_json::from_value(stored).expect("stored pod")
+    }
+
+    /// Deletes a Pod, sending DELETED with a new resourceVersion.
+    pub fn delete_pod(&self, ns: &str, name: &str) -> Pod {
+        let mut st = self.shared.lock();
+        let key = (PODS.1, ns.to_owned(), name.to_owned());
+        let mut pod = st
+            .objects
+            .remove(&key)
+            .unwrap_or_else(|| panic!("delete_pod: no pod {ns}/{name}"));
+        st.rv += 1;
+        pod["metadata"]["resourceVersion"] = st.rv.to_string().into();
+        self.emit_pod(&mut st, "DELETED", ns, &pod);
+        serde_json::from_value(pod).expect("stored pod")
+    }
+
+    /// Sends a BOOKMARK at the current resourceVersion to the watches that
+    /// allowed bookmarks, and returns that resourceVersion.
+    pub fn bookmark(&self) -> String {
+        let rv = self.shared.lock().rv;
+        let _ = self.shared.feed.send(Feed::Bookmark(rv));
+        rv.to_string()
+    }
+
+    /// Forgets the Pod event history, as etcd compaction does: a watch from
+    /// any older resourceVersion gets an ERROR event with 410 Expired.
+    pub fn expire_history(&self) {
+        let mut st = self.shared.lock();
+        st.oldest_watchable = st.rv;
+        st.pod_history.clear();
+    }
+
+    /// Ends every open watch, as an API server restart does.
+    pub fn close_watches(&self) {
+        let _ = self.shared.feed.send(Feed::Close);
+    }
+
+    /// Every Event stored, as the API returns it (core/v1 or events.k8s.io/v1).
+    pub fn events(&self) -> Vec<Value> {
+        let st = self.shared.lock();
+        let events = st
+            .objects
+            .iter()
+            .filter(|((plural, _, _), _)| *plural == "events");
+        events.map(|(_, v)| v.clone()).collect()
+    }
+
+    /// Every request so far, in order.
+    pub fn requests(&self) -> Vec<ApiRequest> {
+        self.shared.lock().requests.clone()
+    }
+
+    /// The next `method` request to exactly `path` fails with `code` and a
+    /// `Status` body. Calls queue up.
+    pub fn fail_next(&self, method: &str, path: &str, code: u16) {
+        let failure = (method.to_owned(), path.to_owned(), code);
+        self.shared.lock().failures.push(failure);
+    }
+
+    fn get<K: DeserializeOwned>(&self, kind: Kind, ns: &str, name: &str) -> Option<K> {
+        let st = self.shared.lock();
+        let value = st.objects.get(&(kind.1, ns.to_owned(), name.to_owned()))?;
+        Some(serde_json::from_value(value.clone()).expect("stored object"))
+    }
+
+    /// Stores `obj`; true if it replaced one.
+    fn put<K: Metadata<Ty = ObjectMeta> + Serialize + DeserializeOwned>(
+        &self,
+        kind: Kind,
+        ns: &str,
+        obj: &K,
+    ) -> (K, bool) {
+        let name = obj
+            .metadata()
+            .name
+            .as_deref()
+            .expect("test object without metadata.name");
+        let value = serde_json::to_value(obj).expect("serialise");
+        let (stored, previous) = self.shared.lock().write(kind, ns, name, value);
+        (
+            serde_json::from_value(stored).expect("stored object"),
+            previous.is_some(),
+        )
+    }
+
+    /// Records and sends a Pod event at the current resourceVersion. Called
+    /// under the lock with the write, so that a watch, which reads the
+    /// history and subscribes under it too, sees every event once, in order.
+    fn emit_pod(&self, st: &mut Store, type_: &str, ns: &str, pod: &Value) {
+        let line: Arc<str> = json!({ "type": type_, "object": pod }).to_string().into();
+        st.pod_history.push((st.rv, ns.to_owned(), line.clone()));
+        let (rv, ns) = (st.rv, ns.to_owned());
+        let _ = self.shared.feed.send(Feed::Pod { rv, ns, line });
+    }
+}
+
+impl Drop for KubeApi {
+    fn drop(&mut self) {
+        let _ = self.shared.feed.send(Feed::Close);
+        self.task.abort();
+    }
+}
+
+/// A `kubernetes.io/dockerconfigjson` pull secret for `user:password` at
+/// `registry`.
+pub fn dockerconfigjson_secret(name: &str, registry: &str, user: &str, password: &str) -> Secret {
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let config = json!({ "auths": { registry: { "auth": auth } } }).to_string();
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/dockerconfigjson".into()),
+        data: Some(BTreeMap::from([(
+            ".dockerconfigjson".into(),
+            ByteString(config.into_bytes()),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// A `Status` failure, as the API server sends it.
+fn failure(code: u16, reason: &str, message: String) -> Response {
+    failure_about(code, reason, message, None)
+}
+
+fn failure_about(
+    code: u16,
+    reason: &str,
+    message: String,
+    about: Option<(Kind, &str)>,
+) -> Response {
+    let code_ = StatusCode::from_u16(code).expect("HTTP status");
+    (code_, Json(status(code, reason, message, about))).into_response()
+}
+
+fn status(code: u16, reason: &str, message: String, about: Option<(Kind, &str)>) -> Status {
+    let details = about.map(|(kind, name)| StatusDetails {
+        name: Some(name.to_owned()),
+        group: Some(kind.0.to_owned()).filter(|g| !g.is_empty()),
+        kind: Some(kind.1.to_owned()),
+        ..Default::default()
+    });
+    Status {
+        code: Some(code.into()),
+        details,
+        message: Some(message),
+        metadata: ListMeta::default(),
+        reason: Some(reason.to_owned()),
+        status: Some("Failure".to_owned()),
+    }
+}
+
+fn not_found(kind: Kind, name: &str) -> Response {
+    let message = format!("{} not found", kind.named(name));
+    failure_about(404, "NotFound", message, Some((kind, name)))
+}
+
+fn bad_request(message: String) -> Response {
+    failure(400, "BadRequest", message)
+}
+
+fn invalid(kind: Kind, name: &str, problem: String) -> Response {
+    let message = format!("{} is invalid: {problem}", kind.named(name));
+    failure_about(422, "Invalid", message, Some((kind, name)))
+}
+
+fn unsupported() -> Response {
+    let message = "the test API server does not implement this call (tests/common/kube.rs)";
+    failure(405, "MethodNotAllowed", message.into())
+}
+
+async fn record(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let (method, uri) = (req.method().to_string(), req.uri());
+    let seen = ApiRequest {
+        method,
+        path: uri.path().into(),
+        query: uri.query().unwrap_or("").into(),
+    };
+    let injected = {
+        let mut st = shared.lock();
+        let hit = st
+            .failures
+            .iter()
+            .position(|(m, p, _)| *m == seen.method && *p == seen.path);
+        st.requests.push(seen);
+        hit.map(|i| st.failures.remove(i).2)
+    };
+    let message = "injected by the test API server";
+    match injected {
+        Some(code) => failure(code, "InternalError", message.into()),
+        None => next.run(req).await,
+    }
+}
+
+type ApiState = State<Arc<Shared>>;
+type Params = Path<HashMap<String, String>>;
+
+/// The resource a URL names, `None` for one this server doesn't know.
+fn kind_of(p: &HashMap<String, String>) -> Option<Kind> {
+    let group = p.get("group").map_or("", String::as_str);
+    KINDS
+        .into_iter()
+        .find(|k| k.0 == group && Some(k.1) == p.get("plural").map(String::as_str))
+}
+
+fn no_such_resource() -> Response {
+    let message = "the server could not find the requested resource";
+    failure(404, "NotFound", message.into())
+}
+
+async fn read(State(s): ApiState, Path(p): Params) -> Response {
+    let Some(kind) = kind_of(&p) else {
+        return no_such_resource();
+    };
+    match s
+        .lock()
+        .objects
+        .get(&(kind.1, p["ns"].clone(), p["name"].clone()))
+    {
+        Some(obj) => Json(obj.clone()).into_response(),
+        None => not_found(kind, &p["name"]),
+    }
+}
+
+async fn all_pods(State(s): ApiState, Query(q): Query<HashMap<String, String>>) -> Response {
+    list_or_watch_pods(&s, None, q)
+}
+
+async fn list(
+    State(s): ApiState,
+    Path(p): Params,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    match kind_of(&p) {
+        Some(PODS) => list_or_watch_pods(&s, Some(p["ns"].clone()), q),
+        Some(_) => unsupported(),
+        None => no_such_resource(),
+    }
+}
+
+fn list_or_watch_pods(shared: &Shared, ns: Option<String>, q: HashMap<String, String>) -> Response {
+    let param = |k: &str| q.get(k).map_or("", String::as_str);
+    for refused in ["labelSelector", "fieldSelector", "sendInitialEvents"] {
+        if !param(refused).is_empty() {
+            return bad_request(format!(
+                "{refused} is not implemented by the test API server"
+            ));
+        }
+    }
+    let in_scope = move |pod_ns: &str| ns.as_deref().is_none_or(|n| n == pod_ns);
+    let st = shared.lock();
+    let pods = st
+        .objects
+        .iter()
+        .filter(|((plural, ns, _), _)| *plural == "pods" && in_scope(ns));
+    let pods = pods.map(|(_, pod)| pod.clone());
+    if !matches!(param("watch"), "true" | "1") {
+        let items = pods
+            .map(|p| serde_json::from_value(p).expect("stored pod"))
+            .collect();
+        let metadata = ListMeta {
+            resource_version: Some(st.rv.to_string()),
+            ..Default::default()
+        };
+        return Json(k8s_openapi::List::<Pod> { items, metadata }).into_response();
+    }
+
+    // A watch replays what happened after `resourceVersion`, then goes live.
+    let (since, backlog): (u64, Vec<Arc<str>>) = match param("resourceVersion") {
+        // "" and "0": from now, with a synthetic ADDED for every Pod.
+        "" | "0" => (
+            st.rv,
+            pods.map(|p| json!({"type": "ADDED", "object": p}).to_string().into())
+                .collect(),
+        ),
+        rv => match rv.parse::<u64>() {
+            Ok(rv) if rv < st.oldest_watchable => {
+                let message = format!("too old resource version: {rv} ({})", st.oldest_watchable);
+                let status = status(410, "Expired", message, None);
+                let line = json!({"type": "ERROR", "object": status}).to_string();
+                return watch_response(stream::iter([line.into()]).boxed());
+            }
+            Ok(rv) => {
+                let newer = st
+                    .pod_history
+                    .iter()
+                    .filter(|(v, ns, _)| *v > rv && in_scope(ns));
+                (rv, newer.map(|(_, _, line)| line.clone()).collect())
+            }
+            Err(_) => return bad_request(format!("invalid resource version {rv:?}")),
+        },
+    };
+    let bookmarks = param("allowWatchBookmarks") == "true";
+    let rx = shared.feed.subscribe();
+    drop(st);
+
+    let live = stream::unfold(rx, move |mut rx| {
+        let in_scope = in_scope.clone();
+        async move {
+            loop {
+                let line: Arc<str> = match rx.recv().await {
+                    Ok(Feed::Pod { rv, ns, line }) if rv > since && in_scope(&ns) => line,
+                    // kube needs the apiVersion and kind the real API puts in
+                    // a bookmark (k8s-openapi's WatchEvent::Bookmark leaves them out).
+                    Ok(Feed::Bookmark(rv)) if bookmarks => {
+                        let object = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()}});
+                        json!({"type": "BOOKMARK", "object": object})
+                            .to_string()
+                            .into()
+                    }
+                    Ok(Feed::Pod { .. } | Feed::Bookmark(_)) => continue,
+                    // Closed, or lagging too far behind: the API ends such watches too.
+                    Ok(Feed::Close) | Err(_) => return None,
+                };
+                return Some((line, rx));
+            }
+        }
+    });
+    let deadline = match param("timeoutSeconds").parse::<u64>() {
+        Ok(secs) => tokio::time::sleep(Duration::from_secs(secs)).boxed(),
+        Err(_) => std::future::pending().boxed(),
+    };
+    watch_response(
+        stream::iter(backlog)
+            .chain(live)
+            .take_until(deadline)
+            .boxed(),
+    )
+}
+
+fn watch_response(lines: stream::BoxStream<'static, Arc<str>>) -> Response {
+    let body = lines.map(|line| Ok::<_, Infallible>(Bytes::from(format!("{line}\n"))));
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// Decodes a `K` for namespace `ns`, as the API's request decoding does.
+fn decode<K: Resource + Metadata<Ty = ObjectMeta> + DeserializeOwned>(
+    body: &[u8],
+    ns: &str,
+) -> Result<K, Response> {
+    let obj: K = serde_json::from_slice(body)
+        .map_err(|e| bad_request(format!("decoding {}: {e}", K::KIND)))?;
+    if obj.metadata().namespace.as_deref().is_some_and(|n| n != ns) {
+        let message =
+            "the namespace of the provided object does not match the namespace sent on the request";
+        return Err(bad_request(message.into()));
+    }
+    Ok(obj)
+}
+
+async fn create(State(s): ApiState, Path(p): Params, body: Bytes) -> Response {
+    let result = match kind_of(&p) {
+        Some(CORE_EVENTS) => {
+            create_as::<CoreEvent>(&s, CORE_EVENTS, &p["ns"], &body, check_core_event)
+        }
+        Some(EVENTS) => create_as::<Event>(&s, EVENTS, &p["ns"], &body, check_event),
+        Some(LEASES) => create_as::<Lease>(&s, LEASES, &p["ns"], &body, |_, _| Ok(())),
+        Some(_) => Err(unsupported()),
+        None => Err(no_such_resource()),
+    };
+    result.unwrap_or_else(|e| e)
+}
+
+type Check<K> = fn(&K, &str) -> Result<(), String>;
+
+fn create_as<K>(
+    s: &Shared,
+    kind: Kind,
+    ns: &str,
+    body: &[u8],
+    check: Check<K>,
+) -> Result<Response, Response>
+where
+    K: Resource + Metadata<Ty = ObjectMeta> + Serialize + DeserializeOwned,
+{
+    let obj: K = decode(body, ns)?;
+    let mut st = s.lock();
+    let name = match (&obj.metadata().name, &obj.metadata().generate_name) {
+        (Some(name), _) if !name.is_empty() => name.clone(),
+        (_, Some(prefix)) if !prefix.is_empty() => {
+            format!("{prefix}{}", generated_suffix(st.rv + 1))
+        }
+        _ => {
+            return Err(invalid(
+                kind,
+                "",
+                "metadata.name: Required value: name or generateName is required".into(),
+            ));
+        }
+    };
+    check(&obj, ns).map_err(|problem| invalid(kind, &name, problem))?;
+    if st
+        .objects
+        .contains_key(&(kind.1, ns.to_owned(), name.clone()))
+    {
+        let message = format!("{} already exists", kind.named(&name));
+        let about = Some((kind, name.as_str()));
+        return Err(failure_about(409, "AlreadyExists", message, about));
+    }
+    let value = serde_json::to_value(&obj).expect("serialise");
+    Ok((
+        StatusCode::CREATED,
+        Json(st.write(kind, ns, &name, value).0),
+    )
+        .into_response())
+}
+
+/// Like the API server's random 5-character `generateName` suffix, but
+/// derived from `n`, so unique per resourceVersion.
+fn generated_suffix(mut n: u64) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut next = || {
+        let c = ALPHABET[(n % 27) as usize] as char;
+        n /= 27;
+        c
+    };
+    (0..5).map(|_| next()).collect()
+}
+
+/// events.k8s.io/v1 validation of a new Event, as the API server does it.
+fn check_event(e: &Event, _ns: &str) -> Result<(), String> {
+    let required = [
+        ("reportingController", &e.reporting_controller),
+        ("reportingInstance", &e.reporting_instance),
+        ("action", &e.action),
+        ("reason", &e.reason),
+    ];
+    if let Some((field, _)) = required
+        .iter()
+        .find(|(_, v)| v.as_deref().unwrap_or("").is_empty())
+    {
+        return Err(format!("{field}: Required value"));
+    }
+    if e.event_time.is_none() {
+        return Err("eventTime: Required value".into());
+    }
+    match e.type_.as_deref() {
+        Some("Normal" | "Warning") => Ok(()),
+        other => Err(format!(
+            "type: Unsupported value: {other:?}: supported values: \"Normal\", \"Warning\""
+        )),
+    }
+}
+
+fn check_core_event(e: &CoreEvent, ns: &str) -> Result<(), String> {
+    match e.involved_object.namespace.as_deref() {
+        Some(n) if !n.is_empty() && n != ns => Err(format!(
+            "involvedObject.namespace: Invalid value: {n:?}: does not match event.namespace"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// PUT, for Leases: a `metadata.resourceVersion` other than the stored one
+/// gets 409 Conflict; none at all is an unconditional update.
+async fn replace(State(s): ApiState, Path(p): Params, body: Bytes) -> Response {
+    match kind_of(&p) {
+        Some(LEASES) => {
+            replace_as::<Lease>(&s, LEASES, &p["ns"], &p["name"], &body).unwrap_or_else(|e| e)
+        }
+        Some(_) => unsupported(),
+        None => no_such_resource(),
+    }
+}
+
+fn replace_as<K>(
+    s: &Shared,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    body: &[u8],
+) -> Result<Response, Response>
+where
+    K: Resource + Metadata<Ty = ObjectMeta> + Serialize + DeserializeOwned,
+{
+    let obj: K = decode(body, ns)?;
+    let meta = obj.metadata();
+    if let Some(named) = meta.name.as_deref().filter(|n| *n != name) {
+        return Err(bad_request(format!(
+            "the name of the object ({named}) does not match the name on the URL ({name})"
+        )));
+    }
+    let mut st = s.lock();
+    let Some(current) = st.objects.get(&(kind.1, ns.to_owned(), name.to_owned())) else {
+        return Err(not_found(kind, name));
+    };
+    if meta
+        .resource_version
+        .as_ref()
+        .is_some_and(|rv| current["metadata"]["resourceVersion"] != *rv)
+    {
+        let message = format!(
+            "Operation cannot be fulfilled on {}: the object has been modified; {}",
+            kind.named(name),
+            "please apply your changes to the latest version and try again"
+        );
+        return Err(failure_about(409, "Conflict", message, Some((kind, name))));
+    }
+    let value = serde_json::to_value(&obj).expect("serialise");
+    Ok(Json(st.write(kind, ns, name, value).0).into_response())
+}
+
+/// PATCH, for Events: merge patch, or strategic merge patch, which is the
+/// same for an Event's fields. (kube sends JSON patches only with its
+/// `jsonpatch` feature, and server-side apply isn't implemented.)
+async fn patch(State(s): ApiState, Path(p): Params, headers: HeaderMap, body: Bytes) -> Response {
+    let (ns, name) = (&p["ns"], &p["name"]);
+    let result = match kind_of(&p) {
+        Some(CORE_EVENTS) => patch_as::<CoreEvent>(&s, CORE_EVENTS, ns, name, &headers, &body),
+        Some(EVENTS) => patch_as::<Event>(&s, EVENTS, ns, name, &headers, &body),
+        Some(_) => Err(unsupported()),
+        None => Err(no_such_resource()),
+    };
+    result.unwrap_or_else(|e| e)
+}
+
+fn patch_as<K: Resource + DeserializeOwned>(
+    s: &Shared,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, Response> {
+    let mut st = s.lock();
+    let key = (kind.1, ns.to_owned(), name.to_owned());
+    let mut obj = st
+        .objects
+        .get(&key)
+        .cloned()
+        .ok_or_else(|| not_found(kind, name))?;
+    if obj["apiVersion"] != K::API_VERSION {
+        // The real API converts between the two Event APIs; this one doesn't.
+        let created_as = &obj["apiVersion"];
+        return Err(bad_request(format!(
+            "{} was created as {created_as}: patch it through that API",
+            kind.named(name)
+        )));
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    if !matches!(
+        content_type.unwrap_or(""),
+        "application/merge-patch+json" | "application/strategic-merge-patch+json"
+    ) {
+        let message = format!("unsupported patch type {content_type:?} (only merge patches here)");
+        return Err(failure(415, "UnsupportedMediaType", message));
+    }
+    let patch: Value = serde_json::from_slice(body)
+        .map_err(|e| bad_request(format!("decoding the patch: {e}")))?;
+    json_patch::merge(&mut obj, &patch);
+    serde_json::from_value::<K>(obj.clone()).map_err(|e| invalid(kind, name, e.to_string()))?;
+    Ok(Json(st.write(kind, ns, name, obj).0).into_response())
+}

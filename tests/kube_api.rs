@@ -1,0 +1,668 @@
+//! Self-test of the in-process Kubernetes API server (tests/common/kube.rs),
+//! driven through kube's own client.
+
+mod common;
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::kube::{ApiRequest, KubeApi, dockerconfigjson_secret};
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ContainerState, ContainerStateWaiting, ContainerStatus, Event as CoreEvent,
+    LocalObjectReference, ObjectReference, Pod, PodStatus, Secret, ServiceAccount,
+};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::core::Status;
+use serde_json::{Value, json};
+
+fn meta(ns: &str, name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(ns.into()),
+        ..Default::default()
+    }
+}
+
+fn pod(ns: &str, name: &str) -> Pod {
+    Pod {
+        metadata: meta(ns, name),
+        ..Default::default()
+    }
+}
+
+fn pull_failing(mut pod: Pod, image: &str) -> Pod {
+    pod.status = Some(PodStatus {
+        container_statuses: Some(vec![ContainerStatus {
+            name: "app".into(),
+            image: image.into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ErrImagePull".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    pod
+}
+
+/// The `Status` of a `kube::Error::Api`, or a panic naming what came instead.
+#[track_caller]
+fn api_error<T: std::fmt::Debug>(result: kube::Result<T>) -> Status {
+    match result {
+        Err(kube::Error::Api(status)) => *status,
+        other => panic!("expected kube::Error::Api, got {other:?}"),
+    }
+}
+
+/// The next watch event, within 5 s.
+async fn next<S>(stream: &mut S) -> WatchEvent<Pod>
+where
+    S: futures::Stream<Item = kube::Result<WatchEvent<Pod>>> + Unpin,
+{
+    match tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
+        Ok(Some(Ok(event))) => event,
+        Ok(Some(Err(e))) => panic!("watch error: {e:?}"),
+        Ok(None) => panic!("watch ended early"),
+        Err(_) => panic!("no watch event within 5 s"),
+    }
+}
+
+fn name_rv(pod: &Pod) -> (String, u64) {
+    let rv = pod
+        .metadata
+        .resource_version
+        .as_deref()
+        .expect("resourceVersion");
+    (
+        pod.metadata.name.clone().unwrap(),
+        rv.parse().expect("numeric resourceVersion"),
+    )
+}
+
+#[tokio::test]
+async fn secrets_and_service_accounts() {
+    common::init();
+    let api = KubeApi::start().await;
+    api.put_secret(
+        "apps",
+        dockerconfigjson_secret("pull", "reg.test:5000", "alice", "s3cret"),
+    );
+    let sa = ServiceAccount {
+        metadata: meta("apps", "runner"),
+        image_pull_secrets: Some(vec![LocalObjectReference {
+            name: "pull".into(),
+        }]),
+        ..Default::default()
+    };
+    api.put_service_account("apps", sa);
+
+    let secrets: Api<Secret> = Api::namespaced(api.client(), "apps");
+    let secret = secrets.get("pull").await.expect("get secret");
+    assert_eq!(
+        secret.type_.as_deref(),
+        Some("kubernetes.io/dockerconfigjson")
+    );
+    assert_eq!(secret.metadata.namespace.as_deref(), Some("apps"));
+    assert!(secret.metadata.resource_version.is_some() && secret.metadata.uid.is_some());
+    let config: Value =
+        serde_json::from_slice(&secret.data.unwrap()[".dockerconfigjson"].0).expect("JSON");
+    let auth = config["auths"]["reg.test:5000"]["auth"]
+        .as_str()
+        .expect("auth");
+    let auth = base64::engine::general_purpose::STANDARD
+        .decode(auth)
+        .unwrap();
+    assert_eq!(auth, b"alice:s3cret");
+
+    // The client's default namespace is used by Api::default_namespaced.
+    let sas: Api<ServiceAccount> = Api::default_namespaced(api.client_in("apps"));
+    let got = sas.get("runner").await.expect("get service account");
+    assert_eq!(got.image_pull_secrets.unwrap()[0].name, "pull");
+
+    let missing = api_error(secrets.get("nope").await);
+    assert_eq!((missing.code, missing.reason.as_str()), (404, "NotFound"));
+    assert_eq!(missing.message, "secrets \"nope\" not found");
+    let other_ns: Api<Secret> = Api::namespaced(api.client(), "elsewhere");
+    assert_eq!(api_error(other_ns.get("pull").await).code, 404);
+    // A resource the server doesn't serve is a 404 Status too, not an empty body.
+    let cms: Api<ConfigMap> = Api::namespaced(api.client(), "apps");
+    assert_eq!(api_error(cms.get("x").await).reason, "NotFound");
+
+    // The raw 404 body is a real Status object.
+    let url = format!("{}/api/v1/namespaces/apps/secrets/nope", api.url());
+    let raw = reqwest::get(&url).await.expect("GET");
+    assert_eq!(raw.status(), 404);
+    let body: Value = raw.json().await.expect("JSON body");
+    assert_eq!(body["kind"], "Status");
+    assert_eq!(body["apiVersion"], "v1");
+    assert_eq!(body["status"], "Failure");
+    assert_eq!(body["reason"], "NotFound");
+    assert_eq!(body["code"], 404);
+    assert_eq!(body["details"], json!({"name": "nope", "kind": "secrets"}));
+
+    let get = |path: &str| ApiRequest {
+        method: "GET".into(),
+        path: path.into(),
+        query: "".into(),
+    };
+    assert_eq!(
+        api.requests(),
+        [
+            get("/api/v1/namespaces/apps/secrets/pull"),
+            get("/api/v1/namespaces/apps/serviceaccounts/runner"),
+            get("/api/v1/namespaces/apps/secrets/nope"),
+            get("/api/v1/namespaces/elsewhere/secrets/pull"),
+            get("/api/v1/namespaces/apps/configmaps/x"),
+            get("/api/v1/namespaces/apps/secrets/nope"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn list_then_watch_pods_in_order() {
+    common::init();
+    let api = KubeApi::start().await;
+    api.apply_pod(pod("apps", "a"));
+    api.apply_pod(pod("other", "x"));
+    let pods: Api<Pod> = Api::all(api.client());
+    let list = pods.list(&ListParams::default()).await.expect("list pods");
+    let mut names: Vec<_> = list.items.iter().map(|p| name_rv(p).0).collect();
+    names.sort();
+    assert_eq!(names, ["a", "x"]);
+    let list_rv = list
+        .metadata
+        .resource_version
+        .clone()
+        .expect("list resourceVersion");
+    assert_eq!(list_rv, api.resource_version());
+    let namespaced: Api<Pod> = Api::namespaced(api.client(), "apps");
+    let apps = namespaced
+        .list(&ListParams::default())
+        .await
+        .expect("list apps pods");
+    assert_eq!(apps.items.len(), 1);
+
+    let wp = WatchParams::default().timeout(30);
+    let mut all = pods.watch(&wp, &list_rv).await.expect("watch").boxed();
+    let mut in_apps = namespaced
+        .watch(&wp, &list_rv)
+        .await
+        .expect("watch apps")
+        .boxed();
+    api.apply_pod(pod("apps", "b"));
+    api.apply_pod(pod("other", "y"));
+    let failing = api.apply_pod(pull_failing(pod("apps", "a"), "mirror.test/app@sha256:00"));
+    let bookmark_rv = api.bookmark();
+    let deleted = api.delete_pod("apps", "b");
+
+    let base: u64 = list_rv.parse().unwrap();
+    match next(&mut all).await {
+        WatchEvent::Added(p) => assert_eq!(name_rv(&p), ("b".into(), base + 1)),
+        e => panic!("want ADDED b, got {e:?}"),
+    }
+    match next(&mut all).await {
+        WatchEvent::Added(p) => assert_eq!(name_rv(&p), ("y".into(), base + 2)),
+        e => panic!("want ADDED y, got {e:?}"),
+    }
+    match next(&mut all).await {
+        WatchEvent::Modified(p) => {
+            assert_eq!(name_rv(&p), ("a".into(), base + 3));
+            assert_eq!(p, failing);
+            let status = &p.status.unwrap().container_statuses.unwrap()[0];
+            let waiting = status.state.as_ref().unwrap().waiting.as_ref().unwrap();
+            assert_eq!(waiting.reason.as_deref(), Some("ErrImagePull"));
+        }
+        e => panic!("want MODIFIED a, got {e:?}"),
+    }
+    match next(&mut all).await {
+        WatchEvent::Bookmark(b) => {
+            assert_eq!(b.metadata.resource_version, bookmark_rv);
+            assert_eq!(
+                (b.types.api_version.as_str(), b.types.kind.as_str()),
+                ("v1", "Pod")
+            );
+        }
+        e => panic!("want BOOKMARK, got {e:?}"),
+    }
+    match next(&mut all).await {
+        WatchEvent::Deleted(p) => {
+            assert_eq!(name_rv(&p), ("b".into(), base + 4));
+            assert_eq!(
+                deleted.metadata.resource_version.as_deref(),
+                Some(&*(base + 4).to_string())
+            );
+        }
+        e => panic!("want DELETED b, got {e:?}"),
+    }
+    // The namespaced watch sees only its namespace.
+    let seen: Vec<String> = [
+        next(&mut in_apps).await,
+        next(&mut in_apps).await,
+        next(&mut in_apps).await,
+        next(&mut in_apps).await,
+    ]
+    .into_iter()
+    .map(|e| match e {
+        WatchEvent::Added(p) => format!("ADDED {}", name_rv(&p).0),
+        WatchEvent::Modified(p) => format!("MODIFIED {}", name_rv(&p).0),
+        WatchEvent::Deleted(p) => format!("DELETED {}", name_rv(&p).0),
+        WatchEvent::Bookmark(_) => "BOOKMARK".into(),
+        WatchEvent::Error(s) => format!("ERROR {s:?}"),
+    })
+    .collect();
+    assert_eq!(seen, ["ADDED b", "MODIFIED a", "BOOKMARK", "DELETED b"]);
+
+    // A watch from the same resourceVersion replays the history (bookmarks
+    // are live only), and one without bookmarks doesn't get them.
+    let quiet = WatchParams {
+        bookmarks: false,
+        ..WatchParams::default().timeout(30)
+    };
+    let mut replay = namespaced
+        .watch(&quiet, &list_rv)
+        .await
+        .expect("re-watch")
+        .boxed();
+    assert!(matches!(next(&mut replay).await, WatchEvent::Added(p) if name_rv(&p).0 == "b"));
+    assert!(matches!(next(&mut replay).await, WatchEvent::Modified(p) if name_rv(&p).0 == "a"));
+    assert!(matches!(next(&mut replay).await, WatchEvent::Deleted(p) if name_rv(&p).0 == "b"));
+    api.bookmark();
+    api.apply_pod(pod("apps", "c"));
+    assert!(matches!(next(&mut replay).await, WatchEvent::Added(p) if name_rv(&p).0 == "c"));
+
+    // kube sends what the real API expects.
+    let watches: Vec<ApiRequest> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.query.contains("watch=true"))
+        .collect();
+    assert_eq!(watches.len(), 3);
+    assert_eq!(watches[0].path, "/api/v1/pods");
+    assert_eq!(watches[1].path, "/api/v1/namespaces/apps/pods");
+    let q = &watches[0].query;
+    for part in [
+        "timeoutSeconds=30",
+        "allowWatchBookmarks=true",
+        &format!("resourceVersion={list_rv}"),
+    ] {
+        assert!(q.split('&').any(|p| p == part), "{part} missing from {q}");
+    }
+    assert!(!watches[2].query.contains("allowWatchBookmarks"));
+}
+
+#[tokio::test]
+async fn watch_from_zero_gets_current_pods_as_added() {
+    common::init();
+    let api = KubeApi::start().await;
+    api.apply_pod(pod("apps", "a"));
+    let pods: Api<Pod> = Api::all(api.client());
+    let mut watch = pods
+        .watch(&WatchParams::default(), "0")
+        .await
+        .expect("watch")
+        .boxed();
+    assert!(matches!(next(&mut watch).await, WatchEvent::Added(p) if name_rv(&p).0 == "a"));
+    api.apply_pod(pod("apps", "b"));
+    assert!(matches!(next(&mut watch).await, WatchEvent::Added(p) if name_rv(&p).0 == "b"));
+}
+
+#[tokio::test]
+async fn expired_resource_version_gets_410() {
+    common::init();
+    let api = KubeApi::start().await;
+    let pods: Api<Pod> = Api::all(api.client());
+    let old = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    api.apply_pod(pod("apps", "a"));
+    api.apply_pod(pod("apps", "b"));
+    api.expire_history();
+
+    let mut stale = pods
+        .watch(&WatchParams::default(), &old)
+        .await
+        .expect("watch")
+        .boxed();
+    match next(&mut stale).await {
+        WatchEvent::Error(status) => {
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+            assert!(
+                status.message.starts_with("too old resource version"),
+                "{status:?}"
+            );
+        }
+        e => panic!("want ERROR 410, got {e:?}"),
+    }
+    assert!(stale.next().await.is_none(), "an expired watch ends");
+
+    // Re-listing gives a resourceVersion that can be watched again.
+    let list = pods.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 2);
+    let rv = list.metadata.resource_version.unwrap();
+    let mut fresh = pods
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    api.apply_pod(pod("apps", "c"));
+    assert!(matches!(next(&mut fresh).await, WatchEvent::Added(p) if name_rv(&p).0 == "c"));
+}
+
+#[tokio::test]
+async fn watches_end_on_timeout_and_on_close() {
+    common::init();
+    let api = KubeApi::start().await;
+    let pods: Api<Pod> = Api::all(api.client());
+    let started = std::time::Instant::now();
+    let mut short = pods
+        .watch(&WatchParams::default().timeout(1), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let end = tokio::time::timeout(Duration::from_secs(5), short.try_next()).await;
+    assert!(
+        matches!(end, Ok(Ok(None))),
+        "timeoutSeconds=1 ends the watch: {end:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+
+    let mut long = pods
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    api.close_watches();
+    let end = tokio::time::timeout(Duration::from_secs(5), long.try_next()).await;
+    assert!(
+        matches!(end, Ok(Ok(None))),
+        "close_watches ends the watch: {end:?}"
+    );
+}
+
+#[tokio::test]
+async fn selectors_are_refused_not_ignored_and_failures_inject() {
+    common::init();
+    let api = KubeApi::start().await;
+    let pods: Api<Pod> = Api::all(api.client());
+    let err = api_error(pods.list(&ListParams::default().labels("app=x")).await);
+    assert_eq!((err.code, err.reason.as_str()), (400, "BadRequest"));
+
+    // Calls the server doesn't implement are refused with a Status too.
+    let secrets: Api<Secret> = Api::namespaced(api.client(), "apps");
+    let secret = dockerconfigjson_secret("s", "reg.test", "u", "p");
+    let err = api_error(secrets.create(&PostParams::default(), &secret).await);
+    assert_eq!((err.code, err.reason.as_str()), (405, "MethodNotAllowed"));
+    let err = api_error(secrets.delete("s", &Default::default()).await);
+    assert_eq!((err.code, err.reason.as_str()), (405, "MethodNotAllowed"));
+
+    api.fail_next("GET", "/api/v1/pods", 500);
+    let err = api_error(pods.list(&ListParams::default()).await);
+    assert_eq!(err.code, 500);
+    pods.list(&ListParams::default())
+        .await
+        .expect("only the next request fails");
+}
+
+fn new_event(ns: &str, reason: &str) -> Event {
+    Event {
+        metadata: ObjectMeta {
+            generate_name: Some("pinswap-".into()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+        action: Some("Remirror".into()),
+        reason: Some(reason.into()),
+        note: Some("mirror.test/app@sha256:00 copied again".into()),
+        type_: Some("Normal".into()),
+        reporting_controller: Some("pinswap.dev/watcher".into()),
+        reporting_instance: Some("pinswap-0".into()),
+        regarding: Some(ObjectReference {
+            kind: Some("Pod".into()),
+            namespace: Some(ns.into()),
+            name: Some("a".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn events_are_created_and_patched() {
+    common::init();
+    let api = KubeApi::start().await;
+    let events: Api<Event> = Api::namespaced(api.client(), "apps");
+    let created = events
+        .create(
+            &PostParams::default(),
+            &new_event("apps", "ImageRemirrored"),
+        )
+        .await;
+    let created = created.expect("create events.k8s.io/v1 Event");
+    let name = created
+        .metadata
+        .name
+        .clone()
+        .expect("name from generateName");
+    assert!(
+        name.starts_with("pinswap-") && name.len() == "pinswap-".len() + 5,
+        "{name}"
+    );
+    assert!(created.metadata.resource_version.is_some());
+    let second = events
+        .create(&PostParams::default(), &new_event("apps", "RemirrorFailed"))
+        .await;
+    assert_ne!(
+        second.unwrap().metadata.name.unwrap(),
+        name,
+        "generated names are unique"
+    );
+
+    let patched = events
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"note": "again"})),
+        )
+        .await
+        .expect("merge-patch the event");
+    assert_eq!(patched.note.as_deref(), Some("again"));
+    assert_eq!(patched.reason.as_deref(), Some("ImageRemirrored"));
+    let strategic = Patch::Strategic(json!({"note": "third"}));
+    let patched = events
+        .patch(&name, &PatchParams::default(), &strategic)
+        .await;
+    assert_eq!(
+        patched.expect("strategic-merge-patch").note.as_deref(),
+        Some("third")
+    );
+    let apply = Patch::Apply(json!({"note": "fourth"}));
+    let err = api_error(
+        events
+            .patch(&name, &PatchParams::apply("pinswap"), &apply)
+            .await,
+    );
+    assert_eq!(
+        (err.code, err.reason.as_str()),
+        (415, "UnsupportedMediaType")
+    );
+    let missing = events
+        .patch("nope", &PatchParams::default(), &Patch::Merge(json!({})))
+        .await;
+    assert_eq!(api_error(missing).code, 404);
+
+    // The API's validation: a reporting controller is required, and the
+    // namespace must match the URL's.
+    let mut incomplete = new_event("apps", "X");
+    incomplete.reporting_controller = None;
+    let err = api_error(events.create(&PostParams::default(), &incomplete).await);
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    let err = api_error(
+        events
+            .create(&PostParams::default(), &new_event("kube-system", "X"))
+            .await,
+    );
+    assert_eq!(err.code, 400);
+
+    let core: Api<CoreEvent> = Api::namespaced(api.client(), "apps");
+    let core_event = CoreEvent {
+        metadata: ObjectMeta {
+            name: Some("a.1".into()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            kind: Some("Pod".into()),
+            name: Some("a".into()),
+            namespace: Some("apps".into()),
+            ..Default::default()
+        },
+        reason: Some("ImageRemirrored".into()),
+        type_: Some("Normal".into()),
+        ..Default::default()
+    };
+    let stored = core
+        .create(&PostParams::default(), &core_event)
+        .await
+        .expect("core/v1 Event");
+    assert_eq!(stored.metadata.name.as_deref(), Some("a.1"));
+    let again = api_error(core.create(&PostParams::default(), &core_event).await);
+    assert_eq!((again.code, again.reason.as_str()), (409, "AlreadyExists"));
+
+    let all = api.events();
+    let mut reasons: Vec<_> = all.iter().map(|e| e["reason"].as_str().unwrap()).collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        ["ImageRemirrored", "ImageRemirrored", "RemirrorFailed"]
+    );
+    assert!(all.iter().all(|e| e["metadata"]["namespace"] == "apps"));
+    let posts = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .count();
+    assert_eq!(posts, 6);
+}
+
+#[tokio::test]
+async fn leases_use_optimistic_concurrency() {
+    common::init();
+    let api = KubeApi::start().await;
+    let leases: Api<Lease> = Api::namespaced(api.client(), "pinswap");
+    assert_eq!(api_error(leases.get("pinswap-leader").await).code, 404);
+
+    let held_by = |who: &str| Lease {
+        metadata: ObjectMeta {
+            name: Some("pinswap-leader".into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(who.into()),
+            lease_duration_seconds: Some(15),
+            ..Default::default()
+        }),
+    };
+    let first = leases
+        .create(&PostParams::default(), &held_by("a"))
+        .await
+        .expect("create");
+    let err = api_error(leases.create(&PostParams::default(), &held_by("b")).await);
+    assert_eq!((err.code, err.reason.as_str()), (409, "AlreadyExists"));
+
+    let mut take = held_by("b");
+    take.metadata.resource_version = first.metadata.resource_version.clone();
+    let second = leases
+        .replace("pinswap-leader", &PostParams::default(), &take)
+        .await;
+    let second = second.expect("replace with the current resourceVersion");
+    assert_ne!(
+        second.metadata.resource_version,
+        first.metadata.resource_version
+    );
+    assert_eq!(second.metadata.uid, first.metadata.uid);
+
+    let err = api_error(leases.replace("other", &PostParams::default(), &take).await);
+    assert_eq!(err.code, 400, "name mismatch: {err:?}");
+    let mut absent = held_by("a");
+    absent.metadata.name = Some("absent".into());
+    let err = api_error(
+        leases
+            .replace("absent", &PostParams::default(), &absent)
+            .await,
+    );
+    assert_eq!((err.code, err.reason.as_str()), (404, "NotFound"));
+
+    // `a` still holds the first version: its update is stale.
+    let mut stale = held_by("a");
+    stale.metadata.resource_version = first.metadata.resource_version.clone();
+    let err = api_error(
+        leases
+            .replace("pinswap-leader", &PostParams::default(), &stale)
+            .await,
+    );
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    assert!(
+        err.message.contains("the object has been modified"),
+        "{err:?}"
+    );
+    let holder = |l: Lease| l.spec.unwrap().holder_identity.unwrap();
+    assert_eq!(holder(leases.get("pinswap-leader").await.unwrap()), "b");
+    assert_eq!(holder(api.lease("pinswap", "pinswap-leader").unwrap()), "b");
+
+    // kube's Entry API (get, then create or replace) races the same way.
+    let mut one = leases
+        .entry("race")
+        .await
+        .unwrap()
+        .or_insert(Lease::default);
+    one.commit(&PostParams::default())
+        .await
+        .expect("create via entry");
+    let mut a = leases
+        .entry("race")
+        .await
+        .unwrap()
+        .or_insert(Lease::default);
+    let mut b = leases
+        .entry("race")
+        .await
+        .unwrap()
+        .or_insert(Lease::default);
+    a.get_mut().spec = Some(LeaseSpec {
+        holder_identity: Some("a".into()),
+        ..Default::default()
+    });
+    b.get_mut().spec = Some(LeaseSpec {
+        holder_identity: Some("b".into()),
+        ..Default::default()
+    });
+    a.commit(&PostParams::default())
+        .await
+        .expect("first writer wins");
+    match b.commit(&PostParams::default()).await {
+        Err(kube::api::entry::CommitError::Save(kube::Error::Api(s))) => assert_eq!(s.code, 409),
+        other => panic!("second writer must conflict, got {other:?}"),
+    }
+    let puts: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PUT")
+        .collect();
+    assert_eq!(puts.len(), 6);
+    assert!(puts.iter().all(|r| {
+        r.path
+            .starts_with("/apis/coordination.k8s.io/v1/namespaces/pinswap/leases/")
+    }));
+}
