@@ -1,23 +1,46 @@
 #!/usr/bin/env bash
 # pinswap demo on a fresh machine: two loopback registries, a source seeded
-# from examples/oci/, and pinswap mirroring it byte-exact into a target.
+# from examples/oci/, pinswap mirroring it byte-exact into a target, then the
+# webhook (`pinswap serve`) answering the AdmissionReviews in
+# examples/admission/ with examples/demo.yaml as its config.
 # Usage: scripts/demo.sh            (needs root for apt-get on first run)
+# env: PINSWAP_BIN (use this binary instead of `cargo build --release`)
+# Exits non-zero when anything is off: a copy that fails, a container that is
+# not rewritten as expected, a digest that differs between source and target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v docker-registry >/dev/null; then
-  echo "== installing docker-registry (Debian's Distribution 2.8)"
+missing=()
+for pair in docker-registry:docker-registry openssl:openssl curl:curl python3:python3; do
+  command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
+done
+if ((${#missing[@]})); then
+  echo "== installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq docker-registry >/dev/null
+  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-echo "== building pinswap (the first build takes a few minutes)"
-cargo build --release --quiet
-PINSWAP=$PWD/target/release/pinswap
+if [ -n "${PINSWAP_BIN:-}" ]; then
+  PINSWAP=$PINSWAP_BIN
+else
+  echo "== building pinswap (the first build takes a few minutes)"
+  cargo build --release --quiet
+  PINSWAP=$PWD/target/release/pinswap
+fi
 
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() { kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
+cleanup() {
+  local rc=$?
+  if ((rc)) && [ -s "$WORK/pinswap.log" ]; then
+    echo "== FAILED (exit $rc); the last lines of the pinswap serve log:" >&2
+    tail -n 20 "$WORK/pinswap.log" >&2
+  fi
+  # Reverse order: pinswap (SIGTERM, graceful) before the registries it uses.
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do kill "${PIDS[i]}" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -82,4 +105,183 @@ for pair in library/hello:v1 acme/web:1.0 spin/hello:v1 spin/goodbye:v1; do
   [ "$s" = "$t" ]
 done
 echo "arm64-only/hello:v1    $(digest "$DST" arm64-only/hello v1) (filtered)"
+
+# ------------------------------------------------------------------ webhook
+echo
+echo "== webhook: pinswap serve with examples/demo.yaml (target $DST/webhook, allowlist $SRC)"
+sed -e "s|{{SRC}}|$SRC|g" -e "s|{{DST}}|$DST|g" examples/demo.yaml >"$WORK/demo.yaml"
+$PINSWAP config validate "$WORK/demo.yaml"
+
+echo "== a self-signed CA, and a serving certificate for 127.0.0.1 signed by it"
+# rustls refuses a CA:TRUE certificate as a server certificate: issue a leaf.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+  -subj "/CN=pinswap demo CA" -keyout "$WORK/ca.key" -out "$WORK/ca.crt" \
+  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+  -subj "/CN=127.0.0.1" -keyout "$WORK/tls.key" -out "$WORK/tls.csr" 2>/dev/null
+printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature" \
+  "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1" >"$WORK/leaf.ext"
+openssl x509 -req -days 1 -in "$WORK/tls.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key" \
+  -CAcreateserial -extfile "$WORK/leaf.ext" -out "$WORK/tls.crt" 2>/dev/null
+openssl verify -CAfile "$WORK/ca.crt" "$WORK/tls.crt" >/dev/null
+
+HOOK=127.0.0.1:$(free_port) HEALTH=127.0.0.1:$(free_port)
+$PINSWAP serve --config "$WORK/demo.yaml" --tls-cert "$WORK/tls.crt" --tls-key "$WORK/tls.key" \
+  --listen "$HOOK" --health-listen "$HEALTH" >"$WORK/pinswap.log" 2>&1 &
+SERVE_PID=$!
+PIDS+=("$SERVE_PID")
+ready=
+for _ in $(seq 100); do
+  kill -0 "$SERVE_PID" 2>/dev/null || { echo "pinswap serve exited" >&2; exit 1; }
+  curl -fs "http://$HEALTH/readyz" >/dev/null && { ready=1; break; }
+  sleep 0.1
+done
+[ -n "$ready" ] || { echo "pinswap serve not ready after 10 s" >&2; exit 1; }
+echo "== serving https://$HOOK/mutate; health and metrics on http://$HEALTH (ready)"
+
+HELLO_DIGEST=$(digest "$SRC" library/hello v1)
+mkdir -p "$WORK/reviews"
+for f in examples/admission/*.json; do
+  name=$(basename "$f" .json)
+  sed -e "s|{{SRC}}|$SRC|g" -e "s|{{HELLO_DIGEST}}|$HELLO_DIGEST|g" "$f" >"$WORK/reviews/$name.request.json"
+  curl -fsS --cacert "$WORK/ca.crt" -H 'Content-Type: application/json' \
+    --data-binary @"$WORK/reviews/$name.request.json" "https://$HOOK/mutate" \
+    -o "$WORK/reviews/$name.response.json"
+done
+
+# Apply each response's JSONPatch to its Pod, print what changed and why,
+# check every expectation, then compare digests at the source and the target.
+python3 - "$WORK/reviews" "$SRC" "$DST/webhook" <<'PY'
+import base64, glob, json, os, sys, urllib.request
+
+reviews, src, target = sys.argv[1:4]
+ACCEPT = ", ".join([
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+])
+problems = []
+
+def check(ok, what):
+    if not ok:
+        problems.append(what)
+    return ok
+
+def decode_patch(patch):
+    # kube-core serialises the patch as an array of byte values; the
+    # AdmissionReview spec says base64. Accept both.
+    raw = bytes(patch) if isinstance(patch, list) else base64.b64decode(patch)
+    return json.loads(raw)
+
+def pointer(doc, path):
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
+    for p in parts[:-1]:
+        doc = doc[int(p)] if isinstance(doc, list) else doc[p]
+    return doc, parts[-1]
+
+def apply(doc, ops):
+    for op in ops:
+        parent, key = pointer(doc, op["path"])
+        if isinstance(parent, list):
+            key = len(parent) if key == "-" else int(key)
+        if op["op"] == "add" and isinstance(parent, list):
+            parent.insert(key, op["value"])
+        elif op["op"] in ("add", "replace"):
+            if op["op"] == "replace":
+                parent[key]  # must exist
+            parent[key] = op["value"]
+        elif op["op"] == "remove":
+            del parent[key]
+        elif op["op"] == "test":
+            if parent[key] != op["value"]:
+                raise ValueError(f"test failed at {op['path']}")
+        else:
+            raise ValueError(f"unexpected op {op['op']}")
+    return doc
+
+def head(url):
+    req = urllib.request.Request(url, method="HEAD", headers={"Accept": ACCEPT})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.headers.get("Docker-Content-Digest")
+    except OSError as e:
+        return f"missing ({e})"
+
+def split(image):
+    """HOST/REPO[:TAG][@DIGEST] -> (host, repo, tag, digest)."""
+    host, _, rest = image.partition("/")
+    rest, _, digest = rest.partition("@")
+    repo, tag = rest, None
+    if ":" in rest.rsplit("/", 1)[-1]:
+        repo, _, tag = rest.rpartition(":")
+    return host, repo, tag, digest or None
+
+mirrored = {}  # rewritten image -> original image
+for req_path in sorted(glob.glob(os.path.join(reviews, "*.request.json"))):
+    name = os.path.basename(req_path)[: -len(".request.json")]
+    request = json.load(open(req_path))["request"]
+    review = json.load(open(os.path.join(reviews, name + ".response.json")))
+    resp = review["response"]
+    pod = request["object"]
+    meta = pod["metadata"]
+    print(f"\n-- {name}: Pod {meta.get('namespace')}/{meta.get('name') or meta.get('generateName', '') + '*'}")
+    check(resp.get("uid") == request["uid"], f"{name}: response uid differs")
+    check(resp.get("allowed") is True, f"{name}: not allowed: {resp.get('status')}")
+    ops = decode_patch(resp["patch"]) if resp.get("patch") else []
+    if resp.get("patch"):
+        check(resp.get("patchType") == "JSONPatch", f"{name}: patchType {resp.get('patchType')}")
+    original = json.loads(json.dumps(pod))
+    pod = apply(pod, ops)
+    notes = pod["metadata"].get("annotations", {})
+    decisions = json.loads(notes.get("pinswap.dev/decisions", "{}"))
+    originals = json.loads(notes.get("pinswap.dev/original-images", "{}"))
+    for kind in ("initContainers", "containers", "ephemeralContainers"):
+        for before, after in zip(original["spec"].get(kind, []), pod["spec"].get(kind, [])):
+            slot = f"{kind}/{before['name']}"
+            old, new = before["image"], after["image"]
+            skip = any(e.get("name") == "PINSWAP_SKIP" and e.get("value") == "true"
+                       for e in before.get("env", []))
+            expect = old.startswith(src + "/") and not skip
+            print(f"  {slot}\n    was {old}\n    now {new if new != old else '(unchanged)'}")
+            if expect:
+                if check(new.startswith(target + "/") and "@sha256:" in new,
+                         f"{name} {slot}: not rewritten to a pinned target image"):
+                    mirrored[new] = old
+                check(originals.get(slot) == old,
+                      f"{name} {slot}: original-images has {originals.get(slot)!r}")
+            else:
+                check(new == old, f"{name} {slot}: rewritten, but it should be left alone")
+            check(slot in decisions, f"{name} {slot}: no decision recorded")
+    print("  pinswap.dev/decisions:")
+    for slot, why in sorted(decisions.items()):
+        print(f"    {slot}: {why}")
+
+print("\n== mirrored digests: the source's and the target's (HEAD, full Accept list)")
+print(f"{'image at the target':<58} {'source digest':<73} target digest")
+for new, old in sorted(mirrored.items()):
+    shost, srepo, stag, sdigest = split(old)
+    thost, trepo, ttag, tdigest = split(new)
+    s = head(f"http://{shost}/v2/{srepo}/manifests/{sdigest or stag}")
+    by_digest = head(f"http://{thost}/v2/{trepo}/manifests/{tdigest}")
+    by_tag = head(f"http://{thost}/v2/{trepo}/manifests/{ttag}") if ttag else by_digest
+    same = s == tdigest == by_digest == by_tag
+    shown = f"{trepo}{':' + ttag if ttag else '@' + tdigest[:19] + '…'}"
+    print(f"{shown:<58} {s:<73} {by_digest} {'same' if same else 'DIFFERENT'}")
+    check(same, f"{new}: source {s}, pinned {tdigest}, target by digest {by_digest}, by tag {by_tag}")
+    if not ttag:
+        with urllib.request.urlopen(f"http://{thost}/v2/{trepo}/tags/list", timeout=10) as r:
+            tags = json.load(r).get("tags") or []
+        print(f"{'':<58} tags at the target: {', '.join(sorted(tags))} (a digest-only image gets an anchor tag)")
+
+if problems:
+    print("\n== PROBLEMS", *problems, sep="\n  ", file=sys.stderr)
+    sys.exit(1)
+PY
+
+echo
+echo "== /metrics (admissions, rewrites, copies)"
+curl -fsS "http://$HEALTH/metrics" >"$WORK/metrics.txt"
+grep -E '^pinswap_(admissions_total|rewrites_total|copies_(started|succeeded|failed)_total|cache_(hits|misses)_total)' "$WORK/metrics.txt"
+grep -q '^pinswap_copies_failed_total 0$' "$WORK/metrics.txt" || { echo "a copy failed" >&2; exit 1; }
 echo "== done"

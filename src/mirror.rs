@@ -39,6 +39,14 @@ pub enum MirrorError {
     /// Resolving or planning failed.
     #[error(transparent)]
     Copy(#[from] CopyError),
+    /// Resolution failed for a caller that waited on another's lookup.
+    #[error("resolving {image}: {reason}")]
+    Resolve {
+        /// The source image.
+        image: String,
+        /// Why.
+        reason: String,
+    },
     /// The copy the policy waits for failed or ran out of time.
     #[error("copy of {image} failed: {reason}")]
     CopyFailed {
@@ -82,6 +90,9 @@ pub struct Mirror {
     copier: Arc<Copier>,
     metrics: Arc<Metrics>,
     resolution: Option<Cache<String, Digest>>,
+    /// Source digest → target digest (differs with a platform filter).
+    /// Content under a digest never changes, so this outlives `resolutionTtl`.
+    planned: Cache<String, Digest>,
     existence: Option<Cache<String, Instant>>,
     inflight: Arc<Mutex<HashMap<String, CopyHandle>>>,
     copy_slots: Arc<Semaphore>,
@@ -199,6 +210,10 @@ impl Mirror {
             copier,
             metrics,
             resolution: cache(config.cache.resolution_ttl, 10_000),
+            planned: Cache::builder()
+                .time_to_live(Duration::from_secs(24 * 3600))
+                .max_capacity(10_000)
+                .build(),
             existence: cache(config.cache.ttl, 100_000),
             inflight: Arc::default(),
             copy_slots: Arc::new(Semaphore::new(4)),
@@ -227,27 +242,43 @@ impl Mirror {
         if let Some(d) = src.digest() {
             return Ok(d.clone());
         }
-        let key = src.to_string();
-        if let Some(c) = &self.resolution
-            && let Some(d) = c.get(&key).await
-        {
-            self.metrics.cache("resolution", true);
-            return Ok(d);
-        }
-        self.metrics.cache("resolution", false);
-        let client = self
-            .pool
-            .get_with(src.registry(), Role::Source, creds)
-            .await?;
-        let d = match client.manifest_digest(src).await? {
-            Some(d) => d,
-            // HEAD has no body; GET brings the registry's own error code.
-            None => client.get_manifest(src).await?.digest,
+        let fetch = async {
+            self.metrics.cache("resolution", false);
+            let client = self
+                .pool
+                .get_with(src.registry(), Role::Source, creds)
+                .await?;
+            Ok::<_, MirrorError>(match client.manifest_digest(src).await? {
+                Some(d) => d,
+                // HEAD has no body; GET brings the registry's own error code.
+                None => client.get_manifest(src).await?.digest,
+            })
         };
-        if let Some(c) = &self.resolution {
-            c.insert(key, d.clone()).await;
+        match &self.resolution {
+            // One lookup per key at a time: callers arriving while it runs
+            // wait for it instead of resolving again (moka's coalescing).
+            Some(c) => {
+                let mut missed = false;
+                let d = c
+                    .try_get_with(src.to_string(), async {
+                        missed = true;
+                        fetch.await
+                    })
+                    .await
+                    .map_err(|e| match Arc::try_unwrap(e) {
+                        Ok(e) => e,
+                        Err(shared) => MirrorError::Resolve {
+                            image: src.to_string(),
+                            reason: shared.to_string(),
+                        },
+                    })?;
+                if !missed {
+                    self.metrics.cache("resolution", true);
+                }
+                Ok(d)
+            }
+            None => fetch.await,
         }
-        Ok(d)
     }
 
     async fn plan(
@@ -260,24 +291,18 @@ impl Mirror {
         // With a platform filter the target holds a filtered index with its
         // own digest; planned_digest computes it without pushing anything.
         // Content under a digest never changes, so it is cached by digest.
-        let key = format!("planned {pinned_source}");
-        let cached = match &self.resolution {
-            Some(c) => c.get(&key).await,
-            None => None,
-        };
-        let target_digest = match cached {
-            Some(d) => d,
-            None => {
-                let d = self
-                    .copier
+        let target_digest = self
+            .planned
+            .try_get_with(pinned_source.to_string(), async {
+                self.copier
                     .planned_digest(&Endpoint::Registry(pinned_source.clone()), creds)
-                    .await?;
-                if let Some(c) = &self.resolution {
-                    c.insert(key, d.clone()).await;
-                }
-                d
-            }
-        };
+                    .await
+            })
+            .await
+            .map_err(|e| MirrorError::Resolve {
+                image: src.to_string(),
+                reason: e.to_string(),
+            })?;
         let tag = match src.tag() {
             Some(t) => t.to_owned(),
             None => anchor_tag(&source_digest),
