@@ -660,3 +660,74 @@ async fn pull_secrets_from_the_pod_and_its_service_account() {
         );
     }
 }
+
+/// UPDATE touches only images the update changes (a changed image restarts
+/// a running container); the `ephemeralcontainers` subresource touches only
+/// ephemeral containers and no metadata; other subresources nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_and_subresources_touch_only_what_changed() {
+    common::init();
+    let r = rig().await;
+    let (adm, _) = r.admission("copyPolicy: immediate\n");
+    let app = format!("{}/shop/app:v1", r.src.host());
+    let debug = format!("{}/shop/debug:v1", r.src.host());
+    let pod = |labels: &str, image: &str, ephemeral: Option<&str>| {
+        let mut spec = serde_json::json!({"containers": [{"name": "c", "image": image}]});
+        if let Some(e) = ephemeral {
+            spec["ephemeralContainers"] = serde_json::json!([{"name": "dbg", "image": e}]);
+        }
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "shop", "labels": {"v": labels}}, "spec": spec})
+    };
+    let update = |old: Value, new: Value, sub: Option<&str>| {
+        let mut v = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "shop", "operation": "UPDATE", "userInfo": {"username": "a"},
+                "object": new, "oldObject": old, "dryRun": false}
+        });
+        if let Some(s) = sub {
+            v["request"]["subResource"] = Value::String(s.to_owned());
+        }
+        bytes::Bytes::from(serde_json::to_vec(&v).unwrap())
+    };
+    // A label change on a Pod whose image was left alone at CREATE.
+    let a = review(
+        &adm,
+        update(pod("1", &app, None), pod("2", &app, None), None),
+    )
+    .await;
+    assert!(
+        a.response.get("patch").is_none(),
+        "no patch: {}",
+        a.response
+    );
+    // The update changes the image: that one is rewritten.
+    let a = review(
+        &adm,
+        update(pod("1", &debug, None), pod("1", &app, None), None),
+    )
+    .await;
+    assert!(a.image("containers", 0).contains("/mirror/"), "{}", a.pod);
+    // kubectl debug: only the new ephemeral container, and no annotations.
+    let a = review(
+        &adm,
+        update(
+            pod("1", &app, None),
+            pod("1", &app, Some(&debug)),
+            Some("ephemeralcontainers"),
+        ),
+    )
+    .await;
+    assert_eq!(a.image("containers", 0), app);
+    assert!(a.image("ephemeralContainers", 0).contains("/mirror/"));
+    assert!(a.pod["metadata"].get("annotations").is_none(), "{}", a.pod);
+    // Any other subresource: nothing.
+    let a = review(
+        &adm,
+        update(pod("1", &debug, None), pod("1", &app, None), Some("status")),
+    )
+    .await;
+    assert!(a.response.get("patch").is_none());
+}

@@ -134,10 +134,17 @@ impl Admission {
         if !is_pod || !matches!(req.operation, Operation::Create | Operation::Update) {
             return (allow, "skipped");
         }
+        // Of the Pod subresources only `ephemeralcontainers` can change an
+        // image, and through it the API server keeps nothing else.
+        let ephemeral_only = match req.sub_resource.as_deref() {
+            None | Some("") => false,
+            Some("ephemeralcontainers") => true,
+            Some(_) => return (allow, "skipped"),
+        };
         let Some(obj) = &req.object else {
             return (allow, "skipped");
         };
-        let pod = match serde_json::to_value(obj) {
+        let mut pod = match serde_json::to_value(obj) {
             Ok(v) => v,
             Err(e) => {
                 warn!(uid = %req.uid, error = %e, "Pod object unreadable; allowed unchanged");
@@ -145,9 +152,48 @@ impl Admission {
             }
         };
         let deadline = Instant::now() + self.budget;
-        let slots = pod::slots(pod.get("spec").unwrap_or(&serde_json::Value::Null));
+        let mut slots = pod::slots(pod.get("spec").unwrap_or(&serde_json::Value::Null));
+        if ephemeral_only {
+            slots.retain(|s| s.kind == "ephemeralContainers");
+        }
+        // On UPDATE only images this update changes are considered: a running
+        // container whose image changed would be restarted by the kubelet.
+        if req.operation == Operation::Update {
+            let old = req
+                .old_object
+                .as_ref()
+                .and_then(|o| serde_json::to_value(o).ok())
+                .unwrap_or_default();
+            let before = pod::slots(old.get("spec").unwrap_or(&serde_json::Value::Null));
+            slots.retain(|s| {
+                !before
+                    .iter()
+                    .any(|b| b.kind == s.kind && b.name == s.name && b.image == s.image)
+            });
+        }
+        if slots.is_empty() {
+            return (allow, "unchanged");
+        }
+        // Filters see the request's namespace even when the object has none
+        // yet (as k8s-image-swapper's filter context does).
+        if pod.pointer("/metadata/namespace").is_none()
+            && let (Some(ns), Some(meta)) = (
+                &req.namespace,
+                pod.get_mut("metadata").and_then(|m| m.as_object_mut()),
+            )
+        {
+            meta.insert("namespace".into(), serde_json::Value::String(ns.clone()));
+        }
         let creds = match (&self.pull_secrets, &req.namespace) {
-            (Some(ps), Some(ns)) => ps.for_pod(ns, &pod).await,
+            (Some(ps), Some(ns)) => {
+                match tokio::time::timeout_at(deadline.into(), ps.for_pod(ns, &pod)).await {
+                    Ok(c) => c,
+                    Err(_) => {
+                        warn!(uid = %req.uid, "pull secrets not read within the admission budget");
+                        HashMap::new()
+                    }
+                }
+            }
             _ => HashMap::new(),
         };
         let Decided {
@@ -175,7 +221,7 @@ impl Admission {
         };
         self.metrics.rewrites.inc_by(rewrites.len() as u64);
         info!(uid = %req.uid, namespace = ?req.namespace, pod = name, rewritten = rewrites.len(), slots = slots.len(), "admitted");
-        let patch = pod::patch(&pod, &["spec"], &rewrites, &decisions);
+        let patch = pod::patch(&pod, &["spec"], &rewrites, &decisions, !ephemeral_only);
         match allow.clone().with_patch(patch) {
             Ok(r) => (r, outcome),
             Err(e) => {
@@ -238,7 +284,7 @@ impl Admission {
         let d = self
             .decide_spec(obj, &slots, deadline, dry_run, &HashMap::new())
             .await;
-        let patch = pod::patch(template, &["spec"], &d.rewrites, &d.decisions);
+        let patch = pod::patch(template, &["spec"], &d.rewrites, &d.decisions, true);
         if let Err(e) = json_patch::patch(template, &patch) {
             return vec![format!("applying the rewrite: {e}")];
         }
@@ -266,8 +312,9 @@ impl Admission {
     ) -> Vec<Outcome> {
         let mut pending: HashMap<String, Reference> = HashMap::new();
         let mut first: Vec<Option<Outcome>> = Vec::with_capacity(slots.len());
+        let prepared = self.policy.prepare(pod);
         for slot in slots {
-            match self.policy.check(pod, slot) {
+            match self.policy.check(prepared.as_ref(), slot) {
                 Ok(reference) => {
                     pending.insert(slot.image.clone(), reference);
                     first.push(None);

@@ -13,6 +13,9 @@ pub const ORIGINAL_IMAGES: &str = "pinswap.dev/original-images";
 /// Annotation: JSON map of slot → why it was or was not rewritten.
 pub const DECISIONS: &str = "pinswap.dev/decisions";
 
+/// The decision of a slot already under the target (idempotence).
+pub const ALREADY: &str = "unchanged: already under the target";
+
 /// The container lists that hold images, in Pod spec order.
 pub const SLOT_KINDS: [&str; 3] = ["initContainers", "containers", "ephemeralContainers"];
 
@@ -70,11 +73,14 @@ pub fn slots(spec: &Value) -> Vec<Slot> {
 /// reinvoked webhook keeps the first invocation's originals).
 ///
 /// `rewrites` maps slot → new image; `decisions` maps slot key → reason.
+/// Without `annotate` only the image ops are written (a subresource update,
+/// where the API server keeps no metadata changes).
 pub fn patch(
     pod: &Value,
     spec_path: &[&str],
     rewrites: &[(&Slot, String)],
     decisions: &BTreeMap<String, String>,
+    annotate: bool,
 ) -> Patch {
     let mut ops = Vec::new();
     for (slot, image) in rewrites {
@@ -84,6 +90,9 @@ pub fn patch(
             path: PointerBuf::from_tokens(tokens),
             value: Value::String(image.clone()),
         }));
+    }
+    if !annotate {
+        return Patch(ops);
     }
     let existing = pod.pointer("/metadata/annotations");
     let read = |key: &str| -> BTreeMap<String, String> {
@@ -100,7 +109,14 @@ pub fn patch(
             .or_insert_with(|| slot.image.clone());
     }
     let mut all_decisions = read(DECISIONS);
-    all_decisions.extend(decisions.clone());
+    for (k, v) in decisions {
+        // On reinvocation a rewritten slot is "already under the target";
+        // the first invocation's reason is the one worth keeping.
+        if v == ALREADY && all_decisions.contains_key(k) {
+            continue;
+        }
+        all_decisions.insert(k.clone(), v.clone());
+    }
     let mut notes = vec![(DECISIONS, all_decisions)];
     if !originals.is_empty() {
         notes.push((ORIGINAL_IMAGES, originals));
@@ -179,6 +195,7 @@ mod tests {
             &["spec"],
             &[(&s[1], "m/x:1@sha256:aa".into())],
             &decisions,
+            true,
         );
         json_patch::patch(&mut p, &ops).unwrap();
         assert_eq!(p["spec"]["containers"][0]["image"], "m/x:1@sha256:aa");
@@ -196,7 +213,13 @@ mod tests {
         let s = slots(&p["spec"]);
         let mut d2 = BTreeMap::new();
         d2.insert(s[2].key(), "rewritten".to_owned());
-        let ops = patch(&p, &["spec"], &[(&s[2], "m/x:1@sha256:aa".into())], &d2);
+        let ops = patch(
+            &p,
+            &["spec"],
+            &[(&s[2], "m/x:1@sha256:aa".into())],
+            &d2,
+            true,
+        );
         json_patch::patch(&mut p, &ops).unwrap();
         let orig: BTreeMap<String, String> = serde_json::from_str(
             p["metadata"]["annotations"][ORIGINAL_IMAGES]

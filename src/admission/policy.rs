@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::pod::Slot;
 use crate::config::Config;
@@ -86,20 +86,43 @@ impl Policy {
         })
     }
 
+    /// The Pod as a JMESPath value, built once per review: filters then
+    /// see it without re-serialising it for every slot. `None` without
+    /// filters.
+    pub fn prepare(&self, pod: &Value) -> Option<jmespath::Rcvar> {
+        if self.filters.is_empty() {
+            return None;
+        }
+        jmespath::Variable::from_serializable(pod)
+            .ok()
+            .map(jmespath::Rcvar::new)
+    }
+
     /// The normalised reference to decide, or why the slot is skipped.
-    pub fn check(&self, pod: &Value, slot: &Slot) -> Result<Reference, Skip> {
-        if !self.filters.is_empty() {
-            let input = jmespath::Variable::from_json(
-                &json!({"obj": pod, "container": slot.container}).to_string(),
-            )
-            .map_err(|e| Skip::Error(format!("filter input: {e}")))?;
+    /// `pod` is [`Policy::prepare`]'s value. A filter that fails at run
+    /// time counts as not matching (logged), as in k8s-image-swapper.
+    pub fn check(&self, pod: Option<&jmespath::Rcvar>, slot: &Slot) -> Result<Reference, Skip> {
+        if let Some(pod) = pod {
+            let container = jmespath::Variable::from_serializable(&slot.container)
+                .map(jmespath::Rcvar::new)
+                .map_err(|e| Skip::Error(format!("filter input: {e}")))?;
+            let input = jmespath::Rcvar::new(jmespath::Variable::Object(
+                [
+                    ("obj".to_owned(), pod.clone()),
+                    ("container".to_owned(), container),
+                ]
+                .into(),
+            ));
             for (text, expr) in &self.filters {
-                match expr.search(input.clone()) {
-                    Ok(v) if v.is_truthy() && v.as_boolean() == Some(true) => {
+                let mut ctx = jmespath::Context::new(text, &jmespath::DEFAULT_RUNTIME);
+                match jmespath::interpret(&input, expr.as_ast(), &mut ctx) {
+                    Ok(v) if v.as_boolean() == Some(true) => {
                         return Err(Skip::Keep(format!("filter {text:?} matched")));
                     }
                     Ok(_) => {}
-                    Err(e) => return Err(Skip::Error(format!("filter {text:?}: {e}"))),
+                    Err(e) => {
+                        tracing::warn!(filter = %text, error = %e, "filter failed; treated as not matching")
+                    }
                 }
             }
         }
@@ -127,6 +150,7 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn refused_hosts() {
@@ -171,31 +195,39 @@ mod tests {
         let p = policy(
             "target: {registry: mirror.local/m}\nsource:\n  registries: [{registry: docker.io}, {registry: \"quay.io\"}]\n  filters: [{jmespath: \"obj.metadata.namespace == 'kube-system'\"}]\n",
         );
-        let pod = json!({"metadata": {"namespace": "default"}});
+        let pod_json = json!({"metadata": {"namespace": "default"}});
+        let pod = p.prepare(&pod_json);
+        let pod = pod.as_ref();
         assert_eq!(
-            p.check(&pod, &slot("nginx")).unwrap().to_string(),
+            p.check(pod, &slot("nginx")).unwrap().to_string(),
             "docker.io/library/nginx:latest"
         );
-        assert!(p.check(&pod, &slot("quay.io/a/b:1")).is_ok());
+        assert!(p.check(pod, &slot("quay.io/a/b:1")).is_ok());
         assert!(
-            matches!(p.check(&pod, &slot("ghcr.io/a/b:1")), Err(Skip::Keep(m)) if m.contains("not in source.registries"))
+            matches!(p.check(pod, &slot("ghcr.io/a/b:1")), Err(Skip::Keep(m)) if m.contains("not in source.registries"))
         );
         assert!(
-            matches!(p.check(&pod, &slot("mirror.local/m/docker.io/library/nginx:1")), Err(Skip::Keep(m)) if m == "already under the target")
+            matches!(p.check(pod, &slot("mirror.local/m/docker.io/library/nginx:1")), Err(Skip::Keep(m)) if m == "already under the target")
         );
         assert!(matches!(
-            p.check(&pod, &slot("Bad/Image:x")),
+            p.check(pod, &slot("Bad/Image:x")),
             Err(Skip::Error(_))
         ));
-        let sys = json!({"metadata": {"namespace": "kube-system"}});
+        let sys = p.prepare(&json!({"metadata": {"namespace": "kube-system"}}));
         assert!(
-            matches!(p.check(&sys, &slot("nginx")), Err(Skip::Keep(m)) if m.contains("matched"))
+            matches!(p.check(sys.as_ref(), &slot("nginx")), Err(Skip::Keep(m)) if m.contains("matched"))
         );
+        // A filter that fails at run time does not match.
+        let bad = policy(
+            "target: {registry: mirror.local}\nsource:\n  registries: [{registry: docker.io}]\n  filters: [{jmespath: \"abs(obj.metadata.name)\"}]\n",
+        );
+        let named = bad.prepare(&json!({"metadata": {"name": "p"}}));
+        assert!(bad.check(named.as_ref(), &slot("nginx")).is_ok());
         let any =
             policy("target: {registry: mirror.local}\nsource: {registries: [{registry: \"*\"}]}\n");
-        assert!(any.check(&pod, &slot("ghcr.io/a/b:1")).is_ok());
+        assert!(any.check(None, &slot("ghcr.io/a/b:1")).is_ok());
         assert!(
-            matches!(any.check(&pod, &slot("169.254.169.254/x:1")), Err(Skip::Keep(m)) if m.contains("never contacted"))
+            matches!(any.check(None, &slot("169.254.169.254/x:1")), Err(Skip::Keep(m)) if m.contains("never contacted"))
         );
     }
 }
