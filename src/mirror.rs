@@ -225,12 +225,13 @@ impl Mirror {
         &self.target
     }
 
-    /// Whether the target registry answers (`GET /v2/`), for `/readyz`.
+    /// Whether the target registry answers `GET /v2/` now (2 s at most),
+    /// for `/readyz`.
     pub async fn target_ready(&self) -> bool {
-        self.pool
-            .get(self.target.registry(), Role::Target)
-            .await
-            .is_ok()
+        match self.pool.get(self.target.registry(), Role::Target).await {
+            Ok(client) => client.ping().await,
+            Err(_) => false,
+        }
     }
 
     /// Tag → manifest digest on the source, cached for `cache.resolutionTtl`.
@@ -318,10 +319,12 @@ impl Mirror {
         })
     }
 
-    /// Whether the target has the plan's manifest: the existence cache, else
-    /// a HEAD, cached for `cache.ttl` when present. A tagged source is
-    /// looked up by digest; a digest-only one by its anchor tag, so the
-    /// anchor gets pushed even when the content is already there.
+    /// Whether the target has the plan's manifest under the plan's tag (the
+    /// source tag, or the anchor tag of a digest-only source): the existence
+    /// cache, else a HEAD by tag compared with the digest, cached for
+    /// `cache.ttl` when present. By tag, not by digest: the tag must exist
+    /// too, both for an unpinned rewrite and so "delete untagged" lifecycle
+    /// rules leave the copy alone.
     async fn target_has(&self, plan: &Plan) -> Result<bool, MirrorError> {
         let key = self.key(plan);
         if let Some(c) = &self.existence
@@ -333,32 +336,20 @@ impl Mirror {
         self.metrics.cache("existence", false);
         let target = &plan.target;
         let client = self.pool.get(target.registry(), Role::Target).await?;
-        let present = if plan.tagged {
-            client
-                .manifest_digest(&target.without_tag())
-                .await?
-                .is_some()
-        } else {
-            client
-                .manifest_digest(&target.without_digest())
-                .await?
-                .as_ref()
-                == target.digest()
-        };
+        let present = client
+            .manifest_digest(&target.without_digest())
+            .await?
+            .as_ref()
+            == target.digest();
         if present && let Some(c) = &self.existence {
             c.insert(key, Instant::now()).await;
         }
         Ok(present)
     }
 
-    /// The existence-cache and copy-queue key: `repository@digest` for a
-    /// tagged source, `repository:anchor` for a digest-only one.
+    /// The existence-cache and copy-queue key: `repository:tag@digest`.
     fn key(&self, plan: &Plan) -> String {
-        if plan.tagged {
-            plan.target.without_tag().to_string()
-        } else {
-            plan.target.without_digest().to_string()
-        }
+        plan.target.to_string()
     }
 
     /// Starts (or joins) the copy for `plan`; it runs to the end in the
@@ -445,17 +436,35 @@ impl Mirror {
             .count()
     }
 
-    /// What `src` would be rewritten to, resolved at the source but not
-    /// checked at or copied to the target (`pinswap mutate --dry-run`).
+    /// As [`Mirror::decide`] with no side effect: nothing is copied, so an
+    /// image missing at the target is rewritten only with `swapPolicy:
+    /// always` (dry-run admissions, `pinswap mutate --dry-run`).
     ///
     /// # Errors
-    /// Resolution errors.
-    pub async fn plan_image(
+    /// Resolution and registry errors.
+    pub async fn decide_dry(
         &self,
         src: &Reference,
         creds: Option<&Credentials>,
-    ) -> Result<String, MirrorError> {
-        Ok(self.rewritten(&self.plan(src, creds).await?))
+    ) -> Result<Decision, MirrorError> {
+        let plan = self.plan(src, creds).await?;
+        let image = self.rewritten(&plan);
+        Ok(if self.target_has(&plan).await? {
+            Decision {
+                image: Some(image),
+                reason: "present at the target".into(),
+            }
+        } else if self.swap == SwapPolicy::Always {
+            Decision {
+                image: Some(image),
+                reason: "dry run: not at the target, not copied (swapPolicy always)".into(),
+            }
+        } else {
+            Decision {
+                image: None,
+                reason: "dry run: not at the target, not copied".into(),
+            }
+        })
     }
 
     /// Decides what `src` becomes, reading the source with `creds` (a Pod's

@@ -508,11 +508,25 @@ fn serve_refuses_a_bad_config_at_startup() {
 async fn dry_run_requests_rewrite_without_copying() {
     common::init();
     let r = rig().await;
+    let dry = |v: &mut Value| v["request"]["dryRun"] = Value::Bool(true);
+    let pinned = format!("{}:v1@{}", r.mirrored("shop/app"), r.app.digest);
+    // swapPolicy exists: not at the target, and a dry run copies nothing.
     let (adm, metrics) = r.admission("copyPolicy: force\n");
     let mut v: Value = serde_json::from_slice(&r.body("pod-v1beta1.json")).unwrap();
-    v["request"]["dryRun"] = Value::Bool(true);
+    dry(&mut v);
     let a = review(&adm, bytes::Bytes::from(serde_json::to_vec(&v).unwrap())).await;
-    let pinned = format!("{}:v1@{}", r.mirrored("shop/app"), r.app.digest);
+    assert_eq!(
+        a.image("containers", 0),
+        a.original["spec"]["containers"][0]["image"]
+    );
+    let d = a.annotation("pinswap.dev/decisions");
+    assert!(
+        d["containers/app"].contains("dry run: not at the target, not copied"),
+        "{d:?}"
+    );
+    // swapPolicy always: rewritten, still nothing copied.
+    let (adm, _) = r.admission("copyPolicy: force\nswapPolicy: always\n");
+    let a = review(&adm, bytes::Bytes::from(serde_json::to_vec(&v).unwrap())).await;
     assert_eq!(a.image("containers", 0), pinned);
     assert!(
         r.dst.catalog().await.is_empty(),
@@ -730,4 +744,35 @@ async fn updates_and_subresources_touch_only_what_changed() {
     )
     .await;
     assert!(a.response.get("patch").is_none());
+}
+
+/// Two tags of one digest: the second tag is pushed to the target too, so an
+/// unpinned rewrite never points at a tag the target lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tag_a_pod_uses_exists_at_the_target() {
+    common::init();
+    let mut r = rig().await;
+    push_image(&r.src, "shop/app", Some("stable"), &r.app).await;
+    let (adm, _) = r.admission("copyPolicy: immediate\npin: false\n");
+    assert!(adm.ready().await);
+    let body = |tag: &str| {
+        let text = String::from_utf8(r.body("pod-v1beta1.json").to_vec()).unwrap();
+        bytes::Bytes::from(text.replace("shop/app:v1", &format!("shop/app:{tag}")))
+    };
+    let repo = format!("mirror/127.0.0.1_{}/shop/app", r.src.port());
+    for tag in ["v1", "stable"] {
+        let a = review(&adm, body(tag)).await;
+        assert_eq!(
+            a.image("containers", 0),
+            format!("{}:{tag}", r.mirrored("shop/app"))
+        );
+        assert_eq!(
+            r.dst.head_manifest(&repo, tag).await.as_deref(),
+            Some(r.app.digest.as_str()),
+            "tag {tag} at the target"
+        );
+    }
+    // Readiness follows the target.
+    r.dst.kill();
+    assert!(!adm.ready().await, "not ready while the target is down");
 }

@@ -131,7 +131,17 @@ async fn rewrites_every_template_kind_and_copies() {
     let comp = format!("127.0.0.1_{}", src.port());
     let app_image = format!("{}/gitops/{comp}/shop/app:v1@{}", dst.host(), app.digest);
     let job_image = format!("{}/gitops/{comp}/shop/job:v2@{}", dst.host(), job.digest);
-    assert!(dry.stdout.contains(&app_image), "{}", dry.stdout);
+    assert!(
+        !dry.stdout.contains(&app_image),
+        "not at the target yet: {}",
+        dry.stdout
+    );
+    assert!(
+        dry.stdout
+            .contains("dry run: not at the target, not copied"),
+        "{}",
+        dry.stdout
+    );
     assert!(dst.catalog().await.is_empty(), "a dry run copies nothing");
 
     // For real, with copyPolicy delayed: the process waits for its copies.

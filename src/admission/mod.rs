@@ -328,13 +328,7 @@ impl Admission {
                 let creds = creds.get(&reference.registry().to_ascii_lowercase());
                 let decide = async {
                     if dry_run {
-                        self.mirror
-                            .plan_image(&reference, creds)
-                            .await
-                            .map(|image| crate::mirror::Decision {
-                                image: Some(image),
-                                reason: "dry run: resolved, not copied".into(),
-                            })
+                        self.mirror.decide_dry(&reference, creds).await
                     } else {
                         self.mirror.decide(&reference, deadline, creds).await
                     }

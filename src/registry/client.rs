@@ -362,6 +362,16 @@ impl Registry {
         self.auth == RegistryAuth::Anonymous
     }
 
+    /// Whether the registry answers `GET /v2/` (any HTTP status) within 2 s.
+    pub async fn ping(&self) -> bool {
+        self.http
+            .get(format!("{}/v2/", self.base))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .is_ok()
+    }
+
     /// `scheme://host[:port]` of the registry's API.
     pub(crate) fn base(&self) -> &str {
         &self.base
