@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::config::{Auth, Config, CopyPolicy, Platforms, SwapPolicy};
 use crate::metrics::Metrics;
-use crate::reference::{Digest, MirrorTarget, Reference, ReferenceError};
+use crate::reference::{Digest, MirrorTarget, Reference, ReferenceError, normalize_registry};
 use crate::registry::auth::{CredentialSources, Credentials};
 use crate::registry::copy::{Copier, CopyError, CopyOptions, Endpoint};
 use crate::registry::{ClientPool, PoolOptions, RegistryError, Role};
@@ -162,11 +162,11 @@ impl Mirror {
         }
         for (i, r) in config.source.registries.iter().enumerate() {
             if r.insecure {
-                insecure.push(r.registry.clone());
+                insecure.push(normalize_registry(&r.registry));
             }
             if let Some(a) = &r.auth {
                 per_registry.insert(
-                    (r.registry.clone(), Role::Source),
+                    (normalize_registry(&r.registry), Role::Source),
                     read_auth(a, &r.registry, &format!("source.registries[{i}].auth"))?,
                 );
             }

@@ -1007,6 +1007,17 @@ fn split_host_port(registry: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// A registry name as references normalise it: lowercased, and Docker Hub's
+/// other names (`index.docker.io`, `registry-1.docker.io`) as `docker.io`.
+/// For matching config entries (allowlist, credentials) against references.
+pub fn normalize_registry(registry: &str) -> String {
+    let r = registry.trim().to_ascii_lowercase();
+    match r.as_str() {
+        "index.docker.io" | "registry-1.docker.io" => DEFAULT_REGISTRY.to_owned(),
+        _ => r,
+    }
+}
+
 /// Whether a registry (`host[:port]`) is a loopback address: `localhost`,
 /// `127.0.0.0/8`, `[::1]` or an IPv4-mapped loopback. Textual only, no DNS
 /// lookup. Docker treats these as insecure registries (plain HTTP allowed).

@@ -261,6 +261,13 @@ impl Admission {
                     format!("unchanged (error): {why}")
                 }
             };
+            // Bounded, so many failing slots cannot push the Pod past the
+            // API server's 256 KiB annotation limit.
+            let note = if note.chars().count() > 300 {
+                note.chars().take(299).chain(['…']).collect()
+            } else {
+                note
+            };
             out.decisions.insert(slot.key(), note);
         }
         out
@@ -325,7 +332,7 @@ impl Admission {
         }
         let decided: HashMap<String, Result<crate::mirror::Decision, String>> =
             futures::future::join_all(pending.into_iter().map(|(image, reference)| async move {
-                let creds = creds.get(&reference.registry().to_ascii_lowercase());
+                let creds = creds.get(&crate::reference::normalize_registry(reference.registry()));
                 let decide = async {
                     if dry_run {
                         self.mirror.decide_dry(&reference, creds).await

@@ -30,27 +30,37 @@ pub struct Policy {
 /// whatever the allowlist says.
 const METADATA_HOSTS: [&str; 3] = ["metadata.google.internal", "metadata", "metadata.azure.com"];
 
-/// Whether a registry host is link-local or a known metadata address.
-pub fn is_refused_host(registry: &str) -> bool {
-    let host = match registry.rsplit_once(':') {
-        Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) && !h.ends_with(':') => h,
-        _ => registry,
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if METADATA_HOSTS.contains(&host.to_ascii_lowercase().as_str()) {
-        return true;
-    }
-    match host.parse::<IpAddr>() {
-        Ok(IpAddr::V4(v4)) => v4.is_link_local() || v4.octets() == [100, 100, 100, 200],
-        Ok(IpAddr::V6(v6)) => {
-            (v6.segments()[0] & 0xffc0) == 0xfe80
-                || v6
-                    == "fd00:ec2::254"
-                        .parse::<std::net::Ipv6Addr>()
-                        .expect("literal")
-                || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_link_local())
+fn refused_ip(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local() || v4.octets() == [100, 100, 100, 200],
+        IpAddr::V6(v6) => {
+            let seg = v6.segments();
+            let embedded = std::net::Ipv4Addr::from((u32::from(seg[6]) << 16) | u32::from(seg[7]));
+            (seg[0] & 0xffc0) == 0xfe80
+                || v6 == "fd00:ec2::254".parse::<std::net::Ipv6Addr>().expect("literal")
+                // IPv4-mapped, IPv4-compatible and NAT64 (64:ff9b::/96) forms.
+                || v6.to_ipv4_mapped().is_some_and(|v4| refused_ip(IpAddr::V4(v4)))
+                || (seg[..6] == [0; 6] && refused_ip(IpAddr::V4(embedded)))
+                || (seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && refused_ip(IpAddr::V4(embedded)))
         }
-        Err(_) => false,
+    }
+}
+
+/// Whether a registry host is link-local or a known metadata address. The
+/// host is parsed as a URL parser (and so reqwest) would: decimal, hex and
+/// octal IPv4 forms such as `2852039166` or `0xa9fea9fe` count. Names are
+/// not resolved here; see README "Known limits".
+pub fn is_refused_host(registry: &str) -> bool {
+    let Ok(url) = url::Url::parse(&format!("http://{registry}/")) else {
+        return false;
+    };
+    match url.host() {
+        Some(url::Host::Ipv4(v4)) => refused_ip(IpAddr::V4(v4)),
+        Some(url::Host::Ipv6(v6)) => refused_ip(IpAddr::V6(v6)),
+        Some(url::Host::Domain(d)) => {
+            METADATA_HOSTS.contains(&d.trim_end_matches('.').to_ascii_lowercase().as_str())
+        }
+        None => false,
     }
 }
 
@@ -76,7 +86,7 @@ impl Policy {
             .source
             .registries
             .iter()
-            .map(|r| r.registry.to_ascii_lowercase())
+            .map(|r| crate::reference::normalize_registry(&r.registry))
             .collect();
         Ok(Self {
             filters,
@@ -136,7 +146,7 @@ impl Policy {
                 reference.registry()
             )));
         }
-        let registry = reference.registry().to_ascii_lowercase();
+        let registry = crate::reference::normalize_registry(reference.registry());
         if !self.any && !self.allowed.contains(&registry) {
             return Err(Skip::Keep(format!(
                 "registry {} is not in source.registries",
@@ -161,6 +171,13 @@ mod tests {
             "[fe80::1]:5000",
             "[fd00:ec2::254]",
             "100.100.100.200",
+            "2852039166:80",
+            "0xa9fea9fe:80",
+            "0251.0376.0251.0376",
+            "[::a9fe:a9fe]",
+            "[64:ff9b::a9fe:a9fe]",
+            "[::ffff:169.254.169.254]",
+            "METADATA.google.internal",
         ] {
             assert!(is_refused_host(h), "{h}");
         }
@@ -223,6 +240,12 @@ mod tests {
         );
         let named = bad.prepare(&json!({"metadata": {"name": "p"}}));
         assert!(bad.check(named.as_ref(), &slot("nginx")).is_ok());
+        // Config entries are normalised like references.
+        let hub = policy(
+            "target: {registry: mirror.local}\nsource: {registries: [{registry: index.docker.io}, {registry: Quay.IO}]}\n",
+        );
+        assert!(hub.check(None, &slot("nginx")).is_ok());
+        assert!(hub.check(None, &slot("quay.io/a/b:1")).is_ok());
         let any =
             policy("target: {registry: mirror.local}\nsource: {registries: [{registry: \"*\"}]}\n");
         assert!(any.check(None, &slot("ghcr.io/a/b:1")).is_ok());

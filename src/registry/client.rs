@@ -23,7 +23,7 @@ use super::auth::{CredentialSources, Credentials};
 use super::manifest::{ACCEPT, Descriptor, RawManifest};
 use super::token::{self, Scheme, parse_challenge};
 use super::{Ctx, RegistryError, Result, chain, is_not_found};
-use crate::reference::{Digest, Reference, is_loopback_registry};
+use crate::reference::{Digest, Reference, is_loopback_registry, normalize_registry};
 
 /// Blobs larger than this (bytes) are uploaded in chunks of this size
 /// (POST, PATCH..., PUT); smaller ones in one streamed PUT
@@ -94,7 +94,8 @@ impl std::fmt::Debug for Registry {
 /// Whether plain HTTP may be tried for `registry`: listed with
 /// `--insecure-registry`, or a loopback address (as Docker does).
 fn allows_plain_http(insecure: &[String], registry: &str) -> bool {
-    insecure.iter().any(|h| h == registry) || is_loopback_registry(registry)
+    let registry = normalize_registry(registry);
+    insecure.iter().any(|h| normalize_registry(h) == registry) || is_loopback_registry(&registry)
 }
 
 impl ClientPool {
@@ -251,9 +252,11 @@ impl ClientPool {
             Role::Source => self.opts.source_creds.as_ref(),
             Role::Target => self.opts.target_creds.as_ref(),
         };
-        let explicit = creds
-            .or(explicit)
-            .or_else(|| self.opts.per_registry.get(&(registry.to_owned(), role)));
+        let explicit = creds.or(explicit).or_else(|| {
+            self.opts
+                .per_registry
+                .get(&(normalize_registry(registry), role))
+        });
         let auth = match explicit {
             Some(c) => c.to_auth(),
             None => {

@@ -177,11 +177,17 @@ pub(crate) fn is_not_found(err: &OciDistributionError) -> bool {
 /// The code and message of a registry error body (distribution-spec §Error
 /// Codes): the first error's code, and every error's message with its
 /// `detail` (which often holds the real cause) and, after the first, its code.
-/// A body that is not an error envelope is quoted, cut to 300 characters.
+/// A body that is not an error envelope is not quoted, only measured: it may
+/// come from whatever a redirect led to, and errors can end up where a Pod's
+/// author reads them (the decisions annotation).
 pub(crate) fn describe_body(body: &str) -> (Option<String>, String) {
     match serde_json::from_str::<oci_client::errors::OciEnvelope>(body) {
         Ok(env) if !env.errors.is_empty() => describe_envelope(&env),
-        _ => (None, body.trim().chars().take(300).collect()),
+        _ if body.trim().is_empty() => (None, "empty body".into()),
+        _ => (
+            None,
+            format!("a {}-byte body that is not a registry error", body.len()),
+        ),
     }
 }
 
@@ -345,7 +351,8 @@ mod tests {
         );
         assert_eq!(
             describe_body("  bad gateway \n"),
-            (None, "bad gateway".into())
+            (None, "a 15-byte body that is not a registry error".into())
         );
+        assert_eq!(describe_body(""), (None, "empty body".into()));
     }
 }

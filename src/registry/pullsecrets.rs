@@ -32,12 +32,8 @@ fn registry_of(key: &str) -> String {
         .trim_start_matches("http://")
         .split('/')
         .next()
-        .unwrap_or("")
-        .to_ascii_lowercase();
-    match host.as_str() {
-        "index.docker.io" | "registry-1.docker.io" => "docker.io".into(),
-        _ => host,
-    }
+        .unwrap_or("");
+    crate::reference::normalize_registry(host)
 }
 
 fn credentials_of(entry: &Value) -> Option<Credentials> {
