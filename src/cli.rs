@@ -512,6 +512,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .tls_key
         .or(config.server.tls_key.clone())
         .ok_or_else(|| Usage("no TLS key: pass --tls-key or set server.tlsKey".into()))?;
+    for (flag, path) in [("--tls-cert", &tls_cert), ("--tls-key", &tls_key)] {
+        std::fs::metadata(path).map_err(|e| Usage(format!("{flag} {}: {e}", path.display())))?;
+    }
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let mut admission = crate::admission::Admission::from_config(&config, metrics.clone())
         .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
