@@ -459,8 +459,9 @@ async fn serve_binary_end_to_end() {
     assert_eq!(big.status(), 413);
     // SIGTERM: a clean exit.
     let pid = child.id().unwrap().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
+    // The shell's builtin kill: no procps needed on a fresh machine.
+    std::process::Command::new("sh")
+        .args(["-c", &format!("kill -TERM {pid}")])
         .status()
         .unwrap();
     let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
