@@ -67,35 +67,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-wait_for() { # URL PID WHAT [CURL ARGS...]: poll URL until it answers 2xx
-  local url=$1 pid=$2 what=$3
-  shift 3
-  for _ in $(seq 200); do
-    kill -0 "$pid" 2>/dev/null || { echo "$what exited" >&2; return 1; }
-    curl -fs -o /dev/null "$@" "$url" && return 0
-    sleep 0.05
-  done
-  echo "$what did not come up at $url" >&2
-  return 1
-}
-
-start_registry() { # NAME VAR
-  local name=$1 port
-  port=$(free_port)
-  mkdir -p "$WORK/$name"
-  cat >"$WORK/$name.yml" <<YML
-version: 0.1
-log: {level: error, accesslog: {disabled: true}}
-storage: {filesystem: {rootdirectory: $WORK/$name}, cache: {blobdescriptor: inmemory}}
-http: {addr: 127.0.0.1:$port}
-YML
-  docker-registry serve "$WORK/$name.yml" >"$WORK/$name.log" 2>&1 &
-  PIDS+=($!)
-  wait_for "http://127.0.0.1:$port/v2/" $! "registry $name"
-  printf -v "$2" '127.0.0.1:%s' "$port"
-}
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh # (the working directory is the repo root)
 
 start_pinswap() { # NAME CONFIG VAR_HOOK VAR_HEALTH
   local hook health
@@ -118,16 +91,7 @@ printf '%s\n' "$SRC/library/hello:v1" "$SRC/acme/web:1.0" "$SRC/spin/hello:v1" >
 $PINSWAP copy --from-file "$WORK/images.txt" --to "docker://$DST/mirror" >/dev/null
 echo "== seeded 3 images and mirrored them to $DST/mirror"
 
-# A CA and a leaf certificate for 127.0.0.1 (rustls refuses a CA:TRUE server cert).
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-  -subj "/CN=pinswap bench CA" -keyout "$WORK/ca.key" -out "$WORK/ca.crt" \
-  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign" 2>/dev/null
-openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-  -subj "/CN=127.0.0.1" -keyout "$WORK/tls.key" -out "$WORK/tls.csr" 2>/dev/null
-printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature" \
-  "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1" >"$WORK/leaf.ext"
-openssl x509 -req -days 1 -in "$WORK/tls.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key" \
-  -CAcreateserial -extfile "$WORK/leaf.ext" -out "$WORK/tls.crt" 2>/dev/null
+make_certs "pinswap bench"
 
 config() { # CACHE_LINE
   cat <<YML

@@ -43,22 +43,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-start_registry() { # NAME VAR: start a registry, store host:port in VAR
-  local name=$1 port; port=$(free_port)
-  mkdir -p "$WORK/$name"
-  cat >"$WORK/$name.yml" <<YML
-version: 0.1
-log: {level: error}
-storage: {filesystem: {rootdirectory: $WORK/$name}, delete: {enabled: true}}
-http: {addr: 127.0.0.1:$port}
-YML
-  docker-registry serve "$WORK/$name.yml" >"$WORK/$name.log" 2>&1 &
-  PIDS+=($!)
-  for _ in $(seq 50); do curl -fs "http://127.0.0.1:$port/v2/" >/dev/null && break; sleep 0.1; done
-  printf -v "$2" '127.0.0.1:%s' "$port"
-}
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh # (the working directory is the repo root)
 
 digest() { # host repo ref -> Docker-Content-Digest
   curl -fsI -H 'Accept: application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.docker.distribution.manifest.list.v2+json' \
@@ -113,17 +99,7 @@ sed -e "s|{{SRC}}|$SRC|g" -e "s|{{DST}}|$DST|g" examples/demo.yaml >"$WORK/demo.
 $PINSWAP config validate "$WORK/demo.yaml"
 
 echo "== a self-signed CA, and a serving certificate for 127.0.0.1 signed by it"
-# rustls refuses a CA:TRUE certificate as a server certificate: issue a leaf.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-  -subj "/CN=pinswap demo CA" -keyout "$WORK/ca.key" -out "$WORK/ca.crt" \
-  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
-openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-  -subj "/CN=127.0.0.1" -keyout "$WORK/tls.key" -out "$WORK/tls.csr" 2>/dev/null
-printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature" \
-  "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1" >"$WORK/leaf.ext"
-openssl x509 -req -days 1 -in "$WORK/tls.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key" \
-  -CAcreateserial -extfile "$WORK/leaf.ext" -out "$WORK/tls.crt" 2>/dev/null
-openssl verify -CAfile "$WORK/ca.crt" "$WORK/tls.crt" >/dev/null
+make_certs "pinswap demo"
 
 HOOK=127.0.0.1:$(free_port) HEALTH=127.0.0.1:$(free_port)
 $PINSWAP serve --config "$WORK/demo.yaml" --tls-cert "$WORK/tls.crt" --tls-key "$WORK/tls.key" \
