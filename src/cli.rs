@@ -535,7 +535,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tls_key,
         reload_interval: std::time::Duration::from_secs(10),
     };
-    tracing::info!(listen = %opts.listen, health = %opts.health_listen, target = %config.target.registry, "serving");
+    if matches!(
+        config.copy_policy,
+        crate::config::CopyPolicy::Immediate | crate::config::CopyPolicy::Force
+    ) && config.copy_deadline > config.server.admission_budget
+    {
+        tracing::warn!(
+            copy_deadline = %humantime::format_duration(config.copy_deadline),
+            admission_budget = %humantime::format_duration(config.server.admission_budget),
+            "copyDeadline is longer than server.admissionBudget; an admission waits for a copy at most the budget"
+        );
+    }
+    tracing::info!(listen = %opts.listen, health = %opts.health_listen, target = %config.target.registry, "starting");
     crate::server::serve(
         opts,
         Arc::new(admission),

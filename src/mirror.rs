@@ -354,7 +354,12 @@ impl Mirror {
 
     /// Starts (or joins) the copy for `plan`; it runs to the end in the
     /// background whoever stops waiting for it.
-    fn copy(&self, plan: &Plan, creds: Option<&Credentials>) -> CopyHandle {
+    ///
+    /// Background (`delayed`) copies queue for one of the copy slots;
+    /// copies an admission waits for (`immediate`, `force`) start at once,
+    /// so a backlog of background work cannot make them miss their deadline.
+    /// Blob transfers stay bounded by the copier's `--jobs` slots either way.
+    fn copy(&self, plan: &Plan, creds: Option<&Credentials>, waited_for: bool) -> CopyHandle {
         let key = self.key(plan);
         let mut inflight = self.inflight.lock().expect("inflight lock");
         if let Some(h) = inflight.get(&key) {
@@ -369,7 +374,10 @@ impl Mirror {
         let (existence, inflight_map, k) =
             (self.existence.clone(), self.inflight.clone(), key.clone());
         let task = tokio::spawn(async move {
-            let _permit = slots.acquire_owned().await.expect("never closed");
+            let _permit = match waited_for {
+                true => None,
+                false => Some(slots.acquire_owned().await.expect("never closed")),
+            };
             metrics.copies_started.inc();
             let start = Instant::now();
             let res = copier
@@ -506,7 +514,7 @@ impl Mirror {
             CopyPolicy::None if always => Ok(rewrite("swapPolicy always (copyPolicy none)")),
             CopyPolicy::None => Ok(keep("not at the target and copyPolicy is none")),
             CopyPolicy::Delayed => {
-                drop(self.copy(&plan, creds));
+                drop(self.copy(&plan, creds, false));
                 Ok(if always {
                     rewrite("copy started in the background (swapPolicy always)")
                 } else {
@@ -514,7 +522,7 @@ impl Mirror {
                 })
             }
             CopyPolicy::Immediate | CopyPolicy::Force => {
-                let handle = self.copy(&plan, creds);
+                let handle = self.copy(&plan, creds, true);
                 let wait = self
                     .copy_deadline
                     .min(deadline.saturating_duration_since(Instant::now()));
