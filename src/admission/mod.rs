@@ -28,6 +28,9 @@ use crate::reference::Reference;
 use crate::registry::auth::Credentials;
 use policy::{Policy, Skip};
 
+/// Distinct images of one review decided at the same time.
+const MAX_CONCURRENT_IMAGES: usize = 16;
+
 /// Why a request body is not an AdmissionReview; the server answers 400.
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
@@ -330,31 +333,36 @@ impl Admission {
                 Err(Skip::Error(why)) => first.push(Some(Outcome::Error(why))),
             }
         }
+        // Distinct images are decided concurrently, but at most
+        // MAX_CONCURRENT_IMAGES at a time: a Pod with hundreds of images
+        // must not open hundreds of registry connections at once.
         let decided: HashMap<String, Result<crate::mirror::Decision, String>> =
-            futures::future::join_all(pending.into_iter().map(|(image, reference)| async move {
-                let creds = creds.get(&crate::reference::normalize_registry(reference.registry()));
-                let decide = async {
-                    if dry_run {
-                        self.mirror.decide_dry(&reference, creds).await
-                    } else {
-                        self.mirror.decide(&reference, deadline, creds).await
-                    }
-                };
-                let r = tokio::time::timeout_at(deadline.into(), decide).await;
-                let r = match r {
-                    Ok(Ok(d)) => Ok(d),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!(
-                        "admission budget of {} exhausted",
-                        humantime::format_duration(self.budget)
-                    )),
-                };
-                debug!(image, ?r, "decided");
-                (image, r)
-            }))
-            .await
-            .into_iter()
-            .collect();
+            futures::StreamExt::collect(futures::StreamExt::buffer_unordered(
+                futures::stream::iter(pending.into_iter().map(|(image, reference)| async move {
+                    let creds =
+                        creds.get(&crate::reference::normalize_registry(reference.registry()));
+                    let decide = async {
+                        if dry_run {
+                            self.mirror.decide_dry(&reference, creds).await
+                        } else {
+                            self.mirror.decide(&reference, deadline, creds).await
+                        }
+                    };
+                    let r = tokio::time::timeout_at(deadline.into(), decide).await;
+                    let r = match r {
+                        Ok(Ok(d)) => Ok(d),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!(
+                            "admission budget of {} exhausted",
+                            humantime::format_duration(self.budget)
+                        )),
+                    };
+                    debug!(image, ?r, "decided");
+                    (image, r)
+                })),
+                MAX_CONCURRENT_IMAGES,
+            ))
+            .await;
         slots
             .iter()
             .zip(first)
