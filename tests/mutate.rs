@@ -94,7 +94,7 @@ items:
 apiVersion: v1
 kind: ConfigMap
 metadata: {name: settings}
-data: {image: "{{SRC}}/shop/app:v1"}
+data: {image: "{{SRC}}/shop/app:v1", enabled: "yes", at: "12:30"}
 "#;
 
 fn docs(text: &str) -> Vec<Value> {
@@ -210,8 +210,14 @@ async fn rewrites_every_template_kind_and_copies() {
         d[2]["items"][1]["spec"]["template"]["spec"]["containers"][0]["image"],
         job_image.as_str()
     );
-    // Not a workload: untouched.
+    // Not a workload: untouched, and strings a YAML 1.1 reader (kubectl's
+    // go-yaml v2) would turn into booleans or numbers stay quoted.
     assert_eq!(d[3]["data"]["image"], format!("{}/shop/app:v1", src.host()));
+    assert!(
+        out.stdout.contains("enabled: \"yes\"") && out.stdout.contains("at: \"12:30\""),
+        "{}",
+        out.stdout
+    );
     let original: serde_json::Map<String, Value> = serde_json::from_str(
         d[2]["items"][0]["metadata"]["annotations"]["pinswap.dev/original-images"]
             .as_str()

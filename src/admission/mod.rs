@@ -11,6 +11,7 @@
 pub mod mutate;
 pub mod pod;
 pub mod policy;
+pub mod yaml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -6,6 +6,7 @@
 //!
 //! Key order is kept (serde_json with `preserve_order`). YAML comments are
 //! not: yaml_serde reads documents into values and has no comment model.
+//! Output strings are always quoted (see [`super::yaml`]).
 
 use serde_json::Value;
 
@@ -126,7 +127,7 @@ pub async fn mutate(adm: &Admission, input: &str, dry_run: bool) -> Result<Mutat
     } else {
         let mut parts = Vec::new();
         for d in &docs {
-            parts.push(yaml_serde::to_string(d).map_err(|e| MutateError::Write(e.to_string()))?);
+            parts.push(super::yaml::to_yaml(d));
         }
         parts.join("---\n")
     };
