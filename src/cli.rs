@@ -90,7 +90,8 @@ pub struct MutateArgs {
         default_value = "-"
     )]
     pub file: PathBuf,
-    /// Resolve and rewrite without checking or copying anything at the target.
+    /// Decide without copying anything: images already at the target are
+    /// rewritten, others only with `swapPolicy: always`.
     #[arg(long)]
     pub dry_run: bool,
 }
@@ -98,7 +99,7 @@ pub struct MutateArgs {
 /// `pinswap config ...`.
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Check a config file: exit 0 when valid, 1 with every problem listed (key path, found, accepted).
+    /// Check a config file: exit 0 when valid; else 1 with the first schema problem or every semantic one (key path, found, accepted).
     Validate {
         /// The YAML file.
         file: PathBuf,

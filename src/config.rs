@@ -655,10 +655,12 @@ cache:
   # How long tag -> digest resolutions are kept; 0s turns the cache off.
   resolutionTtl: 30s
   # How often cached target manifests are re-checked; 0s turns it off.
+  # (Accepted now; takes effect once re-verification lands.)
   reverify: 10m
 
 identity:
   # Config-digest (image ID) collisions: warn, repair or deny.
+  # (Accepted now; takes effect once identity checks land.)
   collisions: warn
 
 # open: on any error leave the container unchanged; closed: deny the Pod.

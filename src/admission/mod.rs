@@ -224,7 +224,7 @@ impl Admission {
             "rewritten"
         };
         self.metrics.rewrites.inc_by(rewrites.len() as u64);
-        info!(uid = %req.uid, namespace = ?req.namespace, pod = name, rewritten = rewrites.len(), slots = slots.len(), "admitted");
+        info!(uid = %req.uid, namespace = req.namespace.as_deref().unwrap_or(""), pod = name, rewritten = rewrites.len(), slots = slots.len(), "admitted");
         let patch = pod::patch(&pod, &["spec"], &rewrites, &decisions, !ephemeral_only);
         match allow.clone().with_patch(patch) {
             Ok(r) => (r, outcome),
