@@ -33,15 +33,9 @@ CONC=${BENCH_CONC:-50}
 ROUNDS=${BENCH_ROUNDS:-2}
 if [ "${1:-}" = --quick ]; then DURATION=3s ROUNDS=1; fi
 
-missing=()
-for pair in hey:hey docker-registry:docker-registry openssl:openssl curl:curl python3:python3; do
-  command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
-done
-if ((${#missing[@]})); then
-  echo "== installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh # (the working directory is the repo root)
+ensure_tools hey:hey docker-registry:docker-registry openssl:openssl curl:curl python3:python3
 
 if [ -z "${PINSWAP_BIN:-}" ] || [ -z "${CEILING_BIN:-}" ]; then
   echo "== building pinswap and the ceiling example (release)"
@@ -67,8 +61,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# shellcheck source=scripts/lib.sh
-source scripts/lib.sh # (the working directory is the repo root)
 
 start_pinswap() { # NAME CONFIG VAR_HOOK VAR_HEALTH
   local hook health

@@ -10,15 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-missing=()
-for pair in docker-registry:docker-registry openssl:openssl curl:curl python3:python3; do
-  command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
-done
-if ((${#missing[@]})); then
-  echo "== installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh # (the working directory is the repo root)
+ensure_tools docker-registry:docker-registry openssl:openssl curl:curl python3:python3
 
 if [ -n "${PINSWAP_BIN:-}" ]; then
   PINSWAP=$PINSWAP_BIN
@@ -43,8 +37,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# shellcheck source=scripts/lib.sh
-source scripts/lib.sh # (the working directory is the repo root)
 
 digest() { # host repo ref -> Docker-Content-Digest
   curl -fsI -H 'Accept: application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.docker.distribution.manifest.list.v2+json' \

@@ -3,6 +3,18 @@
 # Source it after setting WORK (a temp dir) and PIDS=() (processes the
 # caller's cleanup kills). Needs curl, python3, openssl, docker-registry.
 
+ensure_tools() { # CMD:PACKAGE...: apt-get install the packages whose command is missing
+  local missing=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
+  done
+  if ((${#missing[@]})); then
+    echo "== installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 wait_for() { # URL PID WHAT [CURL ARGS...]: poll URL until it answers 2xx
