@@ -283,7 +283,7 @@ mod duration {
 }
 
 /// Cache lifetimes (DESIGN.md §2 existence and resolution caches).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Cache {
     /// Existence cache lifetime; `0s` turns it off.
@@ -292,19 +292,112 @@ pub struct Cache {
     /// Tag → digest cache lifetime; `0s` turns it off.
     #[serde(default = "d_30s", with = "duration")]
     pub resolution_ttl: Duration,
+    /// Each entry's lifetime is shortened by a random part of this fraction
+    /// of its TTL (0 to 0.5), so entries cached together do not all expire
+    /// and re-check the registry at the same moment.
+    #[serde(default = "jitter")]
+    pub jitter: f64,
     /// Re-verification interval of cached target manifests; `0s` turns it off.
     #[serde(default = "d_10m", with = "duration")]
     pub reverify: Duration,
+    /// Serve `POST /cache/purge` on the health port. Off by default: that
+    /// port is plain HTTP without authentication.
+    #[serde(default)]
+    pub purge_endpoint: bool,
 }
+
+// `jitter` is validated finite (0 to 0.5), so equality is total.
+impl Eq for Cache {}
 
 impl Default for Cache {
     fn default() -> Self {
         Self {
             ttl: d_1h(),
             resolution_ttl: d_30s(),
+            jitter: jitter(),
             reverify: d_10m(),
+            purge_endpoint: false,
         }
     }
+}
+
+fn jitter() -> f64 {
+    0.1
+}
+
+/// Pull-failure recovery (DESIGN.md §3 "Background"): the Pod watcher and
+/// the Lease that elects the one replica running it and the re-verifier.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Recovery {
+    /// Watch Pods for pull failures on target images. Needs a Kubernetes API
+    /// client (in-cluster, or KUBECONFIG); without one `serve` warns and runs
+    /// admission and re-verification alone.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Namespaces whose Pods are watched; empty for all.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    /// First wait before retrying a failed re-mirror; doubles up to `retryMax`.
+    #[serde(default = "d_5s", with = "duration")]
+    pub retry_initial: Duration,
+    /// Longest wait between retries of a failed re-mirror.
+    #[serde(default = "d_5m", with = "duration")]
+    pub retry_max: Duration,
+    /// Leader election.
+    #[serde(default)]
+    pub lease: Lease,
+}
+
+impl Default for Recovery {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            namespaces: Vec::new(),
+            retry_initial: d_5s(),
+            retry_max: d_5m(),
+            lease: Lease::default(),
+        }
+    }
+}
+
+/// The `coordination.k8s.io/v1` Lease that elects the recovery leader, with
+/// client-go's leader-election timings.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Lease {
+    /// Lease name.
+    #[serde(default = "lease_name")]
+    pub name: String,
+    /// Lease namespace; empty for the namespace pinswap runs in.
+    #[serde(default)]
+    pub namespace: String,
+    /// How long a Lease is held without renewal before others may take it.
+    #[serde(default = "d_15s", with = "duration")]
+    pub duration: Duration,
+    /// The leader stops its background work when it could not renew for
+    /// this long (less than `duration`, so it stops before anyone takes over).
+    #[serde(default = "d_10s", with = "duration")]
+    pub renew_deadline: Duration,
+    /// How often the Lease is renewed or tried.
+    #[serde(default = "d_2s", with = "duration")]
+    pub retry_period: Duration,
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Self {
+            name: lease_name(),
+            namespace: String::new(),
+            duration: d_15s(),
+            renew_deadline: d_10s(),
+            retry_period: d_2s(),
+        }
+    }
+}
+
+fn lease_name() -> String {
+    "pinswap-leader".into()
 }
 
 /// Identity-collision handling (issue 5).
@@ -358,6 +451,18 @@ fn health_listen() -> std::net::SocketAddr {
 fn d_2s() -> Duration {
     Duration::from_secs(2)
 }
+fn d_5s() -> Duration {
+    Duration::from_secs(5)
+}
+fn d_10s() -> Duration {
+    Duration::from_secs(10)
+}
+fn d_15s() -> Duration {
+    Duration::from_secs(15)
+}
+fn d_5m() -> Duration {
+    Duration::from_secs(300)
+}
 fn d_8s() -> Duration {
     Duration::from_secs(8)
 }
@@ -404,6 +509,9 @@ pub struct Config {
     /// Identity-collision handling.
     #[serde(default)]
     pub identity: Identity,
+    /// Pull-failure recovery and leader election.
+    #[serde(default)]
+    pub recovery: Recovery,
     /// `open` or `closed`.
     #[serde(default)]
     pub failure_policy: FailurePolicy,
@@ -547,6 +655,75 @@ impl Config {
                 ),
             );
         }
+        if !(0.0..=0.5).contains(&self.cache.jitter) {
+            bad(
+                "cache.jitter".into(),
+                format!(
+                    "found {}, expected a fraction of the TTL from 0 to 0.5",
+                    self.cache.jitter
+                ),
+            );
+        }
+        for (i, ns) in self.recovery.namespaces.iter().enumerate() {
+            if !is_dns_label(ns) {
+                bad(
+                    format!("recovery.namespaces[{i}]"),
+                    format!("found {ns:?}, expected a namespace name (a DNS-1123 label)"),
+                );
+            }
+        }
+        if self.recovery.retry_initial.is_zero()
+            || self.recovery.retry_initial > self.recovery.retry_max
+        {
+            bad(
+                "recovery.retryInitial".into(),
+                format!(
+                    "found {}, expected more than 0s and at most recovery.retryMax ({})",
+                    humantime::format_duration(self.recovery.retry_initial),
+                    humantime::format_duration(self.recovery.retry_max)
+                ),
+            );
+        }
+        let l = &self.recovery.lease;
+        if !is_dns_subdomain(&l.name) {
+            bad(
+                "recovery.lease.name".into(),
+                format!("found {:?}, expected a DNS-1123 subdomain", l.name),
+            );
+        }
+        if !l.namespace.is_empty() && !is_dns_label(&l.namespace) {
+            bad(
+                "recovery.lease.namespace".into(),
+                format!(
+                    "found {:?}, expected a namespace name or empty",
+                    l.namespace
+                ),
+            );
+        }
+        // client-go's rule: retryPeriod < renewDeadline < duration, so the
+        // leader stops before its Lease can expire under it.
+        if l.retry_period.is_zero()
+            || l.retry_period >= l.renew_deadline
+            || l.renew_deadline >= l.duration
+        {
+            bad(
+                "recovery.lease".into(),
+                format!(
+                    "found retryPeriod {}, renewDeadline {}, duration {}; expected 0 < retryPeriod < renewDeadline < duration",
+                    humantime::format_duration(l.retry_period),
+                    humantime::format_duration(l.renew_deadline),
+                    humantime::format_duration(l.duration)
+                ),
+            );
+        } else if l.duration.subsec_nanos() != 0 {
+            bad(
+                "recovery.lease.duration".into(),
+                format!(
+                    "found {}, expected whole seconds (a Lease stores leaseDurationSeconds)",
+                    humantime::format_duration(l.duration)
+                ),
+            );
+        }
         if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
             bad(
                 "server".into(),
@@ -571,6 +748,21 @@ fn is_registry_host(s: &str) -> bool {
         && !s.contains('/')
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || ".-:[]".contains(c))
+}
+
+/// A DNS-1123 label, as Kubernetes requires of namespace names.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A DNS-1123 subdomain, as Kubernetes requires of most object names.
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 fn check_auth(auth: Option<&Auth>, path: &str, bad: &mut impl FnMut(String, String)) {
@@ -654,9 +846,33 @@ cache:
   ttl: 1h
   # How long tag -> digest resolutions are kept; 0s turns the cache off.
   resolutionTtl: 30s
-  # How often cached target manifests are re-checked; 0s turns it off.
-  # (Accepted now; takes effect once re-verification lands.)
+  # Each entry lives up to this fraction of its TTL less, at random, so
+  # entries cached together are not all re-checked at once (0 to 0.5).
+  jitter: 0.1
+  # How often cached target manifests are re-checked (HEAD); a missing one is
+  # evicted, and mirrored again when a Pod still uses it. 0s turns it off.
   reverify: 10m
+  # Serve POST /cache/purge on the health port (plain HTTP, no auth).
+  purgeEndpoint: false
+
+recovery:
+  # Watch Pods for ErrImagePull/ImagePullBackOff on target images and mirror
+  # a lost image again. Needs the Kubernetes API (pods get/list/watch,
+  # events create/patch, leases get/create/update).
+  enabled: true
+  # Namespaces to watch; empty for all.
+  namespaces: []
+  # Backoff between retries of a failed re-mirror.
+  retryInitial: 5s
+  retryMax: 5m
+  # One replica runs the watcher and the re-mirroring; a Lease elects it.
+  lease:
+    name: pinswap-leader
+    # Empty: the namespace pinswap runs in.
+    namespace: ""
+    duration: 15s
+    renewDeadline: 10s
+    retryPeriod: 2s
 
 identity:
   # Config-digest (image ID) collisions: warn, repair or deny.
@@ -739,7 +955,7 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
         let cases: &[(&str, &str)] = &[
             (
                 "target: {registry: m.example.com}\ncache: {ttll: 1h}\n",
-                "test.yaml:2:9: cache.ttll: unknown field `ttll`, expected one of `ttl`, `resolutionTtl`, `reverify`",
+                "test.yaml:2:9: cache.ttll: unknown field `ttll`, expected one of `ttl`, `resolutionTtl`, `jitter`, `reverify`, `purgeEndpoint`",
             ),
             (
                 "target: {registry: m.example.com}\nswapPolicy: sometimes\n",

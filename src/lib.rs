@@ -2,12 +2,13 @@
 //! them by manifest digest.
 //!
 //! The crate is one library with a thin binary (`src/main.rs`). Modules follow
-//! `shared/DESIGN.md` §4; dependencies point one way: `cli` → `registry` →
-//! `reference`.
+//! `shared/DESIGN.md` §4; dependencies point one way: `cli`/`server` →
+//! `admission`/`watch` → `mirror` → `registry`/`cache` → `reference`/`config`.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod admission;
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod metrics;
@@ -15,3 +16,4 @@ pub mod mirror;
 pub mod reference;
 pub mod registry;
 pub mod server;
+pub mod watch;

@@ -6,13 +6,14 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
-/// Label for admissions by outcome.
+/// Label for counts by outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
-    /// `rewritten`, `unchanged`, `denied`, `skipped` (not a Pod), `invalid`.
+    /// The outcome, e.g. `rewritten`.
     pub outcome: String,
 }
 
@@ -23,6 +24,15 @@ pub struct CacheLabel {
     pub cache: String,
 }
 
+/// Labels of `pinswap_cache_invalidations_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InvalidationLabels {
+    /// `existence` or `resolution`.
+    pub cache: String,
+    /// `pull_failure`, `reverification`, `purge`, `ttl` or `capacity`.
+    pub cause: String,
+}
+
 /// Every metric pinswap exports.
 pub struct Metrics {
     registry: Registry,
@@ -30,7 +40,7 @@ pub struct Metrics {
     pub admissions: Family<OutcomeLabel, Counter>,
     /// `pinswap_admission_duration_seconds`.
     pub admission_seconds: Histogram,
-    /// `pinswap_rewrites_total`: image slots rewritten.
+    /// `pinswap_rewrites_total`.
     pub rewrites: Counter,
     /// `pinswap_copies_started_total`.
     pub copies_started: Counter,
@@ -38,7 +48,7 @@ pub struct Metrics {
     pub copies_succeeded: Counter,
     /// `pinswap_copies_failed_total`.
     pub copies_failed: Counter,
-    /// `pinswap_copy_bytes_total`: bytes streamed by copies.
+    /// `pinswap_copy_bytes_total`.
     pub copy_bytes: Counter,
     /// `pinswap_copy_duration_seconds`.
     pub copy_seconds: Histogram,
@@ -46,6 +56,21 @@ pub struct Metrics {
     pub cache_hits: Family<CacheLabel, Counter>,
     /// `pinswap_cache_misses_total{cache}`.
     pub cache_misses: Family<CacheLabel, Counter>,
+    /// `pinswap_cache_invalidations_total{cache,cause}`.
+    pub cache_invalidations: Family<InvalidationLabels, Counter>,
+    /// `pinswap_cache_entries{cache}`, set when `/metrics` is scraped.
+    pub cache_entries: Family<CacheLabel, Gauge>,
+    /// `pinswap_pull_failures_total`: container statuses seen in
+    /// `ErrImagePull` or `ImagePullBackOff` on a target image.
+    pub pull_failures: Counter,
+    /// `pinswap_remirrors_total{outcome}`: recoveries of one target image
+    /// (`remirrored`, `present`, `failed`).
+    pub remirrors: Family<OutcomeLabel, Counter>,
+    /// `pinswap_reverifications_total{outcome}`: re-verification HEADs
+    /// (`present`, `missing`, `error`).
+    pub reverifications: Family<OutcomeLabel, Counter>,
+    /// `pinswap_leader`: 1 while this replica holds the recovery Lease.
+    pub leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -54,83 +79,118 @@ impl Default for Metrics {
     }
 }
 
+fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Metrics {
-    /// A fresh registry with every metric registered.
+    /// A fresh registry with every metric registered at zero.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("pinswap");
-        let admissions = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
-            "admissions",
-            "AdmissionReviews answered, by outcome",
-            admissions.clone(),
-        );
-        // 0.5 ms .. ~16 s
-        let admission_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
-        registry.register(
-            "admission_duration_seconds",
-            "Time to answer one AdmissionReview",
-            admission_seconds.clone(),
-        );
-        let rewrites = Counter::default();
-        registry.register(
-            "rewrites",
-            "Image slots rewritten to the target",
-            rewrites.clone(),
-        );
-        let copies_started = Counter::default();
-        registry.register(
-            "copies_started",
-            "Image copies started",
-            copies_started.clone(),
-        );
-        let copies_succeeded = Counter::default();
-        registry.register(
-            "copies_succeeded",
-            "Image copies that completed",
-            copies_succeeded.clone(),
-        );
-        let copies_failed = Counter::default();
-        registry.register(
-            "copies_failed",
-            "Image copies that failed",
-            copies_failed.clone(),
-        );
-        let copy_bytes = Counter::default();
-        registry.register(
-            "copy_bytes",
-            "Bytes streamed by image copies",
-            copy_bytes.clone(),
-        );
-        let copy_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 16));
-        registry.register(
-            "copy_duration_seconds",
-            "Wall time of one image copy",
-            copy_seconds.clone(),
-        );
-        let cache_hits = Family::<CacheLabel, Counter>::default();
-        registry.register("cache_hits", "Cache hits, by cache", cache_hits.clone());
-        let cache_misses = Family::<CacheLabel, Counter>::default();
-        registry.register(
-            "cache_misses",
-            "Cache misses, by cache",
-            cache_misses.clone(),
-        );
+        let mut r = Registry::with_prefix("pinswap");
         Self {
-            registry,
-            admissions,
-            admission_seconds,
-            rewrites,
-            copies_started,
-            copies_succeeded,
-            copies_failed,
-            copy_bytes,
-            copy_seconds,
-            cache_hits,
-            cache_misses,
+            admissions: register(
+                &mut r,
+                "admissions",
+                "AdmissionReviews answered, by outcome",
+                Family::default(),
+            ),
+            // 0.5 ms .. ~16 s
+            admission_seconds: register(
+                &mut r,
+                "admission_duration_seconds",
+                "Time to answer one AdmissionReview",
+                Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            ),
+            rewrites: register(
+                &mut r,
+                "rewrites",
+                "Image slots rewritten to the target",
+                Counter::default(),
+            ),
+            copies_started: register(
+                &mut r,
+                "copies_started",
+                "Image copies started",
+                Counter::default(),
+            ),
+            copies_succeeded: register(
+                &mut r,
+                "copies_succeeded",
+                "Image copies that completed",
+                Counter::default(),
+            ),
+            copies_failed: register(
+                &mut r,
+                "copies_failed",
+                "Image copies that failed",
+                Counter::default(),
+            ),
+            copy_bytes: register(
+                &mut r,
+                "copy_bytes",
+                "Bytes streamed by image copies",
+                Counter::default(),
+            ),
+            copy_seconds: register(
+                &mut r,
+                "copy_duration_seconds",
+                "Wall time of one image copy",
+                Histogram::new(exponential_buckets(0.01, 2.0, 16)),
+            ),
+            cache_hits: register(
+                &mut r,
+                "cache_hits",
+                "Cache hits, by cache",
+                Family::default(),
+            ),
+            cache_misses: register(
+                &mut r,
+                "cache_misses",
+                "Cache misses, by cache",
+                Family::default(),
+            ),
+            cache_invalidations: register(
+                &mut r,
+                "cache_invalidations",
+                "Cache entries removed, by cache and cause (pull_failure, reverification, purge, ttl, capacity)",
+                Family::default(),
+            ),
+            cache_entries: register(
+                &mut r,
+                "cache_entries",
+                "Entries in each cache",
+                Family::default(),
+            ),
+            pull_failures: register(
+                &mut r,
+                "pull_failures",
+                "Container statuses seen in ErrImagePull or ImagePullBackOff on a target image",
+                Counter::default(),
+            ),
+            remirrors: register(
+                &mut r,
+                "remirrors",
+                "Recoveries of a target image after a pull failure or re-verification, by outcome (remirrored, present, failed)",
+                Family::default(),
+            ),
+            reverifications: register(
+                &mut r,
+                "reverifications",
+                "Re-verification HEADs of cached target manifests, by outcome (present, missing, error)",
+                Family::default(),
+            ),
+            leader: register(
+                &mut r,
+                "leader",
+                "1 while this replica holds the recovery Lease",
+                Gauge::default(),
+            ),
+            registry: r,
         }
     }
 
-    /// Counts one admission with `outcome`.
+    /// Counts one answered AdmissionReview.
     pub fn admission(&self, outcome: &str) {
         self.admissions
             .get_or_create(&OutcomeLabel {
@@ -139,7 +199,7 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a cache lookup.
+    /// Counts one hit or miss of `cache`.
     pub fn cache(&self, cache: &str, hit: bool) {
         let label = CacheLabel {
             cache: cache.to_owned(),
@@ -149,6 +209,25 @@ impl Metrics {
         } else {
             self.cache_misses.get_or_create(&label).inc();
         }
+    }
+
+    /// Counts `n` entries of `cache` removed for `cause`.
+    pub fn invalidated(&self, cache: &str, cause: &str, n: u64) {
+        self.cache_invalidations
+            .get_or_create(&InvalidationLabels {
+                cache: cache.to_owned(),
+                cause: cause.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Counts one event of `family` with `outcome`.
+    pub fn outcome(family: &Family<OutcomeLabel, Counter>, outcome: &str) {
+        family
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     /// The OpenMetrics text exposition.
@@ -170,12 +249,19 @@ mod tests {
         m.admission("rewritten");
         m.cache("existence", true);
         m.copy_bytes.inc_by(42);
+        m.invalidated("existence", "pull_failure", 2);
+        Metrics::outcome(&m.remirrors, "remirrored");
+        m.leader.set(1);
         let text = m.encode();
         for want in [
             "pinswap_admissions_total{outcome=\"rewritten\"} 1",
             "pinswap_cache_hits_total{cache=\"existence\"} 1",
             "pinswap_copy_bytes_total 42",
             "# TYPE pinswap_admission_duration_seconds histogram",
+            "pinswap_cache_invalidations_total{cache=\"existence\",cause=\"pull_failure\"} 2",
+            "pinswap_remirrors_total{outcome=\"remirrored\"} 1",
+            "pinswap_leader 1",
+            "pinswap_pull_failures_total 0",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

@@ -12,6 +12,7 @@ use moka::future::Cache;
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
+use crate::cache::{Caches, Cause, Purge};
 use crate::config::{Auth, Config, CopyPolicy, Platforms, SwapPolicy};
 use crate::metrics::Metrics;
 use crate::reference::{Digest, MirrorTarget, Reference, ReferenceError, normalize_registry};
@@ -66,6 +67,20 @@ pub struct Decision {
     pub reason: String,
 }
 
+/// What [`Mirror::recover`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recovered {
+    /// The target has the image; the pull failure has another cause.
+    Present,
+    /// The image was missing and has been mirrored again.
+    Remirrored {
+        /// The pinned source it was copied from.
+        source: Reference,
+        /// How long the copy took, in seconds.
+        seconds: f64,
+    },
+}
+
 /// A source image mapped to where it lives at the target.
 #[derive(Debug, Clone)]
 struct Plan {
@@ -89,11 +104,14 @@ pub struct Mirror {
     pool: Arc<ClientPool>,
     copier: Arc<Copier>,
     metrics: Arc<Metrics>,
-    resolution: Option<Cache<String, Digest>>,
+    caches: Arc<Caches>,
     /// Source digest → target digest (differs with a platform filter).
     /// Content under a digest never changes, so this outlives `resolutionTtl`.
     planned: Cache<String, Digest>,
-    existence: Option<Cache<String, Instant>>,
+    /// Target `repository@digest` → the pinned source it was planned from,
+    /// so a lost image can be mirrored again even when a platform filter
+    /// gave it a digest of its own.
+    sources: Cache<String, Reference>,
     inflight: Arc<Mutex<HashMap<String, CopyHandle>>>,
     copy_slots: Arc<Semaphore>,
 }
@@ -189,17 +207,6 @@ impl Mirror {
                 verify_target: false,
             },
         ));
-        fn cache<V: Clone + Send + Sync + 'static>(
-            ttl: Duration,
-            size: u64,
-        ) -> Option<Cache<String, V>> {
-            (!ttl.is_zero()).then(|| {
-                Cache::builder()
-                    .time_to_live(ttl)
-                    .max_capacity(size)
-                    .build()
-            })
-        }
         Ok(Self {
             target,
             swap: config.swap_policy,
@@ -208,13 +215,16 @@ impl Mirror {
             pin: config.pin,
             pool,
             copier,
+            caches: Arc::new(Caches::new(&config.cache, metrics.clone())),
             metrics,
-            resolution: cache(config.cache.resolution_ttl, 10_000),
             planned: Cache::builder()
                 .time_to_live(Duration::from_secs(24 * 3600))
                 .max_capacity(10_000)
                 .build(),
-            existence: cache(config.cache.ttl, 100_000),
+            sources: Cache::builder()
+                .time_to_live(Duration::from_secs(24 * 3600))
+                .max_capacity(100_000)
+                .build(),
             inflight: Arc::default(),
             copy_slots: Arc::new(Semaphore::new(4)),
         })
@@ -223,6 +233,16 @@ impl Mirror {
     /// The mirror target.
     pub fn target(&self) -> &MirrorTarget {
         &self.target
+    }
+
+    /// The existence and resolution caches.
+    pub fn caches(&self) -> &Caches {
+        &self.caches
+    }
+
+    /// The metrics this service counts into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Whether the target registry answers `GET /v2/` now (2 s at most),
@@ -244,7 +264,7 @@ impl Mirror {
             return Ok(d.clone());
         }
         let fetch = async {
-            self.metrics.cache("resolution", false);
+            self.metrics.cache(crate::cache::RESOLUTION, false);
             let client = self
                 .pool
                 .get_with(src.registry(), Role::Source, creds)
@@ -255,7 +275,7 @@ impl Mirror {
                 None => client.get_manifest(src).await?.digest,
             })
         };
-        match &self.resolution {
+        match self.caches.resolution() {
             // One lookup per key at a time: callers arriving while it runs
             // wait for it instead of resolving again (moka's coalescing).
             Some(c) => {
@@ -274,7 +294,7 @@ impl Mirror {
                         },
                     })?;
                 if !missed {
-                    self.metrics.cache("resolution", true);
+                    self.metrics.cache(crate::cache::RESOLUTION, true);
                 }
                 Ok(d)
             }
@@ -312,6 +332,9 @@ impl Mirror {
             .target
             .map(&src.without_digest().with_tag(&tag)?)?
             .with_digest(target_digest);
+        self.sources
+            .insert(target.without_tag().to_string(), pinned_source.clone())
+            .await;
         Ok(Plan {
             source: pinned_source,
             target,
@@ -321,28 +344,33 @@ impl Mirror {
 
     /// Whether the target has the plan's manifest under the plan's tag (the
     /// source tag, or the anchor tag of a digest-only source): the existence
-    /// cache, else a HEAD by tag compared with the digest, cached for
-    /// `cache.ttl` when present. By tag, not by digest: the tag must exist
-    /// too, both for an unpinned rewrite and so "delete untagged" lifecycle
-    /// rules leave the copy alone.
+    /// cache, else a HEAD by tag compared with the digest, recorded in the
+    /// cache when present. By tag, not by digest: the tag must exist too,
+    /// both for an unpinned rewrite and so "delete untagged" lifecycle rules
+    /// leave the copy alone.
     async fn target_has(&self, plan: &Plan) -> Result<bool, MirrorError> {
-        let key = self.key(plan);
-        if let Some(c) = &self.existence
-            && c.get(&key).await.is_some()
-        {
-            self.metrics.cache("existence", true);
+        if self.caches.has(&plan.target).await {
             return Ok(true);
         }
-        self.metrics.cache("existence", false);
-        let target = &plan.target;
+        self.head_target(&plan.target).await
+    }
+
+    /// HEAD `target` (`repository:tag@digest`) at the target registry: true
+    /// when the tag resolves to the digest. Records a hit in the existence
+    /// cache.
+    ///
+    /// # Errors
+    /// [`MirrorError::Registry`] when the target does not answer.
+    pub async fn head_target(&self, target: &Reference) -> Result<bool, MirrorError> {
         let client = self.pool.get(target.registry(), Role::Target).await?;
-        let present = client
-            .manifest_digest(&target.without_digest())
-            .await?
-            .as_ref()
-            == target.digest();
-        if present && let Some(c) = &self.existence {
-            c.insert(key, Instant::now()).await;
+        let present = match target.tag() {
+            Some(_) => {
+                client.manifest_digest(&target.without_digest()).await?.as_ref() == target.digest()
+            }
+            None => client.manifest_digest(target).await?.is_some(),
+        };
+        if present {
+            self.caches.verified(target).await;
         }
         Ok(present)
     }
@@ -371,8 +399,8 @@ impl Mirror {
             self.metrics.clone(),
             self.copy_slots.clone(),
         );
-        let (existence, inflight_map, k) =
-            (self.existence.clone(), self.inflight.clone(), key.clone());
+        let (caches, inflight_map, k) = (self.caches.clone(), self.inflight.clone(), key.clone());
+        let target_ref = plan.target.clone();
         let task = tokio::spawn(async move {
             let _permit = match waited_for {
                 true => None,
@@ -392,9 +420,7 @@ impl Mirror {
                 Ok(r) => {
                     metrics.copies_succeeded.inc();
                     metrics.copy_bytes.inc_by(r.bytes_copied);
-                    if let Some(c) = &existence {
-                        c.insert(k.clone(), Instant::now()).await;
-                    }
+                    caches.verified(&target_ref).await;
                     info!(source = %src, target = %k, bytes = r.bytes_copied, "mirrored");
                     Ok(())
                 }
@@ -442,6 +468,133 @@ impl Mirror {
             .iter()
             .filter(|r| r.is_err())
             .count()
+    }
+
+    /// Mirrors `target` again if the target registry lost it: the recovery
+    /// step of DESIGN.md §3 "Background". `target` is the image as a Pod
+    /// names it (`repository:tag@digest`, or `repository@digest`);
+    /// `source_hint` is the Pod's original image (from the
+    /// `pinswap.dev/original-images` annotation), used when this process
+    /// did not plan the image itself.
+    ///
+    /// Steps: invalidate the existence entry under `cause`; HEAD the target;
+    /// when missing, copy the source pinned to the digest the Pod pins, and
+    /// wait for it. Concurrent calls for one image share one copy (the copy
+    /// queue's key), and share it with admissions copying the same image.
+    ///
+    /// # Errors
+    /// [`MirrorError::Resolve`] when no source can be found for the digest
+    /// (see [`Mirror::source_for`]); registry errors from the HEAD;
+    /// [`MirrorError::CopyFailed`] when the copy fails.
+    pub async fn recover(
+        &self,
+        target: &Reference,
+        source_hint: Option<&Reference>,
+        cause: Cause,
+        creds: Option<&Credentials>,
+    ) -> Result<Recovered, MirrorError> {
+        self.caches.invalidate(target, cause).await;
+        let source = self.source_for(target, source_hint, creds).await?;
+        let tag = match (target.tag(), source.digest()) {
+            (Some(t), _) => t.to_owned(),
+            (None, Some(d)) => anchor_tag(d),
+            (None, None) => unreachable!("source_for pins the source"),
+        };
+        let plan = Plan {
+            target: target.without_digest().with_tag(&tag)?.with_digest(
+                target
+                    .digest()
+                    .cloned()
+                    .expect("source_for needs a pinned target"),
+            ),
+            tagged: target.tag().is_some(),
+            source,
+        };
+        if self.head_target(&plan.target).await? {
+            return Ok(Recovered::Present);
+        }
+        let start = Instant::now();
+        self.copy(&plan, creds, true)
+            .await
+            .map_err(|reason| MirrorError::CopyFailed {
+                image: plan.source.to_string(),
+                reason,
+            })?;
+        Ok(Recovered::Remirrored {
+            source: plan.source,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The source, pinned by digest, that target image `target` was mirrored
+    /// from:
+    /// 1. the one this process planned for `target`'s `repository@digest`;
+    /// 2. else `hint`'s repository at `target`'s digest when every platform
+    ///    is mirrored (the copy keeps the digest);
+    /// 3. else, with a platform filter, `hint` resolved now, when planning
+    ///    it still gives `target`'s digest.
+    ///
+    /// # Errors
+    /// [`MirrorError::Resolve`] when `target` has no digest, when there is no
+    /// hint, or when the hint's tag now names other content.
+    pub async fn source_for(
+        &self,
+        target: &Reference,
+        hint: Option<&Reference>,
+        creds: Option<&Credentials>,
+    ) -> Result<Reference, MirrorError> {
+        let unknown = |reason: &str| MirrorError::Resolve {
+            image: target.to_string(),
+            reason: reason.to_owned(),
+        };
+        let digest = target
+            .digest()
+            .ok_or_else(|| unknown("not pinned by digest, so the content it named is unknown"))?;
+        if let Some(s) = self.sources.get(&target.without_tag().to_string()).await {
+            return Ok(s);
+        }
+        let hint = hint.ok_or_else(|| {
+            unknown("no pinswap.dev/original-images entry names its source, and this replica did not mirror it")
+        })?;
+        if self.copier.filters_platforms() {
+            let plan = self.plan(&hint.without_digest(), creds).await?;
+            if plan.target.digest() == Some(digest) {
+                return Ok(plan.source);
+            }
+            return Err(unknown(&format!(
+                "{} now resolves to other content, and the platform filter gives the mirror its own digest; the source index for {digest} is unknown",
+                hint.without_digest()
+            )));
+        }
+        Ok(hint.without_tag().with_digest(digest.clone()))
+    }
+
+    /// Purges cache entries: all of them with `None`; else those `selector`
+    /// names. A reference under the target selects existence entries of
+    /// that repository (narrowed by its tag and digest when written); any
+    /// other reference is a source, and selects its resolution entries and
+    /// the existence entries of where it mirrors to. A selector without a
+    /// tag or digest covers the whole repository. Returns how many entries
+    /// went.
+    ///
+    /// # Errors
+    /// [`MirrorError::Reference`] for a malformed selector.
+    pub async fn purge(&self, selector: Option<&str>) -> Result<u64, MirrorError> {
+        let Some(s) = selector else {
+            return Ok(self.caches.purge(&Purge::All).await);
+        };
+        let parsed = Reference::parse(s)?;
+        let last = s.rsplit('/').next().unwrap_or(s);
+        let r = match last.split('@').next().is_some_and(|n| n.contains(':')) {
+            true => parsed,
+            false => parsed.without_tag(),
+        };
+        if self.target.contains(&r) {
+            return Ok(self.caches.purge(&Purge::Existence(r)).await);
+        }
+        let mapped = self.target.map(&r)?;
+        Ok(self.caches.purge(&Purge::Resolution(r)).await
+            + self.caches.purge(&Purge::Existence(mapped)).await)
     }
 
     /// As [`Mirror::decide`] with no side effect: nothing is copied, so an

@@ -297,6 +297,12 @@ impl Copier {
         }
     }
 
+    /// Whether a platform list filters indexes (so a copy's top digest can
+    /// differ from the source's).
+    pub fn filters_platforms(&self) -> bool {
+        !self.opts.platforms.is_empty()
+    }
+
     async fn layout(&self, dir: &PathBuf, create: bool) -> Result<Arc<Layout>> {
         let mut map = self.layouts.lock().await;
         if let Some(l) = map.get(dir) {
@@ -699,10 +705,9 @@ impl Copier {
                 // never waits for a holder lock, so this cannot deadlock.
                 let mut holder = cell.lock().await;
                 let repo = reference.repository();
-                if holder.as_deref() == Some(repo) {
-                    stats.skipped.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
-                }
+                // The ledger is a hint for mounts, never proof the blob is
+                // still there: a long-running serve outlives registry GC, and
+                // a re-mirror after a prune must not skip a collected blob.
                 // Every request, HEADs included, runs under a --jobs slot.
                 let _permit = self.slots.acquire().await.expect("semaphore never closed");
                 if client.blob_exists(reference, &desc.digest).await? {
@@ -712,7 +717,7 @@ impl Copier {
                 }
                 // Mount from a repository this run already filled, else from
                 // the source when it is the same registry.
-                let mut from: Vec<String> = holder.iter().cloned().collect();
+                let mut from: Vec<String> = holder.iter().filter(|h| *h != repo).cloned().collect();
                 if let Side::Registry {
                     client: sc,
                     reference: sr,

@@ -1,0 +1,2 @@
+//! Background work (DESIGN.md §3): pull-failure recovery and re-verification,
+//! run by the replica that holds the Lease.
