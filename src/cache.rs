@@ -223,10 +223,7 @@ impl Caches {
         let (Some(c), Some(d)) = (&self.existence, target.digest()) else {
             return false;
         };
-        let gone = c
-            .remove(&existence_key(&target.name(), d))
-            .await
-            .is_some();
+        let gone = c.remove(&existence_key(&target.name(), d)).await.is_some();
         if gone {
             self.metrics.invalidated(EXISTENCE, cause.as_str(), 1);
         }
@@ -464,8 +461,9 @@ mod tests {
         assert_eq!(c.existence_entries().len(), 1, "b is untouched");
         assert_eq!(c.purge(&Purge::All).await, 2);
         assert!(
-            m.encode()
-                .contains("pinswap_cache_invalidations_total{cache=\"existence\",cause=\"purge\"} 3")
+            m.encode().contains(
+                "pinswap_cache_invalidations_total{cache=\"existence\",cause=\"purge\"} 3"
+            )
         );
     }
 }

@@ -54,6 +54,38 @@ pub enum Command {
     /// Check or print the webhook's YAML config.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Act on a running `pinswap serve`'s caches.
+    #[command(subcommand)]
+    Cache(CacheCommand),
+}
+
+/// `pinswap cache ...`.
+#[derive(Debug, Subcommand)]
+pub enum CacheCommand {
+    /// Purge existence and resolution cache entries through the health port's
+    /// `POST /cache/purge` (served when the config has `cache.purgeEndpoint: true`).
+    #[command(after_help = "Examples:\n  \
+        pinswap cache purge --all --server http://pinswap.pinswap.svc:8080\n  \
+        pinswap cache purge docker.io/library/nginx:1.27   # a source: its resolution and its mirror\n  \
+        pinswap cache purge mirror.example.com/cache/docker.io/library/nginx   # every digest of a target repository")]
+    Purge(PurgeArgs),
+}
+
+/// `pinswap cache purge [--all|REF] --server URL`.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Purge every entry.
+    #[arg(
+        long,
+        conflicts_with = "reference",
+        required_unless_present = "reference"
+    )]
+    pub all: bool,
+    /// A source or target reference; without a tag or digest, the whole repository.
+    pub reference: Option<String>,
+    /// The server's health address.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    pub server: String,
 }
 
 /// `pinswap serve --config FILE`. Flags override the config's `server` keys.
@@ -289,7 +321,7 @@ pub fn main() -> ExitCode {
 fn init_logging(cli: &Cli) -> anyhow::Result<()> {
     let level = cli.log_level.clone().unwrap_or_else(|| {
         match cli.command {
-            Command::Serve(_) => "info",
+            Command::Serve(_) | Command::Cache(_) => "info",
             _ => "warn",
         }
         .to_owned()
@@ -312,6 +344,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Copy(args) => copy(*args).await,
         Command::Serve(args) => serve(args).await,
         Command::Mutate(args) => mutate(args).await,
+        Command::Cache(CacheCommand::Purge(args)) => purge(args).await,
         Command::Config(ConfigCommand::Default) => {
             print!("{}", crate::config::DEFAULT_YAML);
             Ok(ExitCode::SUCCESS)
@@ -519,15 +552,23 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let mut admission = crate::admission::Admission::from_config(&config, metrics.clone())
         .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
+    // In-cluster config, else KUBECONFIG: kube's usual order.
+    let client = if config.source.image_pull_secrets || config.recovery.enabled {
+        kube::Client::try_default().await.map_err(|e| e.to_string())
+    } else {
+        Err("not needed".into())
+    };
     if config.source.image_pull_secrets {
-        // In-cluster config, else KUBECONFIG: kube's usual order.
-        let client = kube::Client::try_default().await.map_err(|e| {
+        let client = client.clone().map_err(|e| {
             Usage(format!(
                 "{}: source.imagePullSecrets is on, but no Kubernetes API client could be built: {e}",
                 args.config.display()
             ))
         })?;
         admission = admission.with_pull_secrets(client);
+    }
+    if let (true, Err(e)) = (config.recovery.enabled, &client) {
+        tracing::warn!(error = %e, "no Kubernetes API client: pull-failure recovery is off (set recovery.enabled: false to silence this)");
     }
     let opts = crate::server::ServerOptions {
         listen: args.listen.unwrap_or(config.server.listen),
@@ -548,13 +589,58 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     }
     tracing::info!(listen = %opts.listen, health = %opts.health_listen, target = %config.target.registry, "starting");
-    crate::server::serve(
-        opts,
-        Arc::new(admission),
-        metrics,
-        crate::server::shutdown_signal(),
-    )
-    .await?;
+    let admission = Arc::new(admission);
+    let token = tokio_util::sync::CancellationToken::new();
+    let background = crate::watch::Background::start(
+        admission.mirror().clone(),
+        &config,
+        client.ok(),
+        token.clone(),
+    );
+    let served = crate::server::serve(opts, admission, metrics, async move {
+        crate::server::shutdown_signal().await;
+        token.cancel();
+    })
+    .await;
+    background.stop().await;
+    served?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn purge(args: PurgeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(r) = &args.reference {
+        Reference::parse(r).map_err(|e| Usage(e.to_string()))?;
+    }
+    let base = url::Url::parse(&args.server).map_err(|e| {
+        Usage(format!(
+            "--server {:?}: {e}; expected e.g. http://127.0.0.1:8080",
+            args.server
+        ))
+    })?;
+    let url = base
+        .join("cache/purge")
+        .map_err(|e| Usage(format!("--server {:?}: {e}", args.server)))?;
+    let body = crate::server::PurgeRequest {
+        all: args.all,
+        reference: args.reference.clone(),
+    };
+    let resp = reqwest::Client::new()
+        .post(url.clone())
+        .json(&body)
+        .timeout(std::time::Duration::from_secs(30))
+        .send()
+        .await
+        .with_context(|| format!("POST {url}"))?;
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    if !status.is_success() {
+        anyhow::bail!("POST {url}: {status}: {}", text.trim());
+    }
+    let purged = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("purged").and_then(serde_json::Value::as_u64))
+        .with_context(|| format!("POST {url}: unexpected answer {text:?}"))?;
+    println!("purged {purged} cache entries");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -365,7 +365,11 @@ impl Mirror {
         let client = self.pool.get(target.registry(), Role::Target).await?;
         let present = match target.tag() {
             Some(_) => {
-                client.manifest_digest(&target.without_digest()).await?.as_ref() == target.digest()
+                client
+                    .manifest_digest(&target.without_digest())
+                    .await?
+                    .as_ref()
+                    == target.digest()
             }
             None => client.manifest_digest(target).await?.is_some(),
         };
@@ -494,6 +498,14 @@ impl Mirror {
         creds: Option<&Credentials>,
     ) -> Result<Recovered, MirrorError> {
         self.caches.invalidate(target, cause).await;
+        if target.digest().is_none()
+            && let Some(hint) = source_hint
+        {
+            // An unpinned rewrite (`pin: false`) names a tag only: the
+            // source tag's current content is what the kubelet wants.
+            let plan = self.plan(&hint.without_digest(), creds).await?;
+            return self.restore(plan, creds).await;
+        }
         let source = self.source_for(target, source_hint, creds).await?;
         let tag = match (target.tag(), source.digest()) {
             (Some(t), _) => t.to_owned(),
@@ -510,11 +522,20 @@ impl Mirror {
             tagged: target.tag().is_some(),
             source,
         };
+        self.restore(plan, creds).await
+    }
+
+    /// HEAD `plan`'s target; copy it when missing, through the copy queue.
+    async fn restore(
+        &self,
+        plan: Plan,
+        creds: Option<&Credentials>,
+    ) -> Result<Recovered, MirrorError> {
         if self.head_target(&plan.target).await? {
             return Ok(Recovered::Present);
         }
         let start = Instant::now();
-        self.copy(&plan, creds, true)
+        self.copy(&plan, creds, false)
             .await
             .map_err(|reason| MirrorError::CopyFailed {
                 image: plan.source.to_string(),

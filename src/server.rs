@@ -159,11 +159,79 @@ async fn mutate(
     refused
 }
 
+/// The body of `POST /cache/purge`: `{"all": true}` or
+/// `{"reference": "REF"}` (see [`crate::mirror::Mirror::purge`]).
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PurgeRequest {
+    /// Purge every entry of both caches.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub all: bool,
+    /// Purge the entries of this source or target reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+}
+
+/// `POST /cache/purge`: 200 `{"purged": N}`; 400 naming the problem for a
+/// body that is not a [`PurgeRequest`] with exactly one of `all` and
+/// `reference`, or a malformed reference; 404 while `cache.purgeEndpoint`
+/// is off.
+async fn purge(State(admission): State<Arc<Admission>>, body: Bytes) -> Response {
+    if !admission.cache_purge() {
+        return (
+            StatusCode::NOT_FOUND,
+            "cache purge is off; set cache.purgeEndpoint: true to serve it\n",
+        )
+            .into_response();
+    }
+    let req: PurgeRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("expected {{\"all\": true}} or {{\"reference\": \"REF\"}}: {e}\n"),
+            )
+                .into_response();
+        }
+    };
+    let selector = match (req.all, req.reference.as_deref()) {
+        (true, None) => None,
+        (false, Some(r)) => Some(r),
+        _ => {
+            return (
+                StatusCode::BAD_REQUEST,
+                "give exactly one of \"all\": true and \"reference\"\n",
+            )
+                .into_response();
+        }
+    };
+    match admission.mirror().purge(selector).await {
+        Ok(n) => {
+            tracing::info!(
+                selector = selector.unwrap_or("all"),
+                purged = n,
+                "cache purged"
+            );
+            axum::Json(serde_json::json!({ "purged": n })).into_response()
+        }
+        Err(e) => (StatusCode::BAD_REQUEST, format!("reference: {e}\n")).into_response(),
+    }
+}
+
 /// The health routes: `GET /healthz` (always 200 `ok` while the process
-/// serves), `GET /readyz` (200 when [`Admission::ready`], else 503) and
-/// `GET /metrics` (OpenMetrics text).
+/// serves), `GET /readyz` (200 when [`Admission::ready`], else 503),
+/// `GET /metrics` (OpenMetrics text) and `POST /cache/purge` (see
+/// [`PurgeRequest`]; 404 unless `cache.purgeEndpoint` is on).
 pub fn health_router(admission: Arc<Admission>, metrics: Arc<Metrics>) -> Router {
+    let for_metrics = admission.clone();
+    let for_purge = admission.clone();
     Router::new()
+        .route(
+            "/cache/purge",
+            post(purge)
+                .with_state(for_purge)
+                .layer(DefaultBodyLimit::max(64 * 1024)),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",
@@ -178,6 +246,7 @@ pub fn health_router(admission: Arc<Admission>, metrics: Arc<Metrics>) -> Router
         .route(
             "/metrics",
             get(async move || {
+                for_metrics.mirror().caches().refresh_gauges().await;
                 let content_type = [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)];
                 (content_type, metrics.encode())
             }),

@@ -48,6 +48,7 @@ pub struct Admission {
     failure: FailurePolicy,
     budget: Duration,
     metrics: Arc<Metrics>,
+    cache_purge: bool,
 }
 
 /// Every slot of one pod spec, decided.
@@ -82,6 +83,7 @@ impl Admission {
             failure: config.failure_policy,
             budget: config.server.admission_budget,
             metrics,
+            cache_purge: config.cache.purge_endpoint,
         })
     }
 
@@ -100,6 +102,16 @@ impl Admission {
     pub fn with_pull_secrets(mut self, client: kube::Client) -> Self {
         self.pull_secrets = Some(crate::registry::pullsecrets::PullSecrets::new(client));
         self
+    }
+
+    /// The mirror service behind this handler.
+    pub fn mirror(&self) -> &Arc<Mirror> {
+        &self.mirror
+    }
+
+    /// Whether `POST /cache/purge` is on (`cache.purgeEndpoint`).
+    pub fn cache_purge(&self) -> bool {
+        self.cache_purge
     }
 
     /// Whether the webhook can serve: the target registry answers.

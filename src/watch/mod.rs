@@ -1,2 +1,234 @@
-//! Background work (DESIGN.md §3): pull-failure recovery and re-verification,
-//! run by the replica that holds the Lease.
+//! Background work (DESIGN.md §3 "Background"): the Pod watcher that turns
+//! pull failures into re-mirrors, the re-verifier, and the Lease that elects
+//! the one replica running the watcher.
+//!
+//! - [`leader`]: client-go-style election on a `coordination.k8s.io` Lease.
+//! - [`pods`]: what a Pod tells the watcher.
+//! - [`recovery`]: invalidate, HEAD, re-mirror, Event; deduplicated and
+//!   retried per image.
+//! - [`reverify`]: periodic HEADs of cached target manifests.
+//!
+//! The watcher is kube-runtime's `watcher` (list, then watch from the list's
+//! resourceVersion, with bookmarks; on 410 Gone it lists again), restarted
+//! with backoff on API errors. Each (re-)list delivers every Pod, so a Pod
+//! that was failing while the watch was down, or before this replica became
+//! leader, is still seen.
+
+pub mod leader;
+pub mod pods;
+pub mod recovery;
+pub mod reverify;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::mirror::Mirror;
+use recovery::Recovery;
+
+/// The running background work; [`Background::stop`] ends it.
+pub struct Background {
+    token: CancellationToken,
+    tasks: tokio::task::JoinSet<()>,
+    leader: watch::Receiver<bool>,
+    recovery: Option<Arc<Recovery>>,
+}
+
+impl Background {
+    /// Starts the background work for `config`:
+    /// - with a Kubernetes `client` and `recovery.enabled`: the Lease
+    ///   election, and the Pod watcher while this replica leads;
+    /// - with `cache.reverify` above zero: the re-verifier (every replica;
+    ///   only the leader mirrors again).
+    ///
+    /// Everything stops when `token` is cancelled; a leader then releases
+    /// its Lease.
+    pub fn start(
+        mirror: Arc<Mirror>,
+        config: &Config,
+        client: Option<kube::Client>,
+        token: CancellationToken,
+    ) -> Self {
+        let mut tasks = tokio::task::JoinSet::new();
+        let r = &config.recovery;
+        let client = client.filter(|_| r.enabled);
+        let recovery = client.as_ref().map(|c| {
+            Arc::new(Recovery::new(
+                mirror.clone(),
+                Some(c.clone()),
+                config.source.image_pull_secrets,
+                r.retry_initial,
+                r.retry_max,
+            ))
+        });
+        let leader = match &client {
+            Some(c) => {
+                let namespace = match r.lease.namespace.as_str() {
+                    "" => c.default_namespace().to_owned(),
+                    ns => ns.to_owned(),
+                };
+                let opts = leader::LeaseOptions {
+                    name: r.lease.name.clone(),
+                    namespace,
+                    identity: leader::identity(),
+                    duration: r.lease.duration,
+                    renew_deadline: r.lease.renew_deadline,
+                    retry_period: r.lease.retry_period,
+                };
+                info!(lease = %format!("{}/{}", opts.namespace, opts.name), identity = %opts.identity, "joining the leader election");
+                let (rx, task) = leader::run(c.clone(), opts, token.clone().cancelled_owned());
+                tasks.spawn(async move {
+                    let _ = task.await;
+                });
+                rx
+            }
+            None => watch::channel(false).1,
+        };
+        if let (Some(c), Some(rec)) = (&client, &recovery) {
+            let namespaces = r.namespaces.clone();
+            let (c, rec, l, t) = (c.clone(), rec.clone(), leader.clone(), token.clone());
+            let target = mirror.target().clone();
+            let metrics = mirror.metrics().clone();
+            tasks.spawn(async move {
+                lead_and_watch(c, rec, target, namespaces, l, t, metrics).await;
+            });
+        }
+        if !config.cache.reverify.is_zero() {
+            let (m, rec, l, t) = (
+                mirror.clone(),
+                recovery.clone(),
+                leader.clone(),
+                token.clone(),
+            );
+            let interval = config.cache.reverify;
+            tasks.spawn(async move {
+                tokio::select! {
+                    _ = reverify::run(m, interval, rec, l) => {}
+                    _ = t.cancelled() => {}
+                }
+            });
+        }
+        Self {
+            token,
+            tasks,
+            leader,
+            recovery,
+        }
+    }
+
+    /// Whether this replica leads now.
+    pub fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// The recovery service, when the watcher runs.
+    pub fn recovery(&self) -> Option<&Arc<Recovery>> {
+        self.recovery.as_ref()
+    }
+
+    /// Stops everything and waits for it (a leader releases its Lease).
+    pub async fn stop(mut self) {
+        self.token.cancel();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Waits to lead, watches Pods while leading, and stops within one Lease
+/// retry period of losing the lead.
+async fn lead_and_watch(
+    client: kube::Client,
+    recovery: Arc<Recovery>,
+    target: crate::reference::MirrorTarget,
+    namespaces: Vec<String>,
+    mut leader: watch::Receiver<bool>,
+    token: CancellationToken,
+    metrics: Arc<crate::metrics::Metrics>,
+) {
+    loop {
+        while !*leader.borrow_and_update() {
+            tokio::select! {
+                r = leader.changed() => if r.is_err() { return },
+                _ = token.cancelled() => return,
+            }
+        }
+        metrics.leader.set(1);
+        info!("leading: watching Pods for pull failures");
+        let lost = async {
+            while *leader.borrow_and_update() {
+                if leader.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            _ = watch_pods(&client, &recovery, &target, &namespaces) => {}
+            _ = lost => info!("not leading: Pod watcher stopped"),
+            _ = token.cancelled() => {}
+        }
+        metrics.leader.set(0);
+        recovery.clear();
+        if token.is_cancelled() {
+            return;
+        }
+    }
+}
+
+/// Feeds every Pod event to `recovery`. Runs until dropped.
+async fn watch_pods(
+    client: &kube::Client,
+    recovery: &Arc<Recovery>,
+    target: &crate::reference::MirrorTarget,
+    namespaces: &[String],
+) {
+    let apis: Vec<(Option<String>, Api<Pod>)> = if namespaces.is_empty() {
+        vec![(None, Api::all(client.clone()))]
+    } else {
+        namespaces
+            .iter()
+            .map(|n| (Some(n.clone()), Api::namespaced(client.clone(), n)))
+            .collect()
+    };
+    let streams = apis.into_iter().map(|(scope, api)| {
+        watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .map_ok(move |ev| (scope.clone(), ev))
+            .boxed()
+    });
+    let mut events = futures::stream::select_all(streams);
+    let mut listing: HashMap<Option<String>, HashSet<String>> = HashMap::new();
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok((scope, Event::Init)) => {
+                listing.insert(scope, HashSet::new());
+            }
+            Ok((scope, Event::InitApply(pod))) => {
+                let p = pods::target_images(&pod, target);
+                listing.entry(scope).or_default().insert(p.key());
+                recovery.pod_seen(p);
+            }
+            Ok((scope, Event::InitDone)) => {
+                // Pods deleted while the watch was down are not in the new
+                // list: forget them.
+                let seen = listing.remove(&scope).unwrap_or_default();
+                recovery.retain_pods(|k| match &scope {
+                    Some(ns) if !k.starts_with(&format!("{ns}/")) => true,
+                    _ => seen.contains(k),
+                });
+            }
+            Ok((_, Event::Apply(pod))) => recovery.pod_seen(pods::target_images(&pod, target)),
+            Ok((_, Event::Delete(pod))) => {
+                recovery.pod_deleted(&pods::target_images(&pod, target).key());
+            }
+            Err(e) => warn!(error = %e, "Pod watch failed; retrying with backoff"),
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! What the watcher needs from a Pod: its images under the target, the
+//! source each was mirrored from, and which of them the kubelet fails to
+//! pull.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ContainerStatus, ObjectReference, Pod};
+use kube::Resource;
+use serde_json::{Value, json};
+
+use crate::admission::pod::ORIGINAL_IMAGES;
+use crate::reference::{MirrorTarget, Reference};
+
+/// `waiting.reason`s that mean the kubelet could not pull the image
+/// (kubelet `images.ErrImagePull` and `images.ErrImagePullBackOff`).
+pub const PULL_FAILURE_REASONS: [&str; 2] = ["ErrImagePull", "ImagePullBackOff"];
+
+/// One container image of a Pod that lives under the target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetImage {
+    /// `containers/NAME`, `initContainers/NAME` or `ephemeralContainers/NAME`,
+    /// the key of the `pinswap.dev/*` annotations.
+    pub slot: String,
+    /// The image as the Pod names it, under the target.
+    pub image: Reference,
+    /// The original image from `pinswap.dev/original-images`, if recorded.
+    pub original: Option<Reference>,
+    /// `waiting.reason` when the kubelet reports a pull failure for it.
+    pub failing: Option<String>,
+}
+
+/// A Pod as the watcher keeps it: enough to name it in an Event, to read its
+/// pull secrets, and its target images.
+#[derive(Debug, Clone)]
+pub struct PodImages {
+    /// For Events.
+    pub object: ObjectReference,
+    /// `{"spec": {"imagePullSecrets", "serviceAccountName"}}`, for
+    /// [`crate::registry::pullsecrets::PullSecrets::for_pod`].
+    pub pull: Value,
+    /// Its images under the target.
+    pub images: Vec<TargetImage>,
+}
+
+impl PodImages {
+    /// The Pod's namespace.
+    pub fn namespace(&self) -> &str {
+        self.object.namespace.as_deref().unwrap_or("default")
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!(
+            "{}/{}",
+            self.namespace(),
+            self.object.name.as_deref().unwrap_or_default()
+        )
+    }
+}
+
+/// Reads `pod`'s images under `target`, each with its original image and
+/// pull-failure state. Images that do not parse, or live elsewhere, are left
+/// out.
+pub fn target_images(pod: &Pod, target: &MirrorTarget) -> PodImages {
+    let originals: BTreeMap<String, String> = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ORIGINAL_IMAGES))
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default();
+    let spec = pod.spec.as_ref();
+    let status = pod.status.as_ref();
+    let mut images = Vec::new();
+    let mut add =
+        |kind: &str, name: &str, image: Option<&str>, statuses: Option<&Vec<ContainerStatus>>| {
+            let Some(image) = image.and_then(|i| Reference::parse(i).ok()) else {
+                return;
+            };
+            if !target.contains(&image) {
+                return;
+            }
+            let slot = format!("{kind}/{name}");
+            let failing = statuses
+                .into_iter()
+                .flatten()
+                .find(|s| s.name == name)
+                .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone())
+                .filter(|r| PULL_FAILURE_REASONS.contains(&r.as_str()));
+            images.push(TargetImage {
+                original: originals.get(&slot).and_then(|o| Reference::parse(o).ok()),
+                slot,
+                image,
+                failing,
+            });
+        };
+    if let Some(spec) = spec {
+        for c in spec.init_containers.iter().flatten() {
+            add(
+                "initContainers",
+                &c.name,
+                c.image.as_deref(),
+                status.and_then(|s| s.init_container_statuses.as_ref()),
+            );
+        }
+        for c in &spec.containers {
+            add(
+                "containers",
+                &c.name,
+                c.image.as_deref(),
+                status.and_then(|s| s.container_statuses.as_ref()),
+            );
+        }
+        for c in spec.ephemeral_containers.iter().flatten() {
+            add(
+                "ephemeralContainers",
+                &c.name,
+                c.image.as_deref(),
+                status.and_then(|s| s.ephemeral_container_statuses.as_ref()),
+            );
+        }
+    }
+    PodImages {
+        object: pod.object_ref(&()),
+        pull: json!({"spec": {
+            "imagePullSecrets": spec.and_then(|s| s.image_pull_secrets.clone()),
+            "serviceAccountName": spec.and_then(|s| s.service_account_name.clone()),
+        }}),
+        images,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn finds_failing_target_images_with_their_originals() {
+        let target = MirrorTarget::parse("mirror.example/m").unwrap();
+        let d = format!("sha256:{}", "a".repeat(64));
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "annotations": {
+                ORIGINAL_IMAGES: serde_json::to_string(&json!({
+                    "containers/app": "docker.io/team/app:v1",
+                    "initContainers/init": "busybox"
+                })).unwrap()
+            }},
+            "spec": {
+                "initContainers": [{"name": "init", "image": format!("mirror.example/m/docker.io/library/busybox:latest@{d}")}],
+                "containers": [
+                    {"name": "app", "image": format!("mirror.example/m/docker.io/team/app:v1@{d}")},
+                    {"name": "side", "image": "docker.io/library/nginx:1"},
+                    {"name": "bad", "image": "Not A Reference"}
+                ],
+                "serviceAccountName": "builder",
+                "imagePullSecrets": [{"name": "regcred"}]
+            },
+            "status": {
+                "initContainerStatuses": [{"name": "init", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"waiting": {"reason": "PodInitializing"}}}],
+                "containerStatuses": [{"name": "app", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]
+            }
+        }));
+        let got = target_images(&p, &target);
+        assert_eq!(got.key(), "ns/p");
+        assert_eq!(got.object.uid.as_deref(), Some("u1"));
+        assert_eq!(got.pull["spec"]["serviceAccountName"], "builder");
+        assert_eq!(got.pull["spec"]["imagePullSecrets"][0]["name"], "regcred");
+        assert_eq!(got.images.len(), 2, "{:?}", got.images);
+        let init = &got.images[0];
+        assert_eq!(init.slot, "initContainers/init");
+        assert_eq!(init.failing, None, "PodInitializing is not a pull failure");
+        assert_eq!(
+            init.original.as_ref().unwrap().to_string(),
+            "docker.io/library/busybox:latest"
+        );
+        let app = &got.images[1];
+        assert_eq!(app.slot, "containers/app");
+        assert_eq!(app.failing.as_deref(), Some("ImagePullBackOff"));
+        assert_eq!(app.image.digest().unwrap().as_str(), d);
+        assert_eq!(
+            app.original.as_ref().unwrap().to_string(),
+            "docker.io/team/app:v1"
+        );
+    }
+
+    #[test]
+    fn a_pod_without_status_or_annotations_is_fine() {
+        let target = MirrorTarget::parse("mirror.example").unwrap();
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "a", "image": "mirror.example/docker.io/library/nginx:1"}]}
+        }));
+        let got = target_images(&p, &target);
+        assert_eq!(got.images.len(), 1);
+        assert_eq!(got.images[0].failing, None);
+        assert_eq!(got.images[0].original, None);
+    }
+}

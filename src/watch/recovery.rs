@@ -1,0 +1,316 @@
+//! Pull-failure recovery: a Pod's container reports `ErrImagePull` or
+//! `ImagePullBackOff` on a target image → invalidate the existence entry,
+//! HEAD the target, mirror the image again when it is missing, and record
+//! an Event on the Pod (`ImageRemirrored`, or `RemirrorFailed` with the
+//! cause). The kubelet's next pull retry then succeeds.
+//!
+//! Per image (target `repository@digest`) at most one recovery runs; Pods
+//! failing on it meanwhile join it and get its Event. After a recovery,
+//! further failures of that image are ignored for [`COOLDOWN`] (statuses
+//! written before the kubelet's next retry). A failed recovery is retried
+//! with exponential backoff (`recovery.retryInitial` doubling up to
+//! `recovery.retryMax`) while a Pod known to the watcher still fails on it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tracing::{info, warn};
+
+use super::pods::{PodImages, TargetImage};
+use crate::cache::Cause;
+use crate::metrics::Metrics;
+use crate::mirror::{Mirror, Recovered};
+use crate::reference::Reference;
+use crate::registry::pullsecrets::PullSecrets;
+
+/// How long failures of an image are ignored after a recovery of it
+/// completed (the kubelet retries after 10 s at the soonest).
+pub const COOLDOWN: Duration = Duration::from_secs(5);
+
+/// Event reason when an image was mirrored again.
+pub const REMIRRORED: &str = "ImageRemirrored";
+/// Event reason when mirroring it again failed.
+pub const REMIRROR_FAILED: &str = "RemirrorFailed";
+
+#[derive(Default)]
+struct ImageState {
+    running: bool,
+    /// Pods to tell about the running (or next) recovery.
+    pods: Vec<ObjectReference>,
+    done: Option<Instant>,
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+/// The recovery service: the Pod index the watcher feeds, and per-image
+/// recovery state.
+pub struct Recovery {
+    mirror: Arc<Mirror>,
+    metrics: Arc<Metrics>,
+    recorder: Option<Recorder>,
+    pull_secrets: Option<PullSecrets>,
+    retry_initial: Duration,
+    retry_max: Duration,
+    pods: Mutex<HashMap<String, PodImages>>,
+    images: Mutex<HashMap<String, ImageState>>,
+}
+
+impl Recovery {
+    /// A recovery service. Events are recorded through `client` when given
+    /// (`events.k8s.io/v1`, reporting controller `pinswap`); pull secrets
+    /// are read when `pull_secrets` is on.
+    pub fn new(
+        mirror: Arc<Mirror>,
+        client: Option<kube::Client>,
+        pull_secrets: bool,
+        retry_initial: Duration,
+        retry_max: Duration,
+    ) -> Self {
+        let recorder = client.clone().map(|c| {
+            Recorder::new(
+                c,
+                Reporter {
+                    controller: "pinswap".into(),
+                    instance: std::env::var("POD_NAME").ok(),
+                },
+            )
+        });
+        Self {
+            metrics: mirror.metrics().clone(),
+            mirror,
+            recorder,
+            pull_secrets: client.filter(|_| pull_secrets).map(PullSecrets::new),
+            retry_initial,
+            retry_max,
+            pods: Mutex::default(),
+            images: Mutex::default(),
+        }
+    }
+
+    /// Takes in a Pod seen by the watcher: updates the index and starts a
+    /// recovery for each target image that newly fails to pull (a changed
+    /// `waiting.reason`: the kubelet alternates `ErrImagePull` and
+    /// `ImagePullBackOff` at each retry).
+    pub fn pod_seen(self: &Arc<Self>, pod: PodImages) {
+        let key = pod.key();
+        let before = {
+            let mut pods = self.pods.lock().expect("pods lock");
+            if pod.images.is_empty() {
+                pods.remove(&key)
+            } else {
+                pods.insert(key, pod.clone())
+            }
+        };
+        for img in &pod.images {
+            let Some(reason) = &img.failing else { continue };
+            let was = before
+                .as_ref()
+                .and_then(|b| b.images.iter().find(|i| i.slot == img.slot))
+                .and_then(|i| i.failing.as_ref());
+            if was == Some(reason) {
+                continue;
+            }
+            self.metrics.pull_failures.inc();
+            info!(pod = %pod.key(), image = %img.image, %reason, "pull failure on a target image");
+            self.trigger(img.clone(), Some(pod.clone()), Cause::PullFailure);
+        }
+    }
+
+    /// Forgets a deleted Pod.
+    pub fn pod_deleted(&self, key: &str) {
+        self.pods.lock().expect("pods lock").remove(key);
+    }
+
+    /// Keeps only the Pods whose keys `keep` accepts (after a re-list, to
+    /// drop Pods deleted while the watch was down).
+    pub fn retain_pods(&self, keep: impl Fn(&str) -> bool) {
+        self.pods.lock().expect("pods lock").retain(|k, _| keep(k));
+    }
+
+    /// Forgets everything (leadership lost).
+    pub fn clear(&self) {
+        self.pods.lock().expect("pods lock").clear();
+        self.images.lock().expect("images lock").clear();
+    }
+
+    /// A Pod known to the watcher whose images include `target`'s
+    /// `repository@digest`, with that image.
+    pub fn user_of(&self, target: &Reference) -> Option<(PodImages, TargetImage)> {
+        let want = target.without_tag().to_string();
+        let pods = self.pods.lock().expect("pods lock");
+        pods.values().find_map(|p| {
+            p.images
+                .iter()
+                .find(|i| i.image.without_tag().to_string() == want)
+                .map(|i| (p.clone(), i.clone()))
+        })
+    }
+
+    /// Pods known to the watcher that still fail to pull `key`'s image.
+    fn failing_users(&self, key: &str) -> Vec<(PodImages, TargetImage)> {
+        let pods = self.pods.lock().expect("pods lock");
+        pods.values()
+            .flat_map(|p| {
+                p.images
+                    .iter()
+                    .filter(|i| i.failing.is_some() && image_key(&i.image) == key)
+                    .map(|i| (p.clone(), i.clone()))
+            })
+            .collect()
+    }
+
+    /// Starts or joins the recovery of `img`, on behalf of `pod` (told
+    /// about the outcome with an Event) when given.
+    pub fn trigger(self: &Arc<Self>, img: TargetImage, pod: Option<PodImages>, cause: Cause) {
+        let key = image_key(&img.image);
+        {
+            let mut images = self.images.lock().expect("images lock");
+            let st = images.entry(key.clone()).or_default();
+            if let Some(p) = &pod
+                && !st.pods.iter().any(|o| o.uid == p.object.uid)
+            {
+                st.pods.push(p.object.clone());
+            }
+            let now = Instant::now();
+            let cooling = st.done.is_some_and(|d| now < d + COOLDOWN);
+            let waiting = st.retry_at.is_some_and(|t| now < t);
+            if st.running || waiting {
+                return;
+            }
+            if cooling {
+                st.pods.clear();
+                return;
+            }
+            st.running = true;
+        }
+        let this = self.clone();
+        tokio::spawn(async move { this.run(key, img, pod, cause).await });
+    }
+
+    async fn run(
+        self: Arc<Self>,
+        key: String,
+        img: TargetImage,
+        pod: Option<PodImages>,
+        cause: Cause,
+    ) {
+        let creds = match (&self.pull_secrets, &pod, &img.original) {
+            (Some(ps), Some(p), Some(orig)) => ps
+                .for_pod(p.namespace(), &p.pull)
+                .await
+                .remove(orig.registry()),
+            _ => None,
+        };
+        let res = self
+            .mirror
+            .recover(&img.image, img.original.as_ref(), cause, creds.as_ref())
+            .await;
+        let (pods, retry) = {
+            let mut images = self.images.lock().expect("images lock");
+            let st = images.entry(key.clone()).or_default();
+            st.running = false;
+            let pods = std::mem::take(&mut st.pods);
+            match &res {
+                Ok(_) => {
+                    st.done = Some(Instant::now());
+                    st.failures = 0;
+                    st.retry_at = None;
+                    (pods, None)
+                }
+                Err(_) => {
+                    st.failures += 1;
+                    let wait = self
+                        .retry_initial
+                        .saturating_mul(1 << (st.failures - 1).min(16))
+                        .min(self.retry_max);
+                    st.retry_at = Some(Instant::now() + wait);
+                    (pods, Some(wait))
+                }
+            }
+        };
+        let event = match res {
+            Ok(Recovered::Present) => {
+                Metrics::outcome(&self.metrics.remirrors, "present");
+                info!(image = %img.image, "target has the image; the pull failure has another cause");
+                None
+            }
+            Ok(Recovered::Remirrored { source, seconds }) => {
+                Metrics::outcome(&self.metrics.remirrors, "remirrored");
+                info!(image = %img.image, %source, seconds, cause = cause.as_str(), "mirrored a lost image again");
+                Some(Event {
+                    type_: EventType::Normal,
+                    reason: REMIRRORED.into(),
+                    note: Some(trim(format!(
+                        "pinswap mirrored {} again from {source}; the next pull retry will find it",
+                        img.image
+                    ))),
+                    action: "Remirror".into(),
+                    secondary: None,
+                })
+            }
+            Err(e) => {
+                Metrics::outcome(&self.metrics.remirrors, "failed");
+                let wait = retry.unwrap_or_default();
+                warn!(image = %img.image, error = %e, retry_in = ?wait, "re-mirror failed");
+                Some(Event {
+                    type_: EventType::Warning,
+                    reason: REMIRROR_FAILED.into(),
+                    note: Some(trim(format!(
+                        "pinswap could not mirror {} again: {e}; retrying in {}",
+                        img.image,
+                        humantime::format_duration(wait)
+                    ))),
+                    action: "Remirror".into(),
+                    secondary: None,
+                })
+            }
+        };
+        if let (Some(ev), Some(rec)) = (&event, &self.recorder) {
+            for p in &pods {
+                if let Err(e) = rec.publish(ev, p).await {
+                    warn!(pod = ?p.name, error = %e, "could not record an Event");
+                }
+            }
+        }
+        if let Some(wait) = retry {
+            let this = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                let users = this.failing_users(&key);
+                if let Some((first, image)) = users.first().cloned() {
+                    for (p, i) in users {
+                        this.trigger(i, Some(p), cause);
+                    }
+                    // Retry even if every user joined above; trigger is
+                    // idempotent for a running recovery.
+                    this.trigger(image, Some(first), cause);
+                }
+            });
+        }
+    }
+}
+
+/// The per-image key: target `repository@digest` (or the reference itself
+/// when it has no digest).
+fn image_key(image: &Reference) -> String {
+    match image.digest() {
+        Some(_) => image.without_tag().to_string(),
+        None => image.to_string(),
+    }
+}
+
+/// Event notes are limited to 1 KiB by the API server.
+fn trim(mut s: String) -> String {
+    if s.len() > 1000 {
+        let mut cut = 1000;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}

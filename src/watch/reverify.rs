@@ -1,0 +1,99 @@
+//! Re-verification (DESIGN.md §2): every `cache.reverify`, HEAD each cached
+//! target manifest, spread over the interval with at most [`CONCURRENCY`]
+//! requests at once. A missing manifest is evicted (cause
+//! `reverification`); when a Pod the watcher knows still uses it, it is
+//! mirrored again.
+//!
+//! Every replica re-verifies its own cache, because each has one and only
+//! a HEAD is involved; only the leader, which runs the watcher and so knows
+//! the Pods, mirrors anything again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, watch};
+use tracing::{debug, info, warn};
+
+use super::recovery::Recovery;
+use crate::cache::{Cause, ExistenceEntry};
+use crate::metrics::Metrics;
+use crate::mirror::Mirror;
+
+/// Re-verification HEADs in flight at once.
+pub const CONCURRENCY: usize = 4;
+
+/// Runs rounds every `interval` until the task is dropped. `recovery` and
+/// `leader` decide whether a missing, in-use image is mirrored again.
+pub async fn run(
+    mirror: Arc<Mirror>,
+    interval: Duration,
+    recovery: Option<Arc<Recovery>>,
+    leader: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    loop {
+        let entries = mirror.caches().existence_entries();
+        if entries.is_empty() {
+            tokio::time::sleep(interval).await;
+            continue;
+        }
+        // Spread the round over the interval so HEADs trickle rather than
+        // burst.
+        let gap = interval / entries.len() as u32;
+        debug!(entries = entries.len(), "re-verification round");
+        let mut tasks = tokio::task::JoinSet::new();
+        for e in entries {
+            let permit = slots.clone().acquire_owned().await.expect("never closed");
+            let (m, r, l) = (mirror.clone(), recovery.clone(), leader.clone());
+            tasks.spawn(async move {
+                let leading = *l.borrow();
+                check(&m, e, r.as_ref(), leading).await;
+                drop(permit);
+            });
+            tokio::time::sleep(gap).await;
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Re-verifies one entry: every verified tag must still name the digest.
+async fn check(
+    mirror: &Arc<Mirror>,
+    e: ExistenceEntry,
+    recovery: Option<&Arc<Recovery>>,
+    leading: bool,
+) {
+    let metrics = mirror.metrics().clone();
+    let targets: Vec<_> = if e.tags.is_empty() {
+        vec![e.target.clone()]
+    } else {
+        e.tags
+            .iter()
+            .filter_map(|t| e.target.with_tag(t).ok())
+            .collect()
+    };
+    for t in targets {
+        match mirror.head_target(&t).await {
+            Ok(true) => Metrics::outcome(&metrics.reverifications, "present"),
+            Ok(false) => {
+                Metrics::outcome(&metrics.reverifications, "missing");
+                mirror.caches().invalidate(&t, Cause::Reverification).await;
+                let user = recovery.filter(|_| leading).and_then(|r| r.user_of(&t));
+                match user {
+                    Some((pod, img)) => {
+                        info!(image = %t, pod = %pod.key(), "re-verification: missing and in use; mirroring it again");
+                        if let Some(r) = recovery {
+                            r.trigger(img, Some(pod), Cause::Reverification);
+                        }
+                    }
+                    None => info!(image = %t, "re-verification: missing; evicted"),
+                }
+                return;
+            }
+            Err(e) => {
+                Metrics::outcome(&metrics.reverifications, "error");
+                warn!(image = %t, error = %e, "re-verification HEAD failed; entry kept");
+            }
+        }
+    }
+}
