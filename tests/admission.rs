@@ -66,18 +66,7 @@ async fn review(adm: &Admission, body: bytes::Bytes) -> Answer {
     );
     let original = request["request"]["object"].clone();
     let mut pod = original.clone();
-    // kube-core sends the patch bytes as a JSON array of numbers, which the
-    // API server's Go decoder accepts as []byte like a base64 string.
-    let patch_bytes: Option<Vec<u8>> = match &response["patch"] {
-        Value::String(p) => {
-            use base64::Engine as _;
-            Some(base64::engine::general_purpose::STANDARD.decode(p).unwrap())
-        }
-        Value::Array(a) => Some(a.iter().map(|n| n.as_u64().unwrap() as u8).collect()),
-        _ => None,
-    };
-    if let Some(bytes) = patch_bytes {
-        let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+    if let Some(patch) = common::review::apply_patch(&response, &mut pod) {
         for op in &patch.0 {
             if let json_patch::PatchOperation::Replace(r) = op {
                 assert!(
@@ -86,8 +75,6 @@ async fn review(adm: &Admission, body: bytes::Bytes) -> Answer {
                 );
             }
         }
-        json_patch::patch(&mut pod, &patch).unwrap();
-        assert_eq!(response["patchType"], "JSONPatch");
     }
     Answer {
         response,

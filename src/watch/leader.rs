@@ -43,6 +43,9 @@ pub enum LeaderError {
         /// kube's error.
         source: kube::Error,
     },
+    /// The API server did not answer in time.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
 }
 
 /// The Lease to hold and the timings (see the module docs).
@@ -130,7 +133,16 @@ struct Elector {
 impl Elector {
     /// One try; returns whether this replica leads now.
     async fn step(&mut self) -> bool {
-        match self.try_acquire_or_renew().await {
+        // Bound each try: kube retries 429/503/504 with backoff, and a
+        // partitioned API server may not answer at all. A leader's try ends
+        // by its renew deadline, so it steps down on time.
+        let budget = match self.last_renew {
+            Some(t) => self.opts.renew_deadline.saturating_sub(t.elapsed()),
+            None => self.opts.renew_deadline,
+        };
+        let tried = tokio::time::timeout(budget, self.try_acquire_or_renew()).await;
+        let result = tried.unwrap_or(Err(LeaderError::Timeout(budget)));
+        match result {
             Ok(true) => {
                 if self.last_renew.is_none() {
                     info!(lease = %self.opts.name, identity = %self.opts.identity, "became leader");

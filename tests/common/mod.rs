@@ -23,6 +23,7 @@ pub mod kube;
 pub mod proxy;
 pub mod push;
 pub mod registry;
+pub mod review;
 pub mod skopeo;
 pub mod tls;
 pub mod token;

@@ -1,0 +1,598 @@
+//! Keeping rewrites true when the mirror loses an image (issue 4): pull-
+//! failure recovery, re-verification, `ttl: 0`, leadership and a source
+//! that is down, against real registries and the in-process Kubernetes API
+//! server. Pods are admitted through `Admission::review` and stored in the
+//! API server; a kubelet's pull failure is published as the Pod's status.
+
+mod common;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::fixtures::Image;
+use common::kube::KubeApi;
+use common::review::{admit, pod, pull_failing};
+use common::{TestRegistry, push_image};
+use k8s_openapi::api::core::v1::Pod;
+use pinswap::admission::Admission;
+use pinswap::config::Config;
+use pinswap::metrics::Metrics;
+use pinswap::watch::Background;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// Short Lease and retry timings so leadership and backoff play out in
+/// seconds.
+const FAST: &str = "recovery:
+  retryInitial: 300ms
+  retryMax: 2s
+  lease: {duration: 2s, renewDeadline: 1500ms, retryPeriod: 200ms}
+";
+
+fn config(src: &TestRegistry, dst: &TestRegistry, cache: &str) -> Config {
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\nserver: {{admissionBudget: 8s}}\ncache: {cache}\n{FAST}",
+        dst.host(),
+        src.host()
+    );
+    Config::from_yaml(&yaml, "test.yaml").unwrap()
+}
+
+/// One pinswap replica: its admission handler, metrics and background work.
+struct Replica {
+    adm: Arc<Admission>,
+    metrics: Arc<Metrics>,
+    bg: Option<Background>,
+}
+
+impl Replica {
+    fn new(config: &Config) -> Replica {
+        let metrics = Arc::new(Metrics::new());
+        let adm = Arc::new(Admission::from_config(config, metrics.clone()).unwrap());
+        Replica {
+            adm,
+            metrics,
+            bg: None,
+        }
+    }
+
+    fn start(&mut self, config: &Config, api: &KubeApi) {
+        self.bg = Some(Background::start(
+            self.adm.mirror().clone(),
+            config,
+            Some(api.client()),
+            CancellationToken::new(),
+        ));
+    }
+
+    async fn stop(&mut self) {
+        if let Some(bg) = self.bg.take() {
+            bg.stop().await;
+        }
+    }
+
+    fn leading(&self) -> bool {
+        self.bg.as_ref().is_some_and(Background::is_leader)
+    }
+
+    /// The value of the sample whose line starts with `series` (0 if absent).
+    fn metric(&self, series: &str) -> f64 {
+        sample(&self.metrics.encode(), series)
+    }
+}
+
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0.0)
+}
+
+/// Polls `check` every 50 ms until it holds, or panics after `timeout`.
+async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An image in `src` as `shop/<name>:v1`, and where it mirrors to.
+struct Pushed {
+    image: Image,
+    source: String,
+    repo: String,
+}
+
+async fn push(src: &TestRegistry, name: &str, seed: u64) -> Pushed {
+    let image = Image::oci(2, seed);
+    push_image(src, &format!("shop/{name}"), Some("v1"), &image).await;
+    Pushed {
+        source: format!("{}/shop/{name}:v1", src.host()),
+        repo: format!("mirror/127.0.0.1_{}/shop/{name}", src.port()),
+        image,
+    }
+}
+
+/// Admits a one-container Pod running `image` in namespace `shop`, checks
+/// it was rewritten and pinned, stores it in the API server, and returns it.
+async fn admit_and_store(
+    r: &Replica,
+    api: &KubeApi,
+    name: &str,
+    img: &Pushed,
+    dst: &TestRegistry,
+) -> Value {
+    let (patched, _) = admit(&r.adm, &pod("shop", name, &[("app", &img.source)])).await;
+    let want = format!("{}/{}:v1@{}", dst.host(), img.repo, img.image.digest);
+    assert_eq!(patched["spec"]["containers"][0]["image"], want.as_str());
+    store(api, &patched);
+    patched
+}
+
+fn store(api: &KubeApi, pod: &Value) {
+    api.apply_pod(serde_json::from_value::<Pod>(pod.clone()).unwrap());
+}
+
+/// Deletes the image's manifest (and so its tag) at the target, and one of
+/// its layers, as a lifecycle rule followed by garbage collection would.
+async fn prune(dst: &TestRegistry, img: &Pushed) {
+    dst.delete_manifest(&img.repo, &img.image.digest).await;
+    dst.delete_blob(&img.repo, &img.image.layers[0].digest)
+        .await;
+    assert_eq!(dst.head_manifest(&img.repo, "v1").await, None, "pruned");
+}
+
+/// The target serves the image again: tag → same digest, same bytes, and
+/// every layer byte-identical.
+async fn served_again(dst: &TestRegistry, img: &Pushed) -> bool {
+    if dst.head_manifest(&img.repo, "v1").await.as_deref() != Some(img.image.digest.as_str()) {
+        return false;
+    }
+    for l in &img.image.layers {
+        if dst.blob(&img.repo, &l.digest).await.as_deref() != Some(l.bytes.as_slice()) {
+            return false;
+        }
+    }
+    let (bytes, _, _) = dst.get_manifest(&img.repo, "v1").await.unwrap();
+    bytes == img.image.manifest
+}
+
+fn events_for(api: &KubeApi, pod: &str, reason: &str) -> Vec<Value> {
+    api.events()
+        .into_iter()
+        .filter(|e| e["reason"] == reason && e["regarding"]["name"] == pod)
+        .collect()
+}
+
+async fn wait_leader(r: &Replica) {
+    eventually("leadership", Duration::from_secs(10), || async {
+        r.leading()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_pruned_image_is_mirrored_again_once_when_pods_fail_to_pull_it() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let app = push(&src, "app", 401).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+
+    // 1. Mirror app:v1 and admit Pods; they are rewritten and pinned.
+    let mut pods = Vec::new();
+    for i in 0..50 {
+        pods.push(admit_and_store(&r, &api, &format!("web-{i}"), &app, &dst).await);
+    }
+    assert!(served_again(&dst, &app).await, "mirrored at admission");
+    assert_eq!(r.metric("pinswap_copies_succeeded_total"), 1.0);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+
+    // 2. The registry loses it.
+    prune(&dst, &app).await;
+
+    // 3. Every kubelet reports ErrImagePull on the rewritten image.
+    for p in &pods {
+        store(&api, &pull_failing(p, "app", "ErrImagePull"));
+    }
+
+    // 4. It is served again, with the same digest and bytes.
+    eventually("the image served again", Duration::from_secs(20), || {
+        served_again(&dst, &app)
+    })
+    .await;
+    // Let the other 49 statuses, and each Pod's next kubelet retry
+    // (ImagePullBackOff), arrive and be ignored.
+    eventually(
+        "every pull failure counted",
+        Duration::from_secs(10),
+        || async { r.metric("pinswap_pull_failures_total") == 50.0 },
+    )
+    .await;
+    for p in &pods {
+        store(&api, &pull_failing(p, "app", "ImagePullBackOff"));
+    }
+    eventually(
+        "backoff statuses counted",
+        Duration::from_secs(10),
+        || async { r.metric("pinswap_pull_failures_total") == 100.0 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        1.0,
+        "exactly one re-mirror"
+    );
+    assert_eq!(
+        r.metric("pinswap_copies_started_total"),
+        2.0,
+        "admission's copy and one re-mirror"
+    );
+    assert_eq!(r.metric("pinswap_remirrors_total{outcome=\"failed\"}"), 0.0);
+    assert_eq!(
+        r.metric("pinswap_cache_invalidations_total{cache=\"existence\",cause=\"pull_failure\"}"),
+        1.0,
+        "the stale entry was invalidated"
+    );
+    let events = events_for(&api, "web-0", "ImageRemirrored");
+    assert_eq!(events.len(), 1, "{:?}", api.events());
+    let e = &events[0];
+    assert_eq!(e["type"], "Normal");
+    assert_eq!(e["regarding"]["kind"], "Pod");
+    assert_eq!(e["regarding"]["namespace"], "shop");
+    assert_eq!(e["reportingController"], "pinswap");
+    let note = e["note"].as_str().unwrap();
+    assert!(
+        note.contains(&app.image.digest) && note.contains(&app.source.replace(":v1", "")),
+        "{note}"
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn reverification_restores_images_in_use_and_evicts_the_rest() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let used = push(&src, "used", 411).await;
+    let unused = push(&src, "unused", 412).await;
+    let cfg = config(&src, &dst, "{reverify: 1s}");
+    let mut r = Replica::new(&cfg);
+    admit_and_store(&r, &api, "web", &used, &dst).await;
+    // Admitted, but its Pod never reached the API server.
+    admit(&r.adm, &pod("shop", "gone", &[("app", &unused.source)])).await;
+    assert!(served_again(&dst, &unused).await);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    // The watcher has listed the Pod before the prune.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    prune(&dst, &used).await;
+    prune(&dst, &unused).await;
+
+    eventually("the image in use is back", Duration::from_secs(10), || {
+        served_again(&dst, &used)
+    })
+    .await;
+    eventually(
+        "both were found missing",
+        Duration::from_secs(10),
+        || async {
+            r.metric(
+                "pinswap_cache_invalidations_total{cache=\"existence\",cause=\"reverification\"}",
+            ) == 2.0
+        },
+    )
+    .await;
+    // Another round passes; the unused image stays gone and uncached.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        dst.head_manifest(&unused.repo, "v1").await,
+        None,
+        "not copied"
+    );
+    let cached: Vec<String> = r
+        .adm
+        .mirror()
+        .caches()
+        .existence_entries()
+        .iter()
+        .map(|e| e.target.to_string())
+        .collect();
+    assert!(
+        !cached.iter().any(|t| t.contains("/shop/unused@")),
+        "evicted: {cached:?}"
+    );
+    assert!(
+        cached.iter().any(|t| t.contains("/shop/used@")),
+        "re-cached: {cached:?}"
+    );
+    assert_eq!(
+        r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        1.0
+    );
+    assert_eq!(
+        r.metric("pinswap_copies_started_total"),
+        3.0,
+        "two admissions and one re-mirror"
+    );
+    assert!(r.metric("pinswap_reverifications_total{outcome=\"missing\"}") >= 2.0);
+    assert!(r.metric("pinswap_reverifications_total{outcome=\"present\"}") >= 1.0);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn with_ttl_zero_the_next_admission_mirrors_a_pruned_image_before_rewriting() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let app = push(&src, "app", 421).await;
+    let cfg = config(&src, &dst, "{ttl: 0s, reverify: 0s}");
+    let r = Replica::new(&cfg);
+    let (first, _) = admit(&r.adm, &pod("shop", "a", &[("app", &app.source)])).await;
+    prune(&dst, &app).await;
+    let (second, response) = admit(&r.adm, &pod("shop", "b", &[("app", &app.source)])).await;
+    assert_eq!(
+        second["spec"]["containers"][0]["image"],
+        first["spec"]["containers"][0]["image"]
+    );
+    // Checked right after the answer: the copy happened before it.
+    assert!(served_again(&dst, &app).await, "{response}");
+    let decisions: Value = serde_json::from_str(
+        second["metadata"]["annotations"]["pinswap.dev/decisions"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        decisions["containers/app"],
+        "rewritten: copied to the target"
+    );
+    assert_eq!(r.metric("pinswap_copies_succeeded_total"), 2.0);
+    assert_eq!(
+        r.metric("pinswap_cache_hits_total{cache=\"existence\"}"),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn with_two_replicas_only_the_lease_holder_remirrors_and_the_other_takes_over() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let app = push(&src, "app", 431).await;
+    let other = push(&src, "other", 432).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let (mut a, mut b) = (Replica::new(&cfg), Replica::new(&cfg));
+    let p = admit_and_store(&a, &api, "web", &app, &dst).await;
+    let q = admit_and_store(&b, &api, "api", &other, &dst).await;
+    a.start(&cfg, &api);
+    b.start(&cfg, &api);
+    eventually("one leader", Duration::from_secs(10), || async {
+        a.leading() || b.leading()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(a.leading() != b.leading(), "exactly one leader");
+    let (leader, follower) = if a.leading() {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    assert_eq!(leader.metric("pinswap_leader"), 1.0);
+    assert_eq!(follower.metric("pinswap_leader"), 0.0);
+    let lease = api.lease("default", "pinswap-leader").expect("the Lease");
+    assert!(lease.spec.unwrap().holder_identity.is_some());
+
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    eventually("re-mirrored", Duration::from_secs(20), || {
+        served_again(&dst, &app)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        leader.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        1.0
+    );
+    assert_eq!(
+        follower.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        0.0
+    );
+    assert_eq!(
+        follower.metric("pinswap_pull_failures_total"),
+        0.0,
+        "the follower does not watch"
+    );
+
+    // The leader stops (releasing the Lease); the other takes over and
+    // handles the next failure.
+    leader.stop().await;
+    eventually("the follower leads", Duration::from_secs(10), || async {
+        follower.leading()
+    })
+    .await;
+    prune(&dst, &other).await;
+    store(&api, &pull_failing(&q, "app", "ErrImagePull"));
+    eventually(
+        "re-mirrored by the new leader",
+        Duration::from_secs(20),
+        || served_again(&dst, &other),
+    )
+    .await;
+    assert_eq!(
+        follower.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        1.0
+    );
+    follower.stop().await;
+}
+
+#[tokio::test]
+async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    // Every Lease read fails from now on (an API server partition).
+    for _ in 0..100 {
+        api.fail_next(
+            "GET",
+            "/apis/coordination.k8s.io/v1/namespaces/default/leases/pinswap-leader",
+            503,
+        );
+    }
+    let lost = Instant::now();
+    eventually("stepped down", Duration::from_secs(5), || async {
+        !r.leading()
+    })
+    .await;
+    // renewDeadline 1.5 s, checked every retryPeriod (200 ms); well before
+    // the 2 s Lease could pass to anyone else.
+    assert!(
+        lost.elapsed() < Duration::from_millis(2000),
+        "{:?}",
+        lost.elapsed()
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_source_down_during_recovery_gives_remirror_failed_then_retries_until_it_works() {
+    common::init();
+    let (mut src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let app = push(&src, "app", 441).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "web", &app, &dst).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    src.kill();
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+
+    eventually(
+        "RemirrorFailed recorded",
+        Duration::from_secs(10),
+        || async { !events_for(&api, "web", "RemirrorFailed").is_empty() },
+    )
+    .await;
+    let failed = events_for(&api, "web", "RemirrorFailed");
+    assert_eq!(failed[0]["type"], "Warning");
+    let note = failed[0]["note"].as_str().unwrap();
+    assert!(
+        note.contains(&src.host()) && note.contains("retrying in"),
+        "{note}"
+    );
+    // Retries back off: 300 ms, 600 ms, 1.2 s, ...; a few happen while the
+    // source is down, each recorded (as one Event series).
+    eventually("retried", Duration::from_secs(10), || async {
+        r.metric("pinswap_remirrors_total{outcome=\"failed\"}") >= 3.0
+    })
+    .await;
+    src.restart().await;
+    eventually(
+        "recovered once the source is back",
+        Duration::from_secs(20),
+        || served_again(&dst, &app),
+    )
+    .await;
+    eventually(
+        "ImageRemirrored recorded",
+        Duration::from_secs(5),
+        || async { !events_for(&api, "web", "ImageRemirrored").is_empty() },
+    )
+    .await;
+    assert_eq!(
+        r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        1.0
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn the_watcher_survives_expired_history_and_closed_watches() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let app = push(&src, "app", 451).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "web", &app, &dst).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // etcd compaction and an API server restart: the watch gets 410 Gone on
+    // its resume, and must list again.
+    api.expire_history();
+    api.close_watches();
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    eventually(
+        "re-mirrored after the re-list",
+        Duration::from_secs(20),
+        || served_again(&dst, &app),
+    )
+    .await;
+    let watches = api
+        .requests()
+        .iter()
+        .filter(|q| q.path == "/api/v1/pods" && q.query.contains("watch=true"))
+        .count();
+    assert!(watches >= 2, "the watch was resumed");
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_pod_failing_before_the_replica_leads_is_seen_in_the_first_list() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let app = push(&src, "app", 461).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "web", &app, &dst).await;
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&p, "app", "ImagePullBackOff"));
+    // Started after the failure (a restart, or a new leader).
+    r.start(&cfg, &api);
+    eventually("re-mirrored", Duration::from_secs(20), || {
+        served_again(&dst, &app)
+    })
+    .await;
+    r.stop().await;
+}
