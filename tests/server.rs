@@ -403,3 +403,147 @@ async fn startup_errors_name_the_address_or_the_files() {
     );
     drop(taken);
 }
+
+/// An [`Admission`] with `cache.purgeEndpoint` set to `on`, its existence
+/// cache holding two digests of one repository and one of another.
+async fn with_cached_entries(on: bool) -> (Arc<Admission>, Arc<Metrics>) {
+    let (admission, metrics) = admission_from(&format!(
+        "target: {{registry: \"mirror.example/m\"}}\n\
+         source: {{registries: [{{registry: docker.io}}]}}\n\
+         cache: {{purgeEndpoint: {on}}}\n"
+    ));
+    for (repo, d) in [("app", 'a'), ("app", 'b'), ("db", 'a')] {
+        let r = pinswap::reference::Reference::parse(&format!(
+            "mirror.example/m/docker.io/library/{repo}:v1@sha256:{}",
+            d.to_string().repeat(64)
+        ))
+        .unwrap();
+        admission.mirror().caches().verified(&r).await;
+    }
+    (admission, metrics)
+}
+
+#[tokio::test]
+async fn cache_purge_selects_entries_and_refuses_bad_requests() {
+    let (admission, metrics) = with_cached_entries(true).await;
+    let health = server::health_router(admission.clone(), metrics);
+    let post = |body: &'static str| {
+        let health = health.clone();
+        async move { call(&health, Method::POST, "/cache/purge", Body::from(body)).await }
+    };
+    let (status, _, text) = call(&health, Method::GET, "/metrics", Body::empty()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        text.contains("pinswap_cache_entries{cache=\"existence\"} 3"),
+        "{text}"
+    );
+
+    for (body, want) in [
+        (r#"{"reference": "nginx"}"#, "purged 0"),
+        // A source: its mirror's entries, every digest when untagged.
+        (r#"{"reference": "docker.io/library/app"}"#, "purged 2"),
+        (r#"{"all": true}"#, "purged 1"),
+    ] {
+        let (status, _, text) = post(body).await;
+        assert_eq!(status, StatusCode::OK, "{body}: {text}");
+        let n: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(format!("purged {}", n["purged"]), want, "{body}");
+    }
+    assert!(admission.mirror().caches().existence_entries().is_empty());
+    let (_, _, text) = call(&health, Method::GET, "/metrics", Body::empty()).await;
+    assert!(
+        text.contains("pinswap_cache_invalidations_total{cache=\"existence\",cause=\"purge\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pinswap_cache_entries{cache=\"existence\"} 0"),
+        "{text}"
+    );
+
+    for (body, want) in [
+        ("", "expected {\"all\": true} or {\"reference\": \"REF\"}"),
+        (r#"{"all": true, "reference": "x"}"#, "exactly one of"),
+        (r#"{"all": false}"#, "exactly one of"),
+        (r#"{"ref": "x"}"#, "unknown field `ref`"),
+        (r#"{"reference": "Bad:Ref"}"#, "reference: "),
+    ] {
+        let (status, _, text) = post(body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {text}");
+        assert!(text.contains(want), "{body}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn cache_purge_is_off_unless_configured() {
+    let (admission, metrics) = with_cached_entries(false).await;
+    let health = server::health_router(admission.clone(), metrics);
+    let (status, _, text) = call(
+        &health,
+        Method::POST,
+        "/cache/purge",
+        Body::from(r#"{"all":true}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(text.contains("cache.purgeEndpoint: true"), "{text}");
+    assert_eq!(
+        admission.mirror().caches().existence_entries().len(),
+        3,
+        "nothing purged"
+    );
+}
+
+/// Runs `pinswap ARGS` to completion: (exit code, stdout, stderr).
+async fn pinswap(args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(common::pinswap_bin())
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+    (
+        out.status.code().unwrap(),
+        text(out.stdout),
+        text(out.stderr),
+    )
+}
+
+#[tokio::test]
+async fn the_cache_purge_command_talks_to_the_health_port() {
+    for on in [true, false] {
+        let (admission, metrics) = with_cached_entries(on).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let app = server::health_router(admission.clone(), metrics);
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let target_repo = "mirror.example/m/docker.io/library/db";
+        let (code, stdout, stderr) =
+            pinswap(&["cache", "purge", target_repo, "--server", &url]).await;
+        if on {
+            assert_eq!(
+                (code, stdout.as_str()),
+                (0, "purged 1 cache entries\n"),
+                "{stderr}"
+            );
+            let (code, stdout, _) = pinswap(&["cache", "purge", "--all", "--server", &url]).await;
+            assert_eq!((code, stdout.as_str()), (0, "purged 2 cache entries\n"));
+        } else {
+            assert_eq!(code, 1, "{stderr}");
+            assert!(
+                stderr.contains("404 Not Found: cache purge is off"),
+                "{stderr}"
+            );
+        }
+    }
+    let (code, _, stderr) = pinswap(&["cache", "purge", "Bad:Ref"]).await;
+    assert_eq!(code, 2, "{stderr}");
+    let (code, _, stderr) = pinswap(&["cache", "purge"]).await;
+    assert_eq!(code, 2, "neither --all nor REF: {stderr}");
+    let (code, _, stderr) =
+        pinswap(&["cache", "purge", "--all", "--server", "http://127.0.0.1:1"]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("POST http://127.0.0.1:1/cache/purge"),
+        "{stderr}"
+    );
+}
