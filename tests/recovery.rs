@@ -31,8 +31,13 @@ const FAST: &str = "recovery:
 ";
 
 fn config(src: &TestRegistry, dst: &TestRegistry, cache: &str) -> Config {
+    config_with(src, dst, cache, "")
+}
+
+/// As [`config`], with more `recovery` keys (indented two spaces).
+fn config_with(src: &TestRegistry, dst: &TestRegistry, cache: &str, recovery: &str) -> Config {
     let yaml = format!(
-        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\nserver: {{admissionBudget: 8s}}\ncache: {cache}\n{FAST}",
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\nserver: {{admissionBudget: 8s}}\ncache: {cache}\n{FAST}{recovery}",
         dst.host(),
         src.host()
     );
@@ -113,7 +118,10 @@ struct Pushed {
 }
 
 async fn push(src: &TestRegistry, name: &str, seed: u64) -> Pushed {
-    let image = Image::oci(2, seed);
+    push_this(src, name, Image::oci(2, seed)).await
+}
+
+async fn push_this(src: &TestRegistry, name: &str, image: Image) -> Pushed {
     push_image(src, &format!("shop/{name}"), Some("v1"), &image).await;
     Pushed {
         source: format!("{}/shop/{name}:v1", src.host()),
@@ -594,5 +602,94 @@ async fn a_pod_failing_before_the_replica_leads_is_seen_in_the_first_list() {
         served_again(&dst, &app)
     })
     .await;
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn only_the_configured_namespaces_are_watched() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let app = push(&src, "app", 471).await;
+    let cfg = config_with(&src, &dst, "{reverify: 0s}", "  namespaces: [prod]\n");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "web", &app, &dst).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    prune(&dst, &app).await;
+    // In namespace shop, which is not watched.
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(r.metric("pinswap_pull_failures_total"), 0.0);
+    assert_eq!(dst.head_manifest(&app.repo, "v1").await, None);
+    // The same Pod in prod is.
+    let mut q = p.clone();
+    q["metadata"]["namespace"] = "prod".into();
+    store(&api, &pull_failing(&q, "app", "ErrImagePull"));
+    eventually("re-mirrored", Duration::from_secs(20), || {
+        served_again(&dst, &app)
+    })
+    .await;
+    assert!(
+        api.requests().iter().all(|q| q.path != "/api/v1/pods"),
+        "no cluster-wide list or watch"
+    );
+    r.stop().await;
+}
+
+/// The figures in README.md: time from a pull-failure status to the image
+/// being served again, over 20 distinct 10 MiB images (one per run, so no
+/// cooldown applies). Run with `scripts/bench-recovery.sh`.
+#[tokio::test]
+#[ignore = "a measurement, not a test; scripts/bench-recovery.sh runs it"]
+async fn recovery_latency_figures() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let mut runs = Vec::new();
+    for i in 0..20u64 {
+        let img = push_this(
+            &src,
+            &format!("big{i}"),
+            Image::random_layers(1, 10 << 20, 500 + i),
+        )
+        .await;
+        runs.push((
+            admit_and_store(&r, &api, &format!("big-{i}"), &img, &dst).await,
+            img,
+        ));
+    }
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut times = Vec::new();
+    for (p, img) in &runs {
+        prune(&dst, img).await;
+        let start = Instant::now();
+        store(&api, &pull_failing(p, "app", "ErrImagePull"));
+        while dst.head_manifest(&img.repo, "v1").await.as_deref() != Some(img.image.digest.as_str())
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        times.push(start.elapsed());
+        assert!(served_again(&dst, img).await);
+    }
+    times.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "recovery of a 10 MiB image, {} runs: median {:.0} ms, max {:.0} ms, min {:.0} ms",
+        times.len(),
+        ms(times[times.len() / 2]),
+        ms(times[times.len() - 1]),
+        ms(times[0])
+    );
     r.stop().await;
 }
