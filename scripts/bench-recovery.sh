@@ -14,7 +14,8 @@
 # Results: target/bench/bench-recovery.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/lib.sh
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh # (the working directory is the repo root)
 ensure_tools docker-registry:docker-registry
 mkdir -p target/bench
 cargo test --release --locked --test recovery -- --ignored --nocapture recovery_latency_figures 2>&1 \
