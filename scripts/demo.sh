@@ -252,4 +252,27 @@ echo "== /metrics (admissions, rewrites, copies)"
 curl -fsS "http://$HEALTH/metrics" >"$WORK/metrics.txt"
 grep -E '^pinswap_(admissions_total|rewrites_total|copies_(started|succeeded|failed)_total|cache_(hits|misses)_total)' "$WORK/metrics.txt"
 grep -q '^pinswap_copies_failed_total 0$' "$WORK/metrics.txt" || { echo "a copy failed" >&2; exit 1; }
+
+# ------------------------------------------------------- the mirror loses one
+echo
+WEB=webhook/$SRCCOMP/acme/web
+WEB_DIGEST=$(digest "$DST" "$WEB" 1.0)
+echo "== the target loses $WEB:1.0 (DELETE of its manifest, as a lifecycle rule would)"
+curl -fsS -X DELETE "http://$DST/v2/$WEB/manifests/$WEB_DIGEST" -o /dev/null
+evicted=
+for _ in $(seq 100); do
+  curl -fsS "http://$HEALTH/metrics" >"$WORK/metrics.txt"
+  grep -q '^pinswap_cache_invalidations_total{cache="existence",cause="reverification"} 1$' "$WORK/metrics.txt" && { evicted=1; break; }
+  sleep 0.1
+done
+[ -n "$evicted" ] || { echo "re-verification did not evict the pruned image" >&2; exit 1; }
+grep -E '^pinswap_(reverifications_total|cache_invalidations_total|cache_entries)' "$WORK/metrics.txt"
+echo "== re-verification evicted it; the next admission copies it again before rewriting"
+curl -fsS --cacert "$WORK/ca.crt" -H 'Content-Type: application/json' \
+  --data-binary @"$WORK/reviews/01-pod-shop.request.json" "https://$HOOK/mutate" -o "$WORK/again.json"
+[ "$(digest "$DST" "$WEB" 1.0)" = "$WEB_DIGEST" ] || { echo "$WEB:1.0 was not mirrored again" >&2; exit 1; }
+echo "$WEB:1.0 is back: $WEB_DIGEST"
+grep -E '^pinswap_copies_(started|succeeded)_total' <(curl -fsS "http://$HEALTH/metrics")
+echo "== pinswap cache purge --all (the health port's POST /cache/purge)"
+$PINSWAP cache purge --all --server "http://$HEALTH"
 echo "== done"

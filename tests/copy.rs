@@ -1220,3 +1220,63 @@ async fn concurrent_processes_writing_one_layout_keep_every_entry() {
         out.stderr
     );
 }
+
+/// One process copying one index under two tags at once (a tagged and a
+/// digest-only reference of the same image, as two admissions do) must not
+/// PUT the same manifests concurrently: Distribution's filesystem driver can
+/// then serve an empty revision link, and the index PUT fails with
+/// DIGEST_INVALID / MANIFEST_BLOB_UNKNOWN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_copies_of_one_index_under_two_tags_both_succeed() {
+    use pinswap::reference::Reference;
+    use pinswap::registry::copy::{Copier, CopyOptions, Endpoint};
+    use pinswap::registry::{ClientPool, PoolOptions};
+    use std::sync::Arc;
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let idx = Index::oci(7, true);
+    push_index(&src, "multi", Some("v1"), &idx).await;
+    let copier = Copier::new(
+        Arc::new(ClientPool::new(PoolOptions::default())),
+        CopyOptions {
+            jobs: 4,
+            ..CopyOptions::default()
+        },
+    );
+    let r = |s: String| Endpoint::Registry(Reference::parse(&s).unwrap());
+    for round in 0..60 {
+        let repo = format!("mirror/r{round}");
+        let (src_tag, dst_tag, src_digest, dst_digest) = (
+            r(format!("{}/multi:v1", src.host())),
+            r(format!("{}/{repo}:v1", dst.host())),
+            r(format!("{}/multi@{}", src.host(), idx.digest)),
+            r(format!("{}/{repo}:anchor@{}", dst.host(), idx.digest)),
+        );
+        let by_tag = copier.copy(&src_tag, &dst_tag);
+        let by_digest = copier.copy(&src_digest, &dst_digest);
+        let (a, b) = tokio::join!(by_tag, by_digest);
+        a.unwrap_or_else(|e| panic!("round {round}, by tag: {e}"));
+        b.unwrap_or_else(|e| panic!("round {round}, by digest: {e}"));
+        assert_manifest(
+            &dst,
+            &repo,
+            "v1",
+            &idx.manifest,
+            &idx.media_type,
+            &idx.digest,
+        )
+        .await;
+        assert_manifest(
+            &dst,
+            &repo,
+            "anchor",
+            &idx.manifest,
+            &idx.media_type,
+            &idx.digest,
+        )
+        .await;
+        for child in &idx.children {
+            assert_image(&dst, &repo, &child.digest, child).await;
+        }
+    }
+}

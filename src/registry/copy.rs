@@ -268,6 +268,56 @@ impl Side {
 /// The repository holding a blob in one target registry, once known.
 type Holder = Arc<Mutex<Option<String>>>;
 
+/// Async locks by key, dropped from the map once nobody holds or waits on
+/// them.
+///
+/// Why: Distribution's filesystem driver writes a manifest's revision link
+/// in place (truncate, then write). Two concurrent PUTs of one manifest to
+/// one repository (two tags of one image, or one child shared by two
+/// indexes, copied at once) can leave a reader seeing an empty link, and
+/// the index PUT then fails with DIGEST_INVALID / MANIFEST_BLOB_UNKNOWN.
+/// One process never PUTs the same (registry, repository, digest) twice at
+/// once.
+#[derive(Default)]
+struct KeyedLocks(std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>);
+
+struct KeyedGuard<'a> {
+    locks: &'a KeyedLocks,
+    key: String,
+    cell: Arc<Mutex<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl KeyedLocks {
+    async fn lock(&self, key: String) -> KeyedGuard<'_> {
+        let cell = self
+            .0
+            .lock()
+            .expect("locks map")
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let guard = Some(cell.clone().lock_owned().await);
+        KeyedGuard {
+            locks: self,
+            key,
+            cell,
+            guard,
+        }
+    }
+}
+
+impl Drop for KeyedGuard<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        let mut map = self.locks.0.lock().expect("locks map");
+        // The map's reference and ours: nobody else waits.
+        if Arc::strong_count(&self.cell) <= 2 {
+            map.remove(&self.key);
+        }
+    }
+}
+
 /// The copy engine. One value serves many copies: it shares clients, bounds
 /// blob parallelism across all of them, and remembers which target
 /// repository already holds a blob so later images mount instead of
@@ -279,6 +329,8 @@ pub struct Copier {
     /// (target registry, digest) → repository that has it. The mutex also
     /// makes concurrent copies of one blob wait for the first.
     ledger: Mutex<HashMap<(String, String), Holder>>,
+    /// Manifest PUTs in progress, by `host/repository@digest`.
+    manifest_puts: KeyedLocks,
     layouts: Mutex<HashMap<PathBuf, Arc<Layout>>>,
     bars: Option<MultiProgress>,
 }
@@ -293,6 +345,7 @@ impl Copier {
             bars: opts.progress.then(MultiProgress::new),
             opts,
             ledger: Mutex::default(),
+            manifest_puts: KeyedLocks::default(),
             layouts: Mutex::default(),
         }
     }
@@ -606,6 +659,20 @@ impl Copier {
                     reason: format!("index entry: {e}"),
                 }
             })?;
+            // Held until this child is pushed: a concurrent copy of the
+            // same child waits, then finds it present.
+            let _put = match d {
+                Side::Registry { client, reference } => Some(
+                    self.manifest_puts
+                        .lock(format!(
+                            "{}/{}@{digest}",
+                            client.host(),
+                            reference.repository()
+                        ))
+                        .await,
+                ),
+                Side::Layout { .. } => None,
+            };
             let m = {
                 // Slots bound these requests too; released before recursing,
                 // since the children's blobs need slots of their own.
@@ -652,7 +719,16 @@ impl Copier {
 
     async fn push_top(&self, d: &Side, s: &Side, top: &RawManifest) -> Result<()> {
         match d {
-            Side::Registry { client, reference } => client.push_manifest(reference, top).await,
+            Side::Registry { client, reference } => {
+                let key = format!(
+                    "{}/{}@{}",
+                    client.host(),
+                    reference.repository(),
+                    top.digest
+                );
+                let _put = self.manifest_puts.lock(key).await;
+                client.push_manifest(reference, top).await
+            }
             Side::Layout { layout, name } => {
                 let name = name.clone().or_else(|| source_tag(s));
                 Ok(layout.put_top(top, name.as_deref()).await?)
