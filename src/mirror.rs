@@ -1,4 +1,4 @@
-//! The mirror service (DESIGN.md §3): resolution and existence caches, a copy
+//! The mirror service (DESIGN.md §3): the caches of [`crate::cache`], a copy
 //! queue deduplicated by source digest, and the swap and copy policies. The
 //! webhook and `pinswap mutate` both decide through [`Mirror::decide`].
 
