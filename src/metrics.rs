@@ -71,6 +71,16 @@ pub struct Metrics {
     pub reverifications: Family<OutcomeLabel, Counter>,
     /// `pinswap_leader`: 1 while this replica holds the recovery Lease.
     pub leader: Gauge,
+    /// `pinswap_identity_findings_total{kind}`: distinct identity findings
+    /// (`non_unique`, `collision`).
+    pub identity_findings: Family<KindLabel, Counter>,
+}
+
+/// Label for counts by kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The kind, e.g. `collision`.
+    pub kind: String,
 }
 
 impl Default for Metrics {
@@ -186,8 +196,23 @@ impl Metrics {
                 "1 while this replica holds the recovery Lease",
                 Gauge::default(),
             ),
+            identity_findings: register(
+                &mut r,
+                "identity_findings",
+                "Distinct image-ID (config digest) findings, by kind (non_unique, collision)",
+                Family::default(),
+            ),
             registry: r,
         }
+    }
+
+    /// Counts one new identity finding of `kind`.
+    pub fn identity_finding(&self, kind: &str) {
+        self.identity_findings
+            .get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts one answered AdmissionReview.

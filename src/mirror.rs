@@ -13,11 +13,13 @@ use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
 use crate::cache::{Caches, Cause, Purge};
-use crate::config::{Auth, Config, CopyPolicy, Platforms, SwapPolicy};
+use crate::config::{Auth, CollisionPolicy, Config, CopyPolicy, Platforms, SwapPolicy};
+use crate::identity::{self, Facts, Finding, Record, Repair};
 use crate::metrics::Metrics;
 use crate::reference::{Digest, MirrorTarget, Reference, ReferenceError, normalize_registry};
 use crate::registry::auth::{CredentialSources, Credentials};
 use crate::registry::copy::{Copier, CopyError, CopyOptions, Endpoint};
+use crate::registry::manifest::PlatformSpec;
 use crate::registry::{ClientPool, PoolOptions, RegistryError, Role};
 
 /// Errors deciding about one image. Each names the image.
@@ -56,6 +58,15 @@ pub enum MirrorError {
         /// Why.
         reason: String,
     },
+    /// `identity.collisions: deny` and the image's image ID is not unique.
+    /// Admission denies the Pod whatever `failurePolicy` says.
+    #[error("{image}: {message}")]
+    IdentityDenied {
+        /// The source image.
+        image: String,
+        /// The findings and the fix.
+        message: String,
+    },
 }
 
 /// The outcome for one image.
@@ -65,6 +76,10 @@ pub struct Decision {
     pub image: Option<String>,
     /// Why, in words (it goes into the `pinswap.dev/decisions` annotation).
     pub reason: String,
+    /// Identity findings or the repair made, in words (the
+    /// `pinswap.dev/identity` annotation); `None` when the image ID is
+    /// unique.
+    pub identity: Option<String>,
 }
 
 /// What [`Mirror::recover`] found.
@@ -90,6 +105,21 @@ struct Plan {
     target: Reference,
     /// Whether the source named a tag (else the target tag is an anchor).
     tagged: bool,
+    /// What the source's manifests say about identity (`None` when the
+    /// inspection failed under `collisions: warn`).
+    assessed: Option<Arc<Assessed>>,
+    /// The repaired copy to push instead (`collisions: repair`).
+    repair: Option<Arc<Repair>>,
+}
+
+/// The identity facts of one pinned source (content under a digest never
+/// changes, so they are cached by digest).
+#[derive(Debug)]
+struct Assessed {
+    /// (platform, facts) per image manifest.
+    images: Vec<(Option<String>, Facts)>,
+    /// The planned repair, when any image needs one.
+    repair: Option<Arc<Repair>>,
 }
 
 type CopyHandle = Shared<BoxFuture<'static, Result<(), String>>>;
@@ -112,8 +142,39 @@ pub struct Mirror {
     /// so a lost image can be mirrored again even when a platform filter
     /// gave it a digest of its own.
     sources: Cache<String, Reference>,
+    platforms: Vec<PlatformSpec>,
+    collisions: CollisionPolicy,
+    record: Arc<Record>,
+    /// Pinned source → identity facts and repair plan.
+    assessed: Cache<String, Arc<Assessed>>,
+    /// Findings already logged and counted, so each is reported once.
+    reported: Mutex<std::collections::HashSet<String>>,
     inflight: Arc<Mutex<HashMap<String, CopyHandle>>>,
     copy_slots: Arc<Semaphore>,
+}
+
+/// Pushes a repaired copy next to the original already at `dst`'s
+/// repository: the new configs, the repaired children by digest, then the
+/// repaired top under `dst`'s tag.
+async fn push_repair(pool: &ClientPool, dst: &Reference, r: &Repair) -> Result<(), CopyError> {
+    let client = pool.get(dst.registry(), Role::Target).await?;
+    for (desc, bytes) in &r.configs {
+        if !client.blob_exists(dst, &desc.digest).await? {
+            let b = bytes.clone();
+            let stream: crate::registry::client::BlobStream = Box::pin(futures::stream::once(
+                async move { Ok::<_, std::io::Error>(b) },
+            ));
+            client.push_blob(dst, desc, stream).await?;
+        }
+    }
+    for m in &r.children {
+        client
+            .push_manifest(&dst.without_tag().with_digest(m.digest.clone()), m)
+            .await?;
+    }
+    client.push_manifest(dst, &r.top).await?;
+    info!(target = %dst, original = %r.original, "pushed a repaired copy (unique image IDs)");
+    Ok(())
 }
 
 /// The tag a digest-only source gets at the target, so "delete untagged"
@@ -202,7 +263,7 @@ impl Mirror {
             pool.clone(),
             CopyOptions {
                 jobs: 4,
-                platforms,
+                platforms: platforms.clone(),
                 progress: false,
                 verify_target: false,
             },
@@ -225,6 +286,14 @@ impl Mirror {
                 .time_to_live(Duration::from_secs(24 * 3600))
                 .max_capacity(100_000)
                 .build(),
+            platforms,
+            collisions: config.identity.collisions,
+            record: Arc::default(),
+            assessed: Cache::builder()
+                .time_to_live(Duration::from_secs(24 * 3600))
+                .max_capacity(10_000)
+                .build(),
+            reported: Mutex::default(),
             inflight: Arc::default(),
             copy_slots: Arc::new(Semaphore::new(4)),
         })
@@ -324,6 +393,22 @@ impl Mirror {
                 image: src.to_string(),
                 reason: e.to_string(),
             })?;
+        let assessed = match self.assess(&pinned_source, creds).await {
+            Ok(a) => Some(a),
+            Err(e) if self.collisions == CollisionPolicy::Warn => {
+                warn!(image = %pinned_source, error = %e, "identity check failed; rewriting without it");
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let repair = match self.collisions {
+            CollisionPolicy::Repair => assessed.as_ref().and_then(|a| a.repair.clone()),
+            _ => None,
+        };
+        let target_digest = match &repair {
+            Some(r) => r.top.digest.clone(),
+            None => target_digest,
+        };
         let tag = match src.tag() {
             Some(t) => t.to_owned(),
             None => anchor_tag(&source_digest),
@@ -339,7 +424,125 @@ impl Mirror {
             source: pinned_source,
             target,
             tagged: src.tag().is_some(),
+            assessed,
+            repair,
         })
+    }
+
+    /// The identity facts of `pinned` (a source pinned by digest), read from
+    /// the source once per digest, and the repair they call for.
+    async fn assess(
+        &self,
+        pinned: &Reference,
+        creds: Option<&Credentials>,
+    ) -> Result<Arc<Assessed>, MirrorError> {
+        self.assessed
+            .try_get_with(pinned.to_string(), async {
+                let client = self
+                    .pool
+                    .get_with(pinned.registry(), Role::Source, creds)
+                    .await?;
+                let ins = identity::inspect(&client, pinned, &self.platforms).await?;
+                let repair = identity::plan_repair(&ins)
+                    .map_err(|e| MirrorError::Resolve {
+                        image: pinned.to_string(),
+                        reason: e.to_string(),
+                    })?
+                    .map(Arc::new);
+                Ok::<_, MirrorError>(Arc::new(Assessed {
+                    images: ins
+                        .images
+                        .into_iter()
+                        .map(|i| (i.platform, i.facts))
+                        .collect(),
+                    repair,
+                }))
+            })
+            .await
+            .map_err(|e| match Arc::try_unwrap(e) {
+                Ok(e) => e,
+                Err(shared) => MirrorError::Resolve {
+                    image: pinned.to_string(),
+                    reason: shared.to_string(),
+                },
+            })
+    }
+
+    /// Records `plan`'s images under their target references and returns
+    /// the findings. New findings are logged and counted once.
+    fn findings(&self, plan: &Plan) -> Vec<Finding> {
+        let Some(a) = &plan.assessed else {
+            return Vec::new();
+        };
+        let name = plan.target.without_digest().to_string();
+        let found: Vec<Finding> = a
+            .images
+            .iter()
+            .filter_map(|(platform, facts)| {
+                let reference = match platform {
+                    Some(p) => format!("{name} ({p})"),
+                    None => name.clone(),
+                };
+                self.record.observe(&reference, facts)
+            })
+            .collect();
+        for f in &found {
+            let text = f.to_string();
+            if self
+                .reported
+                .lock()
+                .expect("reported lock")
+                .insert(text.clone())
+            {
+                self.metrics.identity_finding(f.kind());
+                warn!(image = %name, source = %plan.source, finding = %text, "identity finding");
+            }
+        }
+        found
+    }
+
+    /// The identity annotation for `plan`, or the denial under
+    /// `collisions: deny`.
+    fn identity_note(&self, plan: &Plan, src: &Reference) -> Result<Option<String>, MirrorError> {
+        let found = self.findings(plan);
+        if found.is_empty() {
+            return Ok(None);
+        }
+        let text = found
+            .iter()
+            .map(Finding::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        match (self.collisions, &plan.repair) {
+            (CollisionPolicy::Deny, _) => Err(MirrorError::IdentityDenied {
+                image: src.to_string(),
+                message: format!(
+                    "{text}. Nodes would run one of these artifacts in place of another. Fix: republish with Spin 2.4 or later, or with a config unique to the artifact, or set identity.collisions: repair"
+                ),
+            }),
+            (CollisionPolicy::Repair, Some(r)) => {
+                let configs = r
+                    .replaced_configs
+                    .iter()
+                    .map(|(a, b)| format!("{a} -> {b}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let unrepaired = found.len().saturating_sub(r.replaced_configs.len());
+                let mut note = format!(
+                    "repaired: config {configs} (label {}); original manifest {}",
+                    identity::CONTENT_LABEL,
+                    r.original
+                );
+                if unrepaired > 0 {
+                    note.push_str(&format!("; not repaired (config not JSON): {text}"));
+                }
+                Ok(Some(note))
+            }
+            (CollisionPolicy::Repair, None) => {
+                Ok(Some(format!("not repaired (config not JSON): {text}")))
+            }
+            (CollisionPolicy::Warn, _) => Ok(Some(text)),
+        }
     }
 
     /// Whether the target has the plan's manifest under the plan's tag (the
@@ -398,6 +601,7 @@ impl Mirror {
             return h.clone();
         }
         let (src, dst, creds) = (plan.source.clone(), plan.target.clone(), creds.cloned());
+        let (repair, pool) = (plan.repair.clone(), self.pool.clone());
         let (copier, metrics, slots) = (
             self.copier.clone(),
             self.metrics.clone(),
@@ -412,13 +616,33 @@ impl Mirror {
             };
             metrics.copies_started.inc();
             let start = Instant::now();
-            let res = copier
-                .copy_with(
-                    &Endpoint::Registry(src.clone()),
-                    &Endpoint::Registry(dst),
-                    creds.as_ref(),
-                )
-                .await;
+            let res = match &repair {
+                None => {
+                    copier
+                        .copy_with(
+                            &Endpoint::Registry(src.clone()),
+                            &Endpoint::Registry(dst),
+                            creds.as_ref(),
+                        )
+                        .await
+                }
+                // The original by digest (its blobs and child manifests),
+                // then the repaired configs and manifests, the top by tag.
+                Some(r) => {
+                    let original = dst.without_tag().with_digest(r.original.clone());
+                    match copier
+                        .copy_with(
+                            &Endpoint::Registry(src.clone()),
+                            &Endpoint::Registry(original),
+                            creds.as_ref(),
+                        )
+                        .await
+                    {
+                        Ok(report) => push_repair(&pool, &dst, r).await.map(|()| report),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
             metrics.copy_seconds.observe(start.elapsed().as_secs_f64());
             let out = match res {
                 Ok(r) => {
@@ -512,16 +736,18 @@ impl Mirror {
             (None, Some(d)) => anchor_tag(d),
             (None, None) => unreachable!("source_for pins the source"),
         };
-        let plan = Plan {
-            target: target.without_digest().with_tag(&tag)?.with_digest(
-                target
-                    .digest()
-                    .cloned()
-                    .expect("source_for needs a pinned target"),
-            ),
-            tagged: target.tag().is_some(),
-            source,
-        };
+        // Planned again from the pinned source, so a repaired image is
+        // repaired again the same way (repair is deterministic).
+        let plan = self.plan(&source.with_tag(&tag)?, creds).await?;
+        if plan.target.digest() != target.digest() {
+            return Err(MirrorError::Resolve {
+                image: target.to_string(),
+                reason: format!(
+                    "its source {source} now plans to {}, not the digest the Pod pins",
+                    plan.target
+                ),
+            });
+        }
         self.restore(plan, creds).await
     }
 
@@ -577,13 +803,14 @@ impl Mirror {
         let hint = hint.ok_or_else(|| {
             unknown("no pinswap.dev/original-images entry names its source, and this replica did not mirror it")
         })?;
-        if self.copier.filters_platforms() {
+        // A platform filter or a repair gives the mirror a digest of its own.
+        if self.copier.filters_platforms() || self.collisions == CollisionPolicy::Repair {
             let plan = self.plan(&hint.without_digest(), creds).await?;
             if plan.target.digest() == Some(digest) {
                 return Ok(plan.source);
             }
             return Err(unknown(&format!(
-                "{} now resolves to other content, and the platform filter gives the mirror its own digest; the source index for {digest} is unknown",
+                "{} now resolves to other content, and the mirror's digest differs from the source's (platform filter or identity repair); the source for {digest} is unknown",
                 hint.without_digest()
             )));
         }
@@ -631,21 +858,21 @@ impl Mirror {
     ) -> Result<Decision, MirrorError> {
         let plan = self.plan(src, creds).await?;
         let image = self.rewritten(&plan);
-        Ok(if self.target_has(&plan).await? {
-            Decision {
-                image: Some(image),
-                reason: "present at the target".into(),
-            }
+        let identity = self.identity_note(&plan, src)?;
+        let (image, reason) = if self.target_has(&plan).await? {
+            (Some(image), "present at the target")
         } else if self.swap == SwapPolicy::Always {
-            Decision {
-                image: Some(image),
-                reason: "dry run: not at the target, not copied (swapPolicy always)".into(),
-            }
+            (
+                Some(image),
+                "dry run: not at the target, not copied (swapPolicy always)",
+            )
         } else {
-            Decision {
-                image: None,
-                reason: "dry run: not at the target, not copied".into(),
-            }
+            (None, "dry run: not at the target, not copied")
+        };
+        Ok(Decision {
+            image,
+            reason: reason.into(),
+            identity,
         })
     }
 
@@ -672,13 +899,16 @@ impl Mirror {
     ) -> Result<Decision, MirrorError> {
         let plan = self.plan(src, creds).await?;
         let image = self.rewritten(&plan);
+        let identity = self.identity_note(&plan, src)?;
         let rewrite = |reason: &str| Decision {
             image: Some(image.clone()),
             reason: reason.to_owned(),
+            identity: identity.clone(),
         };
         let keep = |reason: &str| Decision {
             image: None,
             reason: reason.to_owned(),
+            identity: identity.clone(),
         };
         let always = self.swap == SwapPolicy::Always;
         if self.target_has(&plan).await? {

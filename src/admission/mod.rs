@@ -29,6 +29,16 @@ use crate::reference::Reference;
 use crate::registry::auth::Credentials;
 use policy::{Policy, Skip};
 
+/// Bounds an annotation value, so many slots cannot push the Pod past the
+/// API server's 256 KiB annotation limit.
+fn cap(note: String) -> String {
+    if note.chars().count() > 600 {
+        note.chars().take(599).chain(['…']).collect()
+    } else {
+        note
+    }
+}
+
 /// Distinct images of one review decided at the same time.
 const MAX_CONCURRENT_IMAGES: usize = 16;
 
@@ -55,7 +65,11 @@ pub struct Admission {
 struct Decided<'a> {
     rewrites: Vec<(&'a pod::Slot, String)>,
     decisions: BTreeMap<String, String>,
+    /// Slot key → identity finding or repair (`pinswap.dev/identity`).
+    identity: BTreeMap<String, String>,
     errors: Vec<String>,
+    /// `identity.collisions: deny` findings (`image: message`).
+    denials: Vec<String>,
 }
 
 /// What happened to one slot.
@@ -63,6 +77,7 @@ enum Outcome {
     Rewrite(String, String),
     Keep(String),
     Error(String),
+    Deny(String),
 }
 
 impl Admission {
@@ -215,7 +230,9 @@ impl Admission {
         let Decided {
             rewrites,
             decisions,
+            identity,
             errors,
+            denials,
         } = self
             // A dry-run request must have no side effects: plan, don't copy.
             .decide_spec(&pod, &slots, deadline, req.dry_run, &creds)
@@ -225,6 +242,13 @@ impl Admission {
             .or_else(|| pod.pointer("/metadata/generateName"))
             .and_then(|v| v.as_str())
             .unwrap_or("");
+        // A deny finding rejects the Pod whatever failurePolicy says: it is
+        // a policy decision, not an error.
+        if !denials.is_empty() {
+            let msg = format!("pinswap (identity.collisions deny): {}", denials.join("; "));
+            warn!(uid = %req.uid, pod = name, "{msg}");
+            return (allow.deny(msg), "denied");
+        }
         if !errors.is_empty() && self.failure == FailurePolicy::Closed {
             let msg = format!("pinswap (failurePolicy closed): {}", errors.join("; "));
             warn!(uid = %req.uid, pod = name, "{msg}");
@@ -237,7 +261,16 @@ impl Admission {
         };
         self.metrics.rewrites.inc_by(rewrites.len() as u64);
         info!(uid = %req.uid, namespace = req.namespace.as_deref().unwrap_or(""), pod = name, rewritten = rewrites.len(), slots = slots.len(), "admitted");
-        let patch = pod::patch(&pod, &["spec"], &rewrites, &decisions, !ephemeral_only);
+        let patch = pod::patch(
+            &pod,
+            &["spec"],
+            &rewrites,
+            &pod::Notes {
+                decisions: &decisions,
+                identity: &identity,
+            },
+            !ephemeral_only,
+        );
         match allow.clone().with_patch(patch) {
             Ok(r) => (r, outcome),
             Err(e) => {
@@ -263,9 +296,14 @@ impl Admission {
         let mut out = Decided {
             rewrites: Vec::new(),
             decisions: BTreeMap::new(),
+            identity: BTreeMap::new(),
             errors: Vec::new(),
+            denials: Vec::new(),
         };
-        for (slot, outcome) in slots.iter().zip(outcomes) {
+        for (slot, (outcome, identity)) in slots.iter().zip(outcomes) {
+            if let Some(i) = identity {
+                out.identity.insert(slot.key(), cap(i));
+            }
             let note = match outcome {
                 Outcome::Rewrite(image, why) => {
                     out.rewrites.push((slot, image));
@@ -276,15 +314,12 @@ impl Admission {
                     out.errors.push(format!("{}: {why}", slot.image));
                     format!("unchanged (error): {why}")
                 }
+                Outcome::Deny(why) => {
+                    out.denials.push(why.clone());
+                    format!("denied: {why}")
+                }
             };
-            // Bounded, so many failing slots cannot push the Pod past the
-            // API server's 256 KiB annotation limit.
-            let note = if note.chars().count() > 300 {
-                note.chars().take(299).chain(['…']).collect()
-            } else {
-                note
-            };
-            out.decisions.insert(slot.key(), note);
+            out.decisions.insert(slot.key(), cap(note));
         }
         out
     }
@@ -307,11 +342,15 @@ impl Admission {
         let d = self
             .decide_spec(obj, &slots, deadline, dry_run, &HashMap::new())
             .await;
-        let patch = pod::patch(template, &["spec"], &d.rewrites, &d.decisions, true);
+        let notes = pod::Notes {
+            decisions: &d.decisions,
+            identity: &d.identity,
+        };
+        let patch = pod::patch(template, &["spec"], &d.rewrites, &notes, true);
         if let Err(e) = json_patch::patch(template, &patch) {
             return vec![format!("applying the rewrite: {e}")];
         }
-        d.errors
+        d.errors.into_iter().chain(d.denials).collect()
     }
 
     /// Waits for the copies decisions have started; returns how many failed.
@@ -332,7 +371,7 @@ impl Admission {
         deadline: Instant,
         dry_run: bool,
         creds: &HashMap<String, Credentials>,
-    ) -> Vec<Outcome> {
+    ) -> Vec<(Outcome, Option<String>)> {
         let mut pending: HashMap<String, Reference> = HashMap::new();
         let mut first: Vec<Option<Outcome>> = Vec::with_capacity(slots.len());
         let prepared = self.policy.prepare(pod);
@@ -349,7 +388,8 @@ impl Admission {
         // Distinct images are decided concurrently, but at most
         // MAX_CONCURRENT_IMAGES at a time: a Pod with hundreds of images
         // must not open hundreds of registry connections at once.
-        let decided: HashMap<String, Result<crate::mirror::Decision, String>> =
+        type Decided = Result<crate::mirror::Decision, (String, bool)>;
+        let decided: HashMap<String, Decided> =
             futures::StreamExt::collect(futures::StreamExt::buffer_unordered(
                 futures::stream::iter(pending.into_iter().map(|(image, reference)| async move {
                     let creds =
@@ -364,10 +404,16 @@ impl Admission {
                     let r = tokio::time::timeout_at(deadline.into(), decide).await;
                     let r = match r {
                         Ok(Ok(d)) => Ok(d),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(_) => Err(format!(
-                            "admission budget of {} exhausted",
-                            humantime::format_duration(self.budget)
+                        Ok(Err(e @ crate::mirror::MirrorError::IdentityDenied { .. })) => {
+                            Err((e.to_string(), true))
+                        }
+                        Ok(Err(e)) => Err((e.to_string(), false)),
+                        Err(_) => Err((
+                            format!(
+                                "admission budget of {} exhausted",
+                                humantime::format_duration(self.budget)
+                            ),
+                            false,
                         )),
                     };
                     debug!(image, ?r, "decided");
@@ -380,16 +426,20 @@ impl Admission {
             .iter()
             .zip(first)
             .map(|(slot, early)| match early {
-                Some(o) => o,
+                Some(o) => (o, None),
                 None => match &decided[&slot.image] {
-                    Ok(d) => match &d.image {
-                        Some(new) if *new != slot.image => {
-                            Outcome::Rewrite(new.clone(), d.reason.clone())
-                        }
-                        Some(_) => Outcome::Keep("already the mirrored image".into()),
-                        None => Outcome::Keep(d.reason.clone()),
-                    },
-                    Err(e) => Outcome::Error(e.clone()),
+                    Ok(d) => {
+                        let o = match &d.image {
+                            Some(new) if *new != slot.image => {
+                                Outcome::Rewrite(new.clone(), d.reason.clone())
+                            }
+                            Some(_) => Outcome::Keep("already the mirrored image".into()),
+                            None => Outcome::Keep(d.reason.clone()),
+                        };
+                        (o, d.identity.clone())
+                    }
+                    Err((e, true)) => (Outcome::Deny(e.clone()), None),
+                    Err((e, false)) => (Outcome::Error(e.clone()), None),
                 },
             })
             .collect()

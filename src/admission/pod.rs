@@ -12,6 +12,16 @@ use serde_json::Value;
 pub const ORIGINAL_IMAGES: &str = "pinswap.dev/original-images";
 /// Annotation: JSON map of slot → why it was or was not rewritten.
 pub const DECISIONS: &str = "pinswap.dev/decisions";
+/// Annotation: JSON map of slot → image-ID finding or repair.
+pub const IDENTITY: &str = "pinswap.dev/identity";
+
+/// The per-slot notes a patch writes into annotations.
+pub struct Notes<'a> {
+    /// Slot key → reason ([`DECISIONS`]).
+    pub decisions: &'a BTreeMap<String, String>,
+    /// Slot key → identity finding ([`IDENTITY`]); written when non-empty.
+    pub identity: &'a BTreeMap<String, String>,
+}
 
 /// The decision of a slot already under the target (idempotence).
 pub const ALREADY: &str = "unchanged: already under the target";
@@ -72,16 +82,17 @@ pub fn slots(spec: &Value) -> Vec<Slot> {
 /// rewritten slot, and the two annotations merged with any earlier ones (a
 /// reinvoked webhook keeps the first invocation's originals).
 ///
-/// `rewrites` maps slot → new image; `decisions` maps slot key → reason.
-/// Without `annotate` only the image ops are written (a subresource update,
-/// where the API server keeps no metadata changes).
+/// `rewrites` maps slot → new image; `notes` holds the reasons and identity
+/// findings by slot key. Without `annotate` only the image ops are written
+/// (a subresource update, where the API server keeps no metadata changes).
 pub fn patch(
     pod: &Value,
     spec_path: &[&str],
     rewrites: &[(&Slot, String)],
-    decisions: &BTreeMap<String, String>,
+    notes: &Notes<'_>,
     annotate: bool,
 ) -> Patch {
+    let decisions = notes.decisions;
     let mut ops = Vec::new();
     for (slot, image) in rewrites {
         let mut tokens: Vec<String> = spec_path.iter().map(|s| s.to_string()).collect();
@@ -117,9 +128,14 @@ pub fn patch(
         }
         all_decisions.insert(k.clone(), v.clone());
     }
+    let mut identity = read(IDENTITY);
+    identity.extend(notes.identity.iter().map(|(k, v)| (k.clone(), v.clone())));
     let mut notes = vec![(DECISIONS, all_decisions)];
     if !originals.is_empty() {
         notes.push((ORIGINAL_IMAGES, originals));
+    }
+    if !identity.is_empty() {
+        notes.push((IDENTITY, identity));
     }
     let encode = |m: &BTreeMap<String, String>| {
         Value::String(serde_json::to_string(m).expect("a map of strings serialises"))
@@ -190,11 +206,16 @@ mod tests {
         let s = slots(&p["spec"]);
         let mut decisions = BTreeMap::new();
         decisions.insert(s[1].key(), "rewritten".to_owned());
+        let none = BTreeMap::new();
+        let notes = Notes {
+            decisions: &decisions,
+            identity: &none,
+        };
         let ops = patch(
             &p,
             &["spec"],
             &[(&s[1], "m/x:1@sha256:aa".into())],
-            &decisions,
+            &notes,
             true,
         );
         json_patch::patch(&mut p, &ops).unwrap();
@@ -213,11 +234,15 @@ mod tests {
         let s = slots(&p["spec"]);
         let mut d2 = BTreeMap::new();
         d2.insert(s[2].key(), "rewritten".to_owned());
+        let notes = Notes {
+            decisions: &d2,
+            identity: &none,
+        };
         let ops = patch(
             &p,
             &["spec"],
             &[(&s[2], "m/x:1@sha256:aa".into())],
-            &d2,
+            &notes,
             true,
         );
         json_patch::patch(&mut p, &ops).unwrap();

@@ -536,6 +536,106 @@ impl Registry {
         Ok(s.stream)
     }
 
+    /// Reads blob `desc` of `r`'s repository whole, for small blobs such as
+    /// configs; the digest is checked as it streams.
+    ///
+    /// # Errors
+    /// Registry errors; [`RegistryError::Other`] when the blob is larger than
+    /// `max` bytes (by its descriptor or as it streams).
+    pub async fn blob_bytes(&self, r: &Reference, desc: &Descriptor, max: u64) -> Result<Bytes> {
+        let name = format!("{}@{}", r.name(), desc.digest);
+        let too_big = || RegistryError::Other {
+            registry: self.host.clone(),
+            reference: name.clone(),
+            operation: "read",
+            message: format!("blob is larger than {max} bytes"),
+        };
+        if desc.size > max {
+            return Err(too_big());
+        }
+        let mut stream = self.pull_blob(r, desc).await?;
+        let mut out = bytes::BytesMut::with_capacity(desc.size as usize);
+        while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+            let chunk = chunk.map_err(|e| RegistryError::Other {
+                registry: self.host.clone(),
+                reference: name.clone(),
+                operation: "read",
+                message: e.to_string(),
+            })?;
+            if (out.len() + chunk.len()) as u64 > max {
+                return Err(too_big());
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out.freeze())
+    }
+
+    /// Every tag of `r`'s repository (`GET /v2/<name>/tags/list`, paginated
+    /// 1000 at a time), in the registry's order; empty for an unknown
+    /// repository.
+    ///
+    /// # Errors
+    /// Registry errors other than 404.
+    pub async fn tags(&self, r: &Reference) -> Result<Vec<String>> {
+        let mut out: Vec<String> = Vec::new();
+        loop {
+            let page = self
+                .oci
+                .list_tags(
+                    &r.to_oci(),
+                    &RegistryAuth::Anonymous,
+                    Some(1000),
+                    out.last().map(String::as_str),
+                )
+                .await;
+            let page = match page {
+                Ok(p) => p.tags,
+                Err(e) if is_not_found(&e) => return Ok(out),
+                Err(e) => {
+                    return Err(RegistryError::from_oci(
+                        self.ctx(&r.name(), "list tags of"),
+                        e,
+                    ));
+                }
+            };
+            let full = page.len() >= 1000;
+            out.extend(page);
+            if !full {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Every repository of the registry (`GET /v2/_catalog`, paginated 1000
+    /// at a time). `any` is any reference on this registry (oci-client
+    /// authenticates the request with its scope).
+    ///
+    /// # Errors
+    /// Registry errors, e.g. 401/403 when the credentials may not list the
+    /// catalog, or 404 when the registry does not serve it.
+    pub async fn catalog(&self, any: &Reference) -> Result<Vec<String>> {
+        let mut out: Vec<String> = Vec::new();
+        loop {
+            let page = self
+                .oci
+                .catalog(
+                    &any.to_oci(),
+                    &RegistryAuth::Anonymous,
+                    Some(1000),
+                    out.last().map(String::as_str),
+                )
+                .await
+                .map_err(|e| {
+                    RegistryError::from_oci(self.ctx("/v2/_catalog", "list the repositories of"), e)
+                })?;
+            let full = page.repositories.len() >= 1000;
+            out.extend(page.repositories);
+            if !full {
+                return Ok(out);
+            }
+        }
+    }
+
     /// The Authorization header for our own requests with these token
     /// `scopes`: a fresh bearer token when the registry challenged with
     /// Bearer, basic credentials when it asked for Basic, else none.

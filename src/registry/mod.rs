@@ -8,7 +8,7 @@
 //! error code (distribution-spec §Error Codes).
 
 pub mod auth;
-mod check;
+pub mod check;
 pub mod client;
 pub mod copy;
 pub mod layout;
