@@ -217,6 +217,29 @@ impl Caches {
             .await;
     }
 
+    /// Drops `target`'s tag from its entry's verified tags (the tag names
+    /// other content now). The entry itself stays.
+    pub async fn forget_tag(&self, target: &Reference) {
+        let (Some(c), Some(d), Some(tag)) = (&self.existence, target.digest(), target.tag()) else {
+            return;
+        };
+        let key = existence_key(&target.name(), d);
+        if let Some(v) = c.get(&key).await
+            && v.tags.contains(tag)
+        {
+            let mut tags = v.tags.as_ref().clone();
+            tags.remove(tag);
+            c.insert(
+                key,
+                Verified {
+                    at: v.at,
+                    tags: Arc::new(tags),
+                },
+            )
+            .await;
+        }
+    }
+
     /// Removes the entry for `target`'s `repository@digest` (every tag), and
     /// counts it under `cause`. Returns whether there was one.
     pub async fn invalidate(&self, target: &Reference, cause: Cause) -> bool {

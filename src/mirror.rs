@@ -105,6 +105,12 @@ struct Plan {
     target: Reference,
     /// Whether the source named a tag (else the target tag is an anchor).
     tagged: bool,
+    /// Push by digest only, leaving the tag where it is (a recovery of
+    /// content the tag no longer names).
+    untagged: bool,
+    /// Check every blob and child manifest at the target and restore what
+    /// is missing (recovery after a pull failure).
+    verify: bool,
     /// What the source's manifests say about identity (`None` when the
     /// inspection failed under `collisions: warn`).
     assessed: Option<Arc<Assessed>>,
@@ -122,7 +128,9 @@ struct Assessed {
     repair: Option<Arc<Repair>>,
 }
 
-type CopyHandle = Shared<BoxFuture<'static, Result<(), String>>>;
+/// A copy's outcome: blobs copied or mounted (what a verifying copy
+/// restored), or the error.
+type CopyHandle = Shared<BoxFuture<'static, Result<u64, String>>>;
 
 /// The mirror service. Cheap to share behind an `Arc`.
 pub struct Mirror {
@@ -133,6 +141,8 @@ pub struct Mirror {
     pin: bool,
     pool: Arc<ClientPool>,
     copier: Arc<Copier>,
+    /// As `copier`, with `verify_target`: restores lost blobs and children.
+    verifier: Arc<Copier>,
     metrics: Arc<Metrics>,
     caches: Arc<Caches>,
     /// Source digest → target digest (differs with a platform filter).
@@ -259,15 +269,14 @@ impl Mirror {
             Platforms::All => Vec::new(),
             Platforms::Only(p) => p.clone(),
         };
-        let copier = Arc::new(Copier::new(
-            pool.clone(),
-            CopyOptions {
-                jobs: 4,
-                platforms: platforms.clone(),
-                progress: false,
-                verify_target: false,
-            },
-        ));
+        let options = |verify_target| CopyOptions {
+            jobs: 4,
+            platforms: platforms.clone(),
+            progress: false,
+            verify_target,
+        };
+        let copier = Arc::new(Copier::new(pool.clone(), options(false)));
+        let verifier = Arc::new(Copier::new(pool.clone(), options(true)));
         Ok(Self {
             target,
             swap: config.swap_policy,
@@ -276,6 +285,7 @@ impl Mirror {
             pin: config.pin,
             pool,
             copier,
+            verifier,
             caches: Arc::new(Caches::new(&config.cache, metrics.clone())),
             metrics,
             planned: Cache::builder()
@@ -424,6 +434,8 @@ impl Mirror {
             source: pinned_source,
             target,
             tagged: src.tag().is_some(),
+            untagged: false,
+            verify: false,
             assessed,
             repair,
         })
@@ -582,6 +594,39 @@ impl Mirror {
         Ok(present)
     }
 
+    /// Re-verifies an existence entry: HEAD `target` (`repository@digest`)
+    /// by digest; when present, HEAD each of `tags` and forget those that
+    /// now name other content (the source tag moved on; the digest is still
+    /// there for the Pods pinned to it). Returns whether the manifest is
+    /// present; a present one has its verification time refreshed.
+    ///
+    /// # Errors
+    /// [`MirrorError::Registry`] when the target does not answer.
+    pub async fn reverify(&self, target: &Reference, tags: &[String]) -> Result<bool, MirrorError> {
+        let client = self.pool.get(target.registry(), Role::Target).await?;
+        if client
+            .manifest_digest(&target.without_tag())
+            .await?
+            .is_none()
+        {
+            return Ok(false);
+        }
+        self.caches.verified(&target.without_tag()).await;
+        for t in tags {
+            let tagged = target.with_tag(t)?;
+            if client
+                .manifest_digest(&tagged.without_digest())
+                .await?
+                .as_ref()
+                != target.digest()
+            {
+                info!(image = %tagged, "re-verification: the tag names other content now; forgetting it for this digest");
+                self.caches.forget_tag(&tagged).await;
+            }
+        }
+        Ok(true)
+    }
+
     /// The existence-cache and copy-queue key: `repository:tag@digest`.
     fn key(&self, plan: &Plan) -> String {
         plan.target.to_string()
@@ -602,13 +647,23 @@ impl Mirror {
         }
         let (src, dst, creds) = (plan.source.clone(), plan.target.clone(), creds.cloned());
         let (repair, pool) = (plan.repair.clone(), self.pool.clone());
-        let (copier, metrics, slots) = (
-            self.copier.clone(),
-            self.metrics.clone(),
-            self.copy_slots.clone(),
-        );
+        // Without the tag, pushes go by digest and the tag stays put.
+        let dst = if plan.untagged {
+            dst.without_tag()
+        } else {
+            dst
+        };
+        let copier = match plan.verify {
+            true => self.verifier.clone(),
+            false => self.copier.clone(),
+        };
+        let (metrics, slots) = (self.metrics.clone(), self.copy_slots.clone());
         let (caches, inflight_map, k) = (self.caches.clone(), self.inflight.clone(), key.clone());
-        let target_ref = plan.target.clone();
+        // An untagged push verifies the digest, not the tag.
+        let target_ref = match plan.untagged {
+            true => plan.target.without_tag(),
+            false => plan.target.clone(),
+        };
         let task = tokio::spawn(async move {
             let _permit = match waited_for {
                 true => None,
@@ -650,7 +705,7 @@ impl Mirror {
                     metrics.copy_bytes.inc_by(r.bytes_copied);
                     caches.verified(&target_ref).await;
                     info!(source = %src, target = %k, bytes = r.bytes_copied, "mirrored");
-                    Ok(())
+                    Ok(r.blobs_copied + r.blobs_mounted)
                 }
                 Err(e) => {
                     metrics.copies_failed.inc();
@@ -722,15 +777,31 @@ impl Mirror {
         creds: Option<&Credentials>,
     ) -> Result<Recovered, MirrorError> {
         self.caches.invalidate(target, cause).await;
+        // A hint comes from a Pod annotation, which the Pod's author writes:
+        // it may only name the source this target repository mirrors.
+        let hint = match source_hint {
+            Some(h) if self.target.map(h)?.name() != target.name() => {
+                return Err(MirrorError::Resolve {
+                    image: target.to_string(),
+                    reason: format!(
+                        "its pinswap.dev/original-images entry {h} does not mirror to {}; refusing it",
+                        target.name()
+                    ),
+                });
+            }
+            h => h,
+        };
+        let verify = cause == Cause::PullFailure;
         if target.digest().is_none()
-            && let Some(hint) = source_hint
+            && let Some(hint) = hint
         {
             // An unpinned rewrite (`pin: false`) names a tag only: the
             // source tag's current content is what the kubelet wants.
-            let plan = self.plan(&hint.without_digest(), creds).await?;
+            let mut plan = self.plan(&hint.without_digest(), creds).await?;
+            plan.verify = verify;
             return self.restore(plan, creds).await;
         }
-        let source = self.source_for(target, source_hint, creds).await?;
+        let source = self.source_for(target, hint, creds).await?;
         let tag = match (target.tag(), source.digest()) {
             (Some(t), _) => t.to_owned(),
             (None, Some(d)) => anchor_tag(d),
@@ -738,7 +809,7 @@ impl Mirror {
         };
         // Planned again from the pinned source, so a repaired image is
         // repaired again the same way (repair is deterministic).
-        let plan = self.plan(&source.with_tag(&tag)?, creds).await?;
+        let mut plan = self.plan(&source.with_tag(&tag)?, creds).await?;
         if plan.target.digest() != target.digest() {
             return Err(MirrorError::Resolve {
                 image: target.to_string(),
@@ -748,25 +819,60 @@ impl Mirror {
                 ),
             });
         }
+        plan.verify = verify;
         self.restore(plan, creds).await
     }
 
-    /// HEAD `plan`'s target; copy it when missing, through the copy queue.
+    /// Restores `plan`'s target. Presence is by digest: the kubelet pulls a
+    /// pinned image by digest, and a tag moved on to newer content (the
+    /// source tag moved) does not make older content missing. Then:
+    /// - present and not `plan.verify`: nothing to do;
+    /// - present and `plan.verify`: a verifying copy restores any lost
+    ///   blob or child manifest (the kubelet failed for a reason);
+    /// - missing: copy it, through the copy queue.
+    ///
+    /// The tag is pushed only when it is missing or names this digest or
+    /// content that is gone: recovery never moves a tag away from other
+    /// content at the target.
     async fn restore(
         &self,
-        plan: Plan,
+        mut plan: Plan,
         creds: Option<&Credentials>,
     ) -> Result<Recovered, MirrorError> {
-        if self.head_target(&plan.target).await? {
+        let client = self.pool.get(plan.target.registry(), Role::Target).await?;
+        let present = client
+            .manifest_digest(&plan.target.without_tag())
+            .await?
+            .is_some();
+        if let Some(tag_ref) = plan.target.tag().map(|_| plan.target.without_digest()) {
+            match client.manifest_digest(&tag_ref).await? {
+                Some(d) if Some(&d) != plan.target.digest() => {
+                    let other = tag_ref.with_digest(d);
+                    plan.untagged = client
+                        .manifest_digest(&other.without_tag())
+                        .await?
+                        .is_some();
+                }
+                _ => {}
+            }
+        }
+        if present && !plan.verify {
+            if !plan.untagged {
+                self.caches.verified(&plan.target).await;
+            }
             return Ok(Recovered::Present);
         }
         let start = Instant::now();
-        self.copy(&plan, creds, false)
-            .await
-            .map_err(|reason| MirrorError::CopyFailed {
-                image: plan.source.to_string(),
-                reason,
-            })?;
+        let restored =
+            self.copy(&plan, creds, false)
+                .await
+                .map_err(|reason| MirrorError::CopyFailed {
+                    image: plan.source.to_string(),
+                    reason,
+                })?;
+        if present && restored == 0 {
+            return Ok(Recovered::Present);
+        }
         Ok(Recovered::Remirrored {
             source: plan.source,
             seconds: start.elapsed().as_secs_f64(),
@@ -803,9 +909,15 @@ impl Mirror {
         let hint = hint.ok_or_else(|| {
             unknown("no pinswap.dev/original-images entry names its source, and this replica did not mirror it")
         })?;
-        // A platform filter or a repair gives the mirror a digest of its own.
+        // A platform filter or a repair gives the mirror a digest of its own:
+        // plan the hint again (by its digest when it pins one, else by its
+        // tag as it resolves now) and accept it if it plans to `digest`.
         if self.copier.filters_platforms() || self.collisions == CollisionPolicy::Repair {
-            let plan = self.plan(&hint.without_digest(), creds).await?;
+            let hint = match hint.digest() {
+                Some(_) => hint.clone(),
+                None => hint.without_digest(),
+            };
+            let plan = self.plan(&hint, creds).await?;
             if plan.target.digest() == Some(digest) {
                 return Ok(plan.source);
             }
@@ -931,7 +1043,7 @@ impl Mirror {
                     .copy_deadline
                     .min(deadline.saturating_duration_since(Instant::now()));
                 match tokio::time::timeout(wait, handle).await {
-                    Ok(Ok(())) => Ok(rewrite("copied to the target")),
+                    Ok(Ok(_)) => Ok(rewrite("copied to the target")),
                     Ok(Err(reason)) if self.copy_policy == CopyPolicy::Immediate && always => {
                         warn!(image = %src, %reason, "copy failed; rewriting anyway (swapPolicy always)");
                         Ok(rewrite("copy failed (swapPolicy always)"))

@@ -693,3 +693,364 @@ async fn recovery_latency_figures() {
     );
     r.stop().await;
 }
+
+// Found by a review that tried to break recovery; each failed before its fix.
+
+fn yaml_config(yaml: &str) -> Config {
+    Config::from_yaml(yaml, "review.yaml").unwrap()
+}
+
+/// R1: the `pinswap.dev/original-images` annotation is trusted as the
+/// source of a re-mirror. A Pod author can name any registry (not in
+/// source.registries) and have its content pushed into ANOTHER target
+/// repository's tag.
+#[tokio::test]
+async fn a_forged_original_images_annotation_cannot_redirect_a_remirror() {
+    common::init();
+    let (src, evil, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let app = push(&src, "app", 901).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    // A legitimate Pod mirrors shop/app:v1.
+    admit_and_store(&r, &api, "victim", &app, &dst).await;
+    // The attacker's image lives in a registry that is NOT allowed.
+    let bad = Image::oci(1, 902);
+    push_image(&evil, "x/evil", Some("v1"), &bad).await;
+    // Attacker Pod: an image already under the target (so admission leaves
+    // it alone), pinned to the attacker's digest, with a forged annotation.
+    let mut p = pod(
+        "attackers",
+        "evil",
+        &[(
+            "app",
+            &format!("{}/{}:v1@{}", dst.host(), app.repo, bad.digest),
+        )],
+    );
+    p["metadata"]["annotations"] = serde_json::json!({
+        "pinswap.dev/original-images":
+            serde_json::json!({"containers/app": format!("{}/x/evil:v1", evil.host())}).to_string()
+    });
+    let (p, _) = admit(&r.adm, &p).await;
+    store(&api, &p);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tag_now = dst.head_manifest(&app.repo, "v1").await;
+    r.stop().await;
+    assert_eq!(
+        tag_now.as_deref(),
+        Some(app.image.digest.as_str()),
+        "target tag shop/app:v1 was overwritten with content from a registry outside source.registries \
+         (evil digest {})",
+        bad.digest
+    );
+}
+
+/// R2: a source tag that moved leaves two digests in use under one target
+/// tag; every re-verification round finds one "missing" (the tag names the
+/// other) and re-mirrors it, flipping the tag back and forth forever.
+#[tokio::test]
+async fn a_moved_source_tag_does_not_make_reverification_flip_the_target_tag() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let old = push(&src, "app", 911).await;
+    let cfg = config(&src, &dst, "{reverify: 2s, resolutionTtl: 0s}");
+    let mut r = Replica::new(&cfg);
+    // Running (and watching) before the first re-verification round, as in
+    // any long-lived deployment.
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    admit_and_store(&r, &api, "old", &old, &dst).await;
+    // The source tag moves (a new build of app:v1), and a new Pod is admitted.
+    let new = push_this(&src, "app", Image::oci(2, 912)).await;
+    admit_and_store(&r, &api, "new", &new, &dst).await;
+    let copies_before = r.metric("pinswap_copies_started_total");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut flips = 0;
+    let mut last = None;
+    for _ in 0..70 {
+        if let Some(d) = dst.head_manifest(&new.repo, "v1").await {
+            if last.as_ref().is_some_and(|l| *l != d) {
+                flips += 1;
+            }
+            last = Some(d.clone());
+            seen.insert(d);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let copies = r.metric("pinswap_copies_started_total") - copies_before;
+    let remirrored = r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}");
+    r.stop().await;
+    assert!(
+        copies == 0.0 && seen.len() == 1,
+        "nothing was lost, yet in 7 s (reverify 2s): {copies} re-mirror copies, {remirrored} remirrored, {flips} tag flips between {seen:?}"
+    );
+}
+
+/// R3: only a layer lost (GC): HEAD of the manifest still answers, so the
+/// recovery says "present" and never restores the blob the kubelet needs.
+#[tokio::test]
+async fn a_lost_layer_alone_is_restored_after_a_pull_failure() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let app = push(&src, "app", 921).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "web", &app, &dst).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    dst.delete_blob(&app.repo, &app.image.layers[0].digest)
+        .await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store(&api, &pull_failing(&p, "app", "ImagePullBackOff"));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let present = r.metric("pinswap_remirrors_total{outcome=\"present\"}");
+    let ok = served_again(&dst, &app).await;
+    r.stop().await;
+    assert!(
+        ok,
+        "layer still missing after {present} recoveries that each answered \"present\""
+    );
+}
+
+fn platform_config(src: &TestRegistry, dst: &TestRegistry) -> Config {
+    yaml_config(&format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\nplatforms: [linux/amd64]\nserver: {{admissionBudget: 8s}}\ncache: {{reverify: 0s}}\n{FAST}",
+        dst.host(),
+        src.host()
+    ))
+}
+
+/// R4: platform filter + digest-only source, recovered by a replica that did
+/// not plan it (new leader / restart): source_for drops the hint's digest
+/// and resolves `latest`.
+#[tokio::test]
+async fn a_platform_filtered_digest_only_image_is_recovered_by_another_replica() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let idx = common::Index::oci(931, false);
+    common::push_index(&src, "shop/multi", None, &idx).await;
+    let cfg = platform_config(&src, &dst);
+    let admitting = Replica::new(&cfg);
+    let source = format!("{}/shop/multi@{}", src.host(), idx.digest);
+    let (p, _) = admit(&admitting.adm, &pod("shop", "web", &[("app", &source)])).await;
+    let image = p["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(image.starts_with(&dst.host()), "{image}");
+    let (repo, digest) = image
+        .strip_prefix(&format!("{}/", dst.host()))
+        .unwrap()
+        .split_once('@')
+        .unwrap();
+    assert_ne!(
+        digest, idx.digest,
+        "the filter gives the mirror its own digest"
+    );
+    store(&api, &p);
+    let mut leader = Replica::new(&cfg); // another process: empty `sources`
+    leader.start(&cfg, &api);
+    wait_leader(&leader).await;
+    dst.delete_manifest(repo, digest).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let back = dst.head_manifest(repo, digest).await;
+    let failed = events_for(&api, "web", "RemirrorFailed");
+    leader.stop().await;
+    assert_eq!(
+        back.as_deref(),
+        Some(digest),
+        "not restored; events: {:?}",
+        failed.iter().map(|e| e["note"].clone()).collect::<Vec<_>>()
+    );
+}
+
+/// R4b: the same with `tag@digest`: the original pins the digest, but the
+/// tag has moved since; the hint's digest is dropped and the tag resolved.
+#[tokio::test]
+async fn a_platform_filtered_tag_and_digest_image_survives_a_moved_tag() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let idx = common::Index::oci(941, false);
+    common::push_index(&src, "shop/multi", Some("v1"), &idx).await;
+    let cfg = platform_config(&src, &dst);
+    let admitting = Replica::new(&cfg);
+    let source = format!("{}/shop/multi:v1@{}", src.host(), idx.digest);
+    let (p, _) = admit(&admitting.adm, &pod("shop", "web", &[("app", &source)])).await;
+    let image = p["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (repo_tag, digest) = image
+        .strip_prefix(&format!("{}/", dst.host()))
+        .unwrap()
+        .split_once('@')
+        .unwrap();
+    let repo = repo_tag.rsplit_once(':').unwrap().0;
+    store(&api, &p);
+    // v1 moves upstream; the Pod still pins the first index.
+    common::push_index(
+        &src,
+        "shop/multi",
+        Some("v1"),
+        &common::Index::oci(942, false),
+    )
+    .await;
+    let mut leader = Replica::new(&cfg);
+    leader.start(&cfg, &api);
+    wait_leader(&leader).await;
+    dst.delete_manifest(repo, digest).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let back = dst.head_manifest(repo, digest).await;
+    let failed = events_for(&api, "web", "RemirrorFailed");
+    leader.stop().await;
+    assert_eq!(
+        back.as_deref(),
+        Some(digest),
+        "not restored; events: {:?}",
+        failed.iter().map(|e| e["note"].clone()).collect::<Vec<_>>()
+    );
+}
+
+/// R5: a valid Lease config (retryPeriod < renewDeadline < duration) where
+/// renewDeadline + retryPeriod > duration: a partitioned leader keeps
+/// `is_leader() == true` past its Lease's expiry, while another replica
+/// already leads.
+#[tokio::test]
+async fn a_partitioned_leader_stops_before_the_next_one_leads() {
+    common::init();
+    let (src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let lease = "recovery:\n  lease: {duration: 2s, renewDeadline: 1900ms, retryPeriod: 1800ms}\n";
+    let yaml = |lease: &str| {
+        format!(
+            "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncache: {{reverify: 0s}}\n{lease}",
+            dst.host(),
+            src.host()
+        )
+    };
+    let cfg_a = yaml_config(&yaml(lease));
+    // B: the same Lease, polling often (equivalently: B's poll happened to
+    // land right after A's last renewal).
+    let cfg_b = yaml_config(&yaml(
+        "recovery:\n  lease: {duration: 2s, renewDeadline: 1900ms, retryPeriod: 100ms}\n",
+    ));
+    let proxy = common::TcpCutProxy::start(api.url().trim_start_matches("http://")).await;
+    let mut kc = ::kube::Config::new(format!("http://{}", proxy.host()).parse().unwrap());
+    kc.default_namespace = "default".into();
+    let client_a = ::kube::Client::try_from(kc).unwrap();
+    let (ra, rb) = (Replica::new(&cfg_a), Replica::new(&cfg_b));
+    let a = Background::start(
+        ra.adm.mirror().clone(),
+        &cfg_a,
+        Some(client_a),
+        CancellationToken::new(),
+    );
+    eventually("A leads", Duration::from_secs(10), || async {
+        a.is_leader()
+    })
+    .await;
+    let b = Background::start(
+        rb.adm.mirror().clone(),
+        &cfg_b,
+        Some(api.client()),
+        CancellationToken::new(),
+    );
+    // Cut A right after one of its renewals.
+    let renew = |api: &KubeApi| {
+        api.lease("default", "pinswap-leader")
+            .and_then(|l| l.spec?.renew_time)
+            .map(|t| t.0)
+    };
+    let first = renew(&api);
+    eventually("A renews", Duration::from_secs(5), || async {
+        renew(&api) != first
+    })
+    .await;
+    proxy.cut();
+    let start = Instant::now();
+    let mut both = None;
+    while start.elapsed() < Duration::from_secs(6) {
+        if a.is_leader() && b.is_leader() {
+            both = Some(start.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (a_leads, b_leads) = (a.is_leader(), b.is_leader());
+    b.stop().await;
+    drop(a);
+    assert!(
+        both.is_none(),
+        "two leaders at once, {:?} after A was cut off (A {a_leads}, B {b_leads})",
+        both
+    );
+}
+
+/// R6: re-verification finds an in-use image missing while the source is
+/// down: the re-mirror fails, the entry is already evicted, and the retry
+/// only runs "while a Pod still fails", so a healthy-running Pod's image
+/// stays missing at the target indefinitely (until some kubelet fails).
+#[tokio::test]
+async fn a_failed_reverification_remirror_is_retried_while_the_image_is_in_use() {
+    common::init();
+    let (mut src, dst, api) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    );
+    let app = push(&src, "app", 951).await;
+    let cfg = config(&src, &dst, "{reverify: 1s}");
+    let mut r = Replica::new(&cfg);
+    admit_and_store(&r, &api, "web", &app, &dst).await; // running fine
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    src.kill();
+    prune(&dst, &app).await;
+    eventually("re-mirror failed", Duration::from_secs(10), || async {
+        r.metric("pinswap_remirrors_total{outcome=\"failed\"}") >= 1.0
+    })
+    .await;
+    src.restart().await;
+    tokio::time::sleep(Duration::from_secs(8)).await; // retryMax is 2s here
+    let ok = served_again(&dst, &app).await;
+    let failed = r.metric("pinswap_remirrors_total{outcome=\"failed\"}");
+    let entries = r.adm.mirror().caches().existence_entries().len();
+    r.stop().await;
+    assert!(
+        ok,
+        "still missing 8 s after the source came back; {failed} failed attempts, {entries} cache entries left to re-verify"
+    );
+}

@@ -113,11 +113,12 @@ pub fn patch(
             .and_then(|s| serde_json::from_str(s).ok())
             .unwrap_or_default()
     };
+    // A slot rewritten now had this image as its source, whatever an
+    // earlier entry (or the Pod's author) wrote; a slot already under the
+    // target is not rewritten, so reinvocation keeps the first original.
     let mut originals = read(ORIGINAL_IMAGES);
     for (slot, _) in rewrites {
-        originals
-            .entry(slot.key())
-            .or_insert_with(|| slot.image.clone());
+        originals.insert(slot.key(), slot.image.clone());
     }
     let mut all_decisions = read(DECISIONS);
     for (k, v) in decisions {

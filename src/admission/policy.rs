@@ -140,20 +140,31 @@ impl Policy {
         if self.target.contains(&reference) {
             return Err(Skip::Keep("already under the target".into()));
         }
+        self.source_allowed(&reference).map_err(Skip::Keep)?;
+        Ok(reference)
+    }
+
+    /// Whether `reference`'s registry may be contacted as a source: not a
+    /// link-local or metadata address, and in `source.registries` (or `"*"`).
+    /// The pull-failure recovery checks Pod annotations with this too.
+    ///
+    /// # Errors
+    /// Why not, in words.
+    pub fn source_allowed(&self, reference: &Reference) -> Result<(), String> {
         if is_refused_host(reference.registry()) {
-            return Err(Skip::Keep(format!(
+            return Err(format!(
                 "registry {} is link-local or a metadata address; never contacted",
                 reference.registry()
-            )));
+            ));
         }
         let registry = crate::reference::normalize_registry(reference.registry());
         if !self.any && !self.allowed.contains(&registry) {
-            return Err(Skip::Keep(format!(
+            return Err(format!(
                 "registry {} is not in source.registries",
                 reference.registry()
-            )));
+            ));
         }
-        Ok(reference)
+        Ok(())
     }
 }
 

@@ -110,14 +110,29 @@ pub fn run(
         loop {
             let leading = elector.step().await;
             tx.send_if_modified(|v| std::mem::replace(v, leading) != leading);
+            // A leader wakes by its renew deadline at the latest, so it stops
+            // then even when retryPeriod is long.
+            let wait = match (leading, elector.last_renew) {
+                (true, Some(t)) => elector.opts.retry_period.min(
+                    (t + elector.opts.renew_deadline).saturating_duration_since(Instant::now()),
+                ),
+                _ => elector.opts.retry_period,
+            };
             tokio::select! {
                 _ = &mut shutdown => break,
-                _ = tokio::time::sleep(elector.opts.retry_period) => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+            if elector
+                .last_renew
+                .is_some_and(|t| t.elapsed() >= elector.opts.renew_deadline)
+            {
+                tx.send_if_modified(|v| std::mem::replace(v, false));
             }
         }
         if *tx.borrow() {
             tx.send_replace(false);
-            elector.release().await;
+            // Bounded: a partitioned API server must not stall shutdown.
+            let _ = tokio::time::timeout(elector.opts.renew_deadline, elector.release()).await;
         }
     });
     (rx, task)
@@ -140,6 +155,9 @@ impl Elector {
             Some(t) => self.opts.renew_deadline.saturating_sub(t.elapsed()),
             None => self.opts.renew_deadline,
         };
+        // The renewal counts from when it was sent: other replicas time the
+        // Lease from when they see it change, which is no earlier.
+        let sent = Instant::now();
         let tried = tokio::time::timeout(budget, self.try_acquire_or_renew()).await;
         let result = tried.unwrap_or(Err(LeaderError::Timeout(budget)));
         match result {
@@ -147,7 +165,7 @@ impl Elector {
                 if self.last_renew.is_none() {
                     info!(lease = %self.opts.name, identity = %self.opts.identity, "became leader");
                 }
-                self.last_renew = Some(Instant::now());
+                self.last_renew = Some(sent);
                 true
             }
             Ok(false) => {

@@ -61,9 +61,11 @@ impl Background {
         let mut tasks = tokio::task::JoinSet::new();
         let r = &config.recovery;
         let client = client.filter(|_| r.enabled);
-        let recovery = client.as_ref().map(|c| {
+        let policy = crate::admission::policy::Policy::new(config, mirror.target().clone());
+        let recovery = client.as_ref().zip(policy.ok()).map(|(c, policy)| {
             Arc::new(Recovery::new(
                 mirror.clone(),
+                policy,
                 Some(c.clone()),
                 config.source.image_pull_secrets,
                 r.retry_initial,

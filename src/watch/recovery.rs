@@ -20,6 +20,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::{info, warn};
 
 use super::pods::{PodImages, TargetImage};
+use crate::admission::policy::Policy;
 use crate::cache::Cause;
 use crate::metrics::Metrics;
 use crate::mirror::{Mirror, Recovered};
@@ -49,6 +50,8 @@ struct ImageState {
 /// recovery state.
 pub struct Recovery {
     mirror: Arc<Mirror>,
+    /// The admission allowlist, applied to sources named by annotations.
+    policy: Policy,
     metrics: Arc<Metrics>,
     recorder: Option<Recorder>,
     pull_secrets: Option<PullSecrets>,
@@ -56,6 +59,8 @@ pub struct Recovery {
     retry_max: Duration,
     pods: Mutex<HashMap<String, PodImages>>,
     images: Mutex<HashMap<String, ImageState>>,
+    /// Recoveries and retry timers in flight.
+    tasks: Mutex<tokio::task::JoinSet<()>>,
 }
 
 impl Recovery {
@@ -64,6 +69,7 @@ impl Recovery {
     /// are read when `pull_secrets` is on.
     pub fn new(
         mirror: Arc<Mirror>,
+        policy: Policy,
         client: Option<kube::Client>,
         pull_secrets: bool,
         retry_initial: Duration,
@@ -81,12 +87,14 @@ impl Recovery {
         Self {
             metrics: mirror.metrics().clone(),
             mirror,
+            policy,
             recorder,
             pull_secrets: client.filter(|_| pull_secrets).map(PullSecrets::new),
             retry_initial,
             retry_max,
             pods: Mutex::default(),
             images: Mutex::default(),
+            tasks: Mutex::default(),
         }
     }
 
@@ -130,8 +138,11 @@ impl Recovery {
         self.pods.lock().expect("pods lock").retain(|k, _| keep(k));
     }
 
-    /// Forgets everything (leadership lost).
+    /// Forgets everything and aborts recoveries and retries in flight
+    /// (leadership lost). A copy already started runs to its end in the
+    /// mirror's copy queue (copies are idempotent), but no Event follows.
     pub fn clear(&self) {
+        self.tasks.lock().expect("tasks lock").abort_all();
         self.pods.lock().expect("pods lock").clear();
         self.images.lock().expect("images lock").clear();
     }
@@ -149,14 +160,17 @@ impl Recovery {
         })
     }
 
-    /// Pods known to the watcher that still fail to pull `key`'s image.
-    fn failing_users(&self, key: &str) -> Vec<(PodImages, TargetImage)> {
+    /// Pods known to the watcher that use `key`'s image; only those that
+    /// fail to pull it with `failing_only`.
+    fn users(&self, key: &str, failing_only: bool) -> Vec<(PodImages, TargetImage)> {
         let pods = self.pods.lock().expect("pods lock");
         pods.values()
             .flat_map(|p| {
                 p.images
                     .iter()
-                    .filter(|i| i.failing.is_some() && image_key(&i.image) == key)
+                    .filter(|i| {
+                        (!failing_only || i.failing.is_some()) && image_key(&i.image) == key
+                    })
                     .map(|i| (p.clone(), i.clone()))
             })
             .collect()
@@ -168,6 +182,16 @@ impl Recovery {
         let key = image_key(&img.image);
         {
             let mut images = self.images.lock().expect("images lock");
+            if images.len() > 256 {
+                // Forget images with nothing pending, so the map stays the
+                // size of what is failing now.
+                let now = Instant::now();
+                images.retain(|_, st| {
+                    st.running
+                        || st.retry_at.is_some()
+                        || st.done.is_some_and(|d| now < d + COOLDOWN)
+                });
+            }
             let st = images.entry(key.clone()).or_default();
             if let Some(p) = &pod
                 && !st.pods.iter().any(|o| o.uid == p.object.uid)
@@ -187,16 +211,32 @@ impl Recovery {
             st.running = true;
         }
         let this = self.clone();
-        tokio::spawn(async move { this.run(key, img, pod, cause).await });
+        self.spawn(async move { this.run(key, img, pod, cause).await });
+    }
+
+    /// Runs `work` as a task that [`Recovery::clear`] aborts.
+    fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.tasks.lock().expect("tasks lock");
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(work);
     }
 
     async fn run(
         self: Arc<Self>,
         key: String,
-        img: TargetImage,
+        mut img: TargetImage,
         pod: Option<PodImages>,
         cause: Cause,
     ) {
+        // The annotation is the Pod author's to write: its source must pass
+        // the same allowlist as an admission (the mirror also checks that it
+        // maps to the image's own repository).
+        if let Some(orig) = &img.original
+            && let Err(why) = self.policy.source_allowed(orig)
+        {
+            warn!(image = %img.image, original = %orig, %why, "ignoring the Pod's original-images entry");
+            img.original = None;
+        }
         let creds = match (&self.pull_secrets, &pod, &img.original) {
             (Some(ps), Some(p), Some(orig)) => ps
                 .for_pod(p.namespace(), &p.pull)
@@ -277,9 +317,12 @@ impl Recovery {
         }
         if let Some(wait) = retry {
             let this = self.clone();
-            tokio::spawn(async move {
+            self.spawn(async move {
                 tokio::time::sleep(wait).await;
-                let users = this.failing_users(&key);
+                // After a pull failure, retry while a Pod still fails; after
+                // re-verification (its Pods run fine; nothing else will
+                // notice), while a Pod still uses the image.
+                let users = this.users(&key, cause == Cause::PullFailure);
                 if let Some((first, image)) = users.first().cloned() {
                     for (p, i) in users {
                         this.trigger(i, Some(p), cause);

@@ -56,7 +56,8 @@ pub async fn run(
     }
 }
 
-/// Re-verifies one entry: every verified tag must still name the digest.
+/// Re-verifies one entry by digest (tags that moved on are forgotten, not
+/// treated as loss: Pods pin the digest).
 async fn check(
     mirror: &Arc<Mirror>,
     e: ExistenceEntry,
@@ -64,36 +65,24 @@ async fn check(
     leading: bool,
 ) {
     let metrics = mirror.metrics().clone();
-    let targets: Vec<_> = if e.tags.is_empty() {
-        vec![e.target.clone()]
-    } else {
-        e.tags
-            .iter()
-            .filter_map(|t| e.target.with_tag(t).ok())
-            .collect()
-    };
-    for t in targets {
-        match mirror.head_target(&t).await {
-            Ok(true) => Metrics::outcome(&metrics.reverifications, "present"),
-            Ok(false) => {
-                Metrics::outcome(&metrics.reverifications, "missing");
-                mirror.caches().invalidate(&t, Cause::Reverification).await;
-                let user = recovery.filter(|_| leading).and_then(|r| r.user_of(&t));
-                match user {
-                    Some((pod, img)) => {
-                        info!(image = %t, pod = %pod.key(), "re-verification: missing and in use; mirroring it again");
-                        if let Some(r) = recovery {
-                            r.trigger(img, Some(pod), Cause::Reverification);
-                        }
-                    }
-                    None => info!(image = %t, "re-verification: missing; evicted"),
+    let t = &e.target;
+    match mirror.reverify(t, &e.tags).await {
+        Ok(true) => Metrics::outcome(&metrics.reverifications, "present"),
+        Ok(false) => {
+            Metrics::outcome(&metrics.reverifications, "missing");
+            mirror.caches().invalidate(t, Cause::Reverification).await;
+            let user = recovery.filter(|_| leading).and_then(|r| r.user_of(t));
+            match (user, recovery) {
+                (Some((pod, img)), Some(r)) => {
+                    info!(image = %t, pod = %pod.key(), "re-verification: missing and in use; mirroring it again");
+                    r.trigger(img, Some(pod), Cause::Reverification);
                 }
-                return;
+                _ => info!(image = %t, "re-verification: missing; evicted"),
             }
-            Err(e) => {
-                Metrics::outcome(&metrics.reverifications, "error");
-                warn!(image = %t, error = %e, "re-verification HEAD failed; entry kept");
-            }
+        }
+        Err(err) => {
+            Metrics::outcome(&metrics.reverifications, "error");
+            warn!(image = %t, error = %err, "re-verification HEAD failed; entry kept");
         }
     }
 }
