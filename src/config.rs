@@ -400,13 +400,31 @@ fn lease_name() -> String {
     "pinswap-leader".into()
 }
 
-/// Identity-collision handling (issue 5).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+/// Image-identity handling (DESIGN.md §2 "identity collision").
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Identity {
     /// `warn`, `repair` or `deny`.
     #[serde(default)]
     pub collisions: CollisionPolicy,
+    /// Tags per second read from the target at startup to rebuild the
+    /// config-digest record, so a restart doesn't forget a collision; `0`
+    /// turns the scan off.
+    #[serde(default = "scan_rate")]
+    pub scan_rate: u32,
+}
+
+impl Default for Identity {
+    fn default() -> Self {
+        Self {
+            collisions: CollisionPolicy::default(),
+            scan_rate: scan_rate(),
+        }
+    }
+}
+
+fn scan_rate() -> u32 {
+    10
 }
 
 /// Listen addresses, TLS files and the admission budget.
@@ -875,9 +893,13 @@ recovery:
     retryPeriod: 2s
 
 identity:
-  # Config-digest (image ID) collisions: warn, repair or deny.
-  # (Accepted now; takes effect once identity checks land.)
+  # Config-digest (image ID) collisions: warn (annotate, Event, metric, log),
+  # repair (push a copy whose config is labelled with its layers' digest, and
+  # pin Pods to it) or deny (reject the Pod).
   collisions: warn
+  # Tags per second read from the target at startup to rebuild the record of
+  # config digests (0 turns the scan off).
+  scanRate: 10
 
 # open: on any error leave the container unchanged; closed: deny the Pod.
 failurePolicy: open

@@ -10,7 +10,7 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use moka::future::Cache;
 use tokio::sync::Semaphore;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cache::{Caches, Cause, Purge};
 use crate::config::{Auth, CollisionPolicy, Config, CopyPolicy, Platforms, SwapPolicy};
@@ -592,6 +592,70 @@ impl Mirror {
             self.caches.verified(target).await;
         }
         Ok(present)
+    }
+
+    /// Rebuilds the identity record from the target: every tag of every
+    /// repository under the target (`GET /v2/_catalog`, then each
+    /// repository's tags), at most `rate` tags a second, each inspected
+    /// (manifest, children, configs) and recorded under its target
+    /// reference. Findings are recorded, not reported: they are reported
+    /// when an admission meets the image. Returns how many tags were read.
+    ///
+    /// # Errors
+    /// [`MirrorError::Registry`] when the catalog cannot be listed (e.g. the
+    /// registry does not serve it, or the credentials may not read it).
+    /// Errors on single tags are logged and skipped.
+    pub async fn rebuild_identity(&self, rate: u32) -> Result<usize, MirrorError> {
+        let client = self.pool.get(self.target.registry(), Role::Target).await?;
+        let any = Reference::parse(&format!("{}/pinswap/scan", self.target.registry()))?;
+        let prefix = self.target.prefix().map(|p| format!("{p}/"));
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
+        let mut read = 0;
+        for repo in client.catalog(&any).await? {
+            if prefix
+                .as_ref()
+                .is_some_and(|p| !repo.starts_with(p.as_str()))
+            {
+                continue;
+            }
+            let Ok(r) = Reference::parse(&format!("{}/{repo}", self.target.registry())) else {
+                continue;
+            };
+            tick.tick().await;
+            let tags = match client.tags(&r).await {
+                Ok(t) => t,
+                Err(e) => {
+                    warn!(repository = %r.name(), error = %e, "identity scan: tags unreadable");
+                    continue;
+                }
+            };
+            for tag in tags {
+                tick.tick().await;
+                let Ok(tagged) = r.with_tag(&tag) else {
+                    continue;
+                };
+                match identity::inspect(&client, &tagged, &[]).await {
+                    Ok(ins) => {
+                        read += 1;
+                        let name = tagged.to_string();
+                        for img in &ins.images {
+                            let reference = match &img.platform {
+                                Some(p) => format!("{name} ({p})"),
+                                None => name.clone(),
+                            };
+                            self.record.observe(&reference, &img.facts);
+                        }
+                    }
+                    Err(e) => debug!(image = %tagged, error = %e, "identity scan: skipped"),
+                }
+            }
+        }
+        info!(
+            tags = read,
+            configs = self.record.configs(),
+            "identity record rebuilt from the target"
+        );
+        Ok(read)
     }
 
     /// Re-verifies an existence entry: HEAD `target` (`repository@digest`)

@@ -48,7 +48,9 @@ impl Background {
     /// - with a Kubernetes `client` and `recovery.enabled`: the Lease
     ///   election, and the Pod watcher while this replica leads;
     /// - with `cache.reverify` above zero: the re-verifier (every replica;
-    ///   only the leader mirrors again).
+    ///   only the leader mirrors again);
+    /// - with `identity.scanRate` above zero: one scan of the target that
+    ///   rebuilds the identity record.
     ///
     /// Everything stops when `token` is cancelled; a leader then releases
     /// its Lease.
@@ -102,6 +104,17 @@ impl Background {
             let metrics = mirror.metrics().clone();
             tasks.spawn(async move {
                 lead_and_watch(c, rec, target, namespaces, l, t, metrics).await;
+            });
+        }
+        if config.identity.scan_rate > 0 {
+            let (m, t, rate) = (mirror.clone(), token.clone(), config.identity.scan_rate);
+            tasks.spawn(async move {
+                tokio::select! {
+                    r = m.rebuild_identity(rate) => if let Err(e) = r {
+                        warn!(error = %e, "could not rebuild the identity record from the target; collisions with images mirrored before this start are found only once met again");
+                    },
+                    _ = t.cancelled() => {}
+                }
             });
         }
         if !config.cache.reverify.is_zero() {

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, ObjectReference, Pod};
 use kube::Resource;
 use serde_json::{Value, json};
 
-use crate::admission::pod::ORIGINAL_IMAGES;
+use crate::admission::pod::{IDENTITY, ORIGINAL_IMAGES};
 use crate::reference::{MirrorTarget, Reference};
 
 /// `waiting.reason`s that mean the kubelet could not pull the image
@@ -40,6 +40,8 @@ pub struct PodImages {
     pub pull: Value,
     /// Its images under the target.
     pub images: Vec<TargetImage>,
+    /// The `pinswap.dev/identity` annotation: slot → finding or repair.
+    pub identity: BTreeMap<String, String>,
 }
 
 impl PodImages {
@@ -62,13 +64,15 @@ impl PodImages {
 /// pull-failure state. Images that do not parse, or live elsewhere, are left
 /// out.
 pub fn target_images(pod: &Pod, target: &MirrorTarget) -> PodImages {
-    let originals: BTreeMap<String, String> = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ORIGINAL_IMAGES))
-        .and_then(|v| serde_json::from_str(v).ok())
-        .unwrap_or_default();
+    let note = |key: &str| -> BTreeMap<String, String> {
+        pod.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .and_then(|v| serde_json::from_str(v).ok())
+            .unwrap_or_default()
+    };
+    let originals = note(ORIGINAL_IMAGES);
     let spec = pod.spec.as_ref();
     let status = pod.status.as_ref();
     let mut images = Vec::new();
@@ -127,6 +131,7 @@ pub fn target_images(pod: &Pod, target: &MirrorTarget) -> PodImages {
             "serviceAccountName": spec.and_then(|s| s.service_account_name.clone()),
         }}),
         images,
+        identity: note(IDENTITY),
     }
 }
 

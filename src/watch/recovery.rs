@@ -35,6 +35,10 @@ pub const COOLDOWN: Duration = Duration::from_secs(5);
 pub const REMIRRORED: &str = "ImageRemirrored";
 /// Event reason when mirroring it again failed.
 pub const REMIRROR_FAILED: &str = "RemirrorFailed";
+/// Event reason for an image-ID finding recorded at admission (Warning).
+pub const IDENTITY_NOT_UNIQUE: &str = "ImageIdentityNotUnique";
+/// Event reason for an image-ID repair made at admission (Normal).
+pub const IDENTITY_REPAIRED: &str = "ImageIdentityRepaired";
 
 #[derive(Default)]
 struct ImageState {
@@ -61,6 +65,8 @@ pub struct Recovery {
     images: Mutex<HashMap<String, ImageState>>,
     /// Recoveries and retry timers in flight.
     tasks: Mutex<tokio::task::JoinSet<()>>,
+    /// Pod UIDs whose identity annotation has had its Event.
+    identity_noted: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Recovery {
@@ -95,6 +101,7 @@ impl Recovery {
             pods: Mutex::default(),
             images: Mutex::default(),
             tasks: Mutex::default(),
+            identity_noted: Mutex::default(),
         }
     }
 
@@ -103,6 +110,7 @@ impl Recovery {
     /// `waiting.reason`: the kubelet alternates `ErrImagePull` and
     /// `ImagePullBackOff` at each retry).
     pub fn pod_seen(self: &Arc<Self>, pod: PodImages) {
+        self.note_identity(&pod);
         let key = pod.key();
         let before = {
             let mut pods = self.pods.lock().expect("pods lock");
@@ -129,7 +137,58 @@ impl Recovery {
 
     /// Forgets a deleted Pod.
     pub fn pod_deleted(&self, key: &str) {
-        self.pods.lock().expect("pods lock").remove(key);
+        if let Some(p) = self.pods.lock().expect("pods lock").remove(key)
+            && let Some(uid) = &p.object.uid
+        {
+            self.identity_noted.lock().expect("noted lock").remove(uid);
+        }
+    }
+
+    /// Records one Event per Pod for its `pinswap.dev/identity`
+    /// annotation: admission could not, as a Pod has no name or UID yet
+    /// while it is admitted.
+    fn note_identity(self: &Arc<Self>, pod: &PodImages) {
+        let (Some(uid), Some(rec)) = (&pod.object.uid, &self.recorder) else {
+            return;
+        };
+        if pod.identity.is_empty()
+            || !self
+                .identity_noted
+                .lock()
+                .expect("noted lock")
+                .insert(uid.clone())
+        {
+            return;
+        }
+        let repaired = pod.identity.values().all(|v| v.starts_with("repaired:"));
+        let note = pod
+            .identity
+            .iter()
+            .map(|(slot, v)| format!("{slot}: {v}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let ev = Event {
+            type_: if repaired {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            },
+            reason: if repaired {
+                IDENTITY_REPAIRED
+            } else {
+                IDENTITY_NOT_UNIQUE
+            }
+            .into(),
+            note: Some(trim(note)),
+            action: "CheckImageIdentity".into(),
+            secondary: None,
+        };
+        let (rec, object) = (rec.clone(), pod.object.clone());
+        self.spawn(async move {
+            if let Err(e) = rec.publish(&ev, &object).await {
+                warn!(pod = ?object.name, error = %e, "could not record an Event");
+            }
+        });
     }
 
     /// Keeps only the Pods whose keys `keep` accepts (after a re-list, to

@@ -235,6 +235,36 @@ impl Image {
         std::iter::once(&self.config).chain(&self.layers)
     }
 
+    /// The same image with every gzip layer recompressed at another level:
+    /// other layer digests, the same uncompressed content (so the same
+    /// config and `rootfs.diff_ids`). Legitimately one image ID.
+    pub fn recompressed(&self) -> Image {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let mut raw = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut flate2::read::GzDecoder::new(&l.bytes[..]),
+                    &mut raw,
+                )
+                .unwrap();
+                let mut enc = flate2::GzBuilder::new()
+                    .mtime(0)
+                    .write(Vec::new(), flate2::Compression::fast());
+                enc.write_all(&raw).unwrap();
+                Blob::new(&l.media_type, enc.finish().unwrap())
+            })
+            .collect();
+        Self::assemble(
+            &self.media_type,
+            self.config.clone(),
+            layers,
+            Map::new(),
+            false,
+        )
+    }
+
     fn assemble(
         media_type: &str,
         config: Blob,

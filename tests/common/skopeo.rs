@@ -102,6 +102,15 @@ pub async fn inspect_raw(reg: &TestRegistry, repo: &str, reference: &str) -> Vec
     check(&args, run(&args).await)
 }
 
+/// `skopeo inspect` (not raw): skopeo's parsed view, which reads the
+/// config too.
+pub async fn inspect(reg: &TestRegistry, repo: &str, reference: &str) -> serde_json::Value {
+    let mut args = vec!["inspect".to_owned()];
+    args.extend(registry_flags(reg, ""));
+    args.push(docker_ref(reg, repo, reference));
+    serde_json::from_slice(&check(&args, run(&args).await)).unwrap()
+}
+
 /// The manifest digest as skopeo computes it (`skopeo manifest-digest` of
 /// the `inspect --raw` bytes).
 pub async fn inspect_digest(reg: &TestRegistry, repo: &str, reference: &str) -> String {
