@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::fixtures::{EMPTY_CONFIG_DIGEST, Image, OCI_INDEX, SPIN_CONFIG, SPIN_CONFIG_DIGEST};
 use common::review::{admit, create_review, pod};
-use common::{TestRegistry, pinswap_bin, push_image, push_manifest, sha256_digest, skopeo};
+use common::{TestRegistry, push_image, push_manifest, sha256_digest, skopeo};
 use pinswap::admission::Admission;
 use pinswap::config::Config;
 use pinswap::metrics::Metrics;
@@ -83,20 +83,6 @@ fn annotation(pod: &Value, key: &str) -> serde_json::Map<String, Value> {
         .unwrap_or_default()
 }
 
-async fn pinswap(args: &[&str]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(pinswap_bin())
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
-    (
-        out.status.code().unwrap(),
-        text(out.stdout),
-        text(out.stderr),
-    )
-}
-
 fn metric(m: &Metrics, series: &str) -> f64 {
     m.encode()
         .lines()
@@ -131,7 +117,7 @@ async fn check_flags_spin_apps_and_oras_artifacts_and_names_the_collisions() {
         .collect();
     let mut args = vec!["check", "--json"];
     args.extend(refs.iter().map(String::as_str));
-    let (code, stdout, stderr) = pinswap(&args).await;
+    let (code, stdout, stderr) = common::run_pinswap(&args).await;
     assert_eq!(code, 3, "{stderr}");
     let report: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["flagged"], 3);
@@ -155,7 +141,7 @@ async fn check_flags_spin_apps_and_oras_artifacts_and_names_the_collisions() {
     }
     // Text form, and a whole repository (every tag).
     let repo = format!("{}/spin/hello", s.src.host());
-    let (code, stdout, _) = pinswap(&["check", "--repository", &repo]).await;
+    let (code, stdout, _) = common::run_pinswap(&["check", "--repository", &repo]).await;
     assert_eq!(code, 3);
     assert!(
         stdout.contains("COLLISION: same config, different layers as"),
@@ -169,7 +155,7 @@ async fn check_flags_spin_apps_and_oras_artifacts_and_names_the_collisions() {
     let oras = Image::oras("application/vnd.example.sbom", "sbom.json", b"{\"a\":1}");
     push_image(&s.src, "art/sbom", Some("1"), &oras).await;
     let (code, stdout, _) =
-        pinswap(&["check", "--json", &format!("{}/art/sbom:1", s.src.host())]).await;
+        common::run_pinswap(&["check", "--json", &format!("{}/art/sbom:1", s.src.host())]).await;
     assert_eq!(code, 3);
     let report: Value = serde_json::from_str(&stdout).unwrap();
     assert!(
@@ -193,7 +179,7 @@ async fn check_has_no_false_positives() {
     assert_ne!(again.layers[0].digest, app.layers[0].digest);
     push_image(&src, "shop/app-fast", Some("v1"), &again).await;
     let h = src.host();
-    let (code, stdout, stderr) = pinswap(&[
+    let (code, stdout, stderr) = common::run_pinswap(&[
         "check",
         "--json",
         &format!("{h}/shop/app:v1"),
@@ -211,10 +197,10 @@ async fn check_has_no_false_positives() {
             .iter()
             .all(|i| i["contentBearing"] == true)
     );
-    let (code, _, stderr) = pinswap(&["check", &format!("{h}/shop/missing:v1")]).await;
+    let (code, _, stderr) = common::run_pinswap(&["check", &format!("{h}/shop/missing:v1")]).await;
     assert_eq!(code, 1, "an unreadable reference");
     assert!(stderr.contains("shop/missing"), "{stderr}");
-    let (code, _, _) = pinswap(&["check"]).await;
+    let (code, _, _) = common::run_pinswap(&["check"]).await;
     assert_eq!(code, 2);
 }
 

@@ -700,10 +700,9 @@ fn yaml_config(yaml: &str) -> Config {
     Config::from_yaml(yaml, "review.yaml").unwrap()
 }
 
-/// R1: the `pinswap.dev/original-images` annotation is trusted as the
-/// source of a re-mirror. A Pod author can name any registry (not in
-/// source.registries) and have its content pushed into ANOTHER target
-/// repository's tag.
+/// The `pinswap.dev/original-images` annotation is the Pod author's to
+/// write: a source outside source.registries, or one that maps to another
+/// repository, must not be copied into the target.
 #[tokio::test]
 async fn a_forged_original_images_annotation_cannot_redirect_a_remirror() {
     common::init();
@@ -752,9 +751,8 @@ async fn a_forged_original_images_annotation_cannot_redirect_a_remirror() {
     );
 }
 
-/// R2: a source tag that moved leaves two digests in use under one target
-/// tag; every re-verification round finds one "missing" (the tag names the
-/// other) and re-mirrors it, flipping the tag back and forth forever.
+/// A source tag that moved leaves two digests in use under one target tag;
+/// re-verification must not take the older one for lost and flip the tag.
 #[tokio::test]
 async fn a_moved_source_tag_does_not_make_reverification_flip_the_target_tag() {
     common::init();
@@ -798,8 +796,8 @@ async fn a_moved_source_tag_does_not_make_reverification_flip_the_target_tag() {
     );
 }
 
-/// R3: only a layer lost (GC): HEAD of the manifest still answers, so the
-/// recovery says "present" and never restores the blob the kubelet needs.
+/// Only a layer lost (GC): the manifest HEAD still answers, so recovery
+/// must verify the blobs and restore the one the kubelet needs.
 #[tokio::test]
 async fn a_lost_layer_alone_is_restored_after_a_pull_failure() {
     common::init();
@@ -839,111 +837,80 @@ fn platform_config(src: &TestRegistry, dst: &TestRegistry) -> Config {
     ))
 }
 
-/// R4: platform filter + digest-only source, recovered by a replica that did
-/// not plan it (new leader / restart): source_for drops the hint's digest
-/// and resolves `latest`.
-#[tokio::test]
-async fn a_platform_filtered_digest_only_image_is_recovered_by_another_replica() {
+/// Platform filter (the mirror's digest differs from the source's), and a
+/// replica that did not admit the Pod (a new leader, a restart): the source
+/// is planned from the annotation's digest, even when the tag moved since.
+async fn platform_filtered_recovery_by_another_replica(tag: Option<&str>, seed: u64) {
     common::init();
     let (src, dst, api) = (
         TestRegistry::plain().await,
         TestRegistry::plain().await,
         KubeApi::start().await,
     );
-    let idx = common::Index::oci(931, false);
-    common::push_index(&src, "shop/multi", None, &idx).await;
+    let idx = common::Index::oci(seed, false);
+    common::push_index(&src, "shop/multi", tag, &idx).await;
     let cfg = platform_config(&src, &dst);
     let admitting = Replica::new(&cfg);
-    let source = format!("{}/shop/multi@{}", src.host(), idx.digest);
+    let source = match tag {
+        Some(t) => format!("{}/shop/multi:{t}@{}", src.host(), idx.digest),
+        None => format!("{}/shop/multi@{}", src.host(), idx.digest),
+    };
     let (p, _) = admit(&admitting.adm, &pod("shop", "web", &[("app", &source)])).await;
     let image = p["spec"]["containers"][0]["image"]
         .as_str()
         .unwrap()
         .to_owned();
-    assert!(image.starts_with(&dst.host()), "{image}");
-    let (repo, digest) = image
+    let (name, digest) = image
         .strip_prefix(&format!("{}/", dst.host()))
         .unwrap()
         .split_once('@')
         .unwrap();
+    let repo = match tag {
+        Some(_) => name.rsplit_once(':').unwrap().0,
+        None => name,
+    };
     assert_ne!(
         digest, idx.digest,
         "the filter gives the mirror its own digest"
     );
     store(&api, &p);
+    if let Some(t) = tag {
+        // The tag moves upstream; the Pod still pins the first index.
+        let moved = common::Index::oci(seed + 1, false);
+        common::push_index(&src, "shop/multi", Some(t), &moved).await;
+    }
     let mut leader = Replica::new(&cfg); // another process: empty `sources`
     leader.start(&cfg, &api);
     wait_leader(&leader).await;
     dst.delete_manifest(repo, digest).await;
     store(&api, &pull_failing(&p, "app", "ErrImagePull"));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let back = dst.head_manifest(repo, digest).await;
-    let failed = events_for(&api, "web", "RemirrorFailed");
+    let back = || async { dst.head_manifest(repo, digest).await.as_deref() == Some(digest) };
+    let start = Instant::now();
+    while !back().await {
+        let failed = events_for(&api, "web", "RemirrorFailed");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not restored; events: {:?}",
+            failed.iter().map(|e| e["note"].clone()).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     leader.stop().await;
-    assert_eq!(
-        back.as_deref(),
-        Some(digest),
-        "not restored; events: {:?}",
-        failed.iter().map(|e| e["note"].clone()).collect::<Vec<_>>()
-    );
 }
 
-/// R4b: the same with `tag@digest`: the original pins the digest, but the
-/// tag has moved since; the hint's digest is dropped and the tag resolved.
+#[tokio::test]
+async fn a_platform_filtered_digest_only_image_is_recovered_by_another_replica() {
+    platform_filtered_recovery_by_another_replica(None, 931).await;
+}
+
 #[tokio::test]
 async fn a_platform_filtered_tag_and_digest_image_survives_a_moved_tag() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
-    let idx = common::Index::oci(941, false);
-    common::push_index(&src, "shop/multi", Some("v1"), &idx).await;
-    let cfg = platform_config(&src, &dst);
-    let admitting = Replica::new(&cfg);
-    let source = format!("{}/shop/multi:v1@{}", src.host(), idx.digest);
-    let (p, _) = admit(&admitting.adm, &pod("shop", "web", &[("app", &source)])).await;
-    let image = p["spec"]["containers"][0]["image"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let (repo_tag, digest) = image
-        .strip_prefix(&format!("{}/", dst.host()))
-        .unwrap()
-        .split_once('@')
-        .unwrap();
-    let repo = repo_tag.rsplit_once(':').unwrap().0;
-    store(&api, &p);
-    // v1 moves upstream; the Pod still pins the first index.
-    common::push_index(
-        &src,
-        "shop/multi",
-        Some("v1"),
-        &common::Index::oci(942, false),
-    )
-    .await;
-    let mut leader = Replica::new(&cfg);
-    leader.start(&cfg, &api);
-    wait_leader(&leader).await;
-    dst.delete_manifest(repo, digest).await;
-    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let back = dst.head_manifest(repo, digest).await;
-    let failed = events_for(&api, "web", "RemirrorFailed");
-    leader.stop().await;
-    assert_eq!(
-        back.as_deref(),
-        Some(digest),
-        "not restored; events: {:?}",
-        failed.iter().map(|e| e["note"].clone()).collect::<Vec<_>>()
-    );
+    platform_filtered_recovery_by_another_replica(Some("v1"), 941).await;
 }
 
-/// R5: a valid Lease config (retryPeriod < renewDeadline < duration) where
-/// renewDeadline + retryPeriod > duration: a partitioned leader keeps
-/// `is_leader() == true` past its Lease's expiry, while another replica
-/// already leads.
+/// A valid Lease config (retryPeriod < renewDeadline < duration) with
+/// renewDeadline + retryPeriod > duration: a partitioned leader must still
+/// stop before its Lease expires and another replica leads.
 #[tokio::test]
 async fn a_partitioned_leader_stops_before_the_next_one_leads() {
     common::init();
@@ -1018,10 +985,8 @@ async fn a_partitioned_leader_stops_before_the_next_one_leads() {
     );
 }
 
-/// R6: re-verification finds an in-use image missing while the source is
-/// down: the re-mirror fails, the entry is already evicted, and the retry
-/// only runs "while a Pod still fails", so a healthy-running Pod's image
-/// stays missing at the target indefinitely (until some kubelet fails).
+/// Re-verification finds an in-use image missing while the source is down:
+/// the re-mirror must be retried though no Pod fails (its Pods run fine).
 #[tokio::test]
 async fn a_failed_reverification_remirror_is_retried_while_the_image_is_in_use() {
     common::init();

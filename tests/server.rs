@@ -493,21 +493,6 @@ async fn cache_purge_is_off_unless_configured() {
     );
 }
 
-/// Runs `pinswap ARGS` to completion: (exit code, stdout, stderr).
-async fn pinswap(args: &[&str]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(common::pinswap_bin())
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
-    (
-        out.status.code().unwrap(),
-        text(out.stdout),
-        text(out.stderr),
-    )
-}
-
 #[tokio::test]
 async fn the_cache_purge_command_talks_to_the_health_port() {
     for on in [true, false] {
@@ -518,14 +503,15 @@ async fn the_cache_purge_command_talks_to_the_health_port() {
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         let target_repo = "mirror.example/m/docker.io/library/db";
         let (code, stdout, stderr) =
-            pinswap(&["cache", "purge", target_repo, "--server", &url]).await;
+            common::run_pinswap(&["cache", "purge", target_repo, "--server", &url]).await;
         if on {
             assert_eq!(
                 (code, stdout.as_str()),
                 (0, "purged 1 cache entries\n"),
                 "{stderr}"
             );
-            let (code, stdout, _) = pinswap(&["cache", "purge", "--all", "--server", &url]).await;
+            let (code, stdout, _) =
+                common::run_pinswap(&["cache", "purge", "--all", "--server", &url]).await;
             assert_eq!((code, stdout.as_str()), (0, "purged 2 cache entries\n"));
         } else {
             assert_eq!(code, 1, "{stderr}");
@@ -535,12 +521,12 @@ async fn the_cache_purge_command_talks_to_the_health_port() {
             );
         }
     }
-    let (code, _, stderr) = pinswap(&["cache", "purge", "Bad:Ref"]).await;
+    let (code, _, stderr) = common::run_pinswap(&["cache", "purge", "Bad:Ref"]).await;
     assert_eq!(code, 2, "{stderr}");
-    let (code, _, stderr) = pinswap(&["cache", "purge"]).await;
+    let (code, _, stderr) = common::run_pinswap(&["cache", "purge"]).await;
     assert_eq!(code, 2, "neither --all nor REF: {stderr}");
     let (code, _, stderr) =
-        pinswap(&["cache", "purge", "--all", "--server", "http://127.0.0.1:1"]).await;
+        common::run_pinswap(&["cache", "purge", "--all", "--server", "http://127.0.0.1:1"]).await;
     assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains("POST http://127.0.0.1:1/cache/purge"),

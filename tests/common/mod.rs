@@ -61,6 +61,22 @@ pub fn pinswap_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pinswap"))
 }
 
+/// Runs the `pinswap` binary with `args` to completion (async, so servers
+/// in the test process keep answering): (exit code, stdout, stderr).
+pub async fn run_pinswap(args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(pinswap_bin())
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+    (
+        out.status.code().unwrap(),
+        text(out.stdout),
+        text(out.stderr),
+    )
+}
+
 /// `sha256:<hex>` of `bytes`.
 pub fn sha256_digest(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
