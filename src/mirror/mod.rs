@@ -1,6 +1,9 @@
 //! The mirror service (DESIGN.md §3): the caches of [`crate::cache`], a copy
 //! queue deduplicated by source digest, and the swap and copy policies. The
 //! webhook and `pinswap mutate` both decide through [`Mirror::decide`].
+//!
+//! - `identity_check`: identity facts, findings and the repaired copy;
+//! - `recover`: re-verification and restoring a lost image.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,11 +13,16 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use moka::future::Cache;
 use tokio::sync::Semaphore;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use crate::cache::{Caches, Cause, Purge};
+mod identity_check;
+mod recover;
+
+pub use recover::Recovered;
+
+use crate::cache::{Caches, Purge};
 use crate::config::{Auth, CollisionPolicy, Config, CopyPolicy, Platforms, SwapPolicy};
-use crate::identity::{self, Facts, Finding, Record, Repair};
+use crate::identity::{Facts, Record, Repair};
 use crate::metrics::Metrics;
 use crate::reference::{Digest, MirrorTarget, Reference, ReferenceError, normalize_registry};
 use crate::registry::auth::{CredentialSources, Credentials};
@@ -82,20 +90,6 @@ pub struct Decision {
     pub identity: Option<String>,
 }
 
-/// What [`Mirror::recover`] found.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Recovered {
-    /// The target has the image; the pull failure has another cause.
-    Present,
-    /// The image was missing and has been mirrored again.
-    Remirrored {
-        /// The pinned source it was copied from.
-        source: Reference,
-        /// How long the copy took, in seconds.
-        seconds: f64,
-    },
-}
-
 /// A source image mapped to where it lives at the target.
 #[derive(Debug, Clone)]
 struct Plan {
@@ -161,30 +155,6 @@ pub struct Mirror {
     reported: Mutex<std::collections::HashSet<String>>,
     inflight: Arc<Mutex<HashMap<String, CopyHandle>>>,
     copy_slots: Arc<Semaphore>,
-}
-
-/// Pushes a repaired copy next to the original already at `dst`'s
-/// repository: the new configs, the repaired children by digest, then the
-/// repaired top under `dst`'s tag.
-async fn push_repair(pool: &ClientPool, dst: &Reference, r: &Repair) -> Result<(), CopyError> {
-    let client = pool.get(dst.registry(), Role::Target).await?;
-    for (desc, bytes) in &r.configs {
-        if !client.blob_exists(dst, &desc.digest).await? {
-            let b = bytes.clone();
-            let stream: crate::registry::client::BlobStream = Box::pin(futures::stream::once(
-                async move { Ok::<_, std::io::Error>(b) },
-            ));
-            client.push_blob(dst, desc, stream).await?;
-        }
-    }
-    for m in &r.children {
-        client
-            .push_manifest(&dst.without_tag().with_digest(m.digest.clone()), m)
-            .await?;
-    }
-    client.push_manifest(dst, &r.top).await?;
-    info!(target = %dst, original = %r.original, "pushed a repaired copy (unique image IDs)");
-    Ok(())
 }
 
 /// The tag a digest-only source gets at the target, so "delete untagged"
@@ -441,122 +411,6 @@ impl Mirror {
         })
     }
 
-    /// The identity facts of `pinned` (a source pinned by digest), read from
-    /// the source once per digest, and the repair they call for.
-    async fn assess(
-        &self,
-        pinned: &Reference,
-        creds: Option<&Credentials>,
-    ) -> Result<Arc<Assessed>, MirrorError> {
-        self.assessed
-            .try_get_with(pinned.to_string(), async {
-                let client = self
-                    .pool
-                    .get_with(pinned.registry(), Role::Source, creds)
-                    .await?;
-                let ins = identity::inspect(&client, pinned, &self.platforms).await?;
-                let repair = identity::plan_repair(&ins)
-                    .map_err(|e| MirrorError::Resolve {
-                        image: pinned.to_string(),
-                        reason: e.to_string(),
-                    })?
-                    .map(Arc::new);
-                Ok::<_, MirrorError>(Arc::new(Assessed {
-                    images: ins
-                        .images
-                        .into_iter()
-                        .map(|i| (i.platform, i.facts))
-                        .collect(),
-                    repair,
-                }))
-            })
-            .await
-            .map_err(|e| match Arc::try_unwrap(e) {
-                Ok(e) => e,
-                Err(shared) => MirrorError::Resolve {
-                    image: pinned.to_string(),
-                    reason: shared.to_string(),
-                },
-            })
-    }
-
-    /// Records `plan`'s images under their target references and returns
-    /// the findings. New findings are logged and counted once.
-    fn findings(&self, plan: &Plan) -> Vec<Finding> {
-        let Some(a) = &plan.assessed else {
-            return Vec::new();
-        };
-        let name = plan.target.without_digest().to_string();
-        let found: Vec<Finding> = a
-            .images
-            .iter()
-            .filter_map(|(platform, facts)| {
-                let reference = match platform {
-                    Some(p) => format!("{name} ({p})"),
-                    None => name.clone(),
-                };
-                self.record.observe(&reference, facts)
-            })
-            .collect();
-        for f in &found {
-            let text = f.to_string();
-            if self
-                .reported
-                .lock()
-                .expect("reported lock")
-                .insert(text.clone())
-            {
-                self.metrics.identity_finding(f.kind());
-                warn!(image = %name, source = %plan.source, finding = %text, "identity finding");
-            }
-        }
-        found
-    }
-
-    /// The identity annotation for `plan`, or the denial under
-    /// `collisions: deny`.
-    fn identity_note(&self, plan: &Plan, src: &Reference) -> Result<Option<String>, MirrorError> {
-        let found = self.findings(plan);
-        if found.is_empty() {
-            return Ok(None);
-        }
-        let text = found
-            .iter()
-            .map(Finding::to_string)
-            .collect::<Vec<_>>()
-            .join("; ");
-        match (self.collisions, &plan.repair) {
-            (CollisionPolicy::Deny, _) => Err(MirrorError::IdentityDenied {
-                image: src.to_string(),
-                message: format!(
-                    "{text}. Nodes would run one of these artifacts in place of another. Fix: republish with Spin 2.4 or later, or with a config unique to the artifact, or set identity.collisions: repair"
-                ),
-            }),
-            (CollisionPolicy::Repair, Some(r)) => {
-                let configs = r
-                    .replaced_configs
-                    .iter()
-                    .map(|(a, b)| format!("{a} -> {b}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let unrepaired = found.len().saturating_sub(r.replaced_configs.len());
-                let mut note = format!(
-                    "repaired: config {configs} (label {}); original manifest {}",
-                    identity::CONTENT_LABEL,
-                    r.original
-                );
-                if unrepaired > 0 {
-                    note.push_str(&format!("; not repaired (config not JSON): {text}"));
-                }
-                Ok(Some(note))
-            }
-            (CollisionPolicy::Repair, None) => {
-                Ok(Some(format!("not repaired (config not JSON): {text}")))
-            }
-            (CollisionPolicy::Warn, _) => Ok(Some(text)),
-        }
-    }
-
     /// Whether the target has the plan's manifest under the plan's tag (the
     /// source tag, or the anchor tag of a digest-only source): the existence
     /// cache, else a HEAD by tag compared with the digest, recorded in the
@@ -592,103 +446,6 @@ impl Mirror {
             self.caches.verified(target).await;
         }
         Ok(present)
-    }
-
-    /// Rebuilds the identity record from the target: every tag of every
-    /// repository under the target (`GET /v2/_catalog`, then each
-    /// repository's tags), at most `rate` tags a second, each inspected
-    /// (manifest, children, configs) and recorded under its target
-    /// reference. Findings are recorded, not reported: they are reported
-    /// when an admission meets the image. Returns how many tags were read.
-    ///
-    /// # Errors
-    /// [`MirrorError::Registry`] when the catalog cannot be listed (e.g. the
-    /// registry does not serve it, or the credentials may not read it).
-    /// Errors on single tags are logged and skipped.
-    pub async fn rebuild_identity(&self, rate: u32) -> Result<usize, MirrorError> {
-        let client = self.pool.get(self.target.registry(), Role::Target).await?;
-        let any = Reference::parse(&format!("{}/pinswap/scan", self.target.registry()))?;
-        let prefix = self.target.prefix().map(|p| format!("{p}/"));
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
-        let mut read = 0;
-        for repo in client.catalog(&any).await? {
-            if prefix
-                .as_ref()
-                .is_some_and(|p| !repo.starts_with(p.as_str()))
-            {
-                continue;
-            }
-            let Ok(r) = Reference::parse(&format!("{}/{repo}", self.target.registry())) else {
-                continue;
-            };
-            tick.tick().await;
-            let tags = match client.tags(&r).await {
-                Ok(t) => t,
-                Err(e) => {
-                    warn!(repository = %r.name(), error = %e, "identity scan: tags unreadable");
-                    continue;
-                }
-            };
-            for tag in tags {
-                tick.tick().await;
-                let Ok(tagged) = r.with_tag(&tag) else {
-                    continue;
-                };
-                match identity::inspect(&client, &tagged, &[]).await {
-                    Ok(ins) => {
-                        read += 1;
-                        let name = tagged.to_string();
-                        for img in &ins.images {
-                            let reference = match &img.platform {
-                                Some(p) => format!("{name} ({p})"),
-                                None => name.clone(),
-                            };
-                            self.record.observe(&reference, &img.facts);
-                        }
-                    }
-                    Err(e) => debug!(image = %tagged, error = %e, "identity scan: skipped"),
-                }
-            }
-        }
-        info!(
-            tags = read,
-            configs = self.record.configs(),
-            "identity record rebuilt from the target"
-        );
-        Ok(read)
-    }
-
-    /// Re-verifies an existence entry: HEAD `target` (`repository@digest`)
-    /// by digest; when present, HEAD each of `tags` and forget those that
-    /// now name other content (the source tag moved on; the digest is still
-    /// there for the Pods pinned to it). Returns whether the manifest is
-    /// present; a present one has its verification time refreshed.
-    ///
-    /// # Errors
-    /// [`MirrorError::Registry`] when the target does not answer.
-    pub async fn reverify(&self, target: &Reference, tags: &[String]) -> Result<bool, MirrorError> {
-        let client = self.pool.get(target.registry(), Role::Target).await?;
-        if client
-            .manifest_digest(&target.without_tag())
-            .await?
-            .is_none()
-        {
-            return Ok(false);
-        }
-        self.caches.verified(&target.without_tag()).await;
-        for t in tags {
-            let tagged = target.with_tag(t)?;
-            if client
-                .manifest_digest(&tagged.without_digest())
-                .await?
-                .as_ref()
-                != target.digest()
-            {
-                info!(image = %tagged, "re-verification: the tag names other content now; forgetting it for this digest");
-                self.caches.forget_tag(&tagged).await;
-            }
-        }
-        Ok(true)
     }
 
     /// The existence-cache and copy-queue key: `repository:tag@digest`.
@@ -757,7 +514,9 @@ impl Mirror {
                         )
                         .await
                     {
-                        Ok(report) => push_repair(&pool, &dst, r).await.map(|()| report),
+                        Ok(report) => identity_check::push_repair(&pool, &dst, r)
+                            .await
+                            .map(|()| report),
                         Err(e) => Err(e),
                     }
                 }
@@ -815,182 +574,6 @@ impl Mirror {
             .iter()
             .filter(|r| r.is_err())
             .count()
-    }
-
-    /// Mirrors `target` again if the target registry lost it: the recovery
-    /// step of DESIGN.md §3 "Background". `target` is the image as a Pod
-    /// names it (`repository:tag@digest`, or `repository@digest`);
-    /// `source_hint` is the Pod's original image (from the
-    /// `pinswap.dev/original-images` annotation), used when this process
-    /// did not plan the image itself.
-    ///
-    /// Steps: invalidate the existence entry under `cause`; HEAD the target;
-    /// when missing, copy the source pinned to the digest the Pod pins, and
-    /// wait for it. Concurrent calls for one image share one copy (the copy
-    /// queue's key), and share it with admissions copying the same image.
-    ///
-    /// # Errors
-    /// [`MirrorError::Resolve`] when no source can be found for the digest
-    /// (see [`Mirror::source_for`]); registry errors from the HEAD;
-    /// [`MirrorError::CopyFailed`] when the copy fails.
-    pub async fn recover(
-        &self,
-        target: &Reference,
-        source_hint: Option<&Reference>,
-        cause: Cause,
-        creds: Option<&Credentials>,
-    ) -> Result<Recovered, MirrorError> {
-        self.caches.invalidate(target, cause).await;
-        // A hint comes from a Pod annotation, which the Pod's author writes:
-        // it may only name the source this target repository mirrors.
-        let hint = match source_hint {
-            Some(h) if self.target.map(h)?.name() != target.name() => {
-                return Err(MirrorError::Resolve {
-                    image: target.to_string(),
-                    reason: format!(
-                        "its pinswap.dev/original-images entry {h} does not mirror to {}; refusing it",
-                        target.name()
-                    ),
-                });
-            }
-            h => h,
-        };
-        let verify = cause == Cause::PullFailure;
-        if target.digest().is_none()
-            && let Some(hint) = hint
-        {
-            // An unpinned rewrite (`pin: false`) names a tag only: the
-            // source tag's current content is what the kubelet wants.
-            let mut plan = self.plan(&hint.without_digest(), creds).await?;
-            plan.verify = verify;
-            return self.restore(plan, creds).await;
-        }
-        let source = self.source_for(target, hint, creds).await?;
-        let tag = match (target.tag(), source.digest()) {
-            (Some(t), _) => t.to_owned(),
-            (None, Some(d)) => anchor_tag(d),
-            (None, None) => unreachable!("source_for pins the source"),
-        };
-        // Planned again from the pinned source, so a repaired image is
-        // repaired again the same way (repair is deterministic).
-        let mut plan = self.plan(&source.with_tag(&tag)?, creds).await?;
-        if plan.target.digest() != target.digest() {
-            return Err(MirrorError::Resolve {
-                image: target.to_string(),
-                reason: format!(
-                    "its source {source} now plans to {}, not the digest the Pod pins",
-                    plan.target
-                ),
-            });
-        }
-        plan.verify = verify;
-        self.restore(plan, creds).await
-    }
-
-    /// Restores `plan`'s target. Presence is by digest: the kubelet pulls a
-    /// pinned image by digest, and a tag moved on to newer content (the
-    /// source tag moved) does not make older content missing. Then:
-    /// - present and not `plan.verify`: nothing to do;
-    /// - present and `plan.verify`: a verifying copy restores any lost
-    ///   blob or child manifest (the kubelet failed for a reason);
-    /// - missing: copy it, through the copy queue.
-    ///
-    /// The tag is pushed only when it is missing or names this digest or
-    /// content that is gone: recovery never moves a tag away from other
-    /// content at the target.
-    async fn restore(
-        &self,
-        mut plan: Plan,
-        creds: Option<&Credentials>,
-    ) -> Result<Recovered, MirrorError> {
-        let client = self.pool.get(plan.target.registry(), Role::Target).await?;
-        let present = client
-            .manifest_digest(&plan.target.without_tag())
-            .await?
-            .is_some();
-        if let Some(tag_ref) = plan.target.tag().map(|_| plan.target.without_digest()) {
-            match client.manifest_digest(&tag_ref).await? {
-                Some(d) if Some(&d) != plan.target.digest() => {
-                    let other = tag_ref.with_digest(d);
-                    plan.untagged = client
-                        .manifest_digest(&other.without_tag())
-                        .await?
-                        .is_some();
-                }
-                _ => {}
-            }
-        }
-        if present && !plan.verify {
-            if !plan.untagged {
-                self.caches.verified(&plan.target).await;
-            }
-            return Ok(Recovered::Present);
-        }
-        let start = Instant::now();
-        let restored =
-            self.copy(&plan, creds, false)
-                .await
-                .map_err(|reason| MirrorError::CopyFailed {
-                    image: plan.source.to_string(),
-                    reason,
-                })?;
-        if present && restored == 0 {
-            return Ok(Recovered::Present);
-        }
-        Ok(Recovered::Remirrored {
-            source: plan.source,
-            seconds: start.elapsed().as_secs_f64(),
-        })
-    }
-
-    /// The source, pinned by digest, that target image `target` was mirrored
-    /// from:
-    /// 1. the one this process planned for `target`'s `repository@digest`;
-    /// 2. else `hint`'s repository at `target`'s digest when every platform
-    ///    is mirrored (the copy keeps the digest);
-    /// 3. else, with a platform filter, `hint` resolved now, when planning
-    ///    it still gives `target`'s digest.
-    ///
-    /// # Errors
-    /// [`MirrorError::Resolve`] when `target` has no digest, when there is no
-    /// hint, or when the hint's tag now names other content.
-    pub async fn source_for(
-        &self,
-        target: &Reference,
-        hint: Option<&Reference>,
-        creds: Option<&Credentials>,
-    ) -> Result<Reference, MirrorError> {
-        let unknown = |reason: &str| MirrorError::Resolve {
-            image: target.to_string(),
-            reason: reason.to_owned(),
-        };
-        let digest = target
-            .digest()
-            .ok_or_else(|| unknown("not pinned by digest, so the content it named is unknown"))?;
-        if let Some(s) = self.sources.get(&target.without_tag().to_string()).await {
-            return Ok(s);
-        }
-        let hint = hint.ok_or_else(|| {
-            unknown("no pinswap.dev/original-images entry names its source, and this replica did not mirror it")
-        })?;
-        // A platform filter or a repair gives the mirror a digest of its own:
-        // plan the hint again (by its digest when it pins one, else by its
-        // tag as it resolves now) and accept it if it plans to `digest`.
-        if self.copier.filters_platforms() || self.collisions == CollisionPolicy::Repair {
-            let hint = match hint.digest() {
-                Some(_) => hint.clone(),
-                None => hint.without_digest(),
-            };
-            let plan = self.plan(&hint, creds).await?;
-            if plan.target.digest() == Some(digest) {
-                return Ok(plan.source);
-            }
-            return Err(unknown(&format!(
-                "{} now resolves to other content, and the mirror's digest differs from the source's (platform filter or identity repair); the source for {digest} is unknown",
-                hint.without_digest()
-            )));
-        }
-        Ok(hint.without_tag().with_digest(digest.clone()))
     }
 
     /// Purges cache entries: all of them with `None`; else those `selector`

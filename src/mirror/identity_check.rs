@@ -1,0 +1,230 @@
+//! The mirror's side of image identity (DESIGN.md §3 step 7): reading a
+//! source's identity facts, reporting findings, and pushing the repaired
+//! copy; the rules themselves are in [`crate::identity`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{debug, info, warn};
+
+use super::{Assessed, Mirror, MirrorError, Plan};
+use crate::config::CollisionPolicy;
+use crate::identity::{self, Finding, Repair};
+use crate::reference::Reference;
+use crate::registry::auth::Credentials;
+use crate::registry::copy::CopyError;
+use crate::registry::{ClientPool, Role};
+
+/// Pushes a repaired copy next to the original already at `dst`'s
+/// repository: the new configs, the repaired children by digest, then the
+/// repaired top under `dst`'s tag.
+pub(super) async fn push_repair(
+    pool: &ClientPool,
+    dst: &Reference,
+    r: &Repair,
+) -> Result<(), CopyError> {
+    let client = pool.get(dst.registry(), Role::Target).await?;
+    for (desc, bytes) in &r.configs {
+        if !client.blob_exists(dst, &desc.digest).await? {
+            let b = bytes.clone();
+            let stream: crate::registry::client::BlobStream = Box::pin(futures::stream::once(
+                async move { Ok::<_, std::io::Error>(b) },
+            ));
+            client.push_blob(dst, desc, stream).await?;
+        }
+    }
+    for m in &r.children {
+        client
+            .push_manifest(&dst.without_tag().with_digest(m.digest.clone()), m)
+            .await?;
+    }
+    client.push_manifest(dst, &r.top).await?;
+    info!(target = %dst, original = %r.original, "pushed a repaired copy (unique image IDs)");
+    Ok(())
+}
+
+impl Mirror {
+    /// The identity facts of `pinned` (a source pinned by digest), read from
+    /// the source once per digest, and the repair they call for.
+    pub(super) async fn assess(
+        &self,
+        pinned: &Reference,
+        creds: Option<&Credentials>,
+    ) -> Result<Arc<Assessed>, MirrorError> {
+        self.assessed
+            .try_get_with(pinned.to_string(), async {
+                let client = self
+                    .pool
+                    .get_with(pinned.registry(), Role::Source, creds)
+                    .await?;
+                let ins = identity::inspect(&client, pinned, &self.platforms).await?;
+                let repair = identity::plan_repair(&ins)
+                    .map_err(|e| MirrorError::Resolve {
+                        image: pinned.to_string(),
+                        reason: e.to_string(),
+                    })?
+                    .map(Arc::new);
+                Ok::<_, MirrorError>(Arc::new(Assessed {
+                    images: ins
+                        .images
+                        .into_iter()
+                        .map(|i| (i.platform, i.facts))
+                        .collect(),
+                    repair,
+                }))
+            })
+            .await
+            .map_err(|e| match Arc::try_unwrap(e) {
+                Ok(e) => e,
+                Err(shared) => MirrorError::Resolve {
+                    image: pinned.to_string(),
+                    reason: shared.to_string(),
+                },
+            })
+    }
+
+    /// Records `plan`'s images under their target references and returns
+    /// the findings. New findings are logged and counted once.
+    fn findings(&self, plan: &Plan) -> Vec<Finding> {
+        let Some(a) = &plan.assessed else {
+            return Vec::new();
+        };
+        let name = plan.target.without_digest().to_string();
+        let found: Vec<Finding> = a
+            .images
+            .iter()
+            .filter_map(|(platform, facts)| {
+                let reference = match platform {
+                    Some(p) => format!("{name} ({p})"),
+                    None => name.clone(),
+                };
+                self.record.observe(&reference, facts)
+            })
+            .collect();
+        for f in &found {
+            let text = f.to_string();
+            if self
+                .reported
+                .lock()
+                .expect("reported lock")
+                .insert(text.clone())
+            {
+                self.metrics.identity_finding(f.kind());
+                warn!(image = %name, source = %plan.source, finding = %text, "identity finding");
+            }
+        }
+        found
+    }
+
+    /// The identity annotation for `plan`, or the denial under
+    /// `collisions: deny`.
+    pub(super) fn identity_note(
+        &self,
+        plan: &Plan,
+        src: &Reference,
+    ) -> Result<Option<String>, MirrorError> {
+        let found = self.findings(plan);
+        if found.is_empty() {
+            return Ok(None);
+        }
+        let text = found
+            .iter()
+            .map(Finding::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        match (self.collisions, &plan.repair) {
+            (CollisionPolicy::Deny, _) => Err(MirrorError::IdentityDenied {
+                image: src.to_string(),
+                message: format!(
+                    "{text}. Nodes would run one of these artifacts in place of another. Fix: republish with Spin 2.4 or later, or with a config unique to the artifact, or set identity.collisions: repair"
+                ),
+            }),
+            (CollisionPolicy::Repair, Some(r)) => {
+                let configs = r
+                    .replaced_configs
+                    .iter()
+                    .map(|(a, b)| format!("{a} -> {b}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let unrepaired = found.len().saturating_sub(r.replaced_configs.len());
+                let mut note = format!(
+                    "repaired: config {configs} (label {}); original manifest {}",
+                    identity::CONTENT_LABEL,
+                    r.original
+                );
+                if unrepaired > 0 {
+                    note.push_str(&format!("; not repaired (config not JSON): {text}"));
+                }
+                Ok(Some(note))
+            }
+            (CollisionPolicy::Repair, None) => {
+                Ok(Some(format!("not repaired (config not JSON): {text}")))
+            }
+            (CollisionPolicy::Warn, _) => Ok(Some(text)),
+        }
+    }
+
+    /// Rebuilds the identity record from the target: every tag of every
+    /// repository under the target (`GET /v2/_catalog`, then each
+    /// repository's tags), at most `rate` tags a second, each inspected
+    /// (manifest, children, configs) and recorded under its target
+    /// reference. Findings are recorded, not reported: they are reported
+    /// when an admission meets the image. Returns how many tags were read.
+    ///
+    /// # Errors
+    /// [`MirrorError::Registry`] when the catalog cannot be listed (e.g. the
+    /// registry does not serve it, or the credentials may not read it).
+    /// Errors on single tags are logged and skipped.
+    pub async fn rebuild_identity(&self, rate: u32) -> Result<usize, MirrorError> {
+        let client = self.pool.get(self.target.registry(), Role::Target).await?;
+        let any = Reference::parse(&format!("{}/pinswap/scan", self.target.registry()))?;
+        let prefix = self.target.prefix().map(|p| format!("{p}/"));
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
+        let mut read = 0;
+        for repo in client.catalog(&any).await? {
+            if prefix
+                .as_ref()
+                .is_some_and(|p| !repo.starts_with(p.as_str()))
+            {
+                continue;
+            }
+            let Ok(r) = Reference::parse(&format!("{}/{repo}", self.target.registry())) else {
+                continue;
+            };
+            tick.tick().await;
+            let tags = match client.tags(&r).await {
+                Ok(t) => t,
+                Err(e) => {
+                    warn!(repository = %r.name(), error = %e, "identity scan: tags unreadable");
+                    continue;
+                }
+            };
+            for tag in tags {
+                tick.tick().await;
+                let Ok(tagged) = r.with_tag(&tag) else {
+                    continue;
+                };
+                match identity::inspect(&client, &tagged, &[]).await {
+                    Ok(ins) => {
+                        read += 1;
+                        let name = tagged.to_string();
+                        for img in &ins.images {
+                            let reference = match &img.platform {
+                                Some(p) => format!("{name} ({p})"),
+                                None => name.clone(),
+                            };
+                            self.record.observe(&reference, &img.facts);
+                        }
+                    }
+                    Err(e) => debug!(image = %tagged, error = %e, "identity scan: skipped"),
+                }
+            }
+        }
+        info!(
+            tags = read,
+            configs = self.record.configs(),
+            "identity record rebuilt from the target"
+        );
+        Ok(read)
+    }
+}

@@ -1,0 +1,238 @@
+//! Recovery of a lost image (DESIGN.md §3 "Background"): re-verification
+//! of a cached entry, and restoring an image a Pod pins.
+
+use std::time::Instant;
+
+use tracing::info;
+
+use super::{Mirror, MirrorError, Plan, anchor_tag};
+use crate::cache::Cause;
+use crate::config::CollisionPolicy;
+use crate::reference::Reference;
+use crate::registry::Role;
+use crate::registry::auth::Credentials;
+
+/// What [`Mirror::recover`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recovered {
+    /// The target has the image; the pull failure has another cause.
+    Present,
+    /// The image was missing and has been mirrored again.
+    Remirrored {
+        /// The pinned source it was copied from.
+        source: Reference,
+        /// How long the copy took, in seconds.
+        seconds: f64,
+    },
+}
+
+impl Mirror {
+    /// Re-verifies an existence entry: HEAD `target` (`repository@digest`)
+    /// by digest; when present, HEAD each of `tags` and forget those that
+    /// now name other content (the source tag moved on; the digest is still
+    /// there for the Pods pinned to it). Returns whether the manifest is
+    /// present; a present one has its verification time refreshed.
+    ///
+    /// # Errors
+    /// [`MirrorError::Registry`] when the target does not answer.
+    pub async fn reverify(&self, target: &Reference, tags: &[String]) -> Result<bool, MirrorError> {
+        let client = self.pool.get(target.registry(), Role::Target).await?;
+        if client
+            .manifest_digest(&target.without_tag())
+            .await?
+            .is_none()
+        {
+            return Ok(false);
+        }
+        self.caches.verified(&target.without_tag()).await;
+        for t in tags {
+            let tagged = target.with_tag(t)?;
+            if client
+                .manifest_digest(&tagged.without_digest())
+                .await?
+                .as_ref()
+                != target.digest()
+            {
+                info!(image = %tagged, "re-verification: the tag names other content now; forgetting it for this digest");
+                self.caches.forget_tag(&tagged).await;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Mirrors `target` again if the target registry lost it: the recovery
+    /// step of DESIGN.md §3 "Background". `target` is the image as a Pod
+    /// names it (`repository:tag@digest`, or `repository@digest`);
+    /// `source_hint` is the Pod's original image (from the
+    /// `pinswap.dev/original-images` annotation), used when this process
+    /// did not plan the image itself.
+    ///
+    /// Steps: invalidate the existence entry under `cause`; HEAD the target;
+    /// when missing, copy the source pinned to the digest the Pod pins, and
+    /// wait for it. Concurrent calls for one image share one copy (the copy
+    /// queue's key), and share it with admissions copying the same image.
+    ///
+    /// # Errors
+    /// [`MirrorError::Resolve`] when no source can be found for the digest
+    /// (see [`Mirror::source_for`]); registry errors from the HEAD;
+    /// [`MirrorError::CopyFailed`] when the copy fails.
+    pub async fn recover(
+        &self,
+        target: &Reference,
+        source_hint: Option<&Reference>,
+        cause: Cause,
+        creds: Option<&Credentials>,
+    ) -> Result<Recovered, MirrorError> {
+        self.caches.invalidate(target, cause).await;
+        // A hint comes from a Pod annotation, which the Pod's author writes:
+        // it may only name the source this target repository mirrors.
+        let hint = match source_hint {
+            Some(h) if self.target.map(h)?.name() != target.name() => {
+                return Err(MirrorError::Resolve {
+                    image: target.to_string(),
+                    reason: format!(
+                        "its pinswap.dev/original-images entry {h} does not mirror to {}; refusing it",
+                        target.name()
+                    ),
+                });
+            }
+            h => h,
+        };
+        let verify = cause == Cause::PullFailure;
+        if target.digest().is_none()
+            && let Some(hint) = hint
+        {
+            // An unpinned rewrite (`pin: false`) names a tag only: the
+            // source tag's current content is what the kubelet wants.
+            let mut plan = self.plan(&hint.without_digest(), creds).await?;
+            plan.verify = verify;
+            return self.restore(plan, creds).await;
+        }
+        let source = self.source_for(target, hint, creds).await?;
+        let tag = match (target.tag(), source.digest()) {
+            (Some(t), _) => t.to_owned(),
+            (None, Some(d)) => anchor_tag(d),
+            (None, None) => unreachable!("source_for pins the source"),
+        };
+        // Planned again from the pinned source, so a repaired image is
+        // repaired again the same way (repair is deterministic).
+        let mut plan = self.plan(&source.with_tag(&tag)?, creds).await?;
+        if plan.target.digest() != target.digest() {
+            return Err(MirrorError::Resolve {
+                image: target.to_string(),
+                reason: format!(
+                    "its source {source} now plans to {}, not the digest the Pod pins",
+                    plan.target
+                ),
+            });
+        }
+        plan.verify = verify;
+        self.restore(plan, creds).await
+    }
+
+    /// Restores `plan`'s target. Presence is by digest: the kubelet pulls a
+    /// pinned image by digest, and a tag moved on to newer content (the
+    /// source tag moved) does not make older content missing. Then:
+    /// - present and not `plan.verify`: nothing to do;
+    /// - present and `plan.verify`: a verifying copy restores any lost
+    ///   blob or child manifest (the kubelet failed for a reason);
+    /// - missing: copy it, through the copy queue.
+    ///
+    /// The tag is pushed only when it is missing or names this digest or
+    /// content that is gone: recovery never moves a tag away from other
+    /// content at the target.
+    async fn restore(
+        &self,
+        mut plan: Plan,
+        creds: Option<&Credentials>,
+    ) -> Result<Recovered, MirrorError> {
+        let client = self.pool.get(plan.target.registry(), Role::Target).await?;
+        let present = client
+            .manifest_digest(&plan.target.without_tag())
+            .await?
+            .is_some();
+        if let Some(tag_ref) = plan.target.tag().map(|_| plan.target.without_digest()) {
+            match client.manifest_digest(&tag_ref).await? {
+                Some(d) if Some(&d) != plan.target.digest() => {
+                    let other = tag_ref.with_digest(d);
+                    plan.untagged = client
+                        .manifest_digest(&other.without_tag())
+                        .await?
+                        .is_some();
+                }
+                _ => {}
+            }
+        }
+        if present && !plan.verify {
+            if !plan.untagged {
+                self.caches.verified(&plan.target).await;
+            }
+            return Ok(Recovered::Present);
+        }
+        let start = Instant::now();
+        let restored =
+            self.copy(&plan, creds, false)
+                .await
+                .map_err(|reason| MirrorError::CopyFailed {
+                    image: plan.source.to_string(),
+                    reason,
+                })?;
+        if present && restored == 0 {
+            return Ok(Recovered::Present);
+        }
+        Ok(Recovered::Remirrored {
+            source: plan.source,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The source, pinned by digest, that target image `target` was mirrored
+    /// from:
+    /// 1. the one this process planned for `target`'s `repository@digest`;
+    /// 2. else `hint`'s repository at `target`'s digest when every platform
+    ///    is mirrored (the copy keeps the digest);
+    /// 3. else, with a platform filter, `hint` resolved now, when planning
+    ///    it still gives `target`'s digest.
+    ///
+    /// # Errors
+    /// [`MirrorError::Resolve`] when `target` has no digest, when there is no
+    /// hint, or when the hint's tag now names other content.
+    pub async fn source_for(
+        &self,
+        target: &Reference,
+        hint: Option<&Reference>,
+        creds: Option<&Credentials>,
+    ) -> Result<Reference, MirrorError> {
+        let unknown = |reason: &str| MirrorError::Resolve {
+            image: target.to_string(),
+            reason: reason.to_owned(),
+        };
+        let digest = target
+            .digest()
+            .ok_or_else(|| unknown("not pinned by digest, so the content it named is unknown"))?;
+        if let Some(s) = self.sources.get(&target.without_tag().to_string()).await {
+            return Ok(s);
+        }
+        let hint = hint.ok_or_else(|| {
+            unknown("no pinswap.dev/original-images entry names its source, and this replica did not mirror it")
+        })?;
+        // A platform filter or a repair gives the mirror a digest of its own:
+        // plan the hint again (by its digest when it pins one, else by its
+        // tag as it resolves now) and accept it if it plans to `digest`.
+        if self.copier.filters_platforms() || self.collisions == CollisionPolicy::Repair {
+            let hint = match hint.digest() {
+                Some(_) => hint.clone(),
+                None => hint.without_digest(),
+            };
+            let plan = self.plan(&hint, creds).await?;
+            if plan.target.digest() == Some(digest) {
+                return Ok(plan.source);
+            }
+            return Err(unknown(&format!(
+                "{} now resolves to other content, and the mirror's digest differs from the source's (platform filter or identity repair); the source for {digest} is unknown",
+                hint.without_digest()
+            )));
+        }
+        Ok(hint.without_tag().with_digest(digest.clone()))
+    }
+}
