@@ -32,6 +32,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 
 use crate::reference::{Digest, Reference};
@@ -49,6 +50,15 @@ pub const CONTENT_LABEL: &str = "dev.pinswap.content-digest";
 
 /// Manifest annotation of a repaired manifest: the original's digest.
 pub const REPAIRED_FROM: &str = "dev.pinswap.repaired-from";
+
+/// The OCI empty descriptor's mediaType (content `{}`).
+pub const OCI_EMPTY: &str = "application/vnd.oci.empty.v1+json";
+
+/// The config mediaType a repaired `{}` config gets: its content is no
+/// longer `{}`, which the empty type requires. Artifacts with an empty
+/// config carry their own `artifactType` (image-spec requires it), so the
+/// artifact's type is unchanged.
+pub const LABELLED_EMPTY: &str = "application/vnd.pinswap.config.v1+json";
 
 /// Configs known to be shared by unrelated artifacts: (digest, what it is).
 pub const KNOWN_SHARED: [(&str, &str); 2] = [
@@ -134,27 +144,37 @@ pub fn assess(
     }
 }
 
-/// Whether a config commits to its layers: non-empty `rootfs.diff_ids`,
-/// the content label, or any string equal to a layer digest.
+/// Whether a config commits to its layers: non-empty `rootfs.diff_ids`
+/// (containerd checks them when unpacking), the content label with the
+/// value these layers give (a copied or forged label does not count), or
+/// every layer digest named somewhere in it (naming one shared base layer
+/// does not tell artifacts apart).
 fn carries_layer_content(config: &Value, layers: &[String]) -> bool {
     let diff_ids = config
         .pointer("/rootfs/diff_ids")
         .and_then(Value::as_array)
         .is_some_and(|d| !d.is_empty());
+    let want = content_digest(layers).to_string();
     let labelled = config
         .pointer("/config/Labels")
         .and_then(|l| l.get(CONTENT_LABEL))
         .or_else(|| config.get(CONTENT_LABEL))
-        .is_some();
-    diff_ids || labelled || mentions(config, layers)
+        .and_then(Value::as_str)
+        == Some(want.as_str());
+    let mut named = std::collections::HashSet::new();
+    strings(config, &mut named);
+    let all_named = !layers.is_empty() && layers.iter().all(|l| named.contains(l.as_str()));
+    diff_ids || labelled || all_named
 }
 
-fn mentions(v: &Value, layers: &[String]) -> bool {
+fn strings<'a>(v: &'a Value, out: &mut std::collections::HashSet<&'a str>) {
     match v {
-        Value::String(s) => layers.iter().any(|l| l == s),
-        Value::Array(a) => a.iter().any(|x| mentions(x, layers)),
-        Value::Object(o) => o.values().any(|x| mentions(x, layers)),
-        _ => false,
+        Value::String(s) => {
+            out.insert(s);
+        }
+        Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+        Value::Object(o) => o.values().for_each(|x| strings(x, out)),
+        _ => {}
     }
 }
 
@@ -248,6 +268,12 @@ pub fn repair_manifest(
         if let Some(c) = obj.get_mut("config").and_then(Value::as_object_mut) {
             c.insert("digest".into(), Value::String(config.0.to_string()));
             c.insert("size".into(), Value::from(config.1));
+            // Embedded `data` must match the digest (image-spec §descriptor),
+            // and the empty type's content must be `{}`.
+            c.remove("data");
+            if c.get("mediaType").and_then(Value::as_str) == Some(OCI_EMPTY) {
+                c.insert("mediaType".into(), Value::String(LABELLED_EMPTY.into()));
+            }
         }
         if oci {
             let a = obj
@@ -294,6 +320,9 @@ pub fn is_image_manifest(m: &RawManifest) -> bool {
         && (m.media_type == OCI_MANIFEST || m.media_type == DOCKER_MANIFEST)
 }
 
+/// Requests an inspection makes at once.
+const INSPECT_CONCURRENCY: usize = 8;
+
 /// Largest config read (bytes); image configs with long histories stay far
 /// below it.
 pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
@@ -305,6 +334,9 @@ pub struct ImageInfo {
     pub manifest: RawManifest,
     /// `os/arch[/variant]` from its index entry, if it has one.
     pub platform: Option<String>,
+    /// 0 for the top manifest, 1 for a child of the top index, 2 and more
+    /// inside nested indexes.
+    pub depth: usize,
     /// The config's bytes.
     pub config: Bytes,
     /// What they say about identity.
@@ -334,7 +366,7 @@ pub async fn inspect(
     platforms: &[PlatformSpec],
 ) -> Result<Inspection, RegistryError> {
     let top = client.get_manifest(r).await?;
-    let mut queue: Vec<Descriptor> = Vec::new();
+    let mut queue: Vec<(Descriptor, usize)> = Vec::new();
     let mut images = Vec::new();
     let top = match &top.kind {
         ManifestKind::Index { manifests } if !platforms.is_empty() => {
@@ -344,7 +376,7 @@ pub async fn inspect(
                     reference: r.to_string(),
                     reason: e.to_string(),
                 })?;
-            queue.extend(kept.iter().cloned());
+            queue.extend(kept.iter().map(|d| (d.clone(), 1)));
             if kept.len() == manifests.len() {
                 top.clone()
             } else {
@@ -357,39 +389,61 @@ pub async fn inspect(
             }
         }
         ManifestKind::Index { manifests } => {
-            queue.extend(manifests.iter().cloned());
+            queue.extend(manifests.iter().map(|d| (d.clone(), 1)));
             top.clone()
         }
         ManifestKind::Image { .. } => {
-            images.push(image_info(client, r, top.clone(), None).await?);
+            images.push(image_info(client, r, top.clone(), None, 0).await?);
             top.clone()
         }
     };
-    queue.reverse();
-    while let Some(d) = queue.pop() {
-        let digest = Digest::parse(&d.digest).map_err(|e| RegistryError::Manifest {
-            registry: client.host().to_owned(),
-            reference: r.to_string(),
-            reason: format!("index entry: {e}"),
-        })?;
-        let child = client
-            .get_manifest(&r.without_tag().with_digest(digest))
+    // Level by level, INSPECT_CONCURRENCY requests at a time, order kept:
+    // an index with many platforms and attestations would otherwise cost
+    // one round trip per child and per config, in series.
+    let mut pending: Vec<(RawManifest, Option<String>, usize)> = Vec::new();
+    let mut level = queue;
+    while !level.is_empty() {
+        let fetched: Vec<(Descriptor, usize, RawManifest)> = futures::stream::iter(level)
+            .map(|(d, depth)| async move {
+                let digest = Digest::parse(&d.digest).map_err(|e| RegistryError::Manifest {
+                    registry: client.host().to_owned(),
+                    reference: r.to_string(),
+                    reason: format!("index entry: {e}"),
+                })?;
+                let child = client
+                    .get_manifest(&r.without_tag().with_digest(digest))
+                    .await?;
+                Ok::<_, RegistryError>((d, depth, child))
+            })
+            .buffered(INSPECT_CONCURRENCY)
+            .try_collect()
             .await?;
-        match &child.kind {
-            ManifestKind::Index { manifests } => queue.extend(manifests.iter().rev().cloned()),
-            ManifestKind::Image { .. } => {
-                let platform = d.platform.as_ref().map(|p| {
-                    let mut s = format!("{}/{}", p.os, p.architecture);
-                    if let Some(v) = &p.variant {
-                        s.push('/');
-                        s.push_str(v);
-                    }
-                    s
-                });
-                images.push(image_info(client, r, child, platform).await?);
+        level = Vec::new();
+        for (d, depth, child) in fetched {
+            match &child.kind {
+                ManifestKind::Index { manifests } => {
+                    level.extend(manifests.iter().map(|c| (c.clone(), depth + 1)));
+                }
+                ManifestKind::Image { .. } => {
+                    let platform = d.platform.as_ref().map(|p| {
+                        let mut s = format!("{}/{}", p.os, p.architecture);
+                        if let Some(v) = &p.variant {
+                            s.push('/');
+                            s.push_str(v);
+                        }
+                        s
+                    });
+                    pending.push((child, platform, depth));
+                }
             }
         }
     }
+    let children: Vec<ImageInfo> = futures::stream::iter(pending)
+        .map(|(m, platform, depth)| image_info(client, r, m, platform, depth))
+        .buffered(INSPECT_CONCURRENCY)
+        .try_collect()
+        .await?;
+    images.extend(children);
     Ok(Inspection { top, images })
 }
 
@@ -398,6 +452,7 @@ async fn image_info(
     r: &Reference,
     manifest: RawManifest,
     platform: Option<String>,
+    depth: usize,
 ) -> Result<ImageInfo, RegistryError> {
     let ManifestKind::Image { config, layers } = &manifest.kind else {
         unreachable!("called for image manifests only")
@@ -407,6 +462,7 @@ async fn image_info(
     Ok(ImageInfo {
         manifest,
         platform,
+        depth,
         config: bytes,
         facts,
     })
@@ -429,21 +485,36 @@ pub struct Repair {
     pub replaced_configs: Vec<(String, String)>,
 }
 
-/// Plans the repair of every non-unique image of `ins` whose config is JSON.
-/// `None` when nothing needs repair.
+/// Flagged images a repair leaves as they are: (manifest digest, why).
+pub type Unrepaired = Vec<(String, &'static str)>;
+
+/// Plans the repair of every non-unique image of `ins` whose config is a
+/// JSON object and that is the top manifest or a child of the top index.
+/// Returns the repair (`None` when nothing can be repaired) and the flagged
+/// images left as they are, with why: config not a JSON object, or inside a
+/// nested index (only the top index's own children are rewritten).
 ///
 /// # Errors
 /// [`IdentityError::Manifest`] when a manifest cannot be rewritten.
-pub fn plan_repair(ins: &Inspection) -> Result<Option<Repair>, IdentityError> {
+pub fn plan_repair(ins: &Inspection) -> Result<(Option<Repair>, Unrepaired), IdentityError> {
     let mut replaced = HashMap::new();
     let mut children = Vec::new();
     let mut configs = Vec::new();
     let mut replaced_configs = Vec::new();
+    let mut unrepaired = Vec::new();
     for img in &ins.images {
-        if img.facts.non_unique.is_none()
-            || !img.facts.repairable
-            || !is_image_manifest(&img.manifest)
-        {
+        if img.facts.non_unique.is_none() {
+            continue;
+        }
+        let why = if img.depth > 1 {
+            Some("inside a nested index")
+        } else if !img.facts.repairable || !is_image_manifest(&img.manifest) {
+            Some("config not a JSON object")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            unrepaired.push((img.manifest.digest.to_string(), why));
             continue;
         }
         let new_config = repair_config(&img.config, &img.facts.config, &img.facts.layers)?;
@@ -465,19 +536,22 @@ pub fn plan_repair(ins: &Inspection) -> Result<Option<Repair>, IdentityError> {
         children.push(m);
     }
     if replaced.is_empty() {
-        return Ok(None);
+        return Ok((None, unrepaired));
     }
     let top = match ins.top.kind {
         ManifestKind::Image { .. } => children.pop().expect("one repaired image"),
         ManifestKind::Index { .. } => repair_index(&ins.top, &replaced)?,
     };
-    Ok(Some(Repair {
-        original: ins.top.digest.clone(),
-        top,
-        children,
-        configs,
-        replaced_configs,
-    }))
+    Ok((
+        Some(Repair {
+            original: ins.top.digest.clone(),
+            top,
+            children,
+            configs,
+            replaced_configs,
+        }),
+        unrepaired,
+    ))
 }
 
 /// One manifest seen with a config.
@@ -521,11 +595,17 @@ impl std::fmt::Display for Finding {
             None => write!(f, "is shared")?,
         }
         if !self.colliding.is_empty() {
-            write!(
-                f,
-                "; collides with {} (same config, different layers)",
-                self.colliding.join(", ")
-            )?;
+            let named = self
+                .colliding
+                .iter()
+                .take(NAMED_IN_TEXT)
+                .cloned()
+                .collect::<Vec<_>>();
+            write!(f, "; collides with {}", named.join(", "))?;
+            if self.colliding.len() > NAMED_IN_TEXT {
+                write!(f, " and {} more", self.colliding.len() - NAMED_IN_TEXT)?;
+            }
+            write!(f, " (same config, different layers)")?;
         }
         Ok(())
     }
@@ -538,9 +618,17 @@ pub struct Record {
     by_config: Mutex<HashMap<String, Vec<Seen>>>,
 }
 
-/// At most this many references are kept per (config, manifest), so a
+/// At most this many references are kept per (config, layer list), so a
 /// config shared by thousands of tags cannot grow the record without bound.
 const MAX_REFERENCES: usize = 16;
+/// At most this many layer lists are kept per config (every ORAS artifact
+/// shares `{}`); a collision is already certain with two.
+const MAX_LAYER_LISTS: usize = 64;
+/// At most this many configs are recorded; beyond it, new configs are
+/// judged (first sight) but not remembered.
+const MAX_CONFIGS: usize = 100_000;
+/// Colliding references named in a finding's text; the rest are counted.
+const NAMED_IN_TEXT: usize = 5;
 
 impl Record {
     /// Records `facts` as seen under `reference` and returns the finding,
@@ -548,36 +636,50 @@ impl Record {
     /// config was seen with a different layer list (never for a
     /// content-bearing config: same config, same uncompressed content).
     pub fn observe(&self, reference: &str, facts: &Facts) -> Option<Finding> {
+        self.judge(reference, facts, true)
+    }
+
+    /// As [`Record::observe`] without recording anything (dry runs).
+    pub fn peek(&self, reference: &str, facts: &Facts) -> Option<Finding> {
+        self.judge(reference, facts, false)
+    }
+
+    fn judge(&self, reference: &str, facts: &Facts, record: bool) -> Option<Finding> {
         let mut map = self.by_config.lock().expect("identity record lock");
-        let seen = map.entry(facts.config.digest.clone()).or_default();
-        match seen.iter_mut().find(|s| s.layers == facts.layers) {
-            Some(s) => {
-                if s.references.len() < MAX_REFERENCES {
-                    s.references.insert(reference.to_owned());
+        if record && (map.len() < MAX_CONFIGS || map.contains_key(&facts.config.digest)) {
+            let seen = map.entry(facts.config.digest.clone()).or_default();
+            match seen.iter().position(|s| s.layers == facts.layers) {
+                Some(i) => {
+                    let refs = &mut seen[i].references;
+                    if refs.len() < MAX_REFERENCES {
+                        refs.insert(reference.to_owned());
+                    }
                 }
+                None if seen.len() < MAX_LAYER_LISTS => seen.push(Seen {
+                    manifest: facts.manifest.clone(),
+                    layers: facts.layers.clone(),
+                    references: BTreeSet::from([reference.to_owned()]),
+                }),
+                None => {}
             }
-            None => seen.push(Seen {
-                manifest: facts.manifest.clone(),
-                layers: facts.layers.clone(),
-                references: BTreeSet::from([reference.to_owned()]),
-            }),
         }
-        let colliding: Vec<String> = if facts.content_bearing {
-            Vec::new()
-        } else {
-            let mut refs: Vec<String> = seen
-                .iter()
-                .filter(|s| s.layers != facts.layers)
-                .flat_map(|s| {
-                    s.references
-                        .iter()
-                        .next()
-                        .cloned()
-                        .or_else(|| Some(s.manifest.clone()))
-                })
-                .collect();
-            refs.sort();
-            refs
+        let colliding: Vec<String> = match (facts.content_bearing, map.get(&facts.config.digest)) {
+            (false, Some(seen)) => {
+                let mut refs: Vec<String> = seen
+                    .iter()
+                    .filter(|s| s.layers != facts.layers)
+                    .map(|s| {
+                        s.references
+                            .iter()
+                            .next()
+                            .cloned()
+                            .unwrap_or_else(|| s.manifest.clone())
+                    })
+                    .collect();
+                refs.sort();
+                refs
+            }
+            _ => Vec::new(),
         };
         (facts.non_unique.is_some() || !colliding.is_empty()).then(|| Finding {
             config: facts.config.digest.clone(),

@@ -7,6 +7,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::fixtures::{EMPTY_CONFIG_DIGEST, Image, OCI_INDEX, SPIN_CONFIG, SPIN_CONFIG_DIGEST};
 use common::review::{admit, create_review, pod};
@@ -45,8 +46,13 @@ async fn spin() -> Spin {
 }
 
 fn config(src: &TestRegistry, dst: &TestRegistry, collisions: &str) -> Config {
+    config_extra(src, dst, collisions, "")
+}
+
+/// As [`config`], with more top-level keys.
+fn config_extra(src: &TestRegistry, dst: &TestRegistry, collisions: &str, extra: &str) -> Config {
     let yaml = format!(
-        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\nserver: {{admissionBudget: 8s}}\nidentity: {{collisions: {collisions}}}\nrecovery: {{enabled: false}}\n",
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\nserver: {{admissionBudget: 8s}}\nidentity: {{collisions: {collisions}}}\nrecovery: {{enabled: false}}\n{extra}",
         dst.host(),
         src.host()
     );
@@ -562,4 +568,595 @@ async fn the_watcher_records_one_event_for_a_pod_with_an_identity_finding() {
             .contains(SPIN_CONFIG_DIGEST)
     );
     bg.stop().await;
+}
+
+// Edge cases found by a review that tried to break identity handling;
+// each failed before its fix.
+
+/// Follows `digest` at the target down to its image manifests and returns
+/// their config digests.
+async fn image_configs(dst: &TestRegistry, repo: &str, digest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut queue = vec![digest.to_owned()];
+    while let Some(d) = queue.pop() {
+        let (bytes, _, _) = dst.get_manifest(repo, &d).await.unwrap();
+        let m: Value = serde_json::from_slice(&bytes).unwrap();
+        if let Some(list) = m["manifests"].as_array() {
+            for c in list {
+                queue.push(c["digest"].as_str().unwrap().to_owned());
+            }
+        } else {
+            out.push(m["config"]["digest"].as_str().unwrap().to_owned());
+        }
+    }
+    out
+}
+
+fn split_pinned<'a>(dst: &TestRegistry, image: &'a str) -> (&'a str, &'a str) {
+    let host = format!("{}/", dst.host());
+    let (repo_tag, digest) = image
+        .strip_prefix(host.as_str())
+        .unwrap()
+        .split_once('@')
+        .unwrap();
+    let repo = match repo_tag.rsplit_once(':') {
+        Some((r, _)) => r,
+        None => repo_tag,
+    };
+    (repo, digest)
+}
+
+/// An index whose child is itself an index (nested), holding Spin apps that
+/// share the config: not repaired, and said so.
+#[tokio::test]
+async fn a_nested_index_is_not_repaired_and_the_note_says_so() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let (a, b) = (
+        Image::spin("nest-a", 1, None),
+        Image::spin("nest-b", 1, None),
+    );
+    push_image(&src, "spin/nested", None, &a).await;
+    push_image(&src, "spin/nested", None, &b).await;
+    let entry = |img: &Image, variant: &str| {
+        json!({"mediaType": img.media_type, "digest": img.digest, "size": img.manifest.len(),
+               "platform": {"architecture": "wasm", "os": "wasip1", "variant": variant}})
+    };
+    let inner = serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": OCI_INDEX,
+        "manifests": [entry(&a, "a"), entry(&b, "b")]}))
+    .unwrap();
+    let inner_digest = sha256_digest(&inner);
+    push_manifest(&src, "spin/nested", &inner_digest, OCI_INDEX, &inner).await;
+    let outer = serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": OCI_INDEX,
+        "manifests": [{"mediaType": OCI_INDEX, "digest": inner_digest, "size": inner.len()}]}))
+    .unwrap();
+    push_manifest(&src, "spin/nested", "v1", OCI_INDEX, &outer).await;
+    let (adm, _) = admission(&config(&src, &dst, "repair"));
+    let (patched, _) = admit(
+        &adm,
+        &pod(
+            "wasm",
+            "nested",
+            &[("app", &format!("{}/spin/nested:v1", src.host()))],
+        ),
+    )
+    .await;
+    let image = patched["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let note = annotation(&patched, "pinswap.dev/identity")["containers/app"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Only the top index's own children are rewritten: the images inside
+    // the nested index are mirrored as they are, and the note says so
+    // rather than claiming a repair.
+    let (_, digest) = split_pinned(&dst, &image);
+    assert_eq!(digest, sha256_digest(&outer), "pinned to the original");
+    assert!(
+        note.contains("not repaired (inside a nested index)"),
+        "{note}"
+    );
+    assert!(!note.contains("repaired: config"), "{note}");
+}
+
+/// a config that merely mentions one of the layers, or carries a
+/// content label with any value, counts as content-bearing, so two
+/// artifacts sharing it with different layers are never reported.
+#[test]
+fn a_config_naming_one_layer_or_a_forged_label_hides_a_collision() {
+    use pinswap::identity::{Record, assess};
+    use pinswap::registry::manifest::Descriptor;
+    let d = |mt: &str, bytes: &[u8]| Descriptor {
+        media_type: mt.into(),
+        digest: sha256_digest(bytes),
+        size: bytes.len() as u64,
+        platform: None,
+        urls: None,
+    };
+    let (l1, l2, l3) = (
+        d("application/x-layer", b"common"),
+        d("application/x-layer", b"app-one"),
+        d("application/x-layer", b"app-two"),
+    );
+    // A config naming the shared base layer only.
+    let cfg = format!(r#"{{"base":"{}"}}"#, l1.digest);
+    let c = d("application/x-cfg+json", cfg.as_bytes());
+    let r = Record::default();
+    r.observe(
+        "m/one:1",
+        &assess("sha256:m1", &c, &[l1.clone(), l2.clone()], cfg.as_bytes()),
+    );
+    let f = r.observe(
+        "m/two:1",
+        &assess("sha256:m2", &c, &[l1.clone(), l3.clone()], cfg.as_bytes()),
+    );
+    // A config with the pinswap label set to anything (e.g. copied from a
+    // repaired image, or hand-written), shared by two different apps.
+    let forged = br#"{"architecture":"wasm","os":"wasip1","rootfs":{"type":"layers","diff_ids":[]},"config":{"Labels":{"dev.pinswap.content-digest":"x"}}}"#;
+    let fc = d("application/vnd.oci.image.config.v1+json", forged);
+    let r2 = Record::default();
+    r2.observe(
+        "m/a:1",
+        &assess("sha256:a", &fc, std::slice::from_ref(&l2), forged),
+    );
+    let g = r2.observe(
+        "m/b:1",
+        &assess("sha256:b", &fc, std::slice::from_ref(&l3), forged),
+    );
+    assert!(
+        f.is_some() && g.is_some(),
+        "same config, different layers, nothing reported: mentions-one-layer={f:?} forged-label={g:?}"
+    );
+}
+
+/// the record's memory and the finding text are unbounded in the
+/// number of distinct artifacts sharing one config (every ORAS artifact
+/// shares `{}`).
+#[test]
+fn the_record_and_a_finding_grow_without_bound_for_one_shared_config() {
+    use pinswap::identity::{Record, assess};
+    use pinswap::registry::manifest::Descriptor;
+    let d = |mt: &str, bytes: &[u8]| Descriptor {
+        media_type: mt.into(),
+        digest: sha256_digest(bytes),
+        size: bytes.len() as u64,
+        platform: None,
+        urls: None,
+    };
+    let c = d("application/vnd.oci.empty.v1+json", b"{}");
+    let r = Record::default();
+    let mut last = None;
+    for i in 0..5000 {
+        let l = d("application/x-layer", format!("artifact-{i}").as_bytes());
+        last = r.observe(
+            &format!("mirror.example/art/a{i}:1"),
+            &assess(&format!("sha256:{i}"), &c, &[l], b"{}"),
+        );
+    }
+    let f = last.unwrap();
+    let text = f.to_string();
+    assert!(
+        f.colliding.len() <= 100 && text.len() < 64 * 1024,
+        "one finding names {} references, {} bytes of text (deny messages and logs carry it whole)",
+        f.colliding.len(),
+        text.len()
+    );
+}
+
+async fn admit_one(adm: &Admission, image: &str, name: &str) -> Value {
+    admit(adm, &pod("wasm", name, &[("app", image)])).await.0
+}
+
+fn image_of(p: &Value) -> String {
+    p["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// a repaired image lost at the target, recovered by a replica that did
+/// not plan it (another replica, a restart, or after the 24 h `sources`
+/// TTL) once the source tag has moved. Without repair the same recovery
+/// works (control), because the target digest is the source digest.
+#[tokio::test]
+async fn a_repaired_image_is_recovered_by_another_replica_after_the_tag_moved() {
+    use pinswap::cache::Cause;
+    use pinswap::reference::Reference;
+    common::init();
+    for policy in ["warn", "repair"] {
+        let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+        push_image(
+            &src,
+            "spin/hello",
+            Some("v1"),
+            &Image::spin("rec-a", 1, None),
+        )
+        .await;
+        let cfg = config(&src, &dst, policy);
+        let (first, _) = admission(&cfg);
+        let original = format!("{}/spin/hello:v1", src.host());
+        let p = admit_one(&first, &original, "web").await;
+        let image = image_of(&p);
+        // What the watcher reads: the pinned source the admission recorded.
+        let pinned_source = annotation(&p, "pinswap.dev/sources")["containers/app"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            pinned_source.starts_with(&format!("{original}@sha256:")),
+            "{pinned_source}"
+        );
+        // The tag moves upstream (a new release).
+        push_image(
+            &src,
+            "spin/hello",
+            Some("v1"),
+            &Image::spin("rec-b", 1, None),
+        )
+        .await;
+        let (repo, digest) = split_pinned(&dst, &image);
+        dst.delete_manifest(repo, digest).await;
+        let (other, _) = admission(&cfg);
+        let target = Reference::parse(&image).unwrap();
+        let hint = Reference::parse(&pinned_source).unwrap();
+        let r = other
+            .mirror()
+            .recover(&target, Some(&hint), Cause::PullFailure, None)
+            .await;
+        assert!(
+            r.is_ok() && dst.head_manifest(repo, digest).await.is_some(),
+            "{policy}: {image} not recovered: {r:?}"
+        );
+    }
+}
+
+/// a dry-run admission must have no side effects. It records its
+/// images in the identity record (and counts and logs findings), so a later
+/// real admission names an image that was never admitted or mirrored.
+#[tokio::test]
+async fn a_dry_run_admission_leaves_the_identity_record_alone() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    push_image(
+        &src,
+        "spin/ghost",
+        Some("v1"),
+        &Image::spin("ghost", 1, None),
+    )
+    .await;
+    push_image(&src, "spin/real", Some("v1"), &Image::spin("real", 1, None)).await;
+    let (adm, metrics) = admission(&config(&src, &dst, "warn"));
+    let mut review = create_review(&pod(
+        "wasm",
+        "dry",
+        &[("app", &format!("{}/spin/ghost:v1", src.host()))],
+    ));
+    review["request"]["dryRun"] = json!(true);
+    adm.review(serde_json::to_vec(&review).unwrap().into())
+        .await
+        .unwrap();
+    let findings_after_dry_run = metric(
+        &metrics,
+        "pinswap_identity_findings_total{kind=\"non_unique\"}",
+    );
+    let p = admit_one(&adm, &format!("{}/spin/real:v1", src.host()), "real").await;
+    let note = annotation(&p, "pinswap.dev/identity")["containers/app"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        findings_after_dry_run == 0.0 && !note.contains("spin/ghost"),
+        "dry run counted {findings_after_dry_run} finding(s); the real Pod's note names the dry-run image: {note}"
+    );
+}
+
+/// platform filter + repair on an index of two Spin apps.
+#[tokio::test]
+async fn repair_with_a_platform_filter() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let (a, b) = (Image::spin("pf-a", 1, None), Image::spin("pf-b", 1, None));
+    push_image(&src, "spin/pf", None, &a).await;
+    push_image(&src, "spin/pf", None, &b).await;
+    let entry = |img: &Image, os: &str, arch: &str| {
+        json!({"mediaType": img.media_type, "digest": img.digest, "size": img.manifest.len(),
+               "platform": {"architecture": arch, "os": os}})
+    };
+    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": OCI_INDEX,
+        "manifests": [entry(&a, "linux", "amd64"), entry(&b, "linux", "arm64")]}))
+    .unwrap();
+    push_manifest(&src, "spin/pf", "v1", OCI_INDEX, &index).await;
+    let cfg = config_extra(&src, &dst, "repair", "platforms: [linux/amd64]\n");
+    let (adm, _) = admission(&cfg);
+    let p = admit_one(&adm, &format!("{}/spin/pf:v1", src.host()), "pf").await;
+    let image = image_of(&p);
+    assert!(
+        image.starts_with(&dst.host()),
+        "{image} {:?}",
+        annotation(&p, "pinswap.dev/decisions")
+    );
+    let (repo, digest) = split_pinned(&dst, &image);
+    let configs = image_configs(&dst, repo, digest).await;
+    assert_eq!(configs.len(), 1, "{configs:?}");
+    assert_ne!(configs[0], SPIN_CONFIG_DIGEST);
+    // A second process plans the same digest (deterministic).
+    let (adm2, m2) = admission(&cfg);
+    let p2 = admit_one(&adm2, &format!("{}/spin/pf:v1", src.host()), "pf2").await;
+    assert_eq!(image_of(&p2), image);
+    assert_eq!(metric(&m2, "pinswap_copies_started_total"), 0.0);
+}
+
+/// Docker schema2 images (pretty-printed manifests, no annotations)
+/// sharing one config, with a digest-only source and pin: false.
+#[tokio::test]
+async fn repair_of_docker_schema2_images_sharing_a_config() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let cfg_bytes = br#"{"architecture":"amd64","os":"linux","config":{"Labels":{"a":"b"}},"rootfs":{"type":"layers","diff_ids":[]}}"#;
+    let config = common::fixtures::Blob::new(
+        "application/vnd.docker.container.image.v1+json",
+        cfg_bytes.to_vec(),
+    );
+    let mk = |seed: &str| {
+        let layer = common::fixtures::Blob::new(
+            "application/vnd.docker.image.rootfs.diff.tar.gzip",
+            common::fixtures::gzip(seed.as_bytes()),
+        );
+        let m = serde_json::to_vec_pretty(&json!({"schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": config.descriptor(), "layers": [layer.descriptor()]}))
+        .unwrap();
+        Image {
+            digest: sha256_digest(&m),
+            manifest: m,
+            media_type: "application/vnd.docker.distribution.manifest.v2+json".into(),
+            config: config.clone(),
+            layers: vec![layer],
+        }
+    };
+    let (a, b) = (mk("docker-a"), mk("docker-b"));
+    push_image(&src, "dock/a", Some("v1"), &a).await;
+    push_image(&src, "dock/b", None, &b).await;
+    let cfg = config_extra(&src, &dst, "repair", "pin: false\n");
+    let (adm, _) = admission(&cfg);
+    let pa = admit_one(&adm, &format!("{}/dock/a:v1", src.host()), "a").await;
+    let pb = admit_one(&adm, &format!("{}/dock/b@{}", src.host(), b.digest), "b").await;
+    let (ia, ib) = (image_of(&pa), image_of(&pb));
+    assert!(!ia.contains('@'), "pin: false keeps the tag only: {ia}");
+    let repo_a = ia
+        .strip_prefix(&format!("{}/", dst.host()))
+        .unwrap()
+        .rsplit_once(':')
+        .unwrap()
+        .0
+        .to_owned();
+    let (da, _, _) = dst.get_manifest(&repo_a, "v1").await.unwrap();
+    let da = sha256_digest(&da);
+    let (repo_b, db) = split_pinned(&dst, &ib);
+    assert_ne!(
+        db, b.digest,
+        "digest-only source pinned to the repaired digest"
+    );
+    let ca = image_configs(&dst, &repo_a, &da).await;
+    let cb = image_configs(&dst, repo_b, db).await;
+    assert_ne!(ca, cb, "unique image IDs");
+    // The anchor tag names the repaired copy.
+    let tags = dst.tags(repo_b).await;
+    assert_eq!(tags.len(), 1, "{tags:?}");
+    assert_eq!(
+        dst.head_manifest(repo_b, &tags[0]).await.as_deref(),
+        Some(db)
+    );
+    let (cfgb, _, _) = {
+        let (bytes, _, _) = dst.get_manifest(repo_b, db).await.unwrap();
+        let m: Value = serde_json::from_slice(&bytes).unwrap();
+        let c = dst
+            .blob(repo_b, m["config"]["digest"].as_str().unwrap())
+            .await
+            .unwrap();
+        (serde_json::from_slice::<Value>(&c).unwrap(), (), ())
+    };
+    assert_eq!(cfgb["config"]["Labels"]["a"], "b", "existing labels kept");
+    assert!(cfgb["config"]["Labels"]["dev.pinswap.content-digest"].is_string());
+    assert_eq!(
+        common::skopeo::inspect_digest(&dst, repo_b, &tags[0]).await,
+        db
+    );
+}
+
+/// the target has the original under the tag (mirrored under warn);
+/// the operator switches to repair.
+#[tokio::test]
+async fn switching_from_warn_to_repair_repairs_what_warn_mirrored() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let a = Image::spin("sw-a", 1, None);
+    push_image(&src, "spin/sw", Some("v1"), &a).await;
+    let (warn, _) = admission(&config(&src, &dst, "warn"));
+    let image = format!("{}/spin/sw:v1", src.host());
+    let p = admit_one(&warn, &image, "w").await;
+    assert!(image_of(&p).ends_with(&a.digest));
+    let (repair, _) = admission(&config(&src, &dst, "repair"));
+    let p = admit_one(&repair, &image, "r").await;
+    let pinned = image_of(&p);
+    let (repo, digest) = split_pinned(&dst, &pinned);
+    assert_ne!(digest, a.digest);
+    assert_eq!(dst.head_manifest(repo, "v1").await.as_deref(), Some(digest));
+    assert!(
+        dst.head_manifest(repo, &a.digest).await.is_some(),
+        "original still there for old Pods"
+    );
+}
+
+/// `pinswap check` given a flagged reference and an unreadable one.
+#[tokio::test]
+async fn check_reports_errors_even_when_something_is_flagged() {
+    common::init();
+    let src = TestRegistry::plain().await;
+    push_image(&src, "spin/x", Some("v1"), &Image::spin("x", 1, None)).await;
+    let out = tokio::process::Command::new(common::pinswap_bin())
+        .args([
+            "check",
+            "--json",
+            &format!("{}/spin/x:v1", src.host()),
+            &format!("{}/spin/missing:v1", src.host()),
+        ])
+        .output()
+        .await
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["errors"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(out.status.code(), Some(3));
+}
+
+/// two admissions of one Spin index at once, by tag and by digest
+/// (two copy-queue keys), under repair. push_repair PUTs the repaired
+/// children and index without the copier's per-manifest lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_repairs_of_one_index_under_two_tags_both_succeed() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let mut failures = Vec::new();
+    for round in 0..10 {
+        let repo = format!("spin/c{round}");
+        let kids: Vec<Image> = (0..4)
+            .map(|i| Image::spin(&format!("c{round}-{i}"), 1, None))
+            .collect();
+        let mut entries = Vec::new();
+        for (i, k) in kids.iter().enumerate() {
+            push_image(&src, &repo, None, k).await;
+            entries.push(
+                json!({"mediaType": k.media_type, "digest": k.digest, "size": k.manifest.len(),
+                "platform": {"architecture": "wasm", "os": "wasip1", "variant": format!("v{i}")}}),
+            );
+        }
+        let index = serde_json::to_vec(
+            &json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}),
+        )
+        .unwrap();
+        push_manifest(&src, &repo, "v1", OCI_INDEX, &index).await;
+        let (adm, _) = admission(&config(&src, &dst, "repair"));
+        let by_tag = format!("{}/{repo}:v1", src.host());
+        let by_digest = format!("{}/{repo}@{}", src.host(), sha256_digest(&index));
+        let (a, b) = tokio::join!(
+            admit_one(&adm, &by_tag, "t"),
+            admit_one(&adm, &by_digest, "d")
+        );
+        for p in [a, b] {
+            let d = annotation(&p, "pinswap.dev/decisions")["containers/app"].clone();
+            if !d.as_str().unwrap().starts_with("rewritten") {
+                failures.push(format!("round {round}: {d}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// the identity inspection is sequential (one GET per child manifest,
+/// one per config) and runs inside the admission budget; a timed-out
+/// inspection is dropped with the admission and cached nowhere, so every
+/// later admission starts it again and times out again. Under warn (an
+/// advisory policy) an image already present at the target is then never
+/// rewritten.
+#[tokio::test]
+async fn a_slow_inspection_makes_progress_across_admissions() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let mut entries = Vec::new();
+    for i in 0..40u64 {
+        let img = Image::oci_for("amd64", Some(&format!("v{i}")), 1, 1000 + i);
+        push_image(&src, "shop/wide", None, &img).await;
+        entries.push(
+            json!({"mediaType": img.media_type, "digest": img.digest, "size": img.manifest.len(),
+            "platform": {"architecture": "amd64", "os": "linux", "variant": format!("v{i}")}}),
+        );
+    }
+    let index = serde_json::to_vec(
+        &json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}),
+    )
+    .unwrap();
+    push_manifest(&src, "shop/wide", "v1", OCI_INDEX, &index).await;
+    let image = format!("{}/shop/wide:v1", src.host());
+    // Mirrored already (by an earlier process with a generous budget).
+    let (first, _) = admission(&config(&src, &dst, "warn"));
+    let t = Instant::now();
+    let p = admit_one(&first, &image, "a").await;
+    eprintln!("first admission (copy + inspection): {:?}", t.elapsed());
+    assert!(image_of(&p).starts_with(&dst.host()));
+    // A new replica with a tight budget.
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\nserver: {{admissionBudget: 40ms}}\nidentity: {{collisions: warn}}\nrecovery: {{enabled: false}}\n",
+        dst.host(),
+        src.host()
+    );
+    let (second, _) = admission(&Config::from_yaml(&yaml, "t.yaml").unwrap());
+    let count = || src.log().lines().filter(|l| l.contains("\"GET ")).count();
+    let mut outcomes = Vec::new();
+    for i in 0..6 {
+        let before = count();
+        let p = admit_one(&second, &image, &format!("b{i}")).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        outcomes.push((
+            annotation(&p, "pinswap.dev/decisions")["containers/app"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+            count() - before,
+        ));
+    }
+    eprintln!("{outcomes:#?}");
+    assert!(
+        outcomes
+            .iter()
+            .skip(3)
+            .all(|(d, _)| d.starts_with("rewritten")),
+        "{outcomes:#?}"
+    );
+}
+
+/// OCI 1.1 artifacts (oras >= 1.1) embed the empty config in the
+/// descriptor (`"data": "e30="`). The repaired manifest changes the digest
+/// and size but keeps `data` and the `vnd.oci.empty.v1+json` mediaType, so
+/// the descriptor contradicts itself (image-spec: data MUST match the
+/// digest; the empty mediaType MUST be `{}`). oras-go rejects it.
+#[test]
+fn a_repaired_oras_manifest_keeps_a_consistent_config_descriptor() {
+    use pinswap::identity::{repair_config, repair_manifest};
+    use pinswap::registry::manifest::{Descriptor, RawManifest};
+    let layer =
+        common::fixtures::Blob::new("application/vnd.oci.image.layer.v1.tar", b"x".to_vec());
+    let body = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "artifactType": "application/vnd.example",
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": common::fixtures::EMPTY_CONFIG_DIGEST, "size": 2, "data": "e30="},
+        "layers": [layer.descriptor()]});
+    let bytes = bytes::Bytes::from(serde_json::to_vec(&body).unwrap());
+    let m = RawManifest::parse(
+        bytes.clone(),
+        pinswap::reference::Digest::parse(&sha256_digest(&bytes)).unwrap(),
+        None,
+    )
+    .unwrap();
+    let desc = Descriptor {
+        media_type: "application/vnd.oci.empty.v1+json".into(),
+        digest: common::fixtures::EMPTY_CONFIG_DIGEST.into(),
+        size: 2,
+        platform: None,
+        urls: None,
+    };
+    let cfg = repair_config(b"{}", &desc, std::slice::from_ref(&layer.digest)).unwrap();
+    let d = pinswap::reference::Digest::parse(&sha256_digest(&cfg)).unwrap();
+    let r = repair_manifest(&m, (&d, cfg.len() as u64)).unwrap();
+    let v: Value = serde_json::from_slice(&r.bytes).unwrap();
+    let c = &v["config"];
+    use base64::Engine as _;
+    let data_ok = c.get("data").is_none_or(|x| {
+        base64::engine::general_purpose::STANDARD
+            .decode(x.as_str().unwrap())
+            .unwrap()
+            == cfg
+    });
+    let mt_ok = c["mediaType"] != "application/vnd.oci.empty.v1+json";
+    assert!(data_ok && mt_ok, "repaired config descriptor: {c}");
 }

@@ -67,6 +67,8 @@ struct Decided<'a> {
     decisions: BTreeMap<String, String>,
     /// Slot key → identity finding or repair (`pinswap.dev/identity`).
     identity: BTreeMap<String, String>,
+    /// Slot key → pinned source of a rewritten slot (`pinswap.dev/sources`).
+    sources: BTreeMap<String, String>,
     errors: Vec<String>,
     /// `identity.collisions: deny` findings (`image: message`).
     denials: Vec<String>,
@@ -74,7 +76,8 @@ struct Decided<'a> {
 
 /// What happened to one slot.
 enum Outcome {
-    Rewrite(String, String),
+    /// New image, why, pinned source.
+    Rewrite(String, String, String),
     Keep(String),
     Error(String),
     Deny(String),
@@ -231,6 +234,7 @@ impl Admission {
             rewrites,
             decisions,
             identity,
+            sources,
             errors,
             denials,
         } = self
@@ -268,6 +272,7 @@ impl Admission {
             &pod::Notes {
                 decisions: &decisions,
                 identity: &identity,
+                sources: &sources,
             },
             !ephemeral_only,
         );
@@ -297,6 +302,7 @@ impl Admission {
             rewrites: Vec::new(),
             decisions: BTreeMap::new(),
             identity: BTreeMap::new(),
+            sources: BTreeMap::new(),
             errors: Vec::new(),
             denials: Vec::new(),
         };
@@ -305,7 +311,8 @@ impl Admission {
                 out.identity.insert(slot.key(), cap(i));
             }
             let note = match outcome {
-                Outcome::Rewrite(image, why) => {
+                Outcome::Rewrite(image, why, source) => {
+                    out.sources.insert(slot.key(), source);
                     out.rewrites.push((slot, image));
                     format!("rewritten: {why}")
                 }
@@ -345,6 +352,7 @@ impl Admission {
         let notes = pod::Notes {
             decisions: &d.decisions,
             identity: &d.identity,
+            sources: &d.sources,
         };
         let patch = pod::patch(template, &["spec"], &d.rewrites, &notes, true);
         if let Err(e) = json_patch::patch(template, &patch) {
@@ -431,7 +439,7 @@ impl Admission {
                     Ok(d) => {
                         let o = match &d.image {
                             Some(new) if *new != slot.image => {
-                                Outcome::Rewrite(new.clone(), d.reason.clone())
+                                Outcome::Rewrite(new.clone(), d.reason.clone(), d.source.clone())
                             }
                             Some(_) => Outcome::Keep("already the mirrored image".into()),
                             None => Outcome::Keep(d.reason.clone()),

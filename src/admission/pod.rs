@@ -14,6 +14,10 @@ pub const ORIGINAL_IMAGES: &str = "pinswap.dev/original-images";
 pub const DECISIONS: &str = "pinswap.dev/decisions";
 /// Annotation: JSON map of slot → image-ID finding or repair.
 pub const IDENTITY: &str = "pinswap.dev/identity";
+/// Annotation: JSON map of slot → the source pinned to the digest that was
+/// mirrored (`registry/repository[:tag]@digest`), for rewritten slots.
+/// Recovery reads it to mirror the same content again.
+pub const SOURCES: &str = "pinswap.dev/sources";
 
 /// The per-slot notes a patch writes into annotations.
 pub struct Notes<'a> {
@@ -21,6 +25,8 @@ pub struct Notes<'a> {
     pub decisions: &'a BTreeMap<String, String>,
     /// Slot key → identity finding ([`IDENTITY`]); written when non-empty.
     pub identity: &'a BTreeMap<String, String>,
+    /// Slot key → pinned source ([`SOURCES`]), for rewritten slots.
+    pub sources: &'a BTreeMap<String, String>,
 }
 
 /// The decision of a slot already under the target (idempotence).
@@ -129,6 +135,7 @@ pub fn patch(
         }
         all_decisions.insert(k.clone(), v.clone());
     }
+    let notes_sources = notes.sources;
     let mut identity = read(IDENTITY);
     identity.extend(notes.identity.iter().map(|(k, v)| (k.clone(), v.clone())));
     let mut notes = vec![(DECISIONS, all_decisions)];
@@ -137,6 +144,11 @@ pub fn patch(
     }
     if !identity.is_empty() {
         notes.push((IDENTITY, identity));
+    }
+    let mut sources = read(SOURCES);
+    sources.extend(notes_sources.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if !sources.is_empty() {
+        notes.push((SOURCES, sources));
     }
     let encode = |m: &BTreeMap<String, String>| {
         Value::String(serde_json::to_string(m).expect("a map of strings serialises"))
@@ -211,6 +223,7 @@ mod tests {
         let notes = Notes {
             decisions: &decisions,
             identity: &none,
+            sources: &none,
         };
         let ops = patch(
             &p,
@@ -238,6 +251,7 @@ mod tests {
         let notes = Notes {
             decisions: &d2,
             identity: &none,
+            sources: &none,
         };
         let ops = patch(
             &p,

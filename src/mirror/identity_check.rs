@@ -12,7 +12,7 @@ use crate::config::CollisionPolicy;
 use crate::identity::{self, Finding, Repair};
 use crate::reference::Reference;
 use crate::registry::auth::Credentials;
-use crate::registry::copy::CopyError;
+use crate::registry::copy::{Copier, CopyError};
 use crate::registry::{ClientPool, Role};
 
 /// Pushes a repaired copy next to the original already at `dst`'s
@@ -20,6 +20,7 @@ use crate::registry::{ClientPool, Role};
 /// repaired top under `dst`'s tag.
 pub(super) async fn push_repair(
     pool: &ClientPool,
+    copier: &Copier,
     dst: &Reference,
     r: &Repair,
 ) -> Result<(), CopyError> {
@@ -33,12 +34,12 @@ pub(super) async fn push_repair(
             client.push_blob(dst, desc, stream).await?;
         }
     }
+    // Through the copier's per-manifest lock, as every manifest PUT is.
     for m in &r.children {
-        client
-            .push_manifest(&dst.without_tag().with_digest(m.digest.clone()), m)
-            .await?;
+        let by_digest = dst.without_tag().with_digest(m.digest.clone());
+        copier.put_manifest(&client, &by_digest, m).await?;
     }
-    client.push_manifest(dst, &r.top).await?;
+    copier.put_manifest(&client, dst, &r.top).await?;
     info!(target = %dst, original = %r.original, "pushed a repaired copy (unique image IDs)");
     Ok(())
 }
@@ -51,41 +52,58 @@ impl Mirror {
         pinned: &Reference,
         creds: Option<&Credentials>,
     ) -> Result<Arc<Assessed>, MirrorError> {
-        self.assessed
-            .try_get_with(pinned.to_string(), async {
-                let client = self
-                    .pool
-                    .get_with(pinned.registry(), Role::Source, creds)
-                    .await?;
-                let ins = identity::inspect(&client, pinned, &self.platforms).await?;
-                let repair = identity::plan_repair(&ins)
-                    .map_err(|e| MirrorError::Resolve {
+        // In a task of its own: an admission that runs out of time drops
+        // its wait, not the inspection, which finishes and is cached for the
+        // next admission (moka joins concurrent lookups of one key).
+        let (cache, pool, platforms) = (
+            self.assessed.clone(),
+            self.pool.clone(),
+            self.platforms.clone(),
+        );
+        let (pinned, creds) = (pinned.clone(), creds.cloned());
+        let task = tokio::spawn(async move {
+            cache
+                .try_get_with(pinned.to_string(), async {
+                    let client = pool
+                        .get_with(pinned.registry(), Role::Source, creds.as_ref())
+                        .await?;
+                    let ins = identity::inspect(&client, &pinned, &platforms).await?;
+                    let (repair, unrepaired) =
+                        identity::plan_repair(&ins).map_err(|e| MirrorError::Resolve {
+                            image: pinned.to_string(),
+                            reason: e.to_string(),
+                        })?;
+                    Ok::<_, MirrorError>(Arc::new(Assessed {
+                        images: ins
+                            .images
+                            .into_iter()
+                            .map(|i| (i.platform, i.facts))
+                            .collect(),
+                        repair: repair.map(Arc::new),
+                        unrepaired,
+                    }))
+                })
+                .await
+                .map_err(|e| match Arc::try_unwrap(e) {
+                    Ok(e) => e,
+                    Err(shared) => MirrorError::Resolve {
                         image: pinned.to_string(),
-                        reason: e.to_string(),
-                    })?
-                    .map(Arc::new);
-                Ok::<_, MirrorError>(Arc::new(Assessed {
-                    images: ins
-                        .images
-                        .into_iter()
-                        .map(|i| (i.platform, i.facts))
-                        .collect(),
-                    repair,
-                }))
+                        reason: shared.to_string(),
+                    },
+                })
+        });
+        task.await.unwrap_or_else(|e| {
+            Err(MirrorError::Resolve {
+                image: String::new(),
+                reason: format!("identity check task: {e}"),
             })
-            .await
-            .map_err(|e| match Arc::try_unwrap(e) {
-                Ok(e) => e,
-                Err(shared) => MirrorError::Resolve {
-                    image: pinned.to_string(),
-                    reason: shared.to_string(),
-                },
-            })
+        })
     }
 
-    /// Records `plan`'s images under their target references and returns
-    /// the findings. New findings are logged and counted once.
-    fn findings(&self, plan: &Plan) -> Vec<Finding> {
+    /// The findings for `plan`'s images under their target references.
+    /// Unless `dry`, they are recorded, and new ones are logged and counted
+    /// once per (config, manifest).
+    fn findings(&self, plan: &Plan, dry: bool) -> Vec<Finding> {
         let Some(a) = &plan.assessed else {
             return Vec::new();
         };
@@ -98,69 +116,85 @@ impl Mirror {
                     Some(p) => format!("{name} ({p})"),
                     None => name.clone(),
                 };
-                self.record.observe(&reference, facts)
+                match dry {
+                    true => self.record.peek(&reference, facts),
+                    false => self.record.observe(&reference, facts),
+                }
             })
             .collect();
-        for f in &found {
-            let text = f.to_string();
-            if self
-                .reported
-                .lock()
-                .expect("reported lock")
-                .insert(text.clone())
-            {
-                self.metrics.identity_finding(f.kind());
-                warn!(image = %name, source = %plan.source, finding = %text, "identity finding");
+        if !dry {
+            for f in &found {
+                let key = format!("{} {} {}", f.config, f.manifest, f.kind());
+                let new = {
+                    let mut reported = self.reported.lock().expect("reported lock");
+                    // Bounded: forgetting only means logging a finding again.
+                    if reported.len() >= 100_000 {
+                        reported.clear();
+                    }
+                    reported.insert(key)
+                };
+                if new {
+                    self.metrics.identity_finding(f.kind());
+                    warn!(image = %name, source = %plan.source, finding = %f, "identity finding");
+                }
             }
         }
         found
     }
 
     /// The identity annotation for `plan`, or the denial under
-    /// `collisions: deny`.
+    /// `collisions: deny`. A `dry` run records nothing.
     pub(super) fn identity_note(
         &self,
         plan: &Plan,
         src: &Reference,
+        dry: bool,
     ) -> Result<Option<String>, MirrorError> {
-        let found = self.findings(plan);
+        let found = self.findings(plan, dry);
         if found.is_empty() {
             return Ok(None);
         }
-        let text = found
-            .iter()
-            .map(Finding::to_string)
-            .collect::<Vec<_>>()
-            .join("; ");
-        match (self.collisions, &plan.repair) {
-            (CollisionPolicy::Deny, _) => Err(MirrorError::IdentityDenied {
+        let join = |fs: &[&Finding]| {
+            fs.iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let all: Vec<&Finding> = found.iter().collect();
+        match self.collisions {
+            CollisionPolicy::Deny => Err(MirrorError::IdentityDenied {
                 image: src.to_string(),
                 message: format!(
-                    "{text}. Nodes would run one of these artifacts in place of another. Fix: republish with Spin 2.4 or later, or with a config unique to the artifact, or set identity.collisions: repair"
+                    "{}. Nodes would run one of these artifacts in place of another. Fix: republish with Spin 2.4 or later, or with a config unique to the artifact, or set identity.collisions: repair",
+                    join(&all)
                 ),
             }),
-            (CollisionPolicy::Repair, Some(r)) => {
-                let configs = r
-                    .replaced_configs
-                    .iter()
-                    .map(|(a, b)| format!("{a} -> {b}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let unrepaired = found.len().saturating_sub(r.replaced_configs.len());
-                let mut note = format!(
-                    "repaired: config {configs} (label {}); original manifest {}",
-                    identity::CONTENT_LABEL,
-                    r.original
-                );
-                if unrepaired > 0 {
-                    note.push_str(&format!("; not repaired (config not JSON): {text}"));
+            CollisionPolicy::Warn => Ok(Some(join(&all))),
+            CollisionPolicy::Repair => {
+                let mut parts = Vec::new();
+                if let Some(r) = &plan.repair {
+                    let configs = r
+                        .replaced_configs
+                        .iter()
+                        .map(|(a, b)| format!("{a} -> {b}"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    parts.push(format!(
+                        "repaired: config {configs} (label {}); original manifest {}",
+                        identity::CONTENT_LABEL,
+                        r.original
+                    ));
                 }
-                Ok(Some(note))
+                let unrepaired = plan.assessed.as_ref().map(|a| &a.unrepaired);
+                for (manifest, why) in unrepaired.into_iter().flatten() {
+                    let these: Vec<&Finding> =
+                        found.iter().filter(|f| &f.manifest == manifest).collect();
+                    if !these.is_empty() {
+                        parts.push(format!("not repaired ({why}): {}", join(&these)));
+                    }
+                }
+                Ok(Some(parts.join("; ")))
             }
-            (CollisionPolicy::Repair, None) => {
-                Ok(Some(format!("not repaired (config not JSON): {text}")))
-            }
-            (CollisionPolicy::Warn, _) => Ok(Some(text)),
         }
     }
 

@@ -13,7 +13,7 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use moka::future::Cache;
 use tokio::sync::Semaphore;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 mod identity_check;
 mod recover;
@@ -88,6 +88,10 @@ pub struct Decision {
     /// `pinswap.dev/identity` annotation); `None` when the image ID is
     /// unique.
     pub identity: Option<String>,
+    /// The source pinned to the digest that was mirrored,
+    /// `registry/repository[:tag]@digest` (the `pinswap.dev/sources`
+    /// annotation, which recovery reads).
+    pub source: String,
 }
 
 /// A source image mapped to where it lives at the target.
@@ -120,6 +124,8 @@ struct Assessed {
     images: Vec<(Option<String>, Facts)>,
     /// The planned repair, when any image needs one.
     repair: Option<Arc<Repair>>,
+    /// Flagged images a repair leaves as they are, with why.
+    unrepaired: crate::identity::Unrepaired,
 }
 
 /// A copy's outcome: blobs copied or mounted (what a verifying copy
@@ -351,10 +357,15 @@ impl Mirror {
         }
     }
 
+    /// Resolves, maps and assesses `src`. Under `collisions: warn` the
+    /// identity check is advisory: with a `deadline` it waits at most half
+    /// the time left, and the check goes on in the background for the next
+    /// admission.
     async fn plan(
         &self,
         src: &Reference,
         creds: Option<&Credentials>,
+        deadline: Option<Instant>,
     ) -> Result<Plan, MirrorError> {
         let source_digest = self.resolve(src, creds).await?;
         let pinned_source = src.with_digest(source_digest.clone());
@@ -373,13 +384,29 @@ impl Mirror {
                 image: src.to_string(),
                 reason: e.to_string(),
             })?;
-        let assessed = match self.assess(&pinned_source, creds).await {
-            Ok(a) => Some(a),
-            Err(e) if self.collisions == CollisionPolicy::Warn => {
+        let assessing = self.assess(&pinned_source, creds);
+        let assessed = match (self.collisions, deadline) {
+            (CollisionPolicy::Warn, Some(d)) => {
+                let now = Instant::now();
+                let until = now + d.saturating_duration_since(now) / 2;
+                match tokio::time::timeout_at(until.into(), assessing).await {
+                    Ok(r) => Some(r),
+                    Err(_) => {
+                        debug!(image = %pinned_source, "identity check still running; this admission goes without it");
+                        None
+                    }
+                }
+            }
+            _ => Some(assessing.await),
+        };
+        let assessed = match assessed {
+            Some(Ok(a)) => Some(a),
+            None => None,
+            Some(Err(e)) if self.collisions == CollisionPolicy::Warn => {
                 warn!(image = %pinned_source, error = %e, "identity check failed; rewriting without it");
                 None
             }
-            Err(e) => return Err(e),
+            Some(Err(e)) => return Err(e),
         };
         let repair = match self.collisions {
             CollisionPolicy::Repair => assessed.as_ref().and_then(|a| a.repair.clone()),
@@ -514,7 +541,7 @@ impl Mirror {
                         )
                         .await
                     {
-                        Ok(report) => identity_check::push_repair(&pool, &dst, r)
+                        Ok(report) => identity_check::push_repair(&pool, &copier, &dst, r)
                             .await
                             .map(|()| report),
                         Err(e) => Err(e),
@@ -615,9 +642,9 @@ impl Mirror {
         src: &Reference,
         creds: Option<&Credentials>,
     ) -> Result<Decision, MirrorError> {
-        let plan = self.plan(src, creds).await?;
+        let plan = self.plan(src, creds, None).await?;
         let image = self.rewritten(&plan);
-        let identity = self.identity_note(&plan, src)?;
+        let identity = self.identity_note(&plan, src, true)?;
         let (image, reason) = if self.target_has(&plan).await? {
             (Some(image), "present at the target")
         } else if self.swap == SwapPolicy::Always {
@@ -632,6 +659,7 @@ impl Mirror {
             image,
             reason: reason.into(),
             identity,
+            source: plan.source.to_string(),
         })
     }
 
@@ -656,18 +684,21 @@ impl Mirror {
         deadline: Instant,
         creds: Option<&Credentials>,
     ) -> Result<Decision, MirrorError> {
-        let plan = self.plan(src, creds).await?;
+        let plan = self.plan(src, creds, Some(deadline)).await?;
         let image = self.rewritten(&plan);
-        let identity = self.identity_note(&plan, src)?;
+        let identity = self.identity_note(&plan, src, false)?;
+        let source = plan.source.to_string();
         let rewrite = |reason: &str| Decision {
             image: Some(image.clone()),
             reason: reason.to_owned(),
             identity: identity.clone(),
+            source: source.clone(),
         };
         let keep = |reason: &str| Decision {
             image: None,
             reason: reason.to_owned(),
             identity: identity.clone(),
+            source: source.clone(),
         };
         let always = self.swap == SwapPolicy::Always;
         if self.target_has(&plan).await? {

@@ -104,7 +104,7 @@ impl Mirror {
         {
             // An unpinned rewrite (`pin: false`) names a tag only: the
             // source tag's current content is what the kubelet wants.
-            let mut plan = self.plan(&hint.without_digest(), creds).await?;
+            let mut plan = self.plan(&hint.without_digest(), creds, None).await?;
             plan.verify = verify;
             return self.restore(plan, creds).await;
         }
@@ -116,7 +116,7 @@ impl Mirror {
         };
         // Planned again from the pinned source, so a repaired image is
         // repaired again the same way (repair is deterministic).
-        let mut plan = self.plan(&source.with_tag(&tag)?, creds).await?;
+        let mut plan = self.plan(&source.with_tag(&tag)?, creds, None).await?;
         if plan.target.digest() != target.digest() {
             return Err(MirrorError::Resolve {
                 image: target.to_string(),
@@ -224,7 +224,7 @@ impl Mirror {
                 Some(_) => hint.clone(),
                 None => hint.without_digest(),
             };
-            let plan = self.plan(&hint, creds).await?;
+            let plan = self.plan(&hint, creds, None).await?;
             if plan.target.digest() == Some(digest) {
                 return Ok(plan.source);
             }

@@ -351,6 +351,21 @@ async fn ping(
         .unwrap_or(Scheme::Basic))
 }
 
+/// Adds a page of a paginated list to `out`; returns whether to ask for the
+/// next page. Registries differ: some cap pages below `n`, and Distribution
+/// 2.8 ignores `last` on `tags/list` and answers the whole list again. So
+/// paging goes on while pages bring entries not seen yet, and stops at an
+/// empty page or one that repeats.
+fn extend_page(out: &mut Vec<String>, page: Vec<String>) -> bool {
+    let seen: std::collections::HashSet<&String> = out.iter().collect();
+    let fresh: Vec<String> = page.into_iter().filter(|p| !seen.contains(p)).collect();
+    if fresh.is_empty() {
+        return false;
+    }
+    out.extend(fresh);
+    true
+}
+
 /// A blob's bytes as they stream, each item checked by the producer.
 pub type BlobStream = futures::stream::BoxStream<'static, std::io::Result<Bytes>>;
 
@@ -570,9 +585,9 @@ impl Registry {
         Ok(out.freeze())
     }
 
-    /// Every tag of `r`'s repository (`GET /v2/<name>/tags/list`, paginated
-    /// 1000 at a time), in the registry's order; empty for an unknown
-    /// repository.
+    /// Every tag of `r`'s repository (`GET /v2/<name>/tags/list`, pages of
+    /// up to 1000 followed with `last`; see [`extend_page`]), in the
+    /// registry's order; empty for an unknown repository.
     ///
     /// # Errors
     /// Registry errors other than 404.
@@ -598,16 +613,14 @@ impl Registry {
                     ));
                 }
             };
-            let full = page.len() >= 1000;
-            out.extend(page);
-            if !full {
+            if !extend_page(&mut out, page) {
                 return Ok(out);
             }
         }
     }
 
-    /// Every repository of the registry (`GET /v2/_catalog`, paginated 1000
-    /// at a time). `any` is any reference on this registry (oci-client
+    /// Every repository of the registry (`GET /v2/_catalog`, pages of up to
+    /// 1000 followed with `last`; see [`extend_page`]). `any` is any reference on this registry (oci-client
     /// authenticates the request with its scope).
     ///
     /// # Errors
@@ -628,9 +641,7 @@ impl Registry {
                 .map_err(|e| {
                     RegistryError::from_oci(self.ctx("/v2/_catalog", "list the repositories of"), e)
                 })?;
-            let full = page.repositories.len() >= 1000;
-            out.extend(page.repositories);
-            if !full {
+            if !extend_page(&mut out, page.repositories) {
                 return Ok(out);
             }
         }

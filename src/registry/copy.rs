@@ -350,6 +350,32 @@ impl Copier {
         }
     }
 
+    /// PUTs `manifest` to `r` (under its tag, or by digest when it has none)
+    /// under the per-manifest lock every copy uses, so one process never
+    /// PUTs one manifest twice at once. By digest, a manifest already there
+    /// is left alone.
+    ///
+    /// # Errors
+    /// Registry errors.
+    pub async fn put_manifest(
+        &self,
+        client: &Registry,
+        r: &Reference,
+        manifest: &RawManifest,
+    ) -> Result<()> {
+        let key = format!("{}/{}@{}", client.host(), r.repository(), manifest.digest);
+        let _put = self.manifest_puts.lock(key).await;
+        if r.tag().is_none()
+            && client
+                .manifest_digest(&r.with_digest(manifest.digest.clone()))
+                .await?
+                .is_some()
+        {
+            return Ok(());
+        }
+        client.push_manifest(r, manifest).await
+    }
+
     /// Whether a platform list filters indexes (so a copy's top digest can
     /// differ from the source's).
     pub fn filters_platforms(&self) -> bool {

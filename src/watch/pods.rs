@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, ObjectReference, Pod};
 use kube::Resource;
 use serde_json::{Value, json};
 
-use crate::admission::pod::{IDENTITY, ORIGINAL_IMAGES};
+use crate::admission::pod::{IDENTITY, ORIGINAL_IMAGES, SOURCES};
 use crate::reference::{MirrorTarget, Reference};
 
 /// `waiting.reason`s that mean the kubelet could not pull the image
@@ -23,7 +23,8 @@ pub struct TargetImage {
     pub slot: String,
     /// The image as the Pod names it, under the target.
     pub image: Reference,
-    /// The original image from `pinswap.dev/original-images`, if recorded.
+    /// Its source: the pinned one from `pinswap.dev/sources`, else the
+    /// original image from `pinswap.dev/original-images`, if recorded.
     pub original: Option<Reference>,
     /// `waiting.reason` when the kubelet reports a pull failure for it.
     pub failing: Option<String>,
@@ -73,6 +74,7 @@ pub fn target_images(pod: &Pod, target: &MirrorTarget) -> PodImages {
             .unwrap_or_default()
     };
     let originals = note(ORIGINAL_IMAGES);
+    let sources = note(SOURCES);
     let spec = pod.spec.as_ref();
     let status = pod.status.as_ref();
     let mut images = Vec::new();
@@ -92,7 +94,11 @@ pub fn target_images(pod: &Pod, target: &MirrorTarget) -> PodImages {
                 .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone())
                 .filter(|r| PULL_FAILURE_REASONS.contains(&r.as_str()));
             images.push(TargetImage {
-                original: originals.get(&slot).and_then(|o| Reference::parse(o).ok()),
+                // The pinned source when recorded, else the original as written.
+                original: sources
+                    .get(&slot)
+                    .or_else(|| originals.get(&slot))
+                    .and_then(|o| Reference::parse(o).ok()),
                 slot,
                 image,
                 failing,

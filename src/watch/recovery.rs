@@ -65,8 +65,8 @@ pub struct Recovery {
     images: Mutex<HashMap<String, ImageState>>,
     /// Recoveries and retry timers in flight.
     tasks: Mutex<tokio::task::JoinSet<()>>,
-    /// Pod UIDs whose identity annotation has had its Event.
-    identity_noted: Mutex<std::collections::HashSet<String>>,
+    /// Pod key → UID, for Pods whose identity annotation has had its Event.
+    identity_noted: Mutex<HashMap<String, String>>,
 }
 
 impl Recovery {
@@ -137,11 +137,8 @@ impl Recovery {
 
     /// Forgets a deleted Pod.
     pub fn pod_deleted(&self, key: &str) {
-        if let Some(p) = self.pods.lock().expect("pods lock").remove(key)
-            && let Some(uid) = &p.object.uid
-        {
-            self.identity_noted.lock().expect("noted lock").remove(uid);
-        }
+        self.pods.lock().expect("pods lock").remove(key);
+        self.identity_noted.lock().expect("noted lock").remove(key);
     }
 
     /// Records one Event per Pod for its `pinswap.dev/identity`
@@ -151,16 +148,22 @@ impl Recovery {
         let (Some(uid), Some(rec)) = (&pod.object.uid, &self.recorder) else {
             return;
         };
-        if pod.identity.is_empty()
-            || !self
-                .identity_noted
-                .lock()
-                .expect("noted lock")
-                .insert(uid.clone())
-        {
+        if pod.identity.is_empty() {
             return;
         }
-        let repaired = pod.identity.values().all(|v| v.starts_with("repaired:"));
+        let previous = self
+            .identity_noted
+            .lock()
+            .expect("noted lock")
+            .insert(pod.key(), uid.clone());
+        if previous.as_ref() == Some(uid) {
+            return;
+        }
+        // Normal only when every flagged image was repaired.
+        let repaired = pod
+            .identity
+            .values()
+            .all(|v| v.starts_with("repaired:") && !v.contains("not repaired"));
         let note = pod
             .identity
             .iter()
@@ -195,6 +198,10 @@ impl Recovery {
     /// drop Pods deleted while the watch was down).
     pub fn retain_pods(&self, keep: impl Fn(&str) -> bool) {
         self.pods.lock().expect("pods lock").retain(|k, _| keep(k));
+        self.identity_noted
+            .lock()
+            .expect("noted lock")
+            .retain(|k, _| keep(k));
     }
 
     /// Forgets everything and aborts recoveries and retries in flight
