@@ -84,6 +84,14 @@ for pair in library/hello:v1 acme/web:1.0 spin/hello:v1 spin/goodbye:v1; do
 done
 echo "arm64-only/hello:v1    $(digest "$DST" arm64-only/hello v1) (filtered)"
 
+echo "== pinswap check: the two Spin apps share one config, so containerd gives them one image ID"
+set +e
+$PINSWAP check "$SRC/spin/hello:v1" "$SRC/spin/goodbye:v1"
+rc=$?
+set -e
+[ "$rc" = 3 ] || { echo "pinswap check exited $rc, expected 3 (flagged)" >&2; exit 1; }
+echo "(exit code 3: flagged)"
+
 # ------------------------------------------------------------------ webhook
 echo
 echo "== webhook: pinswap serve with examples/demo.yaml (target $DST/webhook, allowlist $SRC)"
@@ -224,6 +232,11 @@ for req_path in sorted(glob.glob(os.path.join(reviews, "*.request.json"))):
     print("  pinswap.dev/decisions:")
     for slot, why in sorted(decisions.items()):
         print(f"    {slot}: {why}")
+    identity = json.loads(notes.get("pinswap.dev/identity", "{}"))
+    if identity:
+        print("  pinswap.dev/identity (identity.collisions: warn):")
+        for slot, finding in sorted(identity.items()):
+            print(f"    {slot}: {finding}")
 
 print("\n== mirrored digests: the source's and the target's (HEAD, full Accept list)")
 print(f"{'image at the target':<58} {'source digest':<73} target digest")
