@@ -852,6 +852,7 @@ source:
 swapPolicy: exists
 # delayed: copy in the background; immediate: start the copy and wait up to
 # copyDeadline; force: copy inline up to copyDeadline; none: never copy.
+# An admission waits at most server.admissionBudget, whichever is shorter.
 copyPolicy: delayed
 copyDeadline: 8s
 # Rewrite to target/registry/repo:tag@sha256:... (pinned by manifest digest).

@@ -100,13 +100,10 @@ pub enum CacheCommand {
 
 /// `pinswap cache purge [--all|REF] --server URL`.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["all", "reference"])))]
 pub struct PurgeArgs {
-    /// Purge every entry.
-    #[arg(
-        long,
-        conflicts_with = "reference",
-        required_unless_present = "reference"
-    )]
+    /// Purge every entry (or give a REFERENCE).
+    #[arg(long)]
     pub all: bool,
     /// A source or target reference; without a tag or digest, the whole repository.
     pub reference: Option<String>,
