@@ -97,6 +97,31 @@ fn metric(m: &Metrics, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// An OCI index (bytes) over `children`, each with its platform.
+fn index_of(children: &[(&Image, Value)]) -> Vec<u8> {
+    let manifests: Vec<Value> = children
+        .iter()
+        .map(|(img, platform)| {
+            json!({"mediaType": img.media_type, "digest": img.digest,
+                   "size": img.manifest.len(), "platform": platform})
+        })
+        .collect();
+    serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}))
+        .unwrap()
+}
+
+/// Two Spin apps sharing the config, pushed by digest into `repo`.
+async fn spin_pair(src: &TestRegistry, repo: &str, a: &str, b: &str) -> (Image, Image) {
+    let (a, b) = (Image::spin(a, 1, None), Image::spin(b, 1, None));
+    push_image(src, repo, None, &a).await;
+    push_image(src, repo, None, &b).await;
+    (a, b)
+}
+
+fn wasm(variant: &str) -> Value {
+    json!({"architecture": "wasm", "os": "wasip1", "variant": variant})
+}
+
 #[test]
 fn the_fixtures_share_the_configs_the_issue_names() {
     assert_eq!(SPIN_CONFIG.len(), 78);
@@ -438,19 +463,8 @@ async fn repair_gives_each_app_its_own_image_id_and_a_second_run_changes_nothing
 async fn repair_rewrites_an_index_child_by_child() {
     common::init();
     let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
-    let (a, b) = (
-        Image::spin("multi-a", 1, None),
-        Image::spin("multi-b", 1, None),
-    );
-    push_image(&src, "spin/multi", None, &a).await;
-    push_image(&src, "spin/multi", None, &b).await;
-    let entry = |img: &Image, variant: &str| {
-        json!({"mediaType": img.media_type, "digest": img.digest, "size": img.manifest.len(),
-               "platform": {"architecture": "wasm", "os": "wasip1", "variant": variant}})
-    };
-    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": OCI_INDEX,
-        "manifests": [entry(&a, "a"), entry(&b, "b")]}))
-    .unwrap();
+    let (a, b) = spin_pair(&src, "spin/multi", "multi-a", "multi-b").await;
+    let index = index_of(&[(&a, wasm("a")), (&b, wasm("b"))]);
     push_manifest(&src, "spin/multi", "v1", OCI_INDEX, &index).await;
     let cfg = config(&src, &dst, "repair");
     let (adm, _) = admission(&cfg);
@@ -612,19 +626,8 @@ fn split_pinned<'a>(dst: &TestRegistry, image: &'a str) -> (&'a str, &'a str) {
 async fn a_nested_index_is_not_repaired_and_the_note_says_so() {
     common::init();
     let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
-    let (a, b) = (
-        Image::spin("nest-a", 1, None),
-        Image::spin("nest-b", 1, None),
-    );
-    push_image(&src, "spin/nested", None, &a).await;
-    push_image(&src, "spin/nested", None, &b).await;
-    let entry = |img: &Image, variant: &str| {
-        json!({"mediaType": img.media_type, "digest": img.digest, "size": img.manifest.len(),
-               "platform": {"architecture": "wasm", "os": "wasip1", "variant": variant}})
-    };
-    let inner = serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": OCI_INDEX,
-        "manifests": [entry(&a, "a"), entry(&b, "b")]}))
-    .unwrap();
+    let (a, b) = spin_pair(&src, "spin/nested", "nest-a", "nest-b").await;
+    let inner = index_of(&[(&a, wasm("a")), (&b, wasm("b"))]);
     let inner_digest = sha256_digest(&inner);
     push_manifest(&src, "spin/nested", &inner_digest, OCI_INDEX, &inner).await;
     let outer = serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": OCI_INDEX,
@@ -852,21 +855,14 @@ async fn a_dry_run_admission_leaves_the_identity_record_alone() {
     );
 }
 
-/// platform filter + repair on an index of two Spin apps.
+/// A platform filter with repair, on an index of two Spin apps.
 #[tokio::test]
 async fn repair_with_a_platform_filter() {
     common::init();
     let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
-    let (a, b) = (Image::spin("pf-a", 1, None), Image::spin("pf-b", 1, None));
-    push_image(&src, "spin/pf", None, &a).await;
-    push_image(&src, "spin/pf", None, &b).await;
-    let entry = |img: &Image, os: &str, arch: &str| {
-        json!({"mediaType": img.media_type, "digest": img.digest, "size": img.manifest.len(),
-               "platform": {"architecture": arch, "os": os}})
-    };
-    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": OCI_INDEX,
-        "manifests": [entry(&a, "linux", "amd64"), entry(&b, "linux", "arm64")]}))
-    .unwrap();
+    let (a, b) = spin_pair(&src, "spin/pf", "pf-a", "pf-b").await;
+    let linux = |arch: &str| json!({"architecture": arch, "os": "linux"});
+    let index = index_of(&[(&a, linux("amd64")), (&b, linux("arm64"))]);
     push_manifest(&src, "spin/pf", "v1", OCI_INDEX, &index).await;
     let cfg = config_extra(&src, &dst, "repair", "platforms: [linux/amd64]\n");
     let (adm, _) = admission(&cfg);
