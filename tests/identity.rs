@@ -664,9 +664,8 @@ async fn a_nested_index_is_not_repaired_and_the_note_says_so() {
     assert!(!note.contains("repaired: config"), "{note}");
 }
 
-/// a config that merely mentions one of the layers, or carries a
-/// content label with any value, counts as content-bearing, so two
-/// artifacts sharing it with different layers are never reported.
+/// A config that names only one shared layer, or carries a copied or forged
+/// content label, does not tell artifacts apart: sharing it is reported.
 #[test]
 fn a_config_naming_one_layer_or_a_forged_label_hides_a_collision() {
     use pinswap::identity::{Record, assess};
@@ -714,9 +713,8 @@ fn a_config_naming_one_layer_or_a_forged_label_hides_a_collision() {
     );
 }
 
-/// the record's memory and the finding text are unbounded in the
-/// number of distinct artifacts sharing one config (every ORAS artifact
-/// shares `{}`).
+/// The record and a finding's text stay bounded however many artifacts
+/// share one config (every ORAS artifact shares `{}`).
 #[test]
 fn the_record_and_a_finding_grow_without_bound_for_one_shared_config() {
     use pinswap::identity::{Record, assess};
@@ -759,10 +757,10 @@ fn image_of(p: &Value) -> String {
         .to_owned()
 }
 
-/// a repaired image lost at the target, recovered by a replica that did
+/// A repaired image lost at the target is recovered by a replica that did
 /// not plan it (another replica, a restart, or after the 24 h `sources`
-/// TTL) once the source tag has moved. Without repair the same recovery
-/// works (control), because the target digest is the source digest.
+/// TTL), even once the source tag has moved, from the `pinswap.dev/sources`
+/// entry; `warn` is the control.
 #[tokio::test]
 async fn a_repaired_image_is_recovered_by_another_replica_after_the_tag_moved() {
     use pinswap::cache::Cause;
@@ -815,9 +813,8 @@ async fn a_repaired_image_is_recovered_by_another_replica_after_the_tag_moved() 
     }
 }
 
-/// a dry-run admission must have no side effects. It records its
-/// images in the identity record (and counts and logs findings), so a later
-/// real admission names an image that was never admitted or mirrored.
+/// A dry-run admission has no side effects: nothing enters the identity
+/// record, and no finding is counted.
 #[tokio::test]
 async fn a_dry_run_admission_leaves_the_identity_record_alone() {
     common::init();
@@ -962,8 +959,9 @@ async fn repair_of_docker_schema2_images_sharing_a_config() {
     );
 }
 
-/// the target has the original under the tag (mirrored under warn);
-/// the operator switches to repair.
+/// The target has the original under the tag (mirrored under warn), then
+/// the operator switches to repair: the tag moves to the repaired copy and
+/// the original stays by digest.
 #[tokio::test]
 async fn switching_from_warn_to_repair_repairs_what_warn_mirrored() {
     common::init();
@@ -1007,9 +1005,9 @@ async fn check_reports_errors_even_when_something_is_flagged() {
     assert_eq!(out.status.code(), Some(3));
 }
 
-/// two admissions of one Spin index at once, by tag and by digest
-/// (two copy-queue keys), under repair. push_repair PUTs the repaired
-/// children and index without the copier's per-manifest lock.
+/// Two admissions of one Spin index at once, by tag and by digest (two
+/// copy-queue keys), under repair: both repaired pushes succeed (they share
+/// the copier's per-manifest lock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_repairs_of_one_index_under_two_tags_both_succeed() {
     common::init();
@@ -1050,12 +1048,9 @@ async fn concurrent_repairs_of_one_index_under_two_tags_both_succeed() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// the identity inspection is sequential (one GET per child manifest,
-/// one per config) and runs inside the admission budget; a timed-out
-/// inspection is dropped with the admission and cached nowhere, so every
-/// later admission starts it again and times out again. Under warn (an
-/// advisory policy) an image already present at the target is then never
-/// rewritten.
+/// A slow identity inspection under a tight admission budget: under warn
+/// (advisory) it does not hold up the rewrite of an image already at the
+/// target, and it finishes in the background for later admissions.
 #[tokio::test]
 async fn a_slow_inspection_makes_progress_across_admissions() {
     common::init();
@@ -1112,11 +1107,10 @@ async fn a_slow_inspection_makes_progress_across_admissions() {
     );
 }
 
-/// OCI 1.1 artifacts (oras >= 1.1) embed the empty config in the
-/// descriptor (`"data": "e30="`). The repaired manifest changes the digest
-/// and size but keeps `data` and the `vnd.oci.empty.v1+json` mediaType, so
-/// the descriptor contradicts itself (image-spec: data MUST match the
-/// digest; the empty mediaType MUST be `{}`). oras-go rejects it.
+/// OCI 1.1 artifacts embed the empty config in the descriptor (`"data":
+/// "e30="`). The repaired descriptor must not contradict itself: `data`
+/// matches the digest or is gone, and the empty mediaType (which must hold
+/// `{}`) is replaced.
 #[test]
 fn a_repaired_oras_manifest_keeps_a_consistent_config_descriptor() {
     use pinswap::identity::{repair_config, repair_manifest};
