@@ -664,19 +664,23 @@ async fn a_nested_index_is_not_repaired_and_the_note_says_so() {
     assert!(!note.contains("repaired: config"), "{note}");
 }
 
-/// A config that names only one shared layer, or carries a copied or forged
-/// content label, does not tell artifacts apart: sharing it is reported.
-#[test]
-fn a_config_naming_one_layer_or_a_forged_label_hides_a_collision() {
-    use pinswap::identity::{Record, assess};
-    use pinswap::registry::manifest::Descriptor;
-    let d = |mt: &str, bytes: &[u8]| Descriptor {
-        media_type: mt.into(),
+/// The descriptor of `bytes` as `media_type`.
+fn descriptor(media_type: &str, bytes: &[u8]) -> pinswap::registry::manifest::Descriptor {
+    pinswap::registry::manifest::Descriptor {
+        media_type: media_type.into(),
         digest: sha256_digest(bytes),
         size: bytes.len() as u64,
         platform: None,
         urls: None,
-    };
+    }
+}
+
+/// A config that names only one shared layer, or carries a copied or forged
+/// content label, does not tell artifacts apart: sharing it is reported.
+#[test]
+fn a_config_naming_one_layer_or_a_forged_label_does_not_hide_a_collision() {
+    use pinswap::identity::{Record, assess};
+    let d = descriptor;
     let (l1, l2, l3) = (
         d("application/x-layer", b"common"),
         d("application/x-layer", b"app-one"),
@@ -716,16 +720,9 @@ fn a_config_naming_one_layer_or_a_forged_label_hides_a_collision() {
 /// The record and a finding's text stay bounded however many artifacts
 /// share one config (every ORAS artifact shares `{}`).
 #[test]
-fn the_record_and_a_finding_grow_without_bound_for_one_shared_config() {
+fn the_record_and_a_finding_stay_bounded_for_one_shared_config() {
     use pinswap::identity::{Record, assess};
-    use pinswap::registry::manifest::Descriptor;
-    let d = |mt: &str, bytes: &[u8]| Descriptor {
-        media_type: mt.into(),
-        digest: sha256_digest(bytes),
-        size: bytes.len() as u64,
-        platform: None,
-        urls: None,
-    };
+    let d = descriptor;
     let c = d("application/vnd.oci.empty.v1+json", b"{}");
     let r = Record::default();
     let mut last = None;
@@ -1114,7 +1111,7 @@ async fn a_slow_inspection_makes_progress_across_admissions() {
 #[test]
 fn a_repaired_oras_manifest_keeps_a_consistent_config_descriptor() {
     use pinswap::identity::{repair_config, repair_manifest};
-    use pinswap::registry::manifest::{Descriptor, RawManifest};
+    use pinswap::registry::manifest::RawManifest;
     let layer =
         common::fixtures::Blob::new("application/vnd.oci.image.layer.v1.tar", b"x".to_vec());
     let body = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -1128,13 +1125,7 @@ fn a_repaired_oras_manifest_keeps_a_consistent_config_descriptor() {
         None,
     )
     .unwrap();
-    let desc = Descriptor {
-        media_type: "application/vnd.oci.empty.v1+json".into(),
-        digest: common::fixtures::EMPTY_CONFIG_DIGEST.into(),
-        size: 2,
-        platform: None,
-        urls: None,
-    };
+    let desc = descriptor("application/vnd.oci.empty.v1+json", b"{}");
     let cfg = repair_config(b"{}", &desc, std::slice::from_ref(&layer.digest)).unwrap();
     let d = pinswap::reference::Digest::parse(&sha256_digest(&cfg)).unwrap();
     let r = repair_manifest(&m, (&d, cfg.len() as u64)).unwrap();
