@@ -44,6 +44,16 @@ fn config_with(src: &TestRegistry, dst: &TestRegistry, cache: &str, recovery: &s
     Config::from_yaml(&yaml, "test.yaml").unwrap()
 }
 
+/// A source and a target registry and the Kubernetes API test server.
+async fn rig() -> (TestRegistry, TestRegistry, KubeApi) {
+    common::init();
+    (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        KubeApi::start().await,
+    )
+}
+
 /// One pinswap replica: its admission handler, metrics and background work.
 struct Replica {
     adm: Arc<Admission>,
@@ -190,12 +200,7 @@ async fn wait_leader(r: &Replica) {
 
 #[tokio::test]
 async fn a_pruned_image_is_mirrored_again_once_when_pods_fail_to_pull_it() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let app = push(&src, "app", 401).await;
     let cfg = config(&src, &dst, "{reverify: 0s}");
     let mut r = Replica::new(&cfg);
@@ -274,12 +279,7 @@ async fn a_pruned_image_is_mirrored_again_once_when_pods_fail_to_pull_it() {
 
 #[tokio::test]
 async fn reverification_restores_images_in_use_and_evicts_the_rest() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let used = push(&src, "used", 411).await;
     let unused = push(&src, "unused", 412).await;
     let cfg = config(&src, &dst, "{reverify: 1s}");
@@ -381,12 +381,7 @@ async fn with_ttl_zero_the_next_admission_mirrors_a_pruned_image_before_rewritin
 
 #[tokio::test]
 async fn with_two_replicas_only_the_lease_holder_remirrors_and_the_other_takes_over() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let app = push(&src, "app", 431).await;
     let other = push(&src, "other", 432).await;
     let cfg = config(&src, &dst, "{reverify: 0s}");
@@ -456,12 +451,7 @@ async fn with_two_replicas_only_the_lease_holder_remirrors_and_the_other_takes_o
 
 #[tokio::test]
 async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let cfg = config(&src, &dst, "{reverify: 0s}");
     let mut r = Replica::new(&cfg);
     r.start(&cfg, &api);
@@ -491,12 +481,7 @@ async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
 
 #[tokio::test]
 async fn a_source_down_during_recovery_gives_remirror_failed_then_retries_until_it_works() {
-    common::init();
-    let (mut src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (mut src, dst, api) = rig().await;
     let app = push(&src, "app", 441).await;
     let cfg = config(&src, &dst, "{reverify: 0s}");
     let mut r = Replica::new(&cfg);
@@ -548,12 +533,7 @@ async fn a_source_down_during_recovery_gives_remirror_failed_then_retries_until_
 
 #[tokio::test]
 async fn the_watcher_survives_expired_history_and_closed_watches() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let app = push(&src, "app", 451).await;
     let cfg = config(&src, &dst, "{reverify: 0s}");
     let mut r = Replica::new(&cfg);
@@ -584,12 +564,7 @@ async fn the_watcher_survives_expired_history_and_closed_watches() {
 
 #[tokio::test]
 async fn a_pod_failing_before_the_replica_leads_is_seen_in_the_first_list() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let app = push(&src, "app", 461).await;
     let cfg = config(&src, &dst, "{reverify: 0s}");
     let mut r = Replica::new(&cfg);
@@ -607,12 +582,7 @@ async fn a_pod_failing_before_the_replica_leads_is_seen_in_the_first_list() {
 
 #[tokio::test]
 async fn only_the_configured_namespaces_are_watched() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let app = push(&src, "app", 471).await;
     let cfg = config_with(&src, &dst, "{reverify: 0s}", "  namespaces: [prod]\n");
     let mut r = Replica::new(&cfg);
@@ -646,12 +616,7 @@ async fn only_the_configured_namespaces_are_watched() {
 #[tokio::test]
 #[ignore = "a measurement, not a test; scripts/bench-recovery.sh runs it"]
 async fn recovery_latency_figures() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let cfg = config(&src, &dst, "{reverify: 0s}");
     let mut r = Replica::new(&cfg);
     let mut runs = Vec::new();
@@ -755,12 +720,7 @@ async fn a_forged_original_images_annotation_cannot_redirect_a_remirror() {
 /// re-verification must not take the older one for lost and flip the tag.
 #[tokio::test]
 async fn a_moved_source_tag_does_not_make_reverification_flip_the_target_tag() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let old = push(&src, "app", 911).await;
     let cfg = config(&src, &dst, "{reverify: 2s, resolutionTtl: 0s}");
     let mut r = Replica::new(&cfg);
@@ -800,12 +760,7 @@ async fn a_moved_source_tag_does_not_make_reverification_flip_the_target_tag() {
 /// must verify the blobs and restore the one the kubelet needs.
 #[tokio::test]
 async fn a_lost_layer_alone_is_restored_after_a_pull_failure() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let app = push(&src, "app", 921).await;
     let cfg = config(&src, &dst, "{reverify: 0s}");
     let mut r = Replica::new(&cfg);
@@ -841,12 +796,7 @@ fn platform_config(src: &TestRegistry, dst: &TestRegistry) -> Config {
 /// replica that did not admit the Pod (a new leader, a restart): the source
 /// is planned from the annotation's digest, even when the tag moved since.
 async fn platform_filtered_recovery_by_another_replica(tag: Option<&str>, seed: u64) {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let idx = common::Index::oci(seed, false);
     common::push_index(&src, "shop/multi", tag, &idx).await;
     let cfg = platform_config(&src, &dst);
@@ -913,12 +863,7 @@ async fn a_platform_filtered_tag_and_digest_image_survives_a_moved_tag() {
 /// stop before its Lease expires and another replica leads.
 #[tokio::test]
 async fn a_partitioned_leader_stops_before_the_next_one_leads() {
-    common::init();
-    let (src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (src, dst, api) = rig().await;
     let lease = "recovery:\n  lease: {duration: 2s, renewDeadline: 1900ms, retryPeriod: 1800ms}\n";
     let yaml = |lease: &str| {
         format!(
@@ -989,12 +934,7 @@ async fn a_partitioned_leader_stops_before_the_next_one_leads() {
 /// the re-mirror must be retried though no Pod fails (its Pods run fine).
 #[tokio::test]
 async fn a_failed_reverification_remirror_is_retried_while_the_image_is_in_use() {
-    common::init();
-    let (mut src, dst, api) = (
-        TestRegistry::plain().await,
-        TestRegistry::plain().await,
-        KubeApi::start().await,
-    );
+    let (mut src, dst, api) = rig().await;
     let app = push(&src, "app", 951).await;
     let cfg = config(&src, &dst, "{reverify: 1s}");
     let mut r = Replica::new(&cfg);
