@@ -12,6 +12,7 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod identity;
+pub mod install;
 pub mod metrics;
 pub mod mirror;
 pub mod reference;

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 mod check;
+pub mod install;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -59,6 +60,8 @@ pub enum Command {
     /// Act on a running `pinswap serve`'s caches.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Print the Kubernetes objects that install pinswap (`| kubectl apply -f -`).
+    Manifests(install::ManifestsArgs),
     /// Print each manifest's config digest (image ID) and flag identity collisions and non-unique configs; exit 3 when anything is flagged.
     Check(CheckArgs),
 }
@@ -130,6 +133,9 @@ pub struct ServeArgs {
     /// PEM private key (config: server.tlsKey); reloaded when the file changes.
     #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+    /// Self-signed TLS bootstrap.
+    #[command(flatten)]
+    pub self_signed: install::SelfSignedArgs,
 }
 
 /// `pinswap mutate --config FILE [-f FILE|-] [--dry-run]`.
@@ -370,6 +376,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Mutate(args) => mutate(args).await,
         Command::Cache(CacheCommand::Purge(args)) => purge(args).await,
         Command::Check(args) => check::check(args).await,
+        Command::Manifests(args) => install::manifests(args),
         Command::Config(ConfigCommand::Default) => {
             print!("{}", crate::config::DEFAULT_YAML);
             Ok(ExitCode::SUCCESS)
@@ -563,22 +570,41 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // A bad config fails here, at startup, never at the first request.
     let config = crate::config::Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
-    let tls_cert = args
-        .tls_cert
-        .or(config.server.tls_cert.clone())
-        .ok_or_else(|| Usage("no TLS certificate: pass --tls-cert or set server.tlsCert".into()))?;
-    let tls_key = args
-        .tls_key
-        .or(config.server.tls_key.clone())
-        .ok_or_else(|| Usage("no TLS key: pass --tls-key or set server.tlsKey".into()))?;
-    for (flag, path) in [("--tls-cert", &tls_cert), ("--tls-key", &tls_key)] {
-        std::fs::metadata(path).map_err(|e| Usage(format!("{flag} {}: {e}", path.display())))?;
+    let self_signed = args.self_signed.self_signed;
+    // With --self-signed the files are ours to write; default to a private
+    // temporary directory when no path is given.
+    let written = std::env::temp_dir().join("pinswap-tls");
+    let tls_cert = args.tls_cert.clone().or(config.server.tls_cert.clone());
+    let tls_key = args.tls_key.clone().or(config.server.tls_key.clone());
+    let (tls_cert, tls_key) = if self_signed {
+        (
+            tls_cert.unwrap_or_else(|| written.join("tls.crt")),
+            tls_key.unwrap_or_else(|| written.join("tls.key")),
+        )
+    } else {
+        (
+            tls_cert.ok_or_else(|| {
+                Usage(
+                    "no TLS certificate: pass --tls-cert, set server.tlsCert, or use --self-signed"
+                        .into(),
+                )
+            })?,
+            tls_key.ok_or_else(|| {
+                Usage("no TLS key: pass --tls-key, set server.tlsKey, or use --self-signed".into())
+            })?,
+        )
+    };
+    if !self_signed {
+        for (flag, path) in [("--tls-cert", &tls_cert), ("--tls-key", &tls_key)] {
+            std::fs::metadata(path)
+                .map_err(|e| Usage(format!("{flag} {}: {e}", path.display())))?;
+        }
     }
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let mut admission = crate::admission::Admission::from_config(&config, metrics.clone())
         .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
     // In-cluster config, else KUBECONFIG: kube's usual order.
-    let client = if config.source.image_pull_secrets || config.recovery.enabled {
+    let client = if config.source.image_pull_secrets || config.recovery.enabled || self_signed {
         kube::Client::try_default().await.map_err(|e| e.to_string())
     } else {
         Err("not needed".into())
@@ -616,6 +642,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     tracing::info!(listen = %opts.listen, health = %opts.health_listen, target = %config.target.registry, "starting");
     let admission = Arc::new(admission);
     let token = tokio_util::sync::CancellationToken::new();
+    if self_signed {
+        install::self_signed(
+            &args.self_signed,
+            client.clone(),
+            opts.tls_cert.clone(),
+            opts.tls_key.clone(),
+            token.clone(),
+        )
+        .await?;
+    }
     let background = crate::watch::Background::start(
         admission.mirror().clone(),
         &config,

@@ -1,0 +1,794 @@
+//! The Kubernetes objects of an install, as `pinswap manifests` prints them
+//! (in the manner of `linkerd install | kubectl apply -f -`).
+//!
+//! Every object is built from its k8s-openapi type, so a misspelt field
+//! cannot compile; the cert-manager Issuer and Certificate have no such
+//! type and are written as JSON against cert-manager's `v1` schema.
+//! RBAC follows what the running process calls (README, "RBAC"): nothing
+//! is granted that the config does not use.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    WebhookClientConfig,
+};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount, WeightedPodAffinityTerm,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::{IGNORE_LABEL, NAME, TIMEOUT_SECONDS, TLS_SECRET, WEBHOOK, dns_names};
+use crate::config::Config;
+
+/// Where the ConfigMap's `config.yaml` is mounted in the container.
+pub const CONFIG_PATH: &str = "/etc/pinswap/config/config.yaml";
+/// Optional Secret mounted at [`REGISTRY_AUTH_DIR`] for the files that
+/// `target.auth` and `source.registries[].auth` reference.
+pub const REGISTRY_AUTH_SECRET: &str = "pinswap-registry-auth";
+/// Mount point of [`REGISTRY_AUTH_SECRET`] (the paths `pinswap config
+/// default` suggests).
+pub const REGISTRY_AUTH_DIR: &str = "/var/run/secrets/pinswap";
+/// The cert-manager Certificate that fills [`TLS_SECRET`].
+pub const CERTIFICATE: &str = "pinswap-webhook";
+/// The cert-manager self-signed Issuer.
+pub const ISSUER: &str = "pinswap-selfsigned";
+/// Name of the RBAC objects that only the self-signed bootstrap needs.
+pub const SELF_SIGNED_RBAC: &str = "pinswap-self-signed";
+/// Name of the Role that lets the replicas elect a leader.
+pub const LEADER_RBAC: &str = "pinswap-leader";
+/// Name of the per-namespace Role used when `recovery.namespaces` is set.
+pub const RECOVERY_RBAC: &str = "pinswap-recovery";
+/// Pod template annotation: SHA-256 of `config.yaml`, so a config change
+/// rolls the Deployment.
+pub const CONFIG_CHECKSUM: &str = "checksum/config";
+/// Pod template annotation: SHA-256 of the TLS setup (mode, Secret, DNS
+/// names), so a change of certificate definition rolls the Deployment.
+pub const TLS_CHECKSUM: &str = "checksum/tls";
+
+/// How the webhook gets its serving certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tls {
+    /// cert-manager issues it from a self-signed Issuer and injects the CA
+    /// into the webhook (`cert-manager.io/inject-ca-from`).
+    CertManager,
+    /// `pinswap serve --self-signed` creates it, stores it in
+    /// [`TLS_SECRET`] and patches the webhook's `caBundle` itself.
+    SelfSigned,
+}
+
+impl Tls {
+    /// The `--tls` value: `cert-manager` or `self-signed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tls::CertManager => "cert-manager",
+            Tls::SelfSigned => "self-signed",
+        }
+    }
+}
+
+/// What an install is made of.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Namespace for every namespaced object (an RFC 1123 label).
+    pub namespace: String,
+    /// Deployment replicas (1 or more; 2 keeps admission up during drains).
+    pub replicas: i32,
+    /// Certificate source.
+    pub tls: Tls,
+    /// Container image reference of pinswap itself.
+    pub image: String,
+    /// The config file's text, stored verbatim in the ConfigMap.
+    pub config_text: String,
+    /// The same config, parsed and validated.
+    pub config: Config,
+}
+
+/// Why the objects cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// `--namespace` is not an RFC 1123 label.
+    #[error(
+        "--namespace {0:?}: not a valid namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)"
+    )]
+    Namespace(String),
+    /// `--replicas` below 1.
+    #[error("--replicas {0}: must be 1 or more")]
+    Replicas(i32),
+    /// `server.admissionBudget` would outlast the API server's call.
+    #[error(
+        "server.admissionBudget: {budget} must be below the webhook's timeoutSeconds ({TIMEOUT_SECONDS}s), or the API server gives up first"
+    )]
+    Budget {
+        /// The configured budget.
+        budget: String,
+    },
+    /// A built object did not serialise (a bug).
+    #[error("cannot serialise {kind}: {source}")]
+    Serialize {
+        /// The object kind.
+        kind: &'static str,
+        /// The serde error.
+        source: serde_json::Error,
+    },
+}
+
+/// Builds every object of an install, in apply order: Namespace,
+/// ServiceAccount, RBAC, ConfigMap, Service, Deployment,
+/// PodDisruptionBudget, the cert-manager Issuer and Certificate (with
+/// [`Tls::CertManager`]), and last the MutatingWebhookConfiguration, so the
+/// webhook is registered only once its Service exists.
+///
+/// Each object is a JSON value with `apiVersion` and `kind`.
+///
+/// # Errors
+/// [`ManifestError::Namespace`], [`ManifestError::Replicas`] and
+/// [`ManifestError::Budget`] for options that cannot work.
+pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
+    if !is_dns_label(&opts.namespace) {
+        return Err(ManifestError::Namespace(opts.namespace.clone()));
+    }
+    if opts.replicas < 1 {
+        return Err(ManifestError::Replicas(opts.replicas));
+    }
+    if opts.config.server.admission_budget.as_secs_f64() >= f64::from(TIMEOUT_SECONDS) {
+        return Err(ManifestError::Budget {
+            budget: humantime::format_duration(opts.config.server.admission_budget).to_string(),
+        });
+    }
+    let mut out = Vec::new();
+    let mut push = |kind: &'static str, v: Result<Value, serde_json::Error>| {
+        v.map(|v| out.push(v))
+            .map_err(|source| ManifestError::Serialize { kind, source })
+    };
+    let ns = opts.namespace.as_str();
+    push("Namespace", serde_json::to_value(namespace(ns)))?;
+    push(
+        "ServiceAccount",
+        serde_json::to_value(ServiceAccount {
+            metadata: meta(NAME, Some(ns)),
+            ..Default::default()
+        }),
+    )?;
+    for rbac in rbac(opts) {
+        push("RBAC", Ok(rbac))?;
+    }
+    push("ConfigMap", serde_json::to_value(config_map(opts)))?;
+    push("Service", serde_json::to_value(service(opts)))?;
+    push("Deployment", serde_json::to_value(deployment(opts)))?;
+    push(
+        "PodDisruptionBudget",
+        serde_json::to_value(disruption_budget(ns)),
+    )?;
+    if opts.tls == Tls::CertManager {
+        push("Issuer", Ok(issuer(ns)))?;
+        push("Certificate", Ok(certificate(ns)))?;
+    }
+    push(
+        "MutatingWebhookConfiguration",
+        serde_json::to_value(webhook_configuration(opts)),
+    )?;
+    Ok(out)
+}
+
+/// Renders objects as one multi-document YAML stream, with a header naming
+/// how it was generated.
+pub fn to_yaml(objects: &[Value], header: &str) -> String {
+    let mut out = String::new();
+    for line in header.lines() {
+        out.push_str("# ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    for object in objects {
+        out.push_str("---\n");
+        // Values built from k8s-openapi types and json! always serialise.
+        out.push_str(&yaml_serde::to_string(object).unwrap_or_default());
+    }
+    out
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars().all(ok_char)
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([("app.kubernetes.io/name".to_owned(), NAME.to_owned())])
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        labels: Some(labels()),
+        ..Default::default()
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn namespace(ns: &str) -> Namespace {
+    let mut metadata = meta(ns, None);
+    // Belt and braces: the webhook's namespaceSelector also names it.
+    metadata
+        .labels
+        .get_or_insert_default()
+        .insert(IGNORE_LABEL.to_owned(), "true".to_owned());
+    Namespace {
+        metadata,
+        ..Default::default()
+    }
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[&str]) -> PolicyRule {
+    let v = |xs: &[&str]| xs.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(v(groups)),
+        resources: Some(v(resources)),
+        verbs: v(verbs),
+        resource_names: (!names.is_empty()).then(|| v(names)),
+        ..Default::default()
+    }
+}
+
+fn subject(ns: &str) -> Vec<Subject> {
+    vec![Subject {
+        kind: "ServiceAccount".into(),
+        name: NAME.into(),
+        namespace: Some(ns.to_owned()),
+        ..Default::default()
+    }]
+}
+
+fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: kind.into(),
+        name: name.into(),
+    }
+}
+
+/// A Role and its RoleBinding, or a ClusterRole and its binding.
+fn grant(name: &str, namespace: Option<&str>, sa_ns: &str, rules: Vec<PolicyRule>) -> [Value; 2] {
+    // Serialising plain k8s-openapi structs cannot fail.
+    let to = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
+    match namespace {
+        Some(ns) => [
+            to(serde_json::to_value(Role {
+                metadata: meta(name, Some(ns)),
+                rules: Some(rules),
+            })),
+            to(serde_json::to_value(RoleBinding {
+                metadata: meta(name, Some(ns)),
+                role_ref: role_ref("Role", name),
+                subjects: Some(subject(sa_ns)),
+            })),
+        ],
+        None => [
+            to(serde_json::to_value(ClusterRole {
+                metadata: meta(name, None),
+                rules: Some(rules),
+                ..Default::default()
+            })),
+            to(serde_json::to_value(ClusterRoleBinding {
+                metadata: meta(name, None),
+                role_ref: role_ref("ClusterRole", name),
+                subjects: Some(subject(sa_ns)),
+            })),
+        ],
+    }
+}
+
+/// Least privilege for what the config turns on. Kubernetes cannot limit
+/// `create` by resourceName, so each create is confined to one namespace.
+fn rbac(opts: &Options) -> Vec<Value> {
+    let ns = opts.namespace.as_str();
+    let c = &opts.config;
+    let mut out = Vec::new();
+    // Pull-failure recovery: read Pods, record Events (events.k8s.io/v1,
+    // as kube-runtime's Recorder writes them, patching repeats).
+    let watch = || {
+        vec![
+            rule(&[""], &["pods"], &["get", "list", "watch"], &[]),
+            rule(&["events.k8s.io"], &["events"], &["create", "patch"], &[]),
+        ]
+    };
+    let mut cluster = Vec::new();
+    if c.recovery.enabled {
+        if c.recovery.namespaces.is_empty() {
+            cluster.extend(watch());
+        } else {
+            for watched in &c.recovery.namespaces {
+                out.extend(grant(RECOVERY_RBAC, Some(watched), ns, watch()));
+            }
+        }
+    }
+    // Pods in every namespace may name pull secrets.
+    if c.source.image_pull_secrets {
+        cluster.push(rule(&[""], &["secrets", "serviceaccounts"], &["get"], &[]));
+    }
+    if !cluster.is_empty() {
+        out.extend(grant(NAME, None, ns, cluster));
+    }
+    if c.recovery.enabled {
+        let lease_ns = match c.recovery.lease.namespace.as_str() {
+            "" => ns,
+            other => other,
+        };
+        let lease = c.recovery.lease.name.as_str();
+        out.extend(grant(
+            LEADER_RBAC,
+            Some(lease_ns),
+            ns,
+            vec![
+                rule(&["coordination.k8s.io"], &["leases"], &["create"], &[]),
+                rule(
+                    &["coordination.k8s.io"],
+                    &["leases"],
+                    &["get", "update"],
+                    &[lease],
+                ),
+            ],
+        ));
+    }
+    if opts.tls == Tls::SelfSigned {
+        out.extend(grant(
+            SELF_SIGNED_RBAC,
+            Some(ns),
+            ns,
+            vec![
+                rule(&[""], &["secrets"], &["create"], &[]),
+                rule(&[""], &["secrets"], &["get", "update"], &[TLS_SECRET]),
+            ],
+        ));
+        out.extend(grant(
+            SELF_SIGNED_RBAC,
+            None,
+            ns,
+            vec![rule(
+                &["admissionregistration.k8s.io"],
+                &["mutatingwebhookconfigurations"],
+                &["get", "patch"],
+                &[NAME],
+            )],
+        ));
+    }
+    out
+}
+
+fn config_map(opts: &Options) -> ConfigMap {
+    ConfigMap {
+        metadata: meta(NAME, Some(&opts.namespace)),
+        data: Some(BTreeMap::from([(
+            "config.yaml".to_owned(),
+            opts.config_text.clone(),
+        )])),
+        ..Default::default()
+    }
+}
+
+fn selector() -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(labels()),
+        ..Default::default()
+    }
+}
+
+fn service(opts: &Options) -> Service {
+    let port = |name: &str, port: u16, target: &str| ServicePort {
+        name: Some(name.to_owned()),
+        port: i32::from(port),
+        target_port: Some(IntOrString::String(target.to_owned())),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    Service {
+        metadata: meta(NAME, Some(&opts.namespace)),
+        spec: Some(ServiceSpec {
+            selector: Some(labels()),
+            ports: Some(vec![
+                port("webhook", 443, "webhook"),
+                port("http", opts.config.server.health_listen.port(), "http"),
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The TLS setup's identity, for [`TLS_CHECKSUM`].
+fn tls_fingerprint(opts: &Options) -> String {
+    let names = dns_names(NAME, &opts.namespace).join(",");
+    sha256_hex(format!("{}\n{TLS_SECRET}\n{names}", opts.tls.as_str()).as_bytes())
+}
+
+fn deployment(opts: &Options) -> Deployment {
+    let ns = opts.namespace.as_str();
+    let (tls_dir, tls_volume) = match opts.tls {
+        Tls::CertManager => (
+            "/etc/pinswap/tls",
+            Volume {
+                name: "tls".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(TLS_SECRET.into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ),
+        // Written by the bootstrap; memory-backed, so the key never
+        // touches the node's disk.
+        Tls::SelfSigned => (
+            "/var/run/pinswap/tls",
+            Volume {
+                name: "tls".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".into()),
+                    size_limit: Some(Quantity("1Mi".into())),
+                }),
+                ..Default::default()
+            },
+        ),
+    };
+    let mut args = vec![
+        "serve".to_owned(),
+        "--config".to_owned(),
+        CONFIG_PATH.to_owned(),
+        "--tls-cert".to_owned(),
+        format!("{tls_dir}/tls.crt"),
+        "--tls-key".to_owned(),
+        format!("{tls_dir}/tls.key"),
+    ];
+    if opts.tls == Tls::SelfSigned {
+        args.push("--self-signed".into());
+    }
+    let field_env = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("http".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(10),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(3),
+        ..Default::default()
+    };
+    let mount = |name: &str, path: &str| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(true),
+        ..Default::default()
+    };
+    let mut tls_mount = mount("tls", tls_dir);
+    if opts.tls == Tls::SelfSigned {
+        tls_mount.read_only = None;
+    }
+    let quantities = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let container = Container {
+        name: NAME.into(),
+        image: Some(opts.image.clone()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(args),
+        env: Some(vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("webhook".into()),
+                container_port: i32::from(opts.config.server.listen.port()),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("http".into()),
+                container_port: i32::from(opts.config.server.health_listen.port()),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+        ]),
+        liveness_probe: Some(probe("/healthz")),
+        readiness_probe: Some(probe("/readyz")),
+        // Blobs stream through a fixed-size buffer (README, "Benchmarks"),
+        // so memory does not grow with layer size.
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities(&[("cpu", "100m"), ("memory", "128Mi")])),
+            limits: Some(quantities(&[("memory", "512Mi")])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("config", "/etc/pinswap/config"),
+            tls_mount,
+            mount("registry-auth", REGISTRY_AUTH_DIR),
+        ]),
+        ..Default::default()
+    };
+    let annotations = BTreeMap::from([
+        (
+            CONFIG_CHECKSUM.to_owned(),
+            sha256_hex(opts.config_text.as_bytes()),
+        ),
+        (TLS_CHECKSUM.to_owned(), tls_fingerprint(opts)),
+        ("prometheus.io/scrape".to_owned(), "true".to_owned()),
+        (
+            "prometheus.io/port".to_owned(),
+            opts.config.server.health_listen.port().to_string(),
+        ),
+        ("prometheus.io/path".to_owned(), "/metrics".to_owned()),
+    ]);
+    Deployment {
+        metadata: meta(NAME, Some(ns)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(opts.replicas),
+            selector: selector(),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels()),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(NAME.into()),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    // Preferred, not required: a one-node cluster still runs
+                    // both replicas.
+                    affinity: Some(Affinity {
+                        pod_anti_affinity: Some(PodAntiAffinity {
+                            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                                WeightedPodAffinityTerm {
+                                    weight: 100,
+                                    pod_affinity_term: PodAffinityTerm {
+                                        label_selector: Some(selector()),
+                                        topology_key: "kubernetes.io/hostname".into(),
+                                        ..Default::default()
+                                    },
+                                },
+                            ]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    // SIGTERM drains in-flight admissions for up to 10 s.
+                    termination_grace_period_seconds: Some(30),
+                    containers: vec![container],
+                    volumes: Some(vec![
+                        Volume {
+                            name: "config".into(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: NAME.into(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                        tls_volume,
+                        Volume {
+                            name: "registry-auth".into(),
+                            secret: Some(SecretVolumeSource {
+                                secret_name: Some(REGISTRY_AUTH_SECRET.into()),
+                                optional: Some(true),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                    ]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn disruption_budget(ns: &str) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(NAME, Some(ns)),
+        spec: Some(PodDisruptionBudgetSpec {
+            // One at a time, whatever the replica count: a drain never
+            // blocks, and with 2 replicas one keeps serving.
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(selector()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn issuer(ns: &str) -> Value {
+    json!({
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Issuer",
+        "metadata": { "name": ISSUER, "namespace": ns, "labels": labels() },
+        "spec": { "selfSigned": {} },
+    })
+}
+
+fn certificate(ns: &str) -> Value {
+    json!({
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Certificate",
+        "metadata": { "name": CERTIFICATE, "namespace": ns, "labels": labels() },
+        "spec": {
+            "secretName": TLS_SECRET,
+            "dnsNames": dns_names(NAME, ns),
+            "issuerRef": { "kind": "Issuer", "name": ISSUER },
+            "duration": "8760h",
+            "renewBefore": "720h",
+            "privateKey": { "algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always" },
+        },
+    })
+}
+
+/// `key NotIn [values]`.
+fn not_in(key: &str, values: &[&str]) -> LabelSelectorRequirement {
+    LabelSelectorRequirement {
+        key: key.into(),
+        operator: "NotIn".into(),
+        values: Some(values.iter().map(|s| (*s).to_owned()).collect()),
+    }
+}
+
+fn webhook_configuration(opts: &Options) -> MutatingWebhookConfiguration {
+    let ns = opts.namespace.as_str();
+    let mut metadata = meta(NAME, None);
+    if opts.tls == Tls::CertManager {
+        metadata.annotations = Some(BTreeMap::from([(
+            "cert-manager.io/inject-ca-from".to_owned(),
+            format!("{ns}/{CERTIFICATE}"),
+        )]));
+    }
+    MutatingWebhookConfiguration {
+        metadata,
+        webhooks: Some(vec![MutatingWebhook {
+            name: WEBHOOK.into(),
+            admission_review_versions: vec!["v1".into()],
+            client_config: WebhookClientConfig {
+                service: Some(ServiceReference {
+                    name: NAME.into(),
+                    namespace: ns.to_owned(),
+                    path: Some("/mutate".into()),
+                    port: Some(443),
+                }),
+                ..Default::default()
+            },
+            // Admission fails open: a Pod is never blocked by pinswap being
+            // down (DESIGN.md §5).
+            failure_policy: Some("Ignore".into()),
+            match_policy: Some("Equivalent".into()),
+            // The only side effect, a registry copy, is skipped on dry runs.
+            side_effects: "None".into(),
+            timeout_seconds: Some(TIMEOUT_SECONDS),
+            // Another webhook may add a container after us.
+            reinvocation_policy: Some("IfNeeded".into()),
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec!["".into()]),
+                api_versions: Some(vec!["v1".into()]),
+                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                resources: Some(vec!["pods".into()]),
+                scope: Some("Namespaced".into()),
+            }]),
+            namespace_selector: Some(LabelSelector {
+                match_expressions: Some(vec![
+                    not_in("kubernetes.io/metadata.name", &[ns, "kube-system"]),
+                    not_in(IGNORE_LABEL, &["true"]),
+                ]),
+                ..Default::default()
+            }),
+            object_selector: Some(LabelSelector {
+                match_expressions: Some(vec![not_in(IGNORE_LABEL, &["true"])]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(tls: Tls) -> Options {
+        let text = "target: {registry: mirror.example.com/cache}\n".to_owned();
+        Options {
+            namespace: "pinswap".into(),
+            replicas: 2,
+            tls,
+            image: "pinswap:test".into(),
+            config: Config::from_yaml(&text, "t").unwrap(),
+            config_text: text,
+        }
+    }
+
+    #[test]
+    fn namespace_names_are_checked() {
+        for bad in ["", "Pinswap", "-a", "a-", "a_b", &"a".repeat(64)] {
+            let o = Options {
+                namespace: bad.to_owned(),
+                ..opts(Tls::SelfSigned)
+            };
+            assert!(
+                matches!(objects(&o), Err(ManifestError::Namespace(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn budget_must_stay_below_the_webhook_timeout() {
+        let text = "target: {registry: m.example.com}\nserver: {admissionBudget: 10s}\n";
+        let o = Options {
+            config: Config::from_yaml(text, "t").unwrap(),
+            ..opts(Tls::CertManager)
+        };
+        let e = objects(&o).unwrap_err().to_string();
+        assert!(e.starts_with("server.admissionBudget: 10s"), "{e}");
+    }
+
+    #[test]
+    fn webhook_is_last_and_namespace_first() {
+        let objs = objects(&opts(Tls::CertManager)).unwrap();
+        assert_eq!(objs[0]["kind"], "Namespace");
+        assert_eq!(objs.last().unwrap()["kind"], "MutatingWebhookConfiguration");
+    }
+}
