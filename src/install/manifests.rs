@@ -548,9 +548,11 @@ fn deployment(opts: &Options) -> Deployment {
             }),
             ..Default::default()
         }),
+        // TLS first: deploy/'s overlays add it to the base, and kustomize
+        // puts what a patch adds to a list before the base's items.
         volume_mounts: Some(vec![
-            mount("config", "/etc/pinswap/config"),
             tls_mount,
+            mount("config", "/etc/pinswap/config"),
             mount("registry-auth", REGISTRY_AUTH_DIR),
         ]),
         ..Default::default()
@@ -613,6 +615,7 @@ fn deployment(opts: &Options) -> Deployment {
                     termination_grace_period_seconds: Some(30),
                     containers: vec![container],
                     volumes: Some(vec![
+                        tls_volume,
                         Volume {
                             name: "config".into(),
                             config_map: Some(ConfigMapVolumeSource {
@@ -621,7 +624,6 @@ fn deployment(opts: &Options) -> Deployment {
                             }),
                             ..Default::default()
                         },
-                        tls_volume,
                         Volume {
                             name: "registry-auth".into(),
                             secret: Some(SecretVolumeSource {
@@ -716,8 +718,10 @@ fn webhook_configuration(opts: &Options) -> MutatingWebhookConfiguration {
             // down (DESIGN.md §5).
             failure_policy: Some("Ignore".into()),
             match_policy: Some("Equivalent".into()),
-            // The only side effect, a registry copy, is skipped on dry runs.
-            side_effects: "None".into(),
+            // Its side effect, a copy into the target registry, is skipped
+            // for dry-run reviews: that is what NoneOnDryRun declares. The
+            // API server sends dry runs to None and NoneOnDryRun alike.
+            side_effects: "NoneOnDryRun".into(),
             timeout_seconds: Some(TIMEOUT_SECONDS),
             // Another webhook may add a container after us.
             reinvocation_policy: Some("IfNeeded".into()),

@@ -10,8 +10,11 @@
 //! - Events, core/v1 and events.k8s.io/v1 (one store, as in the real API):
 //!   POST (with `generateName`) and PATCH (merge, and strategic merge
 //!   treated as merge);
-//! - Leases, coordination.k8s.io/v1: GET, POST, and PUT with optimistic
-//!   concurrency (a stale `metadata.resourceVersion` gets 409 Conflict).
+//! - Leases, coordination.k8s.io/v1, and Secrets: GET, POST, and PUT with
+//!   optimistic concurrency (a stale `metadata.resourceVersion` gets 409
+//!   Conflict);
+//! - MutatingWebhookConfigurations (cluster-scoped): GET, and PATCH with a
+//!   JSON patch (RFC 6902, `test` ops included; a failed one gets 422).
 //!
 //! Errors are `Status` objects with the real API's reasons and messages.
 //! What it doesn't implement (label and field selectors, `sendInitialEvents`,
@@ -34,6 +37,7 @@ use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use base64::Engine as _;
 use futures::{FutureExt as _, StreamExt as _, stream};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
@@ -54,7 +58,19 @@ const PODS: Kind = Kind("", "pods");
 const CORE_EVENTS: Kind = Kind("", "events");
 const EVENTS: Kind = Kind("events.k8s.io", "events");
 const LEASES: Kind = Kind("coordination.k8s.io", "leases");
-const KINDS: [Kind; 6] = [SECRETS, SERVICE_ACCOUNTS, PODS, CORE_EVENTS, EVENTS, LEASES];
+const WEBHOOKS: Kind = Kind(
+    "admissionregistration.k8s.io",
+    "mutatingwebhookconfigurations",
+);
+const KINDS: [Kind; 7] = [
+    SECRETS,
+    SERVICE_ACCOUNTS,
+    PODS,
+    CORE_EVENTS,
+    EVENTS,
+    LEASES,
+    WEBHOOKS,
+];
 
 impl Kind {
     /// `leases.coordination.k8s.io "NAME"`, as in the API's messages.
@@ -130,7 +146,9 @@ impl Store {
         );
         let meta = &mut obj["metadata"];
         meta["name"] = name.into();
-        meta["namespace"] = ns.into();
+        if !ns.is_empty() {
+            meta["namespace"] = ns.into();
+        }
         meta["resourceVersion"] = self.rv.to_string().into();
         meta["uid"] = uid;
         meta["creationTimestamp"] = created;
@@ -177,6 +195,10 @@ impl KubeApi {
             .route(
                 &format!("{core}/{{name}}"),
                 get(read).put(replace).patch(patch),
+            )
+            .route(
+                "/apis/{group}/v1/{plural}/{name}",
+                get(read_cluster).patch(json_patch_cluster),
             )
             .route(grouped, get(list).post(create))
             .route(
@@ -238,6 +260,22 @@ impl KubeApi {
     /// Creates or replaces a Lease, e.g. one held by another replica.
     pub fn put_lease(&self, ns: &str, lease: Lease) -> Lease {
         self.put(LEASES, ns, &lease).0
+    }
+
+    pub fn secret(&self, ns: &str, name: &str) -> Option<Secret> {
+        self.get(SECRETS, ns, name)
+    }
+
+    /// Creates or replaces a (cluster-scoped) MutatingWebhookConfiguration.
+    pub fn put_webhook_configuration(
+        &self,
+        config: MutatingWebhookConfiguration,
+    ) -> MutatingWebhookConfiguration {
+        self.put(WEBHOOKS, "", &config).0
+    }
+
+    pub fn webhook_configuration(&self, name: &str) -> Option<MutatingWebhookConfiguration> {
+        self.get(WEBHOOKS, "", name)
     }
 
     pub fn lease(&self, ns: &str, name: &str) -> Option<Lease> {
@@ -626,6 +664,7 @@ async fn create(State(s): ApiState, Path(p): Params, body: Bytes) -> Response {
         }
         Some(EVENTS) => create_as::<Event>(&s, EVENTS, &p["ns"], &body, check_event),
         Some(LEASES) => create_as::<Lease>(&s, LEASES, &p["ns"], &body, |_, _| Ok(())),
+        Some(SECRETS) => create_as::<Secret>(&s, SECRETS, &p["ns"], &body, |_, _| Ok(())),
         Some(_) => Err(unsupported()),
         None => Err(no_such_resource()),
     };
@@ -722,12 +761,15 @@ fn check_core_event(e: &CoreEvent, ns: &str) -> Result<(), String> {
     }
 }
 
-/// PUT, for Leases: a `metadata.resourceVersion` other than the stored one
-/// gets 409 Conflict; none at all is an unconditional update.
+/// PUT, for Leases and Secrets: a `metadata.resourceVersion` other than the
+/// stored one gets 409 Conflict; none at all is an unconditional update.
 async fn replace(State(s): ApiState, Path(p): Params, body: Bytes) -> Response {
     match kind_of(&p) {
         Some(LEASES) => {
             replace_as::<Lease>(&s, LEASES, &p["ns"], &p["name"], &body).unwrap_or_else(|e| e)
+        }
+        Some(SECRETS) => {
+            replace_as::<Secret>(&s, SECRETS, &p["ns"], &p["name"], &body).unwrap_or_else(|e| e)
         }
         Some(_) => unsupported(),
         None => no_such_resource(),
@@ -823,4 +865,62 @@ fn patch_as<K: Resource + DeserializeOwned>(
     json_patch::merge(&mut obj, &patch);
     serde_json::from_value::<K>(obj.clone()).map_err(|e| invalid(kind, name, e.to_string()))?;
     Ok(Json(st.write(kind, ns, name, obj).0).into_response())
+}
+
+/// GET of a cluster-scoped object (MutatingWebhookConfigurations).
+async fn read_cluster(State(s): ApiState, Path(p): Params) -> Response {
+    match kind_of(&p) {
+        Some(WEBHOOKS) => {
+            match s
+                .lock()
+                .objects
+                .get(&(WEBHOOKS.1, String::new(), p["name"].clone()))
+            {
+                Some(obj) => Json(obj.clone()).into_response(),
+                None => not_found(WEBHOOKS, &p["name"]),
+            }
+        }
+        _ => no_such_resource(),
+    }
+}
+
+/// PATCH of a MutatingWebhookConfiguration with a JSON patch, applied
+/// atomically: a failed `test` op changes nothing and gets 422.
+async fn json_patch_cluster(
+    State(s): ApiState,
+    Path(p): Params,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if kind_of(&p) != Some(WEBHOOKS) {
+        return no_such_resource();
+    }
+    let name = &p["name"];
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    if content_type != Some("application/json-patch+json") {
+        let message = format!("unsupported patch type {content_type:?} (only JSON patches here)");
+        return failure(415, "UnsupportedMediaType", message);
+    }
+    let ops: json_patch::Patch = match serde_json::from_slice(&body) {
+        Ok(ops) => ops,
+        Err(e) => return bad_request(format!("decoding the patch: {e}")),
+    };
+    let mut st = s.lock();
+    let key = (WEBHOOKS.1, String::new(), name.clone());
+    let Some(mut obj) = st.objects.get(&key).cloned() else {
+        return not_found(WEBHOOKS, name);
+    };
+    if let Err(e) = json_patch::patch(&mut obj, &ops) {
+        return failure(
+            422,
+            "Invalid",
+            format!("the server rejected our request due to an error in our request: {e}"),
+        );
+    }
+    if let Err(e) = serde_json::from_value::<MutatingWebhookConfiguration>(obj.clone()) {
+        return invalid(WEBHOOKS, name, e.to_string());
+    }
+    Json(st.write(WEBHOOKS, "", name, obj).0).into_response()
 }
