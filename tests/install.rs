@@ -219,7 +219,10 @@ async fn the_webhook_is_fail_open_and_skips_its_own_and_opted_out_namespaces() {
         r.operations.as_deref(),
         Some(&["CREATE".to_owned(), "UPDATE".to_owned()][..])
     );
-    assert_eq!(r.resources.as_deref(), Some(&["pods".to_owned()][..]));
+    assert_eq!(
+        r.resources.as_deref(),
+        Some(&["pods".to_owned(), "pods/ephemeralcontainers".to_owned()][..])
+    );
     assert_eq!(r.scope.as_deref(), Some("Namespaced"));
 
     let ns = serde_json::to_value(w.namespace_selector.as_ref().unwrap()).unwrap();

@@ -729,7 +729,9 @@ fn webhook_configuration(opts: &Options) -> MutatingWebhookConfiguration {
                 api_groups: Some(vec!["".into()]),
                 api_versions: Some(vec!["v1".into()]),
                 operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                resources: Some(vec!["pods".into()]),
+                // kubectl debug adds ephemeral containers through the
+                // subresource; their images are mirrored too.
+                resources: Some(vec!["pods".into(), "pods/ephemeralcontainers".into()]),
                 scope: Some("Namespaced".into()),
             }]),
             namespace_selector: Some(LabelSelector {
