@@ -19,7 +19,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     target="$(uname -m)-unknown-linux-musl" \
  && cargo build --release --locked --target "$target" --bin pinswap \
- && cp "target/$target/release/pinswap" /pinswap
+ && cp "target/$target/release/pinswap" /pinswap \
+ && strip /pinswap
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /pinswap /usr/local/bin/pinswap

@@ -639,6 +639,15 @@ impl Config {
                 );
             }
             check_auth(r.auth.as_ref(), &format!("{path}.auth"), &mut bad);
+            // Settings are looked up by the registry's own host, so on "*"
+            // they would silently never apply.
+            if r.registry == "*" && (r.insecure || r.auth.is_some()) {
+                let key = if r.insecure { "insecure" } else { "auth" };
+                bad(
+                    format!("{path}.{key}"),
+                    "has no effect on \"*\"; add an entry for the registry itself (e.g. {registry: registry.example.com, insecure: true})".into(),
+                );
+            }
         }
         for (i, f) in self.source.filters.iter().enumerate() {
             if let Err(e) = jmespath::compile(&f.jmespath) {
@@ -1005,6 +1014,26 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
             let got = parse(yaml).unwrap_err().to_string();
             assert_eq!(&got, want, "for {yaml:?}");
         }
+    }
+
+    #[test]
+    fn settings_on_the_wildcard_registry_are_refused() {
+        for (entry, key) in [
+            ("insecure: true", "insecure"),
+            ("auth: {username: u, passwordEnv: P}", "auth"),
+        ] {
+            let yaml = format!(
+                "target: {{registry: m.example.com}}\nsource: {{registries: [{{registry: \"*\", {entry}}}]}}\n"
+            );
+            let got = parse(&yaml).unwrap_err().to_string();
+            assert!(
+                got.starts_with(&format!(
+                    "test.yaml: source.registries[0].{key}: has no effect on \"*\""
+                )),
+                "{got}"
+            );
+        }
+        parse("target: {registry: m.example.com}\nsource: {registries: [{registry: \"*\"}, {registry: r.example.com, insecure: true}]}\n").unwrap();
     }
 
     #[test]

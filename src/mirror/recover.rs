@@ -91,7 +91,7 @@ impl Mirror {
                 return Err(MirrorError::Resolve {
                     image: target.to_string(),
                     reason: format!(
-                        "its pinswap.dev/original-images entry {h} does not mirror to {}; refusing it",
+                        "its pinswap.dev/sources (or original-images) entry {h} does not mirror to {}; refusing it",
                         target.name()
                     ),
                 });
@@ -214,7 +214,7 @@ impl Mirror {
             return Ok(s);
         }
         let hint = hint.ok_or_else(|| {
-            unknown("no pinswap.dev/original-images entry names its source, and this replica did not mirror it")
+            unknown("no pinswap.dev/sources or original-images entry names its source, and this replica did not mirror it")
         })?;
         // A platform filter or a repair gives the mirror a digest of its own:
         // plan the hint again (by its digest when it pins one, else by its
