@@ -889,14 +889,18 @@ impl Cx<'_> {
                     for (i, r) in list.iter().enumerate() {
                         let path = format!("{}[{i}]", s.path);
                         let t = self.registry(r, &path, false)?;
-                        let (section, helper) = match t.kind {
-                            Cloud::Aws => ("aws", "docker-credential-ecr-login"),
-                            Cloud::Gcp => ("gcp", "docker-credential-gcr"),
+                        let (section, helper, scope) = match t.kind {
+                            Cloud::Aws => ("aws", "docker-credential-ecr-login", ""),
+                            Cloud::Gcp => (
+                                "gcp",
+                                "docker-credential-gcr",
+                                " (pinswap allows a source by host, so every project and repository there)",
+                            ),
                         };
                         self.not_carried(
                             &join(&path, section),
                             format!(
-                                "k8s-image-swapper signed in to {} with its own cloud credentials; pinswap has no cloud SDK. The host is listed under source.registries without credentials: give it auth.dockerConfigFile with {helper} in credHelpers, or set source.imagePullSecrets: true",
+                                "k8s-image-swapper signed in to {} with its own cloud credentials; pinswap has no cloud SDK. The host is listed under source.registries{scope} without credentials: give it auth.dockerConfigFile with {helper} in credHelpers (read once at startup), or set source.imagePullSecrets: true",
                                 t.registry
                             ),
                         );
@@ -1172,7 +1176,10 @@ impl Cx<'_> {
         self.item(
             ItemKind::Note,
             &join(path, "target"),
-            "k8s-image-swapper signed in to the target with its cloud SDK; pinswap needs target.auth: see the commented example under target",
+            match self.out.target.as_ref().map(|t| t.kind) {
+                Some(Cloud::Gcp) => "k8s-image-swapper signed in to Artifact Registry with its Google Cloud SDK; pinswap needs target.auth, which it reads once at startup: a service account key (username _json_key) keeps working, a credential helper's access token expires within an hour; see the commented example under target",
+                _ => "k8s-image-swapper signed in to ECR with its AWS SDK, which renews tokens; pinswap needs target.auth, which it reads once at startup, and an ECR token lasts 12 hours: restart pinswap within that (see the commented example under target and docs/migrating-from-k8s-image-swapper.md)",
+            },
         );
         self.item(
             ItemKind::Note,
@@ -1221,10 +1228,10 @@ impl Cx<'_> {
         y.push_str(&format!("target:\n  registry: {}\n", q(target)));
         match o.target.as_ref().map(|t| t.kind) {
             Some(Cloud::Aws) => y.push_str(
-                "  # Credentials: a Docker config.json whose credHelpers run docker-credential-ecr-login\n  # for this host, e.g. {\"credHelpers\": {\"<host>\": \"ecr-login\"}}:\n  # auth:\n  #   dockerConfigFile: /etc/pinswap/docker/config.json\n",
+                "  # Credentials: a Docker config.json whose credHelpers run docker-credential-ecr-login\n  # for this host, e.g. {\"credHelpers\": {\"<host>\": \"ecr-login\"}}. pinswap reads it once\n  # at startup and an ECR token lasts 12 hours: restart pinswap within that.\n  # auth:\n  #   dockerConfigFile: /etc/pinswap/docker/config.json\n",
             ),
             Some(Cloud::Gcp) => y.push_str(
-                "  # Credentials: a service account key (JSON), or a Docker config.json with docker-credential-gcr:\n  # auth:\n  #   username: _json_key\n  #   passwordFile: /etc/pinswap/gar/key.json\n",
+                "  # Credentials: a service account key (JSON), which keeps working (pinswap reads\n  # target.auth once at startup, and a credential helper's token expires within an hour):\n  # auth:\n  #   username: _json_key\n  #   passwordFile: /etc/pinswap/gar/key.json\n",
             ),
             None => {}
         }
