@@ -496,9 +496,12 @@ fn q(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-/// One comment line: no line breaks inside.
+/// One comment line: control characters (line breaks included) become
+/// spaces, so the text stays one printable YAML comment.
 fn comment_text(s: &str) -> String {
-    s.replace(['\n', '\r'], " ")
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 impl Cx<'_> {
@@ -1370,6 +1373,20 @@ mod tests {
         .unwrap();
         assert_eq!(c.config.cache.ttl, Duration::ZERO);
         assert_eq!(c.config.cache.jitter, 0.0);
+    }
+
+    #[test]
+    fn odd_keys_stay_inside_their_comment_line() {
+        let c = convert(
+            "\"a\\nb\\u0007\": 1\ntarget: {aws: {accountId: \"111122223333\", region: us-east-1}}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.report[0].path, "a\nb\u{7}");
+        assert!(
+            c.yaml
+                .contains("# not carried over: a b : not a k8s-image-swapper key")
+        );
     }
 
     #[test]
