@@ -11,6 +11,7 @@ pub mod admission;
 pub mod cache;
 pub mod cli;
 pub mod config;
+pub mod convert;
 pub mod identity;
 pub mod install;
 pub mod metrics;

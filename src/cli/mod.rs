@@ -168,6 +168,20 @@ pub enum ConfigCommand {
     },
     /// Print the default config, commented.
     Default,
+    /// Convert a k8s-image-swapper config (or its Helm chart's values) to a pinswap config on stdout.
+    #[command(
+        after_help = "The converted YAML starts with comment lines listing every k8s-image-swapper key that \
+was not carried over, every changed value and every decision taken; the same list goes to stderr.\n\n\
+Exit codes: 0 converted (also when keys were reported); 1 the file cannot be read or converted \
+(not YAML, a wrong type, an unknown policy, no usable target), with the key named on stderr \
+and nothing on stdout; 2 usage error.\n\nExamples:\n  \
+    pinswap config convert .k8s-image-swapper.yaml > pinswap.yaml\n  \
+    kubectl get configmap k8s-image-swapper -o jsonpath='{.data.config\\.yaml}' | pinswap config convert -"
+    )]
+    Convert {
+        /// The k8s-image-swapper YAML config, or Helm values with a `config:` block; `-` for stdin.
+        file: PathBuf,
+    },
 }
 
 /// `pinswap copy SRC DST`, or `pinswap copy --from-file LIST --to docker://TARGET[/prefix]`.
@@ -381,6 +395,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", crate::config::DEFAULT_YAML);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Config(ConfigCommand::Convert { file }) => Ok(crate::convert::run(&file)),
         Command::Config(ConfigCommand::Validate { file }) => {
             match crate::config::Config::load(&file) {
                 Ok(_) => {

@@ -1,0 +1,476 @@
+//! `pinswap config convert` through the binary, on k8s-image-swapper configs
+//! written in that project's documented format (tests/data/k8s-image-swapper).
+//!
+//! Each converted config is loaded with pinswap's own loader and compared
+//! value by value; the keys reported as not carried over are compared, as
+//! a set, with the ones expected, on stderr and in the output's header.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use pinswap::config::{Config, CopyPolicy, SwapPolicy};
+
+fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/k8s-image-swapper")
+        .join(name)
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn convert(name: &str) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_pinswap"))
+        .args(["config", "convert"])
+        .arg(data(name))
+        .output()
+        .expect("run pinswap");
+    Run {
+        code: out.status.code().expect("exit code"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// A successful conversion: exit 0, the output loads with pinswap's config
+/// loader, and the report is the same on stderr and in the header.
+struct Converted {
+    run: Run,
+    config: Config,
+}
+
+fn converted(name: &str) -> Converted {
+    let run = convert(name);
+    assert_eq!(run.code, 0, "{name}: {}", run.stderr);
+    let config = Config::from_yaml(&run.stdout, name)
+        .unwrap_or_else(|e| panic!("{name}: the output does not load: {e}\n{}", run.stdout));
+    // The header (comment lines before the first key) carries exactly the
+    // item lines printed on stderr, in the same order.
+    let header: Vec<&str> = run
+        .stdout
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter(|l| is_item(l))
+        .collect();
+    let stderr: Vec<&str> = run.stderr.lines().filter(|l| is_item(l)).collect();
+    assert!(!stderr.is_empty(), "{name}: no items on stderr");
+    assert_eq!(header, stderr, "{name}: header and stderr differ");
+    Converted { run, config }
+}
+
+fn is_item(line: &str) -> bool {
+    ["not carried over: ", "changed: ", "note: "]
+        .iter()
+        .any(|p| line.starts_with(p))
+}
+
+impl Converted {
+    /// The key paths of the items of one kind, from stderr.
+    fn paths(&self, kind: &str) -> BTreeSet<String> {
+        let prefix = format!("{kind}: ");
+        self.run
+            .stderr
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .map(|l| l.split_once(": ").expect("PATH: MESSAGE").0.to_owned())
+            .collect()
+    }
+
+    /// The one item line for `path` of `kind`.
+    fn item(&self, kind: &str, path: &str) -> &str {
+        let prefix = format!("{kind}: {path}: ");
+        let lines: Vec<&str> = self
+            .run
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "one {kind} item for {path}:\n{}",
+            self.run.stderr
+        );
+        lines[0]
+    }
+
+    fn sources(&self) -> Vec<&str> {
+        self.config
+            .source
+            .registries
+            .iter()
+            .map(|r| r.registry.as_str())
+            .collect()
+    }
+
+    fn filters(&self) -> Vec<&str> {
+        self.config
+            .source
+            .filters
+            .iter()
+            .map(|f| f.jmespath.as_str())
+            .collect()
+    }
+}
+
+fn set(paths: &[&str]) -> BTreeSet<String> {
+    paths.iter().map(|p| (*p).to_owned()).collect()
+}
+
+#[test]
+fn documented_example_maps_the_policies_filter_and_ecr_target() {
+    let c = converted("docs-example.yaml");
+    assert_eq!(
+        c.config.target.registry,
+        "123456789.dkr.ecr.ap-southeast-2.amazonaws.com"
+    );
+    assert_eq!(c.config.swap_policy, SwapPolicy::Exists);
+    assert_eq!(c.config.copy_policy, CopyPolicy::Delayed);
+    assert_eq!(c.config.copy_deadline, Duration::from_secs(8));
+    assert_eq!(c.filters(), ["obj.metadata.namespace == 'kube-system'"]);
+    assert_eq!(c.sources(), ["*"]);
+    assert!(c.config.pin);
+    assert!(!c.config.source.image_pull_secrets);
+    assert_eq!(
+        c.paths("not carried over"),
+        set(&[
+            "dryRun",
+            "logLevel",
+            "logFormat",
+            "target.aws.ecrOptions.tags",
+            "target.aws.ecrOptions.imageTagMutability",
+            "target.aws.ecrOptions.imageScanningConfiguration",
+            "target.aws.ecrOptions.encryptionConfiguration",
+        ])
+    );
+    assert!(c.paths("changed").is_empty());
+    // The accountId of the docs is 9 digits: flagged, not silently used.
+    assert!(
+        c.item("note", "target.aws.accountId")
+            .contains("not a 12-digit AWS account ID")
+    );
+    assert!(
+        c.item("not carried over", "logLevel")
+            .contains("--log-level debug")
+    );
+    assert!(
+        c.item("not carried over", "logFormat")
+            .contains("--log-format text")
+    );
+    assert!(
+        c.run
+            .stderr
+            .contains("note: target: pinswap creates no ECR repositories")
+    );
+    assert!(c.run.stderr.lines().next().unwrap().ends_with(
+        "docs-example.yaml: converted; 7 not carried over, 0 changed, 5 notes (also in the output's header)"
+    ));
+    // The decisions: "*" as the allowlist, pull secrets off, target auth and
+    // repositories left to the user, and the short account ID.
+    assert_eq!(
+        c.paths("note"),
+        set(&[
+            "source.registries",
+            "source",
+            "target",
+            "target.aws.accountId"
+        ])
+    );
+}
+
+#[test]
+fn ecr_production_config_with_role_options_sources_and_cache() {
+    let c = converted("ecr-production.yaml");
+    assert_eq!(
+        c.config.target.registry,
+        "123456789012.dkr.ecr.eu-west-1.amazonaws.com"
+    );
+    assert_eq!(c.config.swap_policy, SwapPolicy::Always);
+    assert_eq!(c.config.copy_policy, CopyPolicy::Immediate);
+    // 45s is over pinswap's 30s limit: written as 30s and reported.
+    assert_eq!(c.config.copy_deadline, Duration::from_secs(30));
+    assert_eq!(c.paths("changed"), set(&["imageCopyDeadline"]));
+    assert!(
+        c.item("changed", "imageCopyDeadline")
+            .contains("45s is longer than pinswap's 30s maximum")
+    );
+    // Entries live 240 to 270 minutes in both.
+    assert_eq!(c.config.cache.ttl, Duration::from_secs(270 * 60));
+    assert_eq!(c.config.cache.jitter, 0.1111);
+    assert_eq!(
+        c.sources(),
+        [
+            "*",
+            "234567890123.dkr.ecr.us-east-1.amazonaws.com",
+            "345678901234.dkr.ecr.eu-central-1.amazonaws.com",
+        ]
+    );
+    assert!(c.config.source.registries.iter().all(|r| r.auth.is_none()));
+    assert_eq!(
+        c.filters(),
+        [
+            "obj.metadata.namespace == 'kube-system'",
+            "starts_with(obj.metadata.namespace, 'istio-')",
+            "contains(container.image, '.dkr.ecr.') && contains(container.image, '.amazonaws.com')",
+        ]
+    );
+    assert_eq!(
+        c.paths("not carried over"),
+        set(&[
+            "logLevel",
+            "logFormat",
+            "source.registries[0].aws",
+            "source.registries[1].aws",
+            "target.aws.role",
+            "target.aws.ecrOptions.accessPolicy",
+            "target.aws.ecrOptions.lifecyclePolicy",
+            "target.aws.ecrOptions.tags",
+            "target.aws.ecrOptions.imageTagMutability",
+            "target.aws.ecrOptions.encryptionConfiguration",
+        ])
+    );
+    assert!(
+        c.item("not carried over", "source.registries[1].aws")
+            .contains("345678901234.dkr.ecr.eu-central-1.amazonaws.com")
+    );
+    assert!(
+        c.item("not carried over", "target.aws.role")
+            .contains("pinswap assumes no roles")
+    );
+    // The filter reading container.image gets a note on the name it sees.
+    assert!(c.paths("note").contains("source.filters[2].jmespath"));
+    assert!(!c.paths("note").contains("source.filters[0].jmespath"));
+    // immediate with 30s, but an admission waits at most the 2s budget.
+    assert!(
+        c.item("note", "imageCopyPolicy")
+            .contains("server.admissionBudget (2s)")
+    );
+}
+
+#[test]
+fn gar_target_and_source() {
+    let c = converted("gar.yaml");
+    assert_eq!(
+        c.config.target.registry,
+        "us-central1-docker.pkg.dev/gcp-project-123/main"
+    );
+    assert_eq!(c.config.swap_policy, SwapPolicy::Exists);
+    assert_eq!(c.config.copy_policy, CopyPolicy::Force);
+    assert_eq!(c.config.copy_deadline, Duration::from_secs(5));
+    assert_eq!(c.sources(), ["*", "europe-west1-docker.pkg.dev"]);
+    assert_eq!(c.filters(), ["!ends_with(obj.metadata.namespace, '-dev')"]);
+    assert_eq!(
+        c.paths("not carried over"),
+        set(&["source.registries[0].gcp"])
+    );
+    assert!(c.paths("changed").is_empty());
+    // No ECR note for an Artifact Registry target; the GAR auth example instead.
+    assert!(!c.run.stderr.contains("ECR repositories"));
+    assert!(c.run.stdout.contains("#   username: _json_key"));
+}
+
+#[test]
+fn dry_run_logging_listen_and_tls() {
+    let c = converted("dryrun-logging.yaml");
+    assert_eq!(
+        c.config.target.registry,
+        "123456789012.dkr.ecr.ap-southeast-2.amazonaws.com"
+    );
+    assert_eq!(c.config.copy_policy, CopyPolicy::None);
+    assert_eq!(c.config.server.listen.to_string(), "0.0.0.0:9443");
+    assert_eq!(
+        c.config.server.tls_cert,
+        Some(PathBuf::from("/usr/local/certificates/cert"))
+    );
+    assert_eq!(
+        c.config.server.tls_key,
+        Some(PathBuf::from("/usr/local/certificates/key"))
+    );
+    assert_eq!(
+        c.paths("not carried over"),
+        set(&["dryRun", "logLevel", "logFormat"])
+    );
+    assert!(
+        c.item("not carried over", "dryRun")
+            .contains("as with dryRun: false; nothing to do")
+    );
+    assert!(
+        c.item("not carried over", "logLevel")
+            .contains("--log-level trace")
+    );
+    assert!(
+        c.item("not carried over", "logFormat")
+            .contains("--log-format json")
+    );
+}
+
+#[test]
+fn misspelt_keys_are_reported_with_the_key_they_resemble() {
+    let c = converted("typos.yaml");
+    // k8s-image-swapper ignored the misspelt keys, so the defaults apply.
+    assert_eq!(c.config.swap_policy, SwapPolicy::Exists);
+    assert!(c.filters().is_empty());
+    assert_eq!(
+        c.config.target.registry,
+        "123456789012.dkr.ecr.us-west-2.amazonaws.com"
+    );
+    assert_eq!(
+        c.paths("not carried over"),
+        set(&["imageSwapPolcy", "source.filter", "target.aws.ecrOption"])
+    );
+    for (path, meant) in [
+        ("imageSwapPolcy", "imageSwapPolicy"),
+        ("source.filter", "filters"),
+        ("target.aws.ecrOption", "ecrOptions"),
+    ] {
+        let line = c.item("not carried over", path);
+        assert!(line.contains(&format!("did you mean `{meant}`?")), "{line}");
+    }
+}
+
+#[test]
+fn helm_values_convert_their_config_block_and_report_the_rest() {
+    let c = converted("helm-values.yaml");
+    assert_eq!(
+        c.config.target.registry,
+        "123456789012.dkr.ecr.ap-southeast-1.amazonaws.com"
+    );
+    assert_eq!(
+        c.filters(),
+        [
+            "obj.metadata.namespace != 'default'",
+            "contains(container.image, '.dkr.ecr.') && contains(container.image, '.amazonaws.com')",
+        ]
+    );
+    // secretReader.enabled: the chart let k8s-image-swapper read pull secrets.
+    assert!(c.config.source.image_pull_secrets);
+    assert_eq!(
+        c.paths("not carried over"),
+        set(&[
+            "replicaCount",
+            "config.dryRun",
+            "config.logLevel",
+            "config.logFormat",
+            "serviceAccount",
+            "webhook",
+        ])
+    );
+    assert!(
+        c.item("note", "secretReader.enabled")
+            .contains("get on secrets and serviceaccounts")
+    );
+}
+
+#[test]
+fn converted_output_passes_config_validate() {
+    let c = converted("ecr-production.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pinswap.yaml");
+    std::fs::write(&file, &c.run.stdout).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pinswap"))
+        .args(["config", "validate"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn stdin_is_read_for_dash() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pinswap"))
+        .args(["config", "convert", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&std::fs::read(data("gar.yaml")).unwrap())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let config = Config::from_yaml(&stdout, "stdin").unwrap();
+    assert_eq!(
+        config.target.registry,
+        "us-central1-docker.pkg.dev/gcp-project-123/main"
+    );
+    assert!(
+        String::from_utf8(out.stderr)
+            .unwrap()
+            .starts_with("<stdin>: converted;")
+    );
+}
+
+#[test]
+fn malformed_inputs_fail_naming_the_key() {
+    let cases = [
+        ("not-yaml.yaml", "not-yaml.yaml:6:4: not valid YAML: "),
+        (
+            "swap-policy-number.yaml",
+            "swap-policy-number.yaml: imageSwapPolicy: found the number 3, expected one of exists, always",
+        ),
+        (
+            "copy-policy-unknown.yaml",
+            "copy-policy-unknown.yaml: imageCopyPolicy: found \"lazy\", expected one of delayed, immediate, force, none",
+        ),
+        (
+            "deadline-number.yaml",
+            "deadline-number.yaml: imageCopyDeadline: found the number 8, which k8s-image-swapper reads as nanoseconds",
+        ),
+        (
+            "target-missing-region.yaml",
+            "target-missing-region.yaml: target.aws.region: missing",
+        ),
+        (
+            "filters-not-a-list.yaml",
+            "filters-not-a-list.yaml: source.filters: found the string",
+        ),
+        (
+            "filter-bad-jmespath.yaml",
+            "filter-bad-jmespath.yaml: source.filters[1].jmespath: not a valid JMESPath expression",
+        ),
+        (
+            "target-type-unknown.yaml",
+            "target-type-unknown.yaml: target.type: found \"azure\", expected aws or gcp",
+        ),
+    ];
+    for (name, want) in cases {
+        let r = convert(&format!("invalid/{name}"));
+        assert_eq!(r.code, 1, "{name}: {}", r.stderr);
+        assert_eq!(r.stdout, "", "{name}: nothing on stdout");
+        let first = r.stderr.lines().next().unwrap_or("");
+        assert!(first.starts_with("error: "), "{name}: {first}");
+        assert!(
+            first.contains(want),
+            "{name}: expected {want:?} in {first:?}"
+        );
+        assert!(!r.stderr.contains("panicked"), "{name}: {}", r.stderr);
+    }
+}
+
+#[test]
+fn a_missing_file_is_an_error() {
+    let r = convert("no-such-file.yaml");
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("no-such-file.yaml: cannot read: "),
+        "{}",
+        r.stderr
+    );
+}
