@@ -1231,7 +1231,7 @@ impl Cx<'_> {
         y.push_str(&format!("target:\n  registry: {}\n", q(target)));
         match o.target.as_ref().map(|t| t.kind) {
             Some(Cloud::Aws) => y.push_str(
-                "  # Credentials: a Docker config.json whose credHelpers run docker-credential-ecr-login\n  # for this host, e.g. {\"credHelpers\": {\"<host>\": \"ecr-login\"}}. pinswap reads it once\n  # at startup and an ECR token lasts 12 hours: restart pinswap within that.\n  # auth:\n  #   dockerConfigFile: /etc/pinswap/docker/config.json\n",
+                "  # Credentials: a Docker config.json whose credHelpers run docker-credential-ecr-login\n  # for this host, e.g. {\"credHelpers\": {\"<host>\": \"ecr-login\"}}. pinswap reads it once\n  # at startup and an ECR token lasts 12 hours: restart pinswap within that.\n  # auth:\n  #   dockerConfigFile: /var/run/secrets/pinswap/config.json  # Secret pinswap-registry-auth\n",
             ),
             Some(Cloud::Gcp) => y.push_str(
                 "  # Credentials: a service account key (JSON), which keeps working (pinswap reads\n  # target.auth once at startup, and a credential helper's token expires within an hour):\n  # auth:\n  #   username: _json_key\n  #   passwordFile: /etc/pinswap/gar/key.json\n",
