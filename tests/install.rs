@@ -947,3 +947,88 @@ async fn two_serve_processes_come_up_with_one_shared_certificate() {
         "one caBundle patch per replica at most: {patches}"
     );
 }
+
+#[tokio::test]
+async fn a_secret_that_does_not_serve_is_replaced_and_a_foreign_one_is_named() {
+    common::init();
+    let api = KubeApi::start().await;
+    install_webhook(&api).await;
+    let dir = tempfile::tempdir().unwrap();
+    let replica = bootstrap(&api, dir.path());
+    let good = replica.bootstrap().await.unwrap();
+
+    // Garbage certificate, annotations still claiming a long life (a bad
+    // restore, a hand edit): replaced, not served.
+    let mut secret = api.secret(NS, "pinswap-tls").unwrap();
+    secret.data.as_mut().unwrap().insert(
+        "tls.crt".into(),
+        k8s_openapi::ByteString(
+            b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n".to_vec(),
+        ),
+    );
+    api.put_secret(NS, secret);
+    let fresh = replica.bootstrap().await.unwrap();
+    assert_ne!(fresh.cert_pem, good.cert_pem);
+    verify_chain(&fresh.cert_pem, &ca_bundle(&api), "pinswap.pinswap.svc");
+    assert_eq!(
+        data(&api.secret(NS, "pinswap-tls").unwrap(), "tls.crt"),
+        fresh.cert_pem
+    );
+
+    // A key that belongs to another certificate: replaced too.
+    let other = self_signed::generate(&fresh.dns_names, None).unwrap();
+    let mut secret = api.secret(NS, "pinswap-tls").unwrap();
+    secret.data.as_mut().unwrap().insert(
+        "tls.key".into(),
+        k8s_openapi::ByteString(other.key_pem.into_bytes()),
+    );
+    api.put_secret(NS, secret);
+    let again = replica.bootstrap().await.unwrap();
+    assert_ne!(again.cert_pem, fresh.cert_pem);
+
+    // An Opaque Secret of that name, made by someone else: its type cannot
+    // change, so the error says what to do, and the Secret is untouched.
+    let api = KubeApi::start().await;
+    let opaque = Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("pinswap-tls".into()),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    api.put_secret(NS, opaque);
+    let e = bootstrap(&api, dir.path())
+        .bootstrap()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "Secret pinswap/pinswap-tls has type \"Opaque\"; delete it and pinswap creates its own"
+    );
+    assert_eq!(
+        api.secret(NS, "pinswap-tls").unwrap().type_.as_deref(),
+        Some("Opaque")
+    );
+}
+
+#[tokio::test]
+async fn a_replica_with_older_material_never_drops_a_newer_ca() {
+    common::init();
+    let api = KubeApi::start().await;
+    install_webhook(&api).await;
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (bootstrap(&api, da.path()), bootstrap(&api, db.path()));
+    let old = a.bootstrap().await.unwrap();
+    // A renews (the bundle becomes new CA + old CA); B still holds `old`.
+    let renewed = self_signed::generate(&old.dns_names, Some(&old)).unwrap();
+    assert_eq!(
+        a.patch_ca_bundle(&renewed).await.unwrap(),
+        CaBundle::Patched
+    );
+    assert_eq!(b.patch_ca_bundle(&old).await.unwrap(), CaBundle::Unchanged);
+    assert_eq!(ca_bundle(&api), renewed.ca_pem, "B left A's bundle alone");
+    verify_chain(&renewed.cert_pem, &ca_bundle(&api), "pinswap.pinswap.svc");
+    verify_chain(&old.cert_pem, &ca_bundle(&api), "pinswap.pinswap.svc");
+}

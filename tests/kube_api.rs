@@ -400,10 +400,14 @@ async fn selectors_are_refused_not_ignored_and_failures_inject() {
     assert_eq!((err.code, err.reason.as_str()), (400, "BadRequest"));
 
     // Calls the server doesn't implement are refused with a Status too.
-    let secrets: Api<Secret> = Api::namespaced(api.client(), "apps");
-    let secret = dockerconfigjson_secret("s", "reg.test", "u", "p");
-    let err = api_error(secrets.create(&PostParams::default(), &secret).await);
+    let accounts: Api<ServiceAccount> = Api::namespaced(api.client(), "apps");
+    let err = api_error(
+        accounts
+            .create(&PostParams::default(), &Default::default())
+            .await,
+    );
     assert_eq!((err.code, err.reason.as_str()), (405, "MethodNotAllowed"));
+    let secrets: Api<Secret> = Api::namespaced(api.client(), "apps");
     let err = api_error(secrets.delete("s", &Default::default()).await);
     assert_eq!((err.code, err.reason.as_str()), (405, "MethodNotAllowed"));
 

@@ -9,9 +9,13 @@
 //!    [`RENEW_BEFORE`] left, or other DNS names) is replaced with optimistic
 //!    concurrency on `resourceVersion`; a 409 Conflict is retried from the
 //!    read.
-//! 2. Write `tls.crt` and `tls.key` to files, which the server reloads.
-//! 3. Patch the MutatingWebhookConfiguration's `caBundle` to the Secret's
-//!    `ca.crt`, with a JSON patch that first tests the webhook's name.
+//!    A Secret is reused only if its certificate and key match, chain to its
+//!    `ca.crt` and stay valid for [`RENEW_BEFORE`]; one of another `type`
+//!    is an error, since the API cannot change a Secret's type.
+//! 2. Patch the MutatingWebhookConfiguration's `caBundle` to the Secret's
+//!    `ca.crt` unless it already trusts every CA in it, with a JSON patch
+//!    that first tests the `resourceVersion` read.
+//! 3. Write `tls.crt` and `tls.key` to files, which the server reloads.
 //!
 //! Then it repeats every [`RECHECK`], so a renewal by one replica reaches
 //! the others and a `caBundle` reset by a re-apply is restored. A renewal
@@ -67,6 +71,18 @@ pub enum SelfSignedError {
     /// Renewals kept conflicting with other writers.
     #[error("Secret {0}: still conflicting after {1} attempts")]
     Conflicts(String, usize),
+    /// The Secret exists but cannot be updated into a TLS Secret: its
+    /// `type` (immutable in the API) is not `kubernetes.io/tls`, or it is
+    /// marked `immutable`.
+    #[error("{secret} has type {type_:?}{}; delete it and pinswap creates its own", if *.immutable { " and is immutable" } else { "" })]
+    Foreign {
+        /// `Secret NAMESPACE/NAME`.
+        secret: String,
+        /// Its `type`.
+        type_: String,
+        /// Whether it is marked immutable.
+        immutable: bool,
+    },
 }
 
 /// What one pass did to the MutatingWebhookConfiguration.
@@ -142,8 +158,10 @@ impl SelfSigned {
     /// As [`SelfSigned::secret`], or [`SelfSignedError::Write`].
     pub async fn bootstrap(&self) -> Result<Material, SelfSignedError> {
         let material = self.secret().await?;
-        self.write_files(&material).await?;
+        // caBundle first: a replica must not serve a certificate the API
+        // server does not trust yet.
         self.patch_logged(&material).await;
+        self.write_files(&material).await?;
         Ok(material)
     }
 
@@ -158,10 +176,10 @@ impl SelfSigned {
             }
             match self.secret().await {
                 Ok(material) => {
+                    self.patch_logged(&material).await;
                     if let Err(e) = self.write_files(&material).await {
                         tracing::warn!(error = %e, "self-signed TLS: cannot write the certificate");
                     }
-                    self.patch_logged(&material).await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "self-signed TLS: cannot read or renew the Secret")
@@ -212,10 +230,24 @@ impl SelfSigned {
                 .get_opt(&self.secret)
                 .await
                 .map_err(kube_err("get"))?;
+            if let Some(c) = &current {
+                let type_ = c.type_.as_deref().unwrap_or("Opaque");
+                let immutable = c.immutable == Some(true);
+                if type_ != "kubernetes.io/tls" || immutable {
+                    return Err(SelfSignedError::Foreign {
+                        secret: self.secret_path(),
+                        type_: type_.to_owned(),
+                        immutable,
+                    });
+                }
+            }
             let previous = current.as_ref().and_then(material_of);
+            // Judged by the certificate itself, not only by our annotation:
+            // a Secret restored from a backup or edited by hand may not match.
             if let Some(m) = &previous
                 && m.dns_names == dns
                 && !due(m.not_after)
+                && usable(m, &dns, SystemTime::now() + RENEW_BEFORE)
             {
                 return Ok(m.clone());
             }
@@ -289,7 +321,13 @@ impl SelfSigned {
         let Some(config) = self.webhooks.get_opt(name).await.map_err(kube_err("get"))? else {
             return Ok(CaBundle::Missing);
         };
-        let mut ops = Vec::new();
+        // Guards the whole patch: a concurrent change makes it fail (422)
+        // instead of being overwritten; the next pass reads it again.
+        let mut ops = vec![serde_json::json!({
+            "op": "test",
+            "path": "/metadata/resourceVersion",
+            "value": config.metadata.resource_version,
+        })];
         let mut ours = 0;
         for (i, webhook) in config.webhooks.iter().flatten().enumerate() {
             let calls_us = webhook
@@ -301,8 +339,15 @@ impl SelfSigned {
                 continue;
             }
             ours += 1;
-            let current = webhook.client_config.ca_bundle.as_ref().map(|b| &b.0[..]);
-            if current == Some(m.ca_pem.as_bytes()) {
+            // Already trusting every CA we have: leave it, even with more.
+            // A replica with older material must not drop a newer CA that
+            // another replica added.
+            let current = webhook
+                .client_config
+                .ca_bundle
+                .as_ref()
+                .map_or(&[][..], |b| &b.0[..]);
+            if trusts_all(current, m.ca_pem.as_bytes()) {
                 continue;
             }
             ops.push(serde_json::json!({"op": "test", "path": format!("/webhooks/{i}/name"), "value": webhook.name}));
@@ -315,7 +360,7 @@ impl SelfSigned {
         if ours == 0 {
             return Ok(CaBundle::Missing);
         }
-        if ops.is_empty() {
+        if ops.len() == 1 {
             return Ok(CaBundle::Unchanged);
         }
         // Built from valid ops above; a parse failure would be a bug.
@@ -336,6 +381,70 @@ fn merged(
     let mut out = a.unwrap_or_default();
     out.extend(b.unwrap_or_default());
     Some(out)
+}
+
+/// Whether every certificate in `bundle` (PEM) is also in `current` (PEM).
+fn trusts_all(current: &[u8], bundle: &[u8]) -> bool {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let certs = |pem: &[u8]| {
+        CertificateDer::pem_slice_iter(pem)
+            .filter_map(Result::ok)
+            .collect::<Vec<_>>()
+    };
+    let have = certs(current);
+    let want = certs(bundle);
+    !want.is_empty() && want.iter().all(|c| have.contains(c))
+}
+
+/// Whether the material serves TLS for every name in `dns` at time `at`:
+/// the certificate and key parse and match, and the certificate chains to
+/// `ca.crt` and is valid then (checked by rustls' WebPKI verifier).
+fn usable(m: &Material, dns: &[String], at: SystemTime) -> bool {
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let Ok(certs) =
+        CertificateDer::pem_slice_iter(m.cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>()
+    else {
+        return false;
+    };
+    let Some(leaf) = certs.first().cloned() else {
+        return false;
+    };
+    let Ok(key) = PrivateKeyDer::from_pem_slice(m.key_pem.as_bytes()) else {
+        return false;
+    };
+    // with_single_cert checks that the key belongs to the certificate.
+    let keyed = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map(|b| b.with_no_client_auth().with_single_cert(certs.clone(), key));
+    if !matches!(keyed, Ok(Ok(_))) {
+        return false;
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(m.ca_pem.as_bytes()) {
+        if ca.ok().and_then(|ca| roots.add(ca).ok()).is_none() {
+            return false;
+        }
+    }
+    let Ok(verifier) = WebPkiServerVerifier::builder_with_provider(roots.into(), provider).build()
+    else {
+        return false;
+    };
+    let at = UnixTime::since_unix_epoch(
+        at.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default(),
+    );
+    dns.iter().all(|name| {
+        ServerName::try_from(name.clone()).is_ok_and(|n| {
+            verifier
+                .verify_server_cert(&leaf, &certs[1..], &n, &[], at)
+                .is_ok()
+        })
+    })
 }
 
 fn due(not_after: SystemTime) -> bool {
@@ -498,11 +607,47 @@ mod tests {
     fn secrets_round_trip_and_incomplete_ones_are_replaced() {
         let m = generate(&["a.b.svc".to_owned()], None).unwrap();
         let s = secret_of("x", &m);
-        assert_eq!(material_of(&s), Some(m));
+        assert_eq!(material_of(&s), Some(m.clone()));
         let mut broken = s.clone();
         broken.data.as_mut().unwrap().remove("tls.key");
         assert_eq!(material_of(&broken), None);
         assert!(!due(SystemTime::now() + VALIDITY));
+        let dns = m.dns_names.clone();
+        assert!(usable(&m, &dns, SystemTime::now()));
+        assert!(
+            !usable(
+                &m,
+                &dns,
+                SystemTime::now() + VALIDITY + Duration::from_secs(3600)
+            ),
+            "expired then"
+        );
+        assert!(
+            !usable(&m, &["other.b.svc".to_owned()], SystemTime::now()),
+            "another name"
+        );
+        let other = generate(&dns, None).unwrap();
+        let swapped = Material {
+            key_pem: other.key_pem.clone(),
+            ..m.clone()
+        };
+        assert!(
+            !usable(&swapped, &dns, SystemTime::now()),
+            "a key of another certificate"
+        );
+        let foreign_ca = Material {
+            ca_pem: other.ca_pem.clone(),
+            ..m.clone()
+        };
+        assert!(
+            !usable(&foreign_ca, &dns, SystemTime::now()),
+            "a CA that did not sign it"
+        );
+        assert!(trusts_all(
+            format!("{}{}", other.ca_pem, m.ca_pem).as_bytes(),
+            m.ca_pem.as_bytes()
+        ));
+        assert!(!trusts_all(other.ca_pem.as_bytes(), m.ca_pem.as_bytes()));
         assert!(due(
             SystemTime::now() + RENEW_BEFORE - Duration::from_secs(1)
         ));

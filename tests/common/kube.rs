@@ -768,9 +768,9 @@ async fn replace(State(s): ApiState, Path(p): Params, body: Bytes) -> Response {
         Some(LEASES) => {
             replace_as::<Lease>(&s, LEASES, &p["ns"], &p["name"], &body).unwrap_or_else(|e| e)
         }
-        Some(SECRETS) => {
-            replace_as::<Secret>(&s, SECRETS, &p["ns"], &p["name"], &body).unwrap_or_else(|e| e)
-        }
+        Some(SECRETS) => secret_update_allowed(&s, &p["ns"], &p["name"], &body)
+            .and_then(|()| replace_as::<Secret>(&s, SECRETS, &p["ns"], &p["name"], &body))
+            .unwrap_or_else(|e| e),
         Some(_) => unsupported(),
         None => no_such_resource(),
     }
@@ -811,6 +811,30 @@ where
     }
     let value = serde_json::to_value(&obj).expect("serialise");
     Ok(Json(st.write(kind, ns, name, value).0).into_response())
+}
+
+/// The API's Secret update validation: `type` cannot change, and an
+/// `immutable` Secret's data cannot either (422 Invalid).
+fn secret_update_allowed(s: &Shared, ns: &str, name: &str, body: &[u8]) -> Result<(), Response> {
+    let new: Value =
+        serde_json::from_slice(body).map_err(|e| bad_request(format!("decoding Secret: {e}")))?;
+    let st = s.lock();
+    let Some(old) = st.objects.get(&(SECRETS.1, ns.to_owned(), name.to_owned())) else {
+        return Ok(());
+    };
+    let type_of = |v: &Value| v["type"].as_str().unwrap_or("Opaque").to_owned();
+    if type_of(old) != type_of(&new) {
+        let problem = format!(
+            "type: Invalid value: {:?}: field is immutable",
+            type_of(&new)
+        );
+        return Err(invalid(SECRETS, name, problem));
+    }
+    if old["immutable"] == true && (old["data"] != new["data"] || new["immutable"] != true) {
+        let problem = "data: Forbidden: field is immutable when `immutable` is set".into();
+        return Err(invalid(SECRETS, name, problem));
+    }
+    Ok(())
 }
 
 /// PATCH, for Events: merge patch, or strategic merge patch, which is the
