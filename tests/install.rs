@@ -87,12 +87,23 @@ struct CertManagerObject {
 #[allow(dead_code)]
 struct CertManagerSpec {
     self_signed: Option<BTreeMap<String, Value>>,
+    ca: Option<CaIssuer>,
+    #[serde(rename = "isCA")]
+    is_ca: Option<bool>,
+    common_name: Option<String>,
     secret_name: Option<String>,
     dns_names: Option<Vec<String>>,
     issuer_ref: Option<IssuerRef>,
     duration: Option<String>,
     renew_before: Option<String>,
     private_key: Option<PrivateKey>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(dead_code)]
+struct CaIssuer {
+    secret_name: String,
 }
 
 #[derive(Deserialize)]
@@ -109,7 +120,7 @@ struct IssuerRef {
 struct PrivateKey {
     algorithm: String,
     size: u32,
-    rotation_policy: String,
+    rotation_policy: Option<String>,
 }
 
 fn check_round_trip(objects: &[Value]) {
@@ -243,6 +254,33 @@ async fn the_webhook_is_fail_open_and_skips_its_own_and_opted_out_namespaces() {
     // Its own namespace also carries the opt-out label.
     let own: Namespace = typed(find(&objects, "Namespace", "mirror"));
     assert_eq!(own.metadata.labels.unwrap()["pinswap.dev/ignore"], "true");
+
+    // The serving certificate comes from a CA Issuer whose CA a self-signed
+    // Issuer made, so renewing it leaves the injected CA alone.
+    let serving = find(&objects, "Certificate", "pinswap-webhook");
+    assert_eq!(
+        serving["spec"]["issuerRef"],
+        json!({"kind": "Issuer", "name": "pinswap-ca"})
+    );
+    assert_eq!(serving["spec"]["secretName"], "pinswap-tls");
+    assert_eq!(
+        serving["spec"]["dnsNames"],
+        json!(["pinswap.mirror.svc", "pinswap.mirror.svc.cluster.local"])
+    );
+    assert_eq!(
+        find(&objects, "Issuer", "pinswap-ca")["spec"],
+        json!({"ca": {"secretName": "pinswap-ca"}})
+    );
+    let ca = find(&objects, "Certificate", "pinswap-ca");
+    assert_eq!(ca["spec"]["isCA"], true);
+    assert_eq!(
+        ca["spec"]["issuerRef"],
+        json!({"kind": "Issuer", "name": "pinswap-selfsigned"})
+    );
+    assert_eq!(
+        find(&objects, "Issuer", "pinswap-selfsigned")["spec"],
+        json!({"selfSigned": {}})
+    );
 
     let self_signed = manifests(&["--tls", "self-signed"]).await;
     let config: MutatingWebhookConfiguration = typed(find(

@@ -46,8 +46,12 @@ pub const REGISTRY_AUTH_SECRET: &str = "pinswap-registry-auth";
 pub const REGISTRY_AUTH_DIR: &str = "/var/run/secrets/pinswap";
 /// The cert-manager Certificate that fills [`TLS_SECRET`].
 pub const CERTIFICATE: &str = "pinswap-webhook";
-/// The cert-manager self-signed Issuer.
+/// The cert-manager self-signed Issuer, which only signs the CA.
 pub const ISSUER: &str = "pinswap-selfsigned";
+/// The cert-manager CA Certificate (and its Secret).
+pub const CA_CERTIFICATE: &str = "pinswap-ca";
+/// The cert-manager CA Issuer, which signs the serving certificate.
+pub const CA_ISSUER: &str = "pinswap-ca";
 /// Name of the RBAC objects that only the self-signed bootstrap needs.
 pub const SELF_SIGNED_RBAC: &str = "pinswap-self-signed";
 /// Name of the Role that lets the replicas elect a leader.
@@ -176,8 +180,9 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
         serde_json::to_value(disruption_budget(ns)),
     )?;
     if opts.tls == Tls::CertManager {
-        push("Issuer", Ok(issuer(ns)))?;
-        push("Certificate", Ok(certificate(ns)))?;
+        for object in cert_manager(ns) {
+            push("cert-manager object", Ok(object))?;
+        }
     }
     push(
         "MutatingWebhookConfiguration",
@@ -651,35 +656,63 @@ fn disruption_budget(ns: &str) -> PodDisruptionBudget {
             // blocks, and with 2 replicas one keeps serving.
             max_unavailable: Some(IntOrString::Int(1)),
             selector: Some(selector()),
+            // Replicas that are not ready (the target registry down) must
+            // not block node drains: admission fails open without them.
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
             ..Default::default()
         }),
         ..Default::default()
     }
 }
 
-fn issuer(ns: &str) -> Value {
-    json!({
-        "apiVersion": "cert-manager.io/v1",
-        "kind": "Issuer",
-        "metadata": { "name": ISSUER, "namespace": ns, "labels": labels() },
-        "spec": { "selfSigned": {} },
-    })
-}
-
-fn certificate(ns: &str) -> Value {
-    json!({
-        "apiVersion": "cert-manager.io/v1",
-        "kind": "Certificate",
-        "metadata": { "name": CERTIFICATE, "namespace": ns, "labels": labels() },
-        "spec": {
-            "secretName": TLS_SECRET,
-            "dnsNames": dns_names(NAME, ns),
-            "issuerRef": { "kind": "Issuer", "name": ISSUER },
-            "duration": "8760h",
-            "renewBefore": "720h",
-            "privateKey": { "algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always" },
-        },
-    })
+/// A self-signed Issuer signs a CA, and a CA Issuer signs the serving
+/// certificate, so `ca.crt` (what cainjector puts in the caBundle) stays the
+/// same when the serving certificate is renewed. A serving certificate from
+/// the self-signed Issuer directly would be its own CA, and every renewal
+/// would change the caBundle before the Pods see the new certificate.
+fn cert_manager(ns: &str) -> [Value; 4] {
+    let meta = |name: &str| json!({ "name": name, "namespace": ns, "labels": labels() });
+    [
+        json!({
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Issuer",
+            "metadata": meta(ISSUER),
+            "spec": { "selfSigned": {} },
+        }),
+        json!({
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Certificate",
+            "metadata": meta(CA_CERTIFICATE),
+            "spec": {
+                "isCA": true,
+                "commonName": "pinswap webhook CA",
+                "secretName": CA_CERTIFICATE,
+                "duration": "87600h",
+                "renewBefore": "720h",
+                "privateKey": { "algorithm": "ECDSA", "size": 256 },
+                "issuerRef": { "kind": "Issuer", "name": ISSUER },
+            },
+        }),
+        json!({
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Issuer",
+            "metadata": meta(CA_ISSUER),
+            "spec": { "ca": { "secretName": CA_CERTIFICATE } },
+        }),
+        json!({
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Certificate",
+            "metadata": meta(CERTIFICATE),
+            "spec": {
+                "secretName": TLS_SECRET,
+                "dnsNames": dns_names(NAME, ns),
+                "issuerRef": { "kind": "Issuer", "name": CA_ISSUER },
+                "duration": "8760h",
+                "renewBefore": "720h",
+                "privateKey": { "algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always" },
+            },
+        }),
+    ]
 }
 
 /// `key NotIn [values]`.
