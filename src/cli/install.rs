@@ -78,6 +78,11 @@ pub(super) fn manifests(args: ManifestsArgs) -> anyhow::Result<ExitCode> {
     };
     let config = crate::config::Config::from_yaml(&config_text, &source)
         .map_err(|e| Usage(e.to_string()))?;
+    if config.server.tls_cert.is_some() || config.server.tls_key.is_some() {
+        eprintln!(
+            "warning: server.tlsCert/tlsKey are overridden by the Deployment's --tls-cert/--tls-key (the certificate comes from --tls)"
+        );
+    }
     let tls = match args.tls {
         TlsMode::CertManager => Tls::CertManager,
         TlsMode::SelfSigned => Tls::SelfSigned,

@@ -122,6 +122,14 @@ pub enum ManifestError {
         /// The configured budget.
         budget: String,
     },
+    /// The config cannot work inside the generated Deployment.
+    #[error("{path}: {message}")]
+    InCluster {
+        /// The config key, e.g. `server.listen`.
+        path: String,
+        /// Why, and what to write instead.
+        message: String,
+    },
     /// A built object did not serialise (a bug).
     #[error("cannot serialise {kind}: {source}")]
     Serialize {
@@ -154,6 +162,9 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
         return Err(ManifestError::Budget {
             budget: humantime::format_duration(opts.config.server.admission_budget).to_string(),
         });
+    }
+    if let Some(e) = in_cluster_problems(&opts.config).into_iter().next() {
+        return Err(e);
     }
     let mut out = Vec::new();
     let mut push = |kind: &'static str, v: Result<Value, serde_json::Error>| {
@@ -204,6 +215,73 @@ pub fn to_yaml(objects: &[Value], header: &str) -> String {
         out.push_str("---\n");
         // Values built from k8s-openapi types and json! always serialise.
         out.push_str(&yaml_serde::to_string(object).unwrap_or_default());
+    }
+    out
+}
+
+/// Settings that load fine but cannot work in the Deployment this module
+/// writes: addresses the kubelet and the Service cannot reach, ports the
+/// unprivileged container cannot bind, and credentials it cannot see.
+fn in_cluster_problems(c: &Config) -> Vec<ManifestError> {
+    let mut out = Vec::new();
+    let mut bad = |path: &str, message: String| {
+        out.push(ManifestError::InCluster {
+            path: path.to_owned(),
+            message,
+        })
+    };
+    for (path, addr) in [
+        ("server.listen", c.server.listen),
+        ("server.healthListen", c.server.health_listen),
+    ] {
+        if !addr.ip().is_unspecified() {
+            bad(
+                path,
+                format!(
+                    "{addr} is not reachable from the Service and the kubelet's probes; listen on 0.0.0.0:{}",
+                    addr.port()
+                ),
+            );
+        } else if addr.port() < 1024 {
+            bad(
+                path,
+                format!(
+                    "port {} needs a capability the Pod drops (it runs as UID 65532 with none); use a port from 1024 up",
+                    addr.port()
+                ),
+            );
+        }
+    }
+    let mut auths = vec![("target.auth".to_owned(), c.target.auth.as_ref())];
+    for (i, r) in c.source.registries.iter().enumerate() {
+        auths.push((format!("source.registries[{i}].auth"), r.auth.as_ref()));
+    }
+    for (path, auth) in auths {
+        let Some(auth) = auth else { continue };
+        if auth.password_env.is_some() {
+            bad(
+                &format!("{path}.passwordEnv"),
+                format!(
+                    "the generated Deployment sets no such variable; use passwordFile under {REGISTRY_AUTH_DIR}/ (Secret {REGISTRY_AUTH_SECRET})"
+                ),
+            );
+        }
+        for (key, file) in [
+            ("passwordFile", &auth.password_file),
+            ("dockerConfigFile", &auth.docker_config_file),
+        ] {
+            if let Some(file) = file
+                && !file.starts_with(REGISTRY_AUTH_DIR)
+            {
+                bad(
+                    &format!("{path}.{key}"),
+                    format!(
+                        "{} is not mounted in the Pod; put the file in Secret {REGISTRY_AUTH_SECRET}, which is mounted at {REGISTRY_AUTH_DIR}/",
+                        file.display()
+                    ),
+                );
+            }
+        }
     }
     out
 }
@@ -822,6 +900,49 @@ mod tests {
         };
         let e = objects(&o).unwrap_err().to_string();
         assert!(e.starts_with("server.admissionBudget: 10s"), "{e}");
+    }
+
+    #[test]
+    fn configs_that_cannot_work_in_the_pod_are_refused_by_key() {
+        let cases = [
+            (
+                "server: {listen: 127.0.0.1:8443}",
+                "server.listen: 127.0.0.1:8443 is not reachable",
+            ),
+            (
+                "server: {healthListen: 0.0.0.0:80}",
+                "server.healthListen: port 80 needs a capability",
+            ),
+            (
+                "target: {registry: m.example.com, auth: {username: u, passwordEnv: PW}}",
+                "target.auth.passwordEnv: the generated Deployment sets no such variable",
+            ),
+            (
+                "source: {registries: [{registry: r.example.com, auth: {dockerConfigFile: /home/me/config.json}}]}",
+                "source.registries[0].auth.dockerConfigFile: /home/me/config.json is not mounted",
+            ),
+        ];
+        for (extra, want) in cases {
+            let text = if extra.starts_with("target") {
+                format!("{extra}\n")
+            } else {
+                format!("target: {{registry: m.example.com}}\n{extra}\n")
+            };
+            let o = Options {
+                config: Config::from_yaml(&text, "t").unwrap(),
+                config_text: text,
+                ..opts(Tls::CertManager)
+            };
+            let e = objects(&o).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{extra}: {e}");
+        }
+        let text = "target: {registry: m.example.com, auth: {username: u, passwordFile: /var/run/secrets/pinswap/pw}}\n";
+        let o = Options {
+            config: Config::from_yaml(text, "t").unwrap(),
+            config_text: text.into(),
+            ..opts(Tls::CertManager)
+        };
+        objects(&o).expect("a password file in the mounted Secret");
     }
 
     #[test]
