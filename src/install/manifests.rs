@@ -31,10 +31,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use super::{IGNORE_LABEL, NAME, TIMEOUT_SECONDS, TLS_SECRET, WEBHOOK, dns_names};
 use crate::config::Config;
+use crate::registry::check::sha256_digest;
 
 /// Where the ConfigMap's `config.yaml` is mounted in the container.
 pub const CONFIG_PATH: &str = "/etc/pinswap/config/config.yaml";
@@ -122,14 +122,10 @@ pub enum ManifestError {
         /// The configured budget.
         budget: String,
     },
-    /// The config cannot work inside the generated Deployment.
-    #[error("{path}: {message}")]
-    InCluster {
-        /// The config key, e.g. `server.listen`.
-        path: String,
-        /// Why, and what to write instead.
-        message: String,
-    },
+    /// The config cannot work inside the generated Deployment: one
+    /// `KEY: why, and what to write instead` per problem.
+    #[error("{}", .0.join("\n"))]
+    InCluster(Vec<String>),
     /// A built object did not serialise (a bug).
     #[error("cannot serialise {kind}: {source}")]
     Serialize {
@@ -142,7 +138,7 @@ pub enum ManifestError {
 
 /// Builds every object of an install, in apply order: Namespace,
 /// ServiceAccount, RBAC, ConfigMap, Service, Deployment,
-/// PodDisruptionBudget, the cert-manager Issuer and Certificate (with
+/// PodDisruptionBudget, the cert-manager Issuers and Certificates (with
 /// [`Tls::CertManager`]), and last the MutatingWebhookConfiguration, so the
 /// webhook is registered only once its Service exists.
 ///
@@ -150,7 +146,9 @@ pub enum ManifestError {
 ///
 /// # Errors
 /// [`ManifestError::Namespace`], [`ManifestError::Replicas`] and
-/// [`ManifestError::Budget`] for options that cannot work.
+/// [`ManifestError::Budget`] for options that cannot work;
+/// [`ManifestError::InCluster`] listing every config setting the Pod could
+/// not honour.
 pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
     if !is_dns_label(&opts.namespace) {
         return Err(ManifestError::Namespace(opts.namespace.clone()));
@@ -163,43 +161,36 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
             budget: humantime::format_duration(opts.config.server.admission_budget).to_string(),
         });
     }
-    if let Some(e) = in_cluster_problems(&opts.config).into_iter().next() {
-        return Err(e);
+    let problems = in_cluster_problems(&opts.config);
+    if !problems.is_empty() {
+        return Err(ManifestError::InCluster(problems));
     }
-    let mut out = Vec::new();
-    let mut push = |kind: &'static str, v: Result<Value, serde_json::Error>| {
-        v.map(|v| out.push(v))
-            .map_err(|source| ManifestError::Serialize { kind, source })
-    };
     let ns = opts.namespace.as_str();
-    push("Namespace", serde_json::to_value(namespace(ns)))?;
-    push(
-        "ServiceAccount",
-        serde_json::to_value(ServiceAccount {
-            metadata: meta(NAME, Some(ns)),
-            ..Default::default()
-        }),
-    )?;
-    for rbac in rbac(opts) {
-        push("RBAC", Ok(rbac))?;
-    }
-    push("ConfigMap", serde_json::to_value(config_map(opts)))?;
-    push("Service", serde_json::to_value(service(opts)))?;
-    push("Deployment", serde_json::to_value(deployment(opts)))?;
-    push(
-        "PodDisruptionBudget",
-        serde_json::to_value(disruption_budget(ns)),
-    )?;
+    let account = ServiceAccount {
+        metadata: meta(NAME, Some(ns)),
+        ..Default::default()
+    };
+    let mut out = vec![
+        value("Namespace", &namespace(ns))?,
+        value("ServiceAccount", &account)?,
+    ];
+    out.extend(rbac(opts)?);
+    out.push(value("ConfigMap", &config_map(opts))?);
+    out.push(value("Service", &service(opts))?);
+    out.push(value("Deployment", &deployment(opts))?);
+    out.push(value("PodDisruptionBudget", &disruption_budget(ns))?);
     if opts.tls == Tls::CertManager {
-        for object in cert_manager(ns) {
-            push("cert-manager object", Ok(object))?;
-        }
+        out.extend(cert_manager(ns));
     }
-    push(
+    out.push(value(
         "MutatingWebhookConfiguration",
-        serde_json::to_value(webhook_configuration(opts)),
-    )?;
+        &webhook_configuration(opts),
+    )?);
     Ok(out)
+}
+
+fn value<T: serde::Serialize>(kind: &'static str, object: &T) -> Result<Value, ManifestError> {
+    serde_json::to_value(object).map_err(|source| ManifestError::Serialize { kind, source })
 }
 
 /// Renders objects as one multi-document YAML stream, with a header naming
@@ -222,14 +213,9 @@ pub fn to_yaml(objects: &[Value], header: &str) -> String {
 /// Settings that load fine but cannot work in the Deployment this module
 /// writes: addresses the kubelet and the Service cannot reach, ports the
 /// unprivileged container cannot bind, and credentials it cannot see.
-fn in_cluster_problems(c: &Config) -> Vec<ManifestError> {
+fn in_cluster_problems(c: &Config) -> Vec<String> {
     let mut out = Vec::new();
-    let mut bad = |path: &str, message: String| {
-        out.push(ManifestError::InCluster {
-            path: path.to_owned(),
-            message,
-        })
-    };
+    let mut bad = |path: &str, message: String| out.push(format!("{path}: {message}"));
     for (path, addr) in [
         ("server.listen", c.server.listen),
         ("server.healthListen", c.server.health_listen),
@@ -309,7 +295,7 @@ fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    sha256_digest(bytes).hex().to_owned()
 }
 
 fn namespace(ns: &str) -> Namespace {
@@ -354,39 +340,54 @@ fn role_ref(kind: &str, name: &str) -> RoleRef {
 }
 
 /// A Role and its RoleBinding, or a ClusterRole and its binding.
-fn grant(name: &str, namespace: Option<&str>, sa_ns: &str, rules: Vec<PolicyRule>) -> [Value; 2] {
-    // Serialising plain k8s-openapi structs cannot fail.
-    let to = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
-    match namespace {
+fn grant(
+    name: &str,
+    namespace: Option<&str>,
+    sa_ns: &str,
+    rules: Vec<PolicyRule>,
+) -> Result<[Value; 2], ManifestError> {
+    Ok(match namespace {
         Some(ns) => [
-            to(serde_json::to_value(Role {
-                metadata: meta(name, Some(ns)),
-                rules: Some(rules),
-            })),
-            to(serde_json::to_value(RoleBinding {
-                metadata: meta(name, Some(ns)),
-                role_ref: role_ref("Role", name),
-                subjects: Some(subject(sa_ns)),
-            })),
+            value(
+                "Role",
+                &Role {
+                    metadata: meta(name, Some(ns)),
+                    rules: Some(rules),
+                },
+            )?,
+            value(
+                "RoleBinding",
+                &RoleBinding {
+                    metadata: meta(name, Some(ns)),
+                    role_ref: role_ref("Role", name),
+                    subjects: Some(subject(sa_ns)),
+                },
+            )?,
         ],
         None => [
-            to(serde_json::to_value(ClusterRole {
-                metadata: meta(name, None),
-                rules: Some(rules),
-                ..Default::default()
-            })),
-            to(serde_json::to_value(ClusterRoleBinding {
-                metadata: meta(name, None),
-                role_ref: role_ref("ClusterRole", name),
-                subjects: Some(subject(sa_ns)),
-            })),
+            value(
+                "ClusterRole",
+                &ClusterRole {
+                    metadata: meta(name, None),
+                    rules: Some(rules),
+                    ..Default::default()
+                },
+            )?,
+            value(
+                "ClusterRoleBinding",
+                &ClusterRoleBinding {
+                    metadata: meta(name, None),
+                    role_ref: role_ref("ClusterRole", name),
+                    subjects: Some(subject(sa_ns)),
+                },
+            )?,
         ],
-    }
+    })
 }
 
 /// Least privilege for what the config turns on. Kubernetes cannot limit
 /// `create` by resourceName, so each create is confined to one namespace.
-fn rbac(opts: &Options) -> Vec<Value> {
+fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
     let ns = opts.namespace.as_str();
     let c = &opts.config;
     let mut out = Vec::new();
@@ -404,7 +405,7 @@ fn rbac(opts: &Options) -> Vec<Value> {
             cluster.extend(watch());
         } else {
             for watched in &c.recovery.namespaces {
-                out.extend(grant(RECOVERY_RBAC, Some(watched), ns, watch()));
+                out.extend(grant(RECOVERY_RBAC, Some(watched), ns, watch())?);
             }
         }
     }
@@ -413,7 +414,7 @@ fn rbac(opts: &Options) -> Vec<Value> {
         cluster.push(rule(&[""], &["secrets", "serviceaccounts"], &["get"], &[]));
     }
     if !cluster.is_empty() {
-        out.extend(grant(NAME, None, ns, cluster));
+        out.extend(grant(NAME, None, ns, cluster)?);
     }
     if c.recovery.enabled {
         let lease_ns = match c.recovery.lease.namespace.as_str() {
@@ -434,7 +435,7 @@ fn rbac(opts: &Options) -> Vec<Value> {
                     &[lease],
                 ),
             ],
-        ));
+        )?);
     }
     if opts.tls == Tls::SelfSigned {
         out.extend(grant(
@@ -445,7 +446,7 @@ fn rbac(opts: &Options) -> Vec<Value> {
                 rule(&[""], &["secrets"], &["create"], &[]),
                 rule(&[""], &["secrets"], &["get", "update"], &[TLS_SECRET]),
             ],
-        ));
+        )?);
         out.extend(grant(
             SELF_SIGNED_RBAC,
             None,
@@ -456,9 +457,9 @@ fn rbac(opts: &Options) -> Vec<Value> {
                 &["get", "patch"],
                 &[NAME],
             )],
-        ));
+        )?);
     }
-    out
+    Ok(out)
 }
 
 fn config_map(opts: &Options) -> ConfigMap {
@@ -943,6 +944,19 @@ mod tests {
             ..opts(Tls::CertManager)
         };
         objects(&o).expect("a password file in the mounted Secret");
+        let text = "target: {registry: m.example.com, auth: {username: u, passwordEnv: PW}}\nserver: {listen: 127.0.0.1:8443}\n";
+        let o = Options {
+            config: Config::from_yaml(text, "t").unwrap(),
+            config_text: text.into(),
+            ..opts(Tls::CertManager)
+        };
+        let e = objects(&o).unwrap_err().to_string();
+        let keys: Vec<&str> = e.lines().map(|l| l.split(':').next().unwrap()).collect();
+        assert_eq!(
+            keys,
+            ["server.listen", "target.auth.passwordEnv"],
+            "every problem, one per line: {e}"
+        );
     }
 
     #[test]
