@@ -189,8 +189,11 @@ async fn every_object_round_trips_through_its_k8s_openapi_type() {
 #[tokio::test]
 async fn the_webhook_is_fail_open_and_skips_its_own_and_opted_out_namespaces() {
     let objects = manifests(&["--namespace", "mirror", "--tls", "cert-manager"]).await;
-    let config: MutatingWebhookConfiguration =
-        typed(find(&objects, "MutatingWebhookConfiguration", "pinswap"));
+    let config: MutatingWebhookConfiguration = typed(find(
+        &objects,
+        "MutatingWebhookConfiguration",
+        "pinswap-mirror",
+    ));
     let annotations = config.metadata.annotations.clone().unwrap();
     assert_eq!(
         annotations["cert-manager.io/inject-ca-from"],
@@ -345,6 +348,60 @@ fn rules(rules: &[PolicyRule]) -> Vec<String> {
 
 fn k(kind: &str, ns: &str, name: &str) -> (String, String, String) {
     (kind.into(), ns.into(), name.into())
+}
+
+/// Cluster-scoped objects carry the namespace outside the default one, so
+/// two installs never share them, and the self-signed bootstrap is told
+/// the webhook configuration's name.
+#[tokio::test]
+async fn cluster_scoped_names_follow_the_namespace() {
+    let objects = manifests(&["--tls", "self-signed", "-n", "mirror"]).await;
+    let cluster: Vec<String> = objects
+        .iter()
+        .map(key)
+        .filter(|(_, ns, _)| ns.is_empty())
+        .map(|(kind, _, name)| format!("{kind}/{name}"))
+        .collect();
+    assert_eq!(
+        cluster,
+        [
+            "Namespace/mirror",
+            "ClusterRole/pinswap-mirror",
+            "ClusterRoleBinding/pinswap-mirror",
+            "ClusterRole/pinswap-self-signed-mirror",
+            "ClusterRoleBinding/pinswap-self-signed-mirror",
+            "MutatingWebhookConfiguration/pinswap-mirror",
+        ]
+    );
+    let role: ClusterRole = typed(find(&objects, "ClusterRole", "pinswap-self-signed-mirror"));
+    assert_eq!(
+        role.rules.unwrap()[0].resource_names.as_deref(),
+        Some(&["pinswap-mirror".to_owned()][..])
+    );
+    let d: Deployment = typed(find(&objects, "Deployment", "pinswap"));
+    let args = d.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    let at = args
+        .iter()
+        .position(|a| a == "--webhook-configuration")
+        .expect("the flag");
+    assert_eq!(args[at + 1], "pinswap-mirror");
+    let hook: MutatingWebhookConfiguration = typed(find(
+        &objects,
+        "MutatingWebhookConfiguration",
+        "pinswap-mirror",
+    ));
+    let service = hook.webhooks.unwrap()[0]
+        .client_config
+        .service
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (service.namespace.as_str(), service.name.as_str()),
+        ("mirror", "pinswap")
+    );
 }
 
 #[tokio::test]

@@ -272,6 +272,18 @@ fn in_cluster_problems(c: &Config) -> Vec<String> {
     out
 }
 
+/// Name of a cluster-scoped object (ClusterRole, ClusterRoleBinding,
+/// MutatingWebhookConfiguration): `base` in the default namespace, else
+/// `base-NAMESPACE`, so installs in two namespaces don't take over each
+/// other's objects.
+pub fn cluster_name(base: &str, namespace: &str) -> String {
+    if namespace == NAME {
+        base.to_owned()
+    } else {
+        format!("{base}-{namespace}")
+    }
+}
+
 fn is_dns_label(s: &str) -> bool {
     let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
     !s.is_empty()
@@ -414,7 +426,7 @@ fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
         cluster.push(rule(&[""], &["secrets", "serviceaccounts"], &["get"], &[]));
     }
     if !cluster.is_empty() {
-        out.extend(grant(NAME, None, ns, cluster)?);
+        out.extend(grant(&cluster_name(NAME, ns), None, ns, cluster)?);
     }
     if c.recovery.enabled {
         let lease_ns = match c.recovery.lease.namespace.as_str() {
@@ -448,14 +460,14 @@ fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
             ],
         )?);
         out.extend(grant(
-            SELF_SIGNED_RBAC,
+            &cluster_name(SELF_SIGNED_RBAC, ns),
             None,
             ns,
             vec![rule(
                 &["admissionregistration.k8s.io"],
                 &["mutatingwebhookconfigurations"],
                 &["get", "patch"],
-                &[NAME],
+                &[&cluster_name(NAME, ns)],
             )],
         )?);
     }
@@ -547,6 +559,10 @@ fn deployment(opts: &Options) -> Deployment {
     ];
     if opts.tls == Tls::SelfSigned {
         args.push("--self-signed".into());
+        if ns != NAME {
+            args.push("--webhook-configuration".into());
+            args.push(cluster_name(NAME, ns));
+        }
     }
     let field_env = |name: &str, path: &str| EnvVar {
         name: name.into(),
@@ -805,7 +821,7 @@ fn not_in(key: &str, values: &[&str]) -> LabelSelectorRequirement {
 
 fn webhook_configuration(opts: &Options) -> MutatingWebhookConfiguration {
     let ns = opts.namespace.as_str();
-    let mut metadata = meta(NAME, None);
+    let mut metadata = meta(&cluster_name(NAME, ns), None);
     if opts.tls == Tls::CertManager {
         metadata.annotations = Some(BTreeMap::from([(
             "cert-manager.io/inject-ca-from".to_owned(),
