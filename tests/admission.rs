@@ -764,3 +764,73 @@ async fn every_tag_a_pod_uses_exists_at_the_target() {
     r.dst.kill();
     assert!(!adm.ready().await, "not ready while the target is down");
 }
+
+/// `copyPolicy: immediate` with a copy that outlasts the admission budget:
+/// every image is left unchanged with "copy still running", never an error,
+/// so even `failurePolicy: closed` admits the Pod. The copy wait and the
+/// budget end at the same instant; the copy wait must be the one that
+/// answers. Once the copy finishes, the next admission rewrites.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_outlasting_the_budget_leaves_images_unchanged_even_when_closed() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let proxy = common::TcpCutProxy::start(&src.host()).await;
+    let mut containers = Vec::new();
+    for i in 0..4u64 {
+        let image = Image::random_layers(1, 1 << 20, 900 + i);
+        push_image(&src, &format!("slow/app{i}"), Some("v1"), &image).await;
+        containers.push((format!("c{i}"), format!("{}/slow/app{i}:v1", proxy.host())));
+    }
+    let named: Vec<(&str, &str)> = containers
+        .iter()
+        .map(|(n, i)| (n.as_str(), i.as_str()))
+        .collect();
+    let pod = common::review::pod("apps", "slow", &named);
+    let metrics = Arc::new(Metrics::new());
+    let c = config(
+        &proxy.host(),
+        &dst.host(),
+        "copyPolicy: immediate\nfailurePolicy: closed\nserver: {admissionBudget: 700ms}\n",
+    );
+    let adm = Admission::from_config(&c, metrics).unwrap();
+
+    // Manifests and configs pass; every layer transfer stalls.
+    proxy.stall_after(256 * 1024);
+    for round in 0..5 {
+        let (patched, _) = common::review::admit(&adm, &pod).await;
+        let decisions: BTreeMap<String, String> = serde_json::from_str(
+            patched["metadata"]["annotations"]["pinswap.dev/decisions"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        for (name, image) in &containers {
+            let d = &decisions[&format!("containers/{name}")];
+            assert_eq!(
+                d, "unchanged: copy still running; not at the target yet",
+                "round {round}, {name}"
+            );
+            let i: usize = name[1..].parse().unwrap();
+            assert_eq!(patched["spec"]["containers"][i]["image"], *image.as_str());
+        }
+    }
+
+    proxy.release();
+    let mut rewritten = 0;
+    for _ in 0..50 {
+        let (patched, _) = common::review::admit(&adm, &pod).await;
+        rewritten = (0..4)
+            .filter(|i| {
+                patched["spec"]["containers"][*i]["image"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{}/mirror/", dst.host()))
+            })
+            .count();
+        if rewritten == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rewritten, 4, "rewritten once the copies finished");
+}

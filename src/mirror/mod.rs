@@ -717,10 +717,13 @@ impl Mirror {
             }
             CopyPolicy::Immediate | CopyPolicy::Force => {
                 let handle = self.copy(&plan, creds, true);
-                let wait = self
-                    .copy_deadline
-                    .min(deadline.saturating_duration_since(Instant::now()));
-                match tokio::time::timeout(wait, handle).await {
+                // The admission's own timeout ends at `deadline` too: waiting
+                // until that same instant, not a duration computed a moment
+                // later, lets this wait answer ("copy still running") rather
+                // than the admission's ("budget exhausted", an error).
+                let until = (Instant::now() + self.copy_deadline).min(deadline);
+                let wait = until.saturating_duration_since(Instant::now());
+                match tokio::time::timeout_at(until.into(), handle).await {
                     Ok(Ok(_)) => Ok(rewrite("copied to the target")),
                     Ok(Err(reason)) if self.copy_policy == CopyPolicy::Immediate && always => {
                         warn!(image = %src, %reason, "copy failed; rewriting anyway (swapPolicy always)");

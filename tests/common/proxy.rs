@@ -7,6 +7,10 @@
 //! kernel already received can still be read: a cut is only certain to break
 //! a transfer larger than the loopback socket buffers (a few MiB). The proxy speaks TCP only: a TLS client
 //! still sees the upstream's certificate (valid for 127.0.0.1).
+//!
+//! [`TcpCutProxy::stall_after`] instead holds every connection that has
+//! carried more than a given number of bytes server→client (a blob, not a
+//! manifest) until [`TcpCutProxy::release`]: a copy that is still running.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +34,10 @@ struct Shared {
     down: AtomicU64,
     /// Cut once `down` reaches this (u64::MAX: never).
     limit: AtomicU64,
+    /// Hold a connection once it has sent this many bytes downstream.
+    stall: AtomicU64,
+    /// Whether held connections may go on.
+    released: watch::Sender<bool>,
 }
 
 impl TcpCutProxy {
@@ -43,6 +51,8 @@ impl TcpCutProxy {
             cut: watch::channel(false).0,
             down: AtomicU64::new(0),
             limit: AtomicU64::new(u64::MAX),
+            stall: AtomicU64::new(u64::MAX),
+            released: watch::channel(false).0,
         });
         let s = shared.clone();
         let mut cut = shared.cut.subscribe();
@@ -86,6 +96,19 @@ impl TcpCutProxy {
         }
     }
 
+    /// Hold each connection once it has forwarded `n` bytes server→client,
+    /// until [`TcpCutProxy::release`].
+    pub fn stall_after(&self, n: u64) {
+        self.shared.released.send_replace(false);
+        self.shared.stall.store(n, Ordering::SeqCst);
+    }
+
+    /// Lets held connections go on, and stops holding new ones.
+    pub fn release(&self) {
+        self.shared.stall.store(u64::MAX, Ordering::SeqCst);
+        self.shared.released.send_replace(true);
+    }
+
     /// Bytes forwarded server→client so far.
     pub fn bytes_down(&self) -> u64 {
         self.shared.down.load(Ordering::SeqCst)
@@ -122,8 +145,16 @@ async fn pump(
     downstream: bool,
 ) {
     let mut cut = s.cut.subscribe();
+    let mut released = s.released.subscribe();
     let mut buf = vec![0u8; 64 * 1024];
+    let mut sent = 0u64;
     loop {
+        if downstream && sent >= s.stall.load(Ordering::SeqCst) {
+            tokio::select! {
+                _ = released.wait_for(|r| *r) => {}
+                _ = cut.wait_for(|c| *c) => return reset(&to),
+            }
+        }
         let mut n = tokio::select! {
             r = from.read(&mut buf) => match r {
                 Ok(0) | Err(_) => break,
@@ -149,6 +180,7 @@ async fn pump(
         if written.is_err() {
             break;
         }
+        sent += n as u64;
         if trip {
             let _ = to.shutdown().await; // FIN after exactly the allowed bytes
             s.cut.send_replace(true);
