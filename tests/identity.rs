@@ -1141,3 +1141,47 @@ fn a_repaired_oras_manifest_keeps_a_consistent_config_descriptor() {
     let mt_ok = c["mediaType"] != "application/vnd.oci.empty.v1+json";
     assert!(data_ok && mt_ok, "repaired config descriptor: {c}");
 }
+
+/// A layerless manifest that shares its config with a layered image has no
+/// layers to label its config with; under `repair` its identity note says
+/// it is not repaired and names the collision, instead of being empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layerless_manifest_in_a_collision_is_reported_not_repaired() {
+    use common::fixtures::{Blob, OCI_CONFIG, OCI_LAYER_GZIP, OCI_MANIFEST, gzip};
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let shared = Blob::new(
+        OCI_CONFIG,
+        br#"{"architecture":"amd64","os":"linux"}"#.to_vec(),
+    );
+    let layered = Image::with_parts(
+        OCI_MANIFEST,
+        shared.clone(),
+        vec![Blob::new(OCI_LAYER_GZIP, gzip(b"app"))],
+    );
+    let bare = Image::with_parts(OCI_MANIFEST, shared, vec![]);
+    push_image(&src, "art/layered", Some("v1"), &layered).await;
+    push_image(&src, "art/bare", Some("v1"), &bare).await;
+    let (adm, _) = admission(&config(&src, &dst, "repair"));
+    let first = admit_one(&adm, &format!("{}/art/layered:v1", src.host()), "a").await;
+    let note = annotation(&first, "pinswap.dev/identity")["containers/app"].clone();
+    assert!(
+        note.as_str().unwrap().starts_with("repaired: config"),
+        "{note}"
+    );
+    let second = admit_one(&adm, &format!("{}/art/bare:v1", src.host()), "b").await;
+    let note = annotation(&second, "pinswap.dev/identity")["containers/app"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        note.starts_with(
+            "not repaired (no layers to label the config with; the colliding images are repaired): "
+        ),
+        "{note}"
+    );
+    assert!(
+        note.contains("art/layered:v1"),
+        "names the collision: {note}"
+    );
+}

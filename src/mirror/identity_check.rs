@@ -185,13 +185,35 @@ impl Mirror {
                         r.original
                     ));
                 }
-                let unrepaired = plan.assessed.as_ref().map(|a| &a.unrepaired);
-                for (manifest, why) in unrepaired.into_iter().flatten() {
+                let unrepaired: &[(String, &str)] = plan
+                    .assessed
+                    .as_ref()
+                    .map_or(&[], |a| a.unrepaired.as_slice());
+                for (manifest, why) in unrepaired {
                     let these: Vec<&Finding> =
                         found.iter().filter(|f| &f.manifest == manifest).collect();
                     if !these.is_empty() {
                         parts.push(format!("not repaired ({why}): {}", join(&these)));
                     }
+                }
+                // Repair only touches configs that are non-unique on their
+                // own; a layerless manifest colliding with a layered one has
+                // nothing to label its config with. Its note must still say
+                // what was found.
+                let replaced = |f: &Finding| {
+                    plan.repair.as_ref().is_some_and(|r| {
+                        r.replaced_configs.iter().any(|(from, _)| from == &f.config)
+                    })
+                };
+                let rest: Vec<&Finding> = found
+                    .iter()
+                    .filter(|f| !replaced(f) && !unrepaired.iter().any(|(m, _)| m == &f.manifest))
+                    .collect();
+                if !rest.is_empty() {
+                    parts.push(format!(
+                        "not repaired (no layers to label the config with; the colliding images are repaired): {}",
+                        join(&rest)
+                    ));
                 }
                 Ok(Some(parts.join("; ")))
             }

@@ -235,6 +235,12 @@ impl Image {
         std::iter::once(&self.config).chain(&self.layers)
     }
 
+    /// A manifest of `media_type` over exactly this config and these layers
+    /// (any number, none included).
+    pub fn with_parts(media_type: &str, config: Blob, layers: Vec<Blob>) -> Image {
+        Self::assemble(media_type, config, layers, Map::new(), false)
+    }
+
     /// The same image with every gzip layer recompressed at another level:
     /// other layer digests, the same uncompressed content (so the same
     /// config and `rootfs.diff_ids`). Legitimately one image ID.
