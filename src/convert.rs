@@ -137,7 +137,10 @@ pub struct Item {
 
 impl fmt::Display for Item {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}: {}", self.kind, self.path, self.message)
+        // Keys come from the input: a line break in one must not start a
+        // new report line (or, in the header, leave the comment).
+        let line = format!("{}: {}: {}", self.kind, self.path, self.message);
+        f.write_str(&comment_text(&line))
     }
 }
 
@@ -185,6 +188,8 @@ pub fn convert_file(path: &Path) -> Result<Conversion> {
 /// duration, a missing or unusable target, a filter that does not compile);
 /// [`ConvertError::Output`] if the result would not load (a bug).
 pub fn convert(text: &str, file: &str) -> Result<Conversion> {
+    // Editors on Windows write a BOM; yaml.v3 (k8s-image-swapper's) skips it.
+    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
     let mut root: Value = yaml_serde::from_str(text).map_err(|e| {
         let (line, column) = e
             .location()
@@ -321,10 +326,11 @@ const TOP_KEYS: &[&str] = &[
     "imageCopyDeadline",
     "cacheTtlMinutes",
     "cacheJitterMaxMinutes",
+    "imageCopySkipRegistries",
     "source",
     "target",
 ];
-const SOURCE_KEYS: &[&str] = &["registries", "filters"];
+const SOURCE_KEYS: &[&str] = &["registries", "privateRegistries", "filters"];
 const FILTER_KEYS: &[&str] = &["jmespath"];
 const REGISTRY_KEYS: &[&str] = &["type", "aws", "gcp"];
 const AWS_KEYS: &[&str] = &["accountId", "region", "role", "ecrOptions"];
@@ -491,16 +497,53 @@ fn parse_listen(s: &str) -> std::result::Result<SocketAddr, String> {
     Ok(SocketAddr::new(ip, port))
 }
 
-/// A YAML double-quoted scalar: JSON string syntax is valid YAML.
-fn q(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+/// Characters YAML (1.2, §5) treats as line breaks or does not allow raw
+/// in a document, beyond the C0/C1 controls: NEL is a C1 control, and
+/// U+2028/U+2029 are line breaks to a YAML reader.
+/// `us-east-1`, `us-gov-west-1`, `cn-north-1`, `ap-southeast-4`.
+fn is_aws_region(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    parts.len() >= 3
+        && parts[0].len() == 2
+        && parts[..parts.len() - 1]
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && parts[parts.len() - 1].bytes().all(|b| b.is_ascii_digit())
+        && !parts[parts.len() - 1].is_empty()
 }
 
-/// One comment line: control characters (line breaks included) become
-/// spaces, so the text stays one printable YAML comment.
+fn yaml_unsafe(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}' | '\u{FEFF}' | '\u{FFFE}' | '\u{FFFF}'
+        )
+}
+
+/// A YAML double-quoted scalar that reads back as exactly `s`: JSON string
+/// syntax, with every character [`yaml_unsafe`] flags written as `\uXXXX`
+/// (serde_json leaves DEL, C1 controls and U+2028/9 raw).
+fn q(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    for c in serde_json::to_string(s)
+        .unwrap_or_else(|_| "\"\"".into())
+        .chars()
+    {
+        if yaml_unsafe(c) {
+            out.push_str(&format!("\\u{:04X}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One comment line: line breaks, controls and characters YAML refuses
+/// become spaces, so the text stays one printable comment and can never
+/// end it early.
 fn comment_text(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| if yaml_unsafe(c) { ' ' } else { c })
         .collect()
 }
 
@@ -781,6 +824,12 @@ impl Cx<'_> {
                 "cachejittermaxminutes" => {
                     self.out.cache_jitter_min = self.minutes(e.value, &e.path)?
                 }
+                // config.go's ImageCopySkipRegistries (viper matches the
+                // field name; its yaml tag skipRegistries is not used).
+                "imagecopyskipregistries" => self.not_carried(
+                    &e.path,
+                    "k8s-image-swapper rewrote images from these registries without copying them (a pull-through cache); pinswap has no per-registry copy switch and will copy them: leave them out of source.registries, or skip them with a filter on container.image",
+                ),
                 "source" => self.source(&e)?,
                 "target" => target = Some(e),
                 _ => self.unknown(&e, TOP_KEYS),
@@ -804,6 +853,8 @@ impl Cx<'_> {
             Value::String(s) if s.is_empty() => return Ok(()),
             Value::String(s) => parse_go_duration(s.trim())
                 .map_err(|why| self.err(&e.path, format!("found {s:?}: {why}")))?,
+            // 0 ns is k8s-image-swapper's "use the default" (8s).
+            Value::Number(n) if n.as_u64() == Some(0) => std::time::Duration::ZERO,
             Value::Number(n) => {
                 return Err(self.err(
                     &e.path,
@@ -883,7 +934,9 @@ impl Cx<'_> {
                         self.out.filters.push(expr.to_owned());
                     }
                 }
-                "registries" => {
+                // privateRegistries: the same list, in k8s-image-swapper's
+                // format before source.registries.
+                "registries" | "privateregistries" => {
                     let list = self.list(
                         s.value,
                         &s.path,
@@ -891,6 +944,12 @@ impl Cx<'_> {
                     )?;
                     for (i, r) in list.iter().enumerate() {
                         let path = format!("{}[{i}]", s.path);
+                        if let Some(host) = self.generic_source(r, &path) {
+                            if let Some(host) = host {
+                                self.out.sources.push((host, path));
+                            }
+                            continue;
+                        }
                         let t = self.registry(r, &path, false)?;
                         let (section, helper, scope) = match t.kind {
                             Cloud::Aws => ("aws", "docker-credential-ecr-login", ""),
@@ -914,6 +973,33 @@ impl Cx<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A source of `type: generic` (`generic: {name, genericOptions:
+    /// {domain, username, password}}`, in some k8s-image-swapper versions):
+    /// `None` for another type, else the host to allow, if it names one.
+    /// The entry is reported whole: its credentials are not carried over.
+    fn generic_source(&mut self, v: &Value, path: &str) -> Option<Option<String>> {
+        let field = |v: &Value, key: &str| -> Option<Value> {
+            v.as_mapping()?
+                .iter()
+                .find(|(k, _)| k.as_str().is_some_and(|k| k.eq_ignore_ascii_case(key)))
+                .map(|(_, v)| v.clone())
+        };
+        if field(v, "type")?.as_str()? != "generic" {
+            return None;
+        }
+        let domain = field(v, "generic")
+            .and_then(|g| field(&g, "genericOptions"))
+            .and_then(|o| field(&o, "domain"))
+            .and_then(|d| d.as_str().map(str::to_owned))
+            .filter(|d| self.check_host(d, path, false).is_ok());
+        let message = match &domain {
+            Some(d) => format!("a generic registry; {d} is listed under source.registries without credentials (pinswap takes no inline passwords): give it auth.username with auth.passwordFile"),
+            None => "a generic registry without a usable genericOptions.domain; add its host to source.registries by hand".to_owned(),
+        };
+        self.not_carried(path, message);
+        Some(domain)
     }
 
     /// A `{type, aws, gcp}` registry: the target (`ECR host` or `GAR
@@ -1025,7 +1111,21 @@ impl Cx<'_> {
                 "missing; the ECR host is ACCOUNT.dkr.ecr.REGION.amazonaws.com",
             )
         })?;
-        if account.len() != 12 || !account.bytes().all(|b| b.is_ascii_digit()) {
+        // The values become a host name: anything else would send pushes
+        // somewhere other than ECR.
+        if account.is_empty() || !account.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(self.err(
+                &join(path, "accountId"),
+                format!("found {account:?}, expected the AWS account ID (digits)"),
+            ));
+        }
+        if !is_aws_region(&region) {
+            return Err(self.err(
+                &join(path, "region"),
+                format!("found {region:?}, expected an AWS region such as us-east-1"),
+            ));
+        }
+        if account.len() != 12 {
             self.item(
                 ItemKind::Note,
                 &join(path, "accountId"),
@@ -1073,6 +1173,17 @@ impl Cx<'_> {
             })
         };
         let location = need(location, "location")?;
+        let dns_part = |v: &str| {
+            !v.is_empty()
+                && v.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        };
+        if !dns_part(&location) {
+            return Err(self.err(
+                &join(path, "location"),
+                format!("found {location:?}, expected an Artifact Registry location such as us-central1 or europe"),
+            ));
+        }
         let host = format!("{location}-docker.pkg.dev");
         if !is_target {
             // A source is allowed by host; project and repository are not needed.
@@ -1084,6 +1195,16 @@ impl Cx<'_> {
         }
         let project = need(project, "projectId")?;
         let repository = need(repository, "repositoryId")?;
+        for (key, v) in [("projectId", &project), ("repositoryId", &repository)] {
+            if !dns_part(&v.replace(['.', '_'], "")) {
+                return Err(self.err(
+                    &join(path, key),
+                    format!(
+                        "found {v:?}, expected lowercase letters, digits, '-' (and '.' or '_')"
+                    ),
+                ));
+            }
+        }
         let target = format!("{host}/{project}/{repository}");
         self.check_host(&target, path, true)?;
         Ok(Target {

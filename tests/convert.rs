@@ -25,9 +25,13 @@ struct Run {
 }
 
 fn convert(name: &str) -> Run {
+    convert_path(&data(name))
+}
+
+fn convert_path(path: &std::path::Path) -> Run {
     let out = Command::new(env!("CARGO_BIN_EXE_pinswap"))
         .args(["config", "convert"])
-        .arg(data(name))
+        .arg(path)
         .output()
         .expect("run pinswap");
     Run {
@@ -45,7 +49,18 @@ struct Converted {
 }
 
 fn converted(name: &str) -> Converted {
-    let run = convert(name);
+    converted_run(name, convert(name))
+}
+
+/// As [`converted`], for a config given as text (written to a temp file).
+fn converted_text(text: &str) -> Converted {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("swapper.yaml");
+    std::fs::write(&path, text).unwrap();
+    converted_run("swapper.yaml", convert_path(&path))
+}
+
+fn converted_run(name: &str, run: Run) -> Converted {
     assert_eq!(run.code, 0, "{name}: {}", run.stderr);
     let config = Config::from_yaml(&run.stdout, name)
         .unwrap_or_else(|e| panic!("{name}: the output does not load: {e}\n{}", run.stdout));
@@ -472,5 +487,129 @@ fn a_missing_file_is_an_error() {
         r.stderr.contains("no-such-file.yaml: cannot read: "),
         "{}",
         r.stderr
+    );
+}
+
+const ECR: &str = "target: {aws: {accountId: \"111122223333\", region: us-east-1}}\n";
+
+/// Line breaks YAML knows beyond \\n (U+2028, U+2029, NEL) and characters
+/// it refuses raw can neither smuggle keys out of a report comment nor
+/// change a filter: the output loads and holds exactly the input.
+#[test]
+fn odd_characters_cannot_change_the_converted_config() {
+    let c = converted_text(&format!(
+        "\"x\\u2028failurePolicy: closed\\u2028#\": 1\n\"y\\u2029recovery: {{enabled: false}}\\u2029#\": 2\n{ECR}"
+    ));
+    assert_eq!(
+        c.config.failure_policy,
+        pinswap::config::FailurePolicy::Open
+    );
+    assert!(c.config.recovery.enabled);
+    assert_eq!(c.paths("not carried over").len(), 2, "{}", c.run.stderr);
+
+    let exprs = [
+        "obj.metadata.annotations.x == 'a\u{85}b'",
+        "obj.metadata.annotations.x == 'a\u{2028}b\u{2029}c'",
+        "obj.metadata.annotations.x == 'del\u{7f} bom\u{feff} fffe\u{fffe}'",
+        "obj.metadata.name == 'yes # no ~'",
+    ];
+    // Written with YAML escapes, as a valid input file must.
+    let escaped = |e: &str| {
+        e.chars()
+            .map(|c| match c {
+                '\'' | ' ' | '#' | '~' | '.' | '=' => c.to_string(),
+                c if c.is_ascii_alphanumeric() => c.to_string(),
+                c => format!("\\u{:04X}", c as u32),
+            })
+            .collect::<String>()
+    };
+    let filters: String = exprs
+        .iter()
+        .map(|e| format!("  - jmespath: \"{}\"\n", escaped(e)))
+        .collect();
+    let c = converted_text(&format!("source:\n filters:\n{filters}{ECR}"));
+    assert_eq!(c.filters(), exprs, "filters byte for byte");
+}
+
+#[test]
+fn a_byte_order_mark_and_a_bare_zero_deadline_are_what_k8s_image_swapper_reads() {
+    let c = converted_text(&format!("\u{feff}imageCopyDeadline: 0\n{ECR}"));
+    assert_eq!(c.config.copy_deadline, Duration::from_secs(8));
+    assert!(
+        c.item("changed", "imageCopyDeadline")
+            .contains("0 means the default (8s)")
+    );
+}
+
+/// ECR and GAR fields become the registry host, so anything but an ID is
+/// refused by key instead of sending pushes elsewhere.
+#[test]
+fn endpoint_fields_that_are_not_ids_are_refused() {
+    let cases = [
+        (
+            "target: {aws: {accountId: \"evil.example/x\", region: us-east-1}}",
+            "target.aws.accountId: found \"evil.example/x\"",
+        ),
+        (
+            "target: {aws: {accountId: \"111122223333\", region: \"x/y\"}}",
+            "target.aws.region: found \"x/y\"",
+        ),
+        (
+            "target: {type: gcp, gcp: {location: \"evil.example/x\", projectId: p, repositoryId: r}}",
+            "target.gcp.location: found \"evil.example/x\"",
+        ),
+        (
+            "target: {type: gcp, gcp: {location: us, projectId: \"p/q\", repositoryId: r}}",
+            "target.gcp.projectId: found \"p/q\"",
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (text, want) in cases {
+        let path = dir.path().join("bad.yaml");
+        std::fs::write(&path, format!("{text}\n")).unwrap();
+        let r = convert_path(&path);
+        assert_eq!(r.code, 1, "{text}: {}", r.stderr);
+        assert_eq!(r.stdout, "");
+        assert!(r.stderr.contains(want), "{text}: {}", r.stderr);
+    }
+    for region in ["us-gov-west-1", "cn-north-1", "ap-southeast-4"] {
+        let c = converted_text(&format!(
+            "target: {{aws: {{accountId: \"111122223333\", region: {region}}}}}\n"
+        ));
+        assert!(
+            c.config
+                .target
+                .registry
+                .contains(&format!(".dkr.ecr.{region}."))
+        );
+    }
+}
+
+/// Keys of released k8s-image-swapper versions outside its current docs.
+#[test]
+fn skip_registries_private_registries_and_generic_sources_are_reported() {
+    let c = converted_text(&format!(
+        "imageCopySkipRegistries: [k8s.gcr.io]\nsource:\n  privateRegistries: [{{aws: {{accountId: \"222233334444\", region: eu-west-1}}}}]\n  registries: [{{type: generic, generic: {{name: h, genericOptions: {{domain: harbor.example.com, username: u, password: p}}}}}}]\n{ECR}"
+    ));
+    assert!(
+        c.item("not carried over", "imageCopySkipRegistries")
+            .contains("without copying them")
+    );
+    assert!(
+        c.item("not carried over", "source.registries[0]")
+            .contains("harbor.example.com")
+    );
+    c.item("not carried over", "source.privateRegistries[0].aws");
+    let sources = c.sources();
+    for host in [
+        "*",
+        "222233334444.dkr.ecr.eu-west-1.amazonaws.com",
+        "harbor.example.com",
+    ] {
+        assert!(sources.contains(&host), "{host}: {sources:?}");
+    }
+    assert!(
+        !c.run.stdout.contains("password: p"),
+        "no credentials carried"
     );
 }
