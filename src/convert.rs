@@ -470,9 +470,10 @@ fn parse_go_duration(s: &str) -> std::result::Result<Duration, String> {
     if negative && nanos > 0 {
         return Err("negative; expected a positive duration such as 8s".into());
     }
-    u64::try_from(nanos)
-        .map(Duration::from_nanos)
-        .map_err(|_| format!("too long; {expected}"))
+    // Go's time.Duration is an int64 of nanoseconds.
+    i64::try_from(nanos)
+        .map(|n| Duration::from_nanos(n.unsigned_abs()))
+        .map_err(|_| format!("too long (over 2562047h); {expected}"))
 }
 
 /// Parses a Go listen address (`:8443`, `0.0.0.0:8443`, `[::]:8443`,
@@ -851,7 +852,7 @@ impl Cx<'_> {
         let d = match e.value {
             Value::Null => return Ok(()),
             Value::String(s) if s.is_empty() => return Ok(()),
-            Value::String(s) => parse_go_duration(s.trim())
+            Value::String(s) => parse_go_duration(s)
                 .map_err(|why| self.err(&e.path, format!("found {s:?}: {why}")))?,
             // 0 ns is k8s-image-swapper's "use the default" (8s).
             Value::Number(n) if n.as_u64() == Some(0) => std::time::Duration::ZERO,
@@ -1421,11 +1422,27 @@ mod tests {
             ("2h45m", Duration::from_secs(9900)),
             ("1µs", Duration::from_micros(1)),
             ("+.5s", Duration::from_millis(500)),
+            (
+                "9223372036854775807ns",
+                Duration::from_nanos(i64::MAX as u64),
+            ),
         ];
         for (s, want) in ok {
             assert_eq!(parse_go_duration(s), Ok(want), "{s}");
         }
-        for s in ["", "8", "s", "1x", "-8s", "1.s5", "99999999999999999999h"] {
+        // As time.ParseDuration: no surrounding spaces, at most int64 ns.
+        for s in [
+            "",
+            "8",
+            "s",
+            "1x",
+            "-8s",
+            "1.s5",
+            "99999999999999999999h",
+            " 8s ",
+            "9223372036854775808ns",
+            "2562048h",
+        ] {
             assert!(parse_go_duration(s).is_err(), "{s} should be refused");
         }
     }
