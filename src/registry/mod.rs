@@ -36,7 +36,8 @@ pub enum RegistryError {
     /// The registry answered 401: no or wrong credentials.
     #[error(
         "registry {registry} rejected our credentials for {operation} {reference} (HTTP 401 UNAUTHORIZED); \
-         check the credentials for {registry} (--src-creds/--dest-creds, --authfile or docker login)"
+         check the credentials for {registry}: the config's auth for it (serve, mutate), \
+         or --src-creds/--dest-creds, --authfile or docker login (copy, check)"
     )]
     Unauthorized {
         /// `host[:port]` of the registry.
@@ -49,7 +50,8 @@ pub enum RegistryError {
     /// The registry answered 401 and we had no credentials for it.
     #[error(
         "registry {registry} requires authentication for {operation} {reference} (HTTP 401 UNAUTHORIZED) \
-         and no credentials were found for it; pass --src-creds/--dest-creds or --authfile, or run docker login"
+         and no credentials were found for it; give it auth in the config (serve, mutate), \
+         or pass --src-creds/--dest-creds or --authfile, or run docker login (copy, check)"
     )]
     AuthRequired {
         /// `host[:port]` of the registry.
