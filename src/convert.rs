@@ -963,7 +963,7 @@ impl Cx<'_> {
                         self.not_carried(
                             &join(&path, section),
                             format!(
-                                "k8s-image-swapper signed in to {} with its own cloud credentials; pinswap has no cloud SDK. The host is listed under source.registries{scope} without credentials: give it auth.dockerConfigFile with {helper} in credHelpers (read once at startup), or set source.imagePullSecrets: true",
+                                "k8s-image-swapper signed in to {} with its own cloud credentials; pinswap has no cloud SDK. The host is listed under source.registries{scope} without credentials: give it auth.dockerConfigFile with {helper} in credHelpers (pinswap serve runs it again every 5 minutes), or set source.imagePullSecrets: true",
                                 t.registry
                             ),
                         );
@@ -1302,8 +1302,8 @@ impl Cx<'_> {
             ItemKind::Note,
             &join(path, "target"),
             match self.out.target.as_ref().map(|t| t.kind) {
-                Some(Cloud::Gcp) => "k8s-image-swapper signed in to Artifact Registry with its Google Cloud SDK; pinswap needs target.auth, which it reads once at startup: a service account key (username _json_key) keeps working, a credential helper's access token expires within an hour; see the commented example under target",
-                _ => "k8s-image-swapper signed in to ECR with its AWS SDK, which renews tokens; pinswap needs target.auth, which it reads once at startup, and an ECR token lasts 12 hours: restart pinswap within that (see the commented example under target and docs/migrating-from-k8s-image-swapper.md)",
+                Some(Cloud::Gcp) => "k8s-image-swapper signed in to Artifact Registry with its Google Cloud SDK; pinswap needs target.auth, which pinswap serve reads again every 5 minutes: a service account key (username _json_key) or a credential helper (tokens last an hour) both keep working; see the commented example under target",
+                _ => "k8s-image-swapper signed in to ECR with its AWS SDK, which renews tokens; pinswap needs target.auth; pinswap serve reads it again every 5 minutes, so a credential helper (docker-credential-ecr-login) renews the 12-hour ECR token (see the commented example under target and docs/migrating-from-k8s-image-swapper.md)",
             },
         );
         self.item(
@@ -1353,10 +1353,10 @@ impl Cx<'_> {
         y.push_str(&format!("target:\n  registry: {}\n", q(target)));
         match o.target.as_ref().map(|t| t.kind) {
             Some(Cloud::Aws) => y.push_str(
-                "  # Credentials: a Docker config.json whose credHelpers run docker-credential-ecr-login\n  # for this host, e.g. {\"credHelpers\": {\"<host>\": \"ecr-login\"}}. pinswap reads it once\n  # at startup and an ECR token lasts 12 hours: restart pinswap within that.\n  # auth:\n  #   dockerConfigFile: /var/run/secrets/pinswap/config.json  # Secret pinswap-registry-auth\n",
+                "  # Credentials: a Docker config.json whose credHelpers run docker-credential-ecr-login\n  # for this host, e.g. {\"credHelpers\": {\"<host>\": \"ecr-login\"}}. pinswap serve runs it\n  # again every 5 minutes, which renews the 12-hour ECR token.\n  # auth:\n  #   dockerConfigFile: /var/run/secrets/pinswap/config.json  # Secret pinswap-registry-auth\n",
             ),
             Some(Cloud::Gcp) => y.push_str(
-                "  # Credentials: a service account key (JSON), which keeps working (pinswap reads\n  # target.auth once at startup, and a credential helper's token expires within an hour):\n  # auth:\n  #   username: _json_key\n  #   passwordFile: /etc/pinswap/gar/key.json\n",
+                "  # Credentials: a service account key (JSON), which keeps working (a credential helper\n  # works too: pinswap serve reads target.auth again every 5 minutes):\n  # auth:\n  #   username: _json_key\n  #   passwordFile: /etc/pinswap/gar/key.json\n",
             ),
             None => {}
         }

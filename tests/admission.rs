@@ -834,3 +834,72 @@ async fn a_copy_outlasting_the_budget_leaves_images_unchanged_even_when_closed()
     }
     assert_eq!(rewritten, 4, "rewritten once the copies finished");
 }
+
+/// A rotated target password (a Secret updated in place, a credential
+/// helper's new token) is picked up by `refresh_credentials` without a
+/// restart: the connected client is dropped and signs in again with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_target_credentials_are_read_again() {
+    common::init();
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::token_auth("mirror", "Token-1").await;
+    push_image(&src, "shop/app", Some("v1"), &Image::oci(1, 950)).await;
+    push_image(&src, "shop/web", Some("v1"), &Image::oci(1, 951)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "Token-1\n").unwrap();
+    let c = Config::from_yaml(
+        &format!(
+            "target: {{registry: \"{}/mirror\", auth: {{username: mirror, passwordFile: {}}}}}\n\
+             source: {{registries: [{{registry: \"{}\"}}]}}\ncopyPolicy: immediate\n\
+             server: {{admissionBudget: 8s}}\nrecovery: {{enabled: false}}\n",
+            dst.host(),
+            password.display(),
+            src.host()
+        ),
+        "test.yaml",
+    )
+    .unwrap();
+    let adm = Admission::from_config(&c, Arc::new(Metrics::new())).unwrap();
+    let admit = |repo: &str| {
+        let pod = common::review::pod(
+            "shop",
+            repo,
+            &[("app", &format!("{}/shop/{repo}:v1", src.host()))],
+        );
+        let adm = &adm;
+        async move {
+            let (p, _) = common::review::admit(adm, &pod).await;
+            let d: BTreeMap<String, String> = serde_json::from_str(
+                p["metadata"]["annotations"]["pinswap.dev/decisions"]
+                    .as_str()
+                    .unwrap(),
+            )
+            .unwrap();
+            d["containers/app"].clone()
+        }
+    };
+
+    // Signed in and working; then the registry's password rotates.
+    assert_eq!(admit("app").await, "rewritten: copied to the target");
+    dst.token_server().set_password("Token-2");
+    let stale = admit("web").await;
+    assert!(
+        stale.starts_with("unchanged (error)") && stale.contains("401"),
+        "{stale}"
+    );
+    assert_eq!(
+        adm.mirror().refresh_credentials().await,
+        0,
+        "the file has not changed"
+    );
+
+    std::fs::write(&password, "Token-2\n").unwrap();
+    assert_eq!(adm.mirror().refresh_credentials().await, 1);
+    assert_eq!(
+        adm.mirror().refresh_credentials().await,
+        0,
+        "one change, counted once"
+    );
+    assert_eq!(admit("web").await, "rewritten: copied to the target");
+}

@@ -667,6 +667,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         )
         .await?;
     }
+    tokio::spawn(
+        admission
+            .mirror()
+            .clone()
+            .refresh_credentials_every(crate::mirror::CREDENTIALS_REFRESH, token.clone()),
+    );
     let background = crate::watch::Background::start(
         admission.mirror().clone(),
         &config,

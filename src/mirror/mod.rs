@@ -140,6 +140,9 @@ pub struct Mirror {
     copy_deadline: Duration,
     pin: bool,
     pool: Arc<ClientPool>,
+    /// The config's `auth` blocks: (registry, side, block, key path), read
+    /// again by [`Mirror::refresh_credentials`].
+    auths: Vec<(String, Role, Auth, String)>,
     copier: Arc<Copier>,
     /// As `copier`, with `verify_target`: restores lost blobs and children.
     verifier: Arc<Copier>,
@@ -171,7 +174,11 @@ pub fn anchor_tag(digest: &Digest) -> String {
     format!("pinswap-{}", &hex[..hex.len().min(64)])
 }
 
-/// Reads a config `auth` block into credentials, at startup.
+/// How often `pinswap serve` reads the config's `auth` blocks again.
+pub const CREDENTIALS_REFRESH: Duration = Duration::from_secs(300);
+
+/// Reads a config `auth` block into credentials (at startup, and again
+/// every [`CREDENTIALS_REFRESH`] under `serve`).
 fn read_auth(auth: &Auth, registry: &str, path: &str) -> Result<Credentials, MirrorError> {
     let bad = |reason: String| MirrorError::Credentials {
         path: path.to_owned(),
@@ -215,26 +222,31 @@ impl Mirror {
     pub fn from_config(config: &Config, metrics: Arc<Metrics>) -> Result<Self, MirrorError> {
         let target = MirrorTarget::parse(&config.target.registry)?;
         let mut insecure = Vec::new();
-        let mut per_registry = HashMap::new();
+        let mut auths = Vec::new();
         if config.target.insecure {
             insecure.push(target.registry().to_owned());
         }
         if let Some(a) = &config.target.auth {
-            per_registry.insert(
-                (target.registry().to_owned(), Role::Target),
-                read_auth(a, target.registry(), "target.auth")?,
-            );
+            let registry = target.registry().to_owned();
+            auths.push((registry, Role::Target, a.clone(), "target.auth".to_owned()));
         }
         for (i, r) in config.source.registries.iter().enumerate() {
             if r.insecure {
                 insecure.push(normalize_registry(&r.registry));
             }
             if let Some(a) = &r.auth {
-                per_registry.insert(
-                    (normalize_registry(&r.registry), Role::Source),
-                    read_auth(a, &r.registry, &format!("source.registries[{i}].auth"))?,
-                );
+                let path = format!("source.registries[{i}].auth");
+                auths.push((
+                    normalize_registry(&r.registry),
+                    Role::Source,
+                    a.clone(),
+                    path,
+                ));
             }
+        }
+        let mut per_registry = HashMap::new();
+        for (registry, role, auth, path) in &auths {
+            per_registry.insert((registry.clone(), *role), read_auth(auth, registry, path)?);
         }
         let pool = Arc::new(ClientPool::new(PoolOptions {
             insecure,
@@ -260,6 +272,7 @@ impl Mirror {
             copy_deadline: config.copy_deadline,
             pin: config.pin,
             pool,
+            auths,
             copier,
             verifier,
             caches: Arc::new(Caches::new(&config.cache, metrics.clone())),
@@ -283,6 +296,53 @@ impl Mirror {
             inflight: Arc::default(),
             copy_slots: Arc::new(Semaphore::new(4)),
         })
+    }
+
+    /// Reads every config `auth` block again (password files, environment
+    /// variables, Docker configs and their credential helpers) and hands
+    /// changed credentials to the client pool, so a rotated secret or an
+    /// expiring token (ECR's last 12 h) is picked up without a restart.
+    /// Returns how many changed. A block that cannot be read now is logged
+    /// and keeps its previous credentials.
+    pub async fn refresh_credentials(&self) -> usize {
+        let mut changed = 0;
+        for (registry, role, auth, path) in &self.auths {
+            let (a, r, p) = (auth.clone(), registry.clone(), path.clone());
+            // Credential helpers are programs: run them off the runtime.
+            let read = tokio::task::spawn_blocking(move || read_auth(&a, &r, &p)).await;
+            match read {
+                Ok(Ok(creds)) => {
+                    if self.pool.set_credentials(registry, *role, creds).await {
+                        info!(registry, key = %path, "registry credentials changed; signing in again");
+                        changed += 1;
+                    }
+                }
+                Ok(Err(e)) => {
+                    warn!(error = %e, "cannot read registry credentials again; keeping the previous ones")
+                }
+                Err(e) => warn!(error = %e, key = %path, "credential refresh task failed"),
+            }
+        }
+        changed
+    }
+
+    /// Calls [`Mirror::refresh_credentials`] every `every` until `token` is
+    /// cancelled; does nothing when the config has no `auth` block.
+    pub async fn refresh_credentials_every(
+        self: Arc<Self>,
+        every: Duration,
+        token: tokio_util::sync::CancellationToken,
+    ) {
+        if self.auths.is_empty() {
+            return;
+        }
+        loop {
+            tokio::select! {
+                () = token.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            self.refresh_credentials().await;
+        }
     }
 
     /// The mirror target.

@@ -67,6 +67,9 @@ type Slot = Arc<OnceCell<Arc<Registry>>>;
 #[derive(Debug)]
 pub struct ClientPool {
     opts: PoolOptions,
+    /// `opts.per_registry`, replaceable at run time
+    /// ([`ClientPool::set_credentials`]).
+    configured: std::sync::RwLock<HashMap<(String, Role), Credentials>>,
     http: OnceCell<reqwest::Client>,
     roots: OnceCell<Vec<Vec<u8>>>,
     entries: Mutex<HashMap<(String, Role, String), Slot>>,
@@ -102,6 +105,7 @@ impl ClientPool {
     /// A pool with these options; no connection is made yet.
     pub fn new(opts: PoolOptions) -> Self {
         Self {
+            configured: std::sync::RwLock::new(opts.per_registry.clone()),
             opts,
             http: OnceCell::new(),
             roots: OnceCell::new(),
@@ -183,6 +187,26 @@ impl ClientPool {
         self.get_with(registry, role, None).await
     }
 
+    /// Replaces the configured credentials for `registry` on `role`'s side
+    /// (a rotated password file, a credential helper's new token). When
+    /// they differ from the current ones, the cached client is dropped, so
+    /// the next use signs in again with them; copies in flight keep the
+    /// client they hold. Returns whether anything changed.
+    pub async fn set_credentials(&self, registry: &str, role: Role, creds: Credentials) -> bool {
+        let key = (normalize_registry(registry), role);
+        {
+            let mut map = self.configured.write().unwrap_or_else(|e| e.into_inner());
+            if map.get(&key) == Some(&creds) {
+                return false;
+            }
+            map.insert(key.clone(), creds);
+        }
+        self.entries.lock().await.retain(|(r, ro, who), _| {
+            !(who.is_empty() && *ro == role && normalize_registry(r) == key.0)
+        });
+        true
+    }
+
     /// As [`ClientPool::get`], but with these credentials (a Pod's
     /// imagePullSecrets) instead of the configured ones. Clients are kept
     /// per registry, side and credentials.
@@ -252,11 +276,13 @@ impl ClientPool {
             Role::Source => self.opts.source_creds.as_ref(),
             Role::Target => self.opts.target_creds.as_ref(),
         };
-        let explicit = creds.or(explicit).or_else(|| {
-            self.opts
-                .per_registry
-                .get(&(normalize_registry(registry), role))
-        });
+        let configured = self
+            .configured
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(normalize_registry(registry), role))
+            .cloned();
+        let explicit = creds.or(explicit).or(configured.as_ref());
         let auth = match explicit {
             Some(c) => c.to_auth(),
             None => {

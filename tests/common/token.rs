@@ -90,7 +90,8 @@ pub struct TokenRequest {
 
 struct Inner {
     user: String,
-    password: String,
+    /// Replaceable: [`TokenServer::set_password`] rotates it.
+    password: Mutex<String>,
     key: EcdsaKeyPair,
     /// base64 (standard, padded) DER of the signing certificate.
     cert_b64: String,
@@ -119,7 +120,7 @@ impl TokenServer {
         .expect("rcgen's P-256 key as a ring key pair");
         let inner = Arc::new(Inner {
             user: user.to_owned(),
-            password: password.to_owned(),
+            password: Mutex::new(password.to_owned()),
             key,
             cert_b64: STANDARD.encode(cert_der),
             cert_pem,
@@ -144,6 +145,12 @@ impl TokenServer {
             }
         });
         TokenServer { port, inner, task }
+    }
+
+    /// Accepts only `password` from now on (a rotated secret, an expired
+    /// cloud token).
+    pub fn set_password(&self, password: &str) {
+        *self.inner.password.lock().unwrap() = password.to_owned();
     }
 
     /// `http://127.0.0.1:PORT/token`, the registry's `realm`.
@@ -267,7 +274,7 @@ impl Inner {
             .and_then(|b| String::from_utf8(b).ok())
             .ok_or(None)?;
         let (user, password) = decoded.split_once(':').ok_or(None)?;
-        if user == self.user && password == self.password {
+        if user == self.user && password == *self.password.lock().unwrap() {
             Ok(user.to_owned())
         } else {
             Err(Some(user.to_owned()))
