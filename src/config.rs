@@ -230,14 +230,10 @@ impl<'de> Deserialize<'de> for Platforms {
             List(Vec<String>),
         }
         let expected = "\"all\" or a list of os/arch[/variant], e.g. [linux/amd64, linux/arm64]";
-        match Raw::deserialize(d)
-            .map_err(|_| serde::de::Error::custom(format!("expected {expected}")))?
-        {
+        match Raw::deserialize(d).map_err(|_| own_error(format!("expected {expected}")))? {
             Raw::Word(w) if w == "all" => Ok(Self::All),
-            Raw::Word(w) => Err(serde::de::Error::custom(format!(
-                "found {w:?}, expected {expected}"
-            ))),
-            Raw::List(l) if l.is_empty() => Err(serde::de::Error::custom(format!(
+            Raw::Word(w) => Err(own_error(format!("found {w:?}, expected {expected}"))),
+            Raw::List(l) if l.is_empty() => Err(own_error(format!(
                 "found an empty list, expected {expected}"
             ))),
             Raw::List(l) => l
@@ -245,7 +241,7 @@ impl<'de> Deserialize<'de> for Platforms {
                 .map(|p| p.parse::<PlatformSpec>())
                 .collect::<Result<_, _>>()
                 .map(Self::Only)
-                .map_err(serde::de::Error::custom),
+                .map_err(own_error),
         }
     }
 }
@@ -262,16 +258,35 @@ impl Serialize for Platforms {
     }
 }
 
+/// Marks errors raised by our own field parsers: yaml_serde gives them the
+/// position of the enclosing mapping, not of the value, so
+/// [`Config::from_yaml`] drops it and names the key path alone.
+const OWN_ERROR: &str = "\u{1}";
+
+fn own_error<E: serde::de::Error>(message: impl std::fmt::Display) -> E {
+    E::custom(format!("{OWN_ERROR}{message}"))
+}
+
+/// `IP:PORT`; a host name gets a message saying so, not the standard
+/// library's "invalid socket address syntax".
+fn socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<std::net::SocketAddr, D::Error> {
+    let s = String::deserialize(d).map_err(|_| own_error("expected IP:PORT, e.g. 0.0.0.0:8443"))?;
+    s.parse().map_err(|_| {
+        own_error(format!(
+            "found {s:?}, expected IP:PORT, e.g. 0.0.0.0:8443 or [::]:8443 (an IP address, not a host name)"
+        ))
+    })
+}
+
 /// Durations as `8s`, `500ms`, `1h 30m` (humantime), serialised the same way.
 mod duration {
     use super::*;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d).map_err(|_| {
-            serde::de::Error::custom("expected a duration such as 8s, 500ms, 10m or 1h")
-        })?;
+        let s = String::deserialize(d)
+            .map_err(|_| own_error("expected a duration such as 8s, 500ms, 10m or 1h"))?;
         humantime::parse_duration(&s).map_err(|e| {
-            serde::de::Error::custom(format!(
+            own_error(format!(
                 "found {s:?} ({e}), expected a duration such as 8s, 500ms, 10m or 1h"
             ))
         })
@@ -432,10 +447,10 @@ fn scan_rate() -> u32 {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Server {
     /// HTTPS webhook address.
-    #[serde(default = "listen")]
+    #[serde(default = "listen", deserialize_with = "socket_addr")]
     pub listen: std::net::SocketAddr,
     /// Plain-HTTP health and metrics address.
-    #[serde(default = "health_listen")]
+    #[serde(default = "health_listen", deserialize_with = "socket_addr")]
     pub health_listen: std::net::SocketAddr,
     /// PEM certificate chain for the webhook.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -568,9 +583,13 @@ impl Config {
             {
                 message = rest.to_owned();
             }
-            // Errors raised by our own field parsers carry no position
-            // (yaml_serde reports 1:1); the key path locates them instead.
-            let (line, column) = if (line, column) == (1, 1) && path != "." {
+            // Errors raised by our own field parsers carry no position of
+            // their own; the key path locates them instead.
+            let own = message.starts_with(OWN_ERROR);
+            if own {
+                message = message.replacen(OWN_ERROR, "", 1);
+            }
+            let (line, column) = if own || ((line, column) == (1, 1) && path != ".") {
                 (0, 0)
             } else {
                 (line, column)
@@ -842,7 +861,7 @@ target:
   # auth:
   #   username: pinswap
   #   passwordFile: /var/run/secrets/pinswap/target-password
-  #   # or passwordEnv: PINSWAP_TARGET_PASSWORD
+  #   # or passwordEnv: PINSWAP_TARGET_PASSWORD (not under `pinswap manifests`)
   #   # or dockerConfigFile: /var/run/secrets/pinswap/config.json
 
 source:
@@ -996,6 +1015,11 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
             (
                 "target: {registry: m.example.com}\ncopyDeadline: soon\n",
                 "test.yaml: copyDeadline: found \"soon\" (expected number at 0), expected a duration such as 8s, 500ms, 10m or 1h",
+            ),
+            (
+                // Not the mapping's first key: still no misleading position.
+                "target: {registry: m.example.com}\ncache:\n  ttl: 1h\n  reverify: soon\n",
+                "test.yaml: cache.reverify: found \"soon\" (expected number at 0), expected a duration such as 8s, 500ms, 10m or 1h",
             ),
             (
                 "target: {registry: m.example.com}\npin: maybe\n",

@@ -1356,7 +1356,7 @@ impl Cx<'_> {
                 "  # Credentials: a Docker config.json whose credHelpers run docker-credential-ecr-login\n  # for this host, e.g. {\"credHelpers\": {\"<host>\": \"ecr-login\"}}. pinswap serve runs it\n  # again every 5 minutes, which renews the 12-hour ECR token.\n  # auth:\n  #   dockerConfigFile: /var/run/secrets/pinswap/config.json  # Secret pinswap-registry-auth\n",
             ),
             Some(Cloud::Gcp) => y.push_str(
-                "  # Credentials: a service account key (JSON), which keeps working (a credential helper\n  # works too: pinswap serve reads target.auth again every 5 minutes):\n  # auth:\n  #   username: _json_key\n  #   passwordFile: /etc/pinswap/gar/key.json\n",
+                "  # Credentials: a service account key (JSON), which keeps working (a credential helper\n  # works too: pinswap serve reads target.auth again every 5 minutes):\n  # auth:\n  #   username: _json_key\n  #   passwordFile: /var/run/secrets/pinswap/gar-key.json  # Secret pinswap-registry-auth\n",
             ),
             None => {}
         }

@@ -621,6 +621,18 @@ async fn bad_options_and_configs_are_refused_by_name() {
         (vec!["--namespace", "Bad_NS"], "--namespace \"Bad_NS\""),
         (vec!["--replicas", "0"], "--replicas 0"),
         (
+            vec!["--namespace", "default"],
+            "--namespace default: a namespace Kubernetes itself uses",
+        ),
+        (
+            vec!["--namespace", "kube-system"],
+            "--namespace kube-system: a namespace Kubernetes itself uses",
+        ),
+        (
+            vec!["--image", "Registry.Example.com/PinSwap"],
+            "--image \"Registry.Example.com/PinSwap\"",
+        ),
+        (
             vec!["--config", "/nonexistent/c.yaml"],
             "--config /nonexistent/c.yaml",
         ),
@@ -1126,4 +1138,26 @@ async fn a_replica_with_older_material_never_drops_a_newer_ca() {
     assert_eq!(ca_bundle(&api), renewed.ca_pem, "B left A's bundle alone");
     verify_chain(&renewed.cert_pem, &ca_bundle(&api), "pinswap.pinswap.svc");
     verify_chain(&old.cert_pem, &ca_bundle(&api), "pinswap.pinswap.svc");
+}
+
+/// No image is published yet: without `--image` the output names the
+/// default but says so on stderr; with it, nothing is said.
+#[tokio::test]
+async fn the_unpublished_default_image_is_pointed_out() {
+    let (code, out, err) = common::run_pinswap(&["manifests"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("warning: no --image: ghcr.io/pinswap/pinswap:"),
+        "{err}"
+    );
+    let d: Deployment = typed(find(&documents(&out), "Deployment", "pinswap"));
+    let image = d.spec.unwrap().template.spec.unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap();
+    assert!(image.starts_with("ghcr.io/pinswap/pinswap:"), "{image}");
+    let (code, _, err) =
+        common::run_pinswap(&["manifests", "--image", "registry.example.com/pinswap:1"]).await;
+    assert_eq!(code, 0);
+    assert!(!err.contains("--image"), "{err}");
 }

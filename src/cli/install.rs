@@ -11,7 +11,7 @@ use crate::install::manifests::{self, Tls};
 /// `pinswap manifests [--namespace NS] [--config FILE] [--replicas N] [--tls MODE] [--image REF]`.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
-    pinswap manifests --config pinswap.yaml | kubectl apply -f -\n  \
+    pinswap manifests --config pinswap.yaml --image registry.example.com/pinswap:0.1.0 | kubectl apply -f -\n  \
     pinswap manifests --tls self-signed --image registry.example.com/pinswap:0.1.0 > pinswap.yaml")]
 pub struct ManifestsArgs {
     /// Namespace to install into (created by the output).
@@ -26,10 +26,14 @@ pub struct ManifestsArgs {
     /// Where the webhook's serving certificate comes from.
     #[arg(long, value_enum, default_value_t = TlsMode::CertManager)]
     pub tls: TlsMode,
-    /// pinswap's own container image (built from the Dockerfile).
-    #[arg(long, default_value = concat!("ghcr.io/pinswap/pinswap:", env!("CARGO_PKG_VERSION")))]
-    pub image: String,
+    /// pinswap's own container image, built from the Dockerfile and pushed
+    /// where the cluster can pull it [default: ghcr.io/pinswap/pinswap:VERSION, not published yet].
+    #[arg(long, value_name = "REFERENCE")]
+    pub image: Option<String>,
 }
+
+/// The image `pinswap manifests` names without `--image`.
+pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/pinswap/pinswap:", env!("CARGO_PKG_VERSION"));
 
 /// `--tls`.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -87,11 +91,17 @@ pub(super) fn manifests(args: ManifestsArgs) -> anyhow::Result<ExitCode> {
         TlsMode::CertManager => Tls::CertManager,
         TlsMode::SelfSigned => Tls::SelfSigned,
     };
+    let image = args.image.unwrap_or_else(|| {
+        eprintln!(
+            "warning: no --image: {DEFAULT_IMAGE} is not published yet; build the Dockerfile, push it, and pass --image"
+        );
+        DEFAULT_IMAGE.to_owned()
+    });
     let opts = manifests::Options {
         namespace: args.namespace,
         replicas: args.replicas,
         tls,
-        image: args.image,
+        image,
         config_text,
         config,
     };

@@ -28,7 +28,8 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Log filter (tracing EnvFilter syntax), e.g. `info`, `pinswap=debug`.
-    /// Default: `info` for `serve` (every decision is logged), `warn` otherwise.
+    /// Default: `info` for `serve` (one line per admission; each decision at
+    /// `debug`) and `cache`, `warn` otherwise.
     #[arg(long, global = true, env = "PINSWAP_LOG")]
     pub log_level: Option<String>,
     /// The command.

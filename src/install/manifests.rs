@@ -111,6 +111,21 @@ pub enum ManifestError {
         "--namespace {0:?}: not a valid namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)"
     )]
     Namespace(String),
+    /// `--namespace` names one Kubernetes itself uses.
+    #[error(
+        "--namespace {0}: a namespace Kubernetes itself uses; the output owns its namespace (labels it pinswap.dev/ignore=true, and kubectl delete -f removes it), so give pinswap its own"
+    )]
+    SystemNamespace(String),
+    /// `--image` is not a container image reference.
+    #[error(
+        "--image {image:?}: {reason}; expected a reference such as registry.example.com/pinswap:0.1.0"
+    )]
+    Image {
+        /// The value given.
+        image: String,
+        /// Why it does not parse.
+        reason: String,
+    },
     /// `--replicas` below 1.
     #[error("--replicas {0}: must be 1 or more")]
     Replicas(i32),
@@ -152,6 +167,17 @@ pub enum ManifestError {
 pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
     if !is_dns_label(&opts.namespace) {
         return Err(ManifestError::Namespace(opts.namespace.clone()));
+    }
+    if ["default", "kube-system", "kube-public", "kube-node-lease"]
+        .contains(&opts.namespace.as_str())
+    {
+        return Err(ManifestError::SystemNamespace(opts.namespace.clone()));
+    }
+    if let Err(e) = crate::reference::Reference::parse(&opts.image) {
+        return Err(ManifestError::Image {
+            image: opts.image.clone(),
+            reason: e.to_string(),
+        });
     }
     if opts.replicas < 1 {
         return Err(ManifestError::Replicas(opts.replicas));
@@ -216,16 +242,21 @@ pub fn to_yaml(objects: &[Value], header: &str) -> String {
 fn in_cluster_problems(c: &Config) -> Vec<String> {
     let mut out = Vec::new();
     let mut bad = |path: &str, message: String| out.push(format!("{path}: {message}"));
-    for (path, addr) in [
-        ("server.listen", c.server.listen),
-        ("server.healthListen", c.server.health_listen),
+    for (path, addr, usual) in [
+        ("server.listen", c.server.listen, 8443),
+        ("server.healthListen", c.server.health_listen, 8080),
     ] {
         if !addr.ip().is_unspecified() {
+            // Suggest a port the Pod can bind, too.
+            let port = if addr.port() < 1024 {
+                usual
+            } else {
+                addr.port()
+            };
             bad(
                 path,
                 format!(
-                    "{addr} is not reachable from the Service and the kubelet's probes; listen on 0.0.0.0:{}",
-                    addr.port()
+                    "{addr} is not reachable from the Service and the kubelet's probes; listen on 0.0.0.0:{port}"
                 ),
             );
         } else if addr.port() < 1024 {

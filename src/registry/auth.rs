@@ -150,14 +150,25 @@ fn lookup(registry: &str, path: &Path, bytes: &[u8]) -> Result<Option<RegistryAu
             Ok(c) => return Ok(Some(to_auth(c))),
             Err(E::NoCredentialConfigured | E::ConfigNotFound) => {}
             Err(e) => {
-                let source_name = match helper_for(&conf, &key) {
+                let helper = helper_for(&conf, &key);
+                let source_name = match &helper {
                     Some(h) => format!("{} (helper {h})", path.display()),
                     None => path.display().to_string(),
                 };
+                // docker_credential says only "Unable to communicate";
+                // the usual cause is a helper that is not installed.
+                let mut reason = e.to_string();
+                if let Some(h) = helper
+                    && !on_path(&h)
+                {
+                    reason = format!(
+                        "{h} is not on PATH (the pinswap image holds only pinswap: add the helper to an image built from it); {reason}"
+                    );
+                }
                 return Err(AuthError::Helper {
                     registry: registry.to_owned(),
                     source_name,
-                    reason: e.to_string(),
+                    reason,
                 });
             }
         }
@@ -172,6 +183,12 @@ fn docker_config_path() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".docker")))
         .map(|d| d.join("config.json"))
+}
+
+/// Whether an executable `name` is in one of `$PATH`'s directories.
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
 }
 
 impl CredentialSources {
@@ -210,6 +227,18 @@ impl CredentialSources {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_credential_helper_is_named() {
+        let conf = br#"{"credHelpers": {"reg.example": "pinswap-test-absent"}}"#;
+        let e = lookup("reg.example", Path::new("/c/config.json"), conf)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("credentials for reg.example from /c/config.json (helper docker-credential-pinswap-test-absent): docker-credential-pinswap-test-absent is not on PATH"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn creds_parse_and_redact() {
