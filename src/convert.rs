@@ -1022,6 +1022,7 @@ impl Cx<'_> {
             };
         }
         let mut aws = None;
+        let mut early = false;
         let mut gcp = None;
         for e in entries {
             match e.lower.as_str() {
@@ -1035,18 +1036,25 @@ impl Cx<'_> {
                         format!("ignored by k8s-image-swapper, because {type_path} is {other}; delete it"),
                     );
                 }
-                "registry" if is_target => self.not_carried(
-                    &e.path,
-                    "the format of k8s-image-swapper before target.type (target.registry.aws), which current versions ignore; move its keys to target.aws and convert again",
-                ),
+                "registry" if is_target => {
+                    early = true;
+                    self.not_carried(
+                        &e.path,
+                        "the format of k8s-image-swapper before target.type (target.registry.aws), which current versions ignore; move its keys to target.aws and convert again",
+                    )
+                }
                 _ => self.unknown(&e, REGISTRY_KEYS),
             }
         }
         let target = match kind {
             Cloud::Aws => {
                 let section = join(path, "aws");
-                let e = aws
-                    .ok_or_else(|| self.err(&section, "missing; expected accountId and region"))?;
+                let why = if early {
+                    "missing; expected accountId and region (target.registry.aws is the format before target.type: move its keys to target.aws)"
+                } else {
+                    "missing; expected accountId and region"
+                };
+                let e = aws.ok_or_else(|| self.err(&section, why))?;
                 self.aws(e.value, &e.path, is_target)?
             }
             Cloud::Gcp => {

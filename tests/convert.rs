@@ -461,6 +461,10 @@ fn malformed_inputs_fail_naming_the_key() {
             "filter-bad-jmespath.yaml: source.filters[1].jmespath: not a valid JMESPath expression",
         ),
         (
+            "target-early-format.yaml",
+            "target-early-format.yaml: target.aws: missing; expected accountId and region (target.registry.aws is the format before target.type: move its keys to target.aws)",
+        ),
+        (
             "target-type-unknown.yaml",
             "target-type-unknown.yaml: target.type: found \"azure\", expected aws or gcp",
         ),
