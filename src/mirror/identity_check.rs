@@ -52,6 +52,10 @@ impl Mirror {
         pinned: &Reference,
         creds: Option<&Credentials>,
     ) -> Result<Arc<Assessed>, MirrorError> {
+        // Cached (the usual case): no task to spawn.
+        if let Some(hit) = self.assessed.get(&pinned.to_string()).await {
+            return Ok(hit);
+        }
         // In a task of its own: an admission that runs out of time drops
         // its wait, not the inspection, which finishes and is cached for the
         // next admission (moka joins concurrent lookups of one key).

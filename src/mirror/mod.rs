@@ -281,8 +281,9 @@ impl Mirror {
                 .time_to_live(Duration::from_secs(24 * 3600))
                 .max_capacity(10_000)
                 .build(),
+            // Idle, not live: the admissions that read an entry keep it.
             sources: Cache::builder()
-                .time_to_live(Duration::from_secs(24 * 3600))
+                .time_to_idle(Duration::from_secs(24 * 3600))
                 .max_capacity(100_000)
                 .build(),
             platforms,
@@ -484,9 +485,12 @@ impl Mirror {
             .target
             .map(&src.without_digest().with_tag(&tag)?)?
             .with_digest(target_digest);
-        self.sources
-            .insert(target.without_tag().to_string(), pinned_source.clone())
-            .await;
+        // A moka insert is a write (queued, then applied by housekeeping):
+        // skip it when the entry already says this.
+        let key = target.without_tag().to_string();
+        if self.sources.get(&key).await.as_ref() != Some(&pinned_source) {
+            self.sources.insert(key, pinned_source.clone()).await;
+        }
         Ok(Plan {
             source: pinned_source,
             target,
