@@ -1285,11 +1285,21 @@ impl Cx<'_> {
             if fraction > 0.5 {
                 fraction = 0.5;
                 let low = total / 2;
+                // Report under a key the file has: the jitter may be
+                // k8s-image-swapper's default.
+                let (key, default_note) = if self.out.cache_jitter_min.is_some() {
+                    ("cacheJitterMaxMinutes", "")
+                } else {
+                    (
+                        "cacheTtlMinutes",
+                        " (with the default cacheJitterMaxMinutes, 180)",
+                    )
+                };
                 self.item(
                     ItemKind::Changed,
-                    &join(path, "cacheJitterMaxMinutes"),
+                    &join(path, key),
                     format!(
-                        "k8s-image-swapper kept entries {ttl} to {total} minutes; pinswap's cache.jitter is at most half the TTL, so entries now live {low} to {total} minutes"
+                        "k8s-image-swapper kept entries {ttl} to {total} minutes{default_note}; pinswap's cache.jitter is at most half the TTL, so entries now live {low} to {total} minutes"
                     ),
                 );
             }

@@ -617,3 +617,21 @@ fn skip_registries_private_registries_and_generic_sources_are_reported() {
         "no credentials carried"
     );
 }
+
+/// A changed value is reported under a key the file has, even when the
+/// other cache key took k8s-image-swapper's default.
+#[test]
+fn a_cache_change_is_reported_under_a_key_in_the_file() {
+    let c = converted_text(&format!("cacheTtlMinutes: 60\n{ECR}"));
+    let line = c.item("changed", "cacheTtlMinutes");
+    assert!(
+        line.contains("default cacheJitterMaxMinutes, 180"),
+        "{line}"
+    );
+    assert!(
+        !c.run.stderr.contains("changed: cacheJitterMaxMinutes"),
+        "{}",
+        c.run.stderr
+    );
+    assert_eq!(c.config.cache.ttl, Duration::from_secs(240 * 60));
+}
