@@ -646,8 +646,23 @@ impl Config {
                 "found an empty list; list the registries to mirror from, or \"*\" for any".into(),
             );
         }
+        let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         for (i, r) in self.source.registries.iter().enumerate() {
             let path = format!("source.registries[{i}]");
+            // Settings are looked up by normalised host: two entries for one
+            // registry would fight over its credentials and plain-HTTP flag.
+            let host = crate::reference::normalize_registry(&r.registry);
+            if let Some(&first) = seen.get(&host) {
+                bad(
+                    format!("{path}.registry"),
+                    format!(
+                        "{:?} is the same registry as source.registries[{first}] ({host}); list it once",
+                        r.registry
+                    ),
+                );
+            } else {
+                seen.insert(host, i);
+            }
             if r.registry != "*" && !is_registry_host(&r.registry) {
                 bad(
                     format!("{path}.registry"),
@@ -1038,6 +1053,17 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
             let got = parse(yaml).unwrap_err().to_string();
             assert_eq!(&got, want, "for {yaml:?}");
         }
+    }
+
+    #[test]
+    fn one_registry_listed_twice_is_refused() {
+        let got = parse("target: {registry: m.example.com}\nsource: {registries: [{registry: docker.io}, {registry: r.example.com}, {registry: Index.Docker.io}]}\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            got,
+            "test.yaml: source.registries[2].registry: \"Index.Docker.io\" is the same registry as source.registries[0] (docker.io); list it once"
+        );
     }
 
     #[test]

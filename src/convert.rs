@@ -947,7 +947,7 @@ impl Cx<'_> {
                         let path = format!("{}[{i}]", s.path);
                         if let Some(host) = self.generic_source(r, &path) {
                             if let Some(host) = host {
-                                self.out.sources.push((host, path));
+                                self.push_source(host, path);
                             }
                             continue;
                         }
@@ -967,13 +967,33 @@ impl Cx<'_> {
                                 t.registry
                             ),
                         );
-                        self.out.sources.push((t.registry, path));
+                        self.push_source(t.registry, path);
                     }
                 }
                 _ => self.unknown(&s, SOURCE_KEYS),
             }
         }
         Ok(())
+    }
+
+    /// Lists `host` under source.registries once: pinswap refuses two
+    /// entries for one registry (their settings would collide).
+    fn push_source(&mut self, host: String, path: String) {
+        let norm = crate::reference::normalize_registry(&host);
+        let first = self
+            .out
+            .sources
+            .iter()
+            .find(|(h, _)| crate::reference::normalize_registry(h) == norm)
+            .map(|(_, p)| p.clone());
+        match first {
+            Some(first) => self.item(
+                ItemKind::Note,
+                &path,
+                format!("{host} is already listed, from {first}; pinswap lists a registry once"),
+            ),
+            None => self.out.sources.push((host, path)),
+        }
     }
 
     /// A source of `type: generic` (`generic: {name, genericOptions:

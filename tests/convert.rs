@@ -635,3 +635,20 @@ fn a_cache_change_is_reported_under_a_key_in_the_file() {
     );
     assert_eq!(c.config.cache.ttl, Duration::from_secs(240 * 60));
 }
+
+/// One registry reached twice (two entries, or two spellings) is listed
+/// once, since pinswap refuses duplicates; the second is noted.
+#[test]
+fn a_source_registry_listed_twice_is_written_once() {
+    let c = converted_text(&format!(
+        "source:\n  registries:\n  - {{aws: {{accountId: \"222233334444\", region: eu-west-1}}}}\n  - {{aws: {{accountId: \"222233334444\", region: eu-west-1}}}}\n{ECR}"
+    ));
+    assert_eq!(
+        c.sources(),
+        ["*", "222233334444.dkr.ecr.eu-west-1.amazonaws.com"]
+    );
+    assert!(
+        c.item("note", "source.registries[1]")
+            .contains("already listed, from source.registries[0]")
+    );
+}

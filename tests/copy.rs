@@ -603,6 +603,33 @@ async fn tls_basic_auth_with_flags_authfile_docker_config_and_helper() {
     .await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_image(&dst, "a4", "v1", &img).await;
+
+    // A failing helper: its stderr is named, its stdout (where helpers put
+    // credentials) never is.
+    std::fs::write(
+        &helper,
+        "#!/bin/sh\necho '{\"Secret\":\"leaked-token-9\"}'\necho 'token expired' >&2\nexit 1\n",
+    )
+    .unwrap();
+    let out = pinswap_env(
+        &[
+            "copy",
+            "--ca-cert",
+            ca,
+            &d(&src, "app:v1"),
+            &d(&dst, "a5:v1"),
+        ],
+        &[("DOCKER_CONFIG", cfg.to_str().unwrap()), ("PATH", &path)],
+    )
+    .await;
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr
+            .contains("credential helper docker-credential-pinswaptest failed: token expired"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("leaked-token-9"), "{}", out.stderr);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -351,7 +351,8 @@ fn k(kind: &str, ns: &str, name: &str) -> (String, String, String) {
 }
 
 /// Cluster-scoped objects carry the namespace outside the default one, so
-/// two installs never share them, and the self-signed bootstrap is told
+/// two installs never share them (`-n self-signed` once met the default
+/// install's `pinswap-self-signed`), and the self-signed bootstrap is told
 /// the webhook configuration's name.
 #[tokio::test]
 async fn cluster_scoped_names_follow_the_namespace() {
@@ -366,14 +367,14 @@ async fn cluster_scoped_names_follow_the_namespace() {
         cluster,
         [
             "Namespace/mirror",
-            "ClusterRole/pinswap-mirror",
-            "ClusterRoleBinding/pinswap-mirror",
-            "ClusterRole/pinswap-self-signed-mirror",
-            "ClusterRoleBinding/pinswap-self-signed-mirror",
+            "ClusterRole/pinswap:mirror",
+            "ClusterRoleBinding/pinswap:mirror",
+            "ClusterRole/pinswap-self-signed:mirror",
+            "ClusterRoleBinding/pinswap-self-signed:mirror",
             "MutatingWebhookConfiguration/pinswap-mirror",
         ]
     );
-    let role: ClusterRole = typed(find(&objects, "ClusterRole", "pinswap-self-signed-mirror"));
+    let role: ClusterRole = typed(find(&objects, "ClusterRole", "pinswap-self-signed:mirror"));
     assert_eq!(
         role.rules.unwrap()[0].resource_names.as_deref(),
         Some(&["pinswap-mirror".to_owned()][..])
@@ -402,6 +403,27 @@ async fn cluster_scoped_names_follow_the_namespace() {
         (service.namespace.as_str(), service.name.as_str()),
         ("mirror", "pinswap")
     );
+
+    // No two installs share a cluster-scoped name, whatever the namespaces.
+    let mut seen = BTreeMap::new();
+    for ns in [
+        "pinswap",
+        "self-signed",
+        "mirror",
+        "self-signed-mirror",
+        "mirror-self-signed",
+    ] {
+        for o in manifests(&["--tls", "self-signed", "-n", ns]).await {
+            let (kind, namespace, name) = key(&o);
+            if namespace.is_empty() && kind != "Namespace" {
+                let before = seen.insert(format!("{kind}/{name}"), ns);
+                assert!(
+                    before.is_none(),
+                    "{kind}/{name} from -n {ns} and -n {before:?}"
+                );
+            }
+        }
+    }
 }
 
 #[tokio::test]

@@ -303,15 +303,25 @@ fn in_cluster_problems(c: &Config) -> Vec<String> {
     out
 }
 
-/// Name of a cluster-scoped object (ClusterRole, ClusterRoleBinding,
-/// MutatingWebhookConfiguration): `base` in the default namespace, else
-/// `base-NAMESPACE`, so installs in two namespaces don't take over each
-/// other's objects.
-pub fn cluster_name(base: &str, namespace: &str) -> String {
+/// Name of a ClusterRole and its binding: `base` in the default
+/// namespace, else `base:NAMESPACE`. A namespace cannot contain `:`, so no
+/// two installs (nor two roles of one install) share a name.
+pub fn cluster_role_name(base: &str, namespace: &str) -> String {
     if namespace == NAME {
         base.to_owned()
     } else {
-        format!("{base}-{namespace}")
+        format!("{base}:{namespace}")
+    }
+}
+
+/// Name of the MutatingWebhookConfiguration (a DNS subdomain, so no `:`):
+/// `pinswap` in the default namespace, else `pinswap-NAMESPACE`. One per
+/// install, so distinct namespaces give distinct names.
+pub fn webhook_configuration_name(namespace: &str) -> String {
+    if namespace == NAME {
+        NAME.to_owned()
+    } else {
+        format!("{NAME}-{namespace}")
     }
 }
 
@@ -457,7 +467,7 @@ fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
         cluster.push(rule(&[""], &["secrets", "serviceaccounts"], &["get"], &[]));
     }
     if !cluster.is_empty() {
-        out.extend(grant(&cluster_name(NAME, ns), None, ns, cluster)?);
+        out.extend(grant(&cluster_role_name(NAME, ns), None, ns, cluster)?);
     }
     if c.recovery.enabled {
         let lease_ns = match c.recovery.lease.namespace.as_str() {
@@ -491,14 +501,14 @@ fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
             ],
         )?);
         out.extend(grant(
-            &cluster_name(SELF_SIGNED_RBAC, ns),
+            &cluster_role_name(SELF_SIGNED_RBAC, ns),
             None,
             ns,
             vec![rule(
                 &["admissionregistration.k8s.io"],
                 &["mutatingwebhookconfigurations"],
                 &["get", "patch"],
-                &[&cluster_name(NAME, ns)],
+                &[&webhook_configuration_name(ns)],
             )],
         )?);
     }
@@ -592,7 +602,7 @@ fn deployment(opts: &Options) -> Deployment {
         args.push("--self-signed".into());
         if ns != NAME {
             args.push("--webhook-configuration".into());
-            args.push(cluster_name(NAME, ns));
+            args.push(webhook_configuration_name(ns));
         }
     }
     let field_env = |name: &str, path: &str| EnvVar {
@@ -852,7 +862,7 @@ fn not_in(key: &str, values: &[&str]) -> LabelSelectorRequirement {
 
 fn webhook_configuration(opts: &Options) -> MutatingWebhookConfiguration {
     let ns = opts.namespace.as_str();
-    let mut metadata = meta(&cluster_name(NAME, ns), None);
+    let mut metadata = meta(&webhook_configuration_name(ns), None);
     if opts.tls == Tls::CertManager {
         metadata.annotations = Some(BTreeMap::from([(
             "cert-manager.io/inject-ca-from".to_owned(),

@@ -177,6 +177,9 @@ pub fn anchor_tag(digest: &Digest) -> String {
 /// How often `pinswap serve` reads the config's `auth` blocks again.
 pub const CREDENTIALS_REFRESH: Duration = Duration::from_secs(300);
 
+/// How long one refresh waits for an `auth` block (a credential helper).
+const CREDENTIAL_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Reads a config `auth` block into credentials (at startup, and again
 /// every [`CREDENTIALS_REFRESH`] under `serve`).
 fn read_auth(auth: &Auth, registry: &str, path: &str) -> Result<Credentials, MirrorError> {
@@ -227,7 +230,8 @@ impl Mirror {
             insecure.push(target.registry().to_owned());
         }
         if let Some(a) = &config.target.auth {
-            let registry = target.registry().to_owned();
+            // The pool looks credentials up by the normalised host.
+            let registry = normalize_registry(target.registry());
             auths.push((registry, Role::Target, a.clone(), "target.auth".to_owned()));
         }
         for (i, r) in config.source.registries.iter().enumerate() {
@@ -309,8 +313,17 @@ impl Mirror {
         let mut changed = 0;
         for (registry, role, auth, path) in &self.auths {
             let (a, r, p) = (auth.clone(), registry.clone(), path.clone());
-            // Credential helpers are programs: run them off the runtime.
-            let read = tokio::task::spawn_blocking(move || read_auth(&a, &r, &p)).await;
+            // Credential helpers are programs: run them off the runtime, and
+            // don't let a hung one stop the refreshes of the others.
+            let read = tokio::time::timeout(
+                CREDENTIAL_READ_TIMEOUT,
+                tokio::task::spawn_blocking(move || read_auth(&a, &r, &p)),
+            )
+            .await;
+            let Ok(read) = read else {
+                warn!(key = %path, timeout = ?CREDENTIAL_READ_TIMEOUT, "reading registry credentials timed out; keeping the previous ones");
+                continue;
+            };
             match read {
                 Ok(Ok(creds)) => {
                     if self.pool.set_credentials(registry, *role, creds).await {

@@ -36,7 +36,8 @@ pub enum AuthError {
         registry: String,
         /// Where the lookup came from.
         source_name: String,
-        /// Why (docker_credential's error, which carries no secret).
+        /// Why: docker_credential's error on one line of at most 200
+        /// characters (it can quote the helper's output).
         reason: String,
     },
 }
@@ -155,9 +156,17 @@ fn lookup(registry: &str, path: &Path, bytes: &[u8]) -> Result<Option<RegistryAu
                     Some(h) => format!("{} (helper {h})", path.display()),
                     None => path.display().to_string(),
                 };
-                // docker_credential says only "Unable to communicate";
-                // the usual cause is a helper that is not installed.
-                let mut reason = e.to_string();
+                // docker_credential's message can hold the helper's whole
+                // stdout and stderr: keep one short line of it.
+                // stdout is dropped: a helper writes credentials there.
+                let mut reason = match &e {
+                    E::HelperFailure { helper, stderr, .. } => {
+                        one_line(&format!("credential helper {helper} failed: {stderr}"), 200)
+                    }
+                    e => one_line(&e.to_string(), 200),
+                };
+                // "Unable to communicate" usually means a helper that is
+                // not installed.
                 if let Some(h) = helper
                     && !on_path(&h)
                 {
@@ -183,6 +192,20 @@ fn docker_config_path() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".docker")))
         .map(|d| d.join("config.json"))
+}
+
+/// `text` on one line (controls and line breaks become spaces), at most
+/// `max` characters, with `…` when cut.
+fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let flat = flat.split_whitespace().collect::<Vec<_>>().join(" ");
+    match flat.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &flat[..i]),
+        None => flat,
+    }
 }
 
 /// Whether an executable `name` is in one of `$PATH`'s directories.
@@ -227,6 +250,15 @@ impl CredentialSources {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn helper_text_is_kept_to_one_short_line() {
+        assert_eq!(one_line("a\n\nb\tc  ", 10), "a b c");
+        assert_eq!(
+            one_line(&"x".repeat(300), 200),
+            format!("{}…", "x".repeat(200))
+        );
+    }
 
     #[test]
     fn a_missing_credential_helper_is_named() {
