@@ -838,6 +838,9 @@ async fn a_copy_outlasting_the_budget_leaves_images_unchanged_even_when_closed()
 /// A rotated target password (a Secret updated in place, a credential
 /// helper's new token) is picked up by `refresh_credentials` without a
 /// restart: the connected client is dropped and signs in again with it.
+/// The file is a Secret volume's: `password` -> `..data/password`, and an
+/// update swaps the `..data` symlink, as the kubelet does. The second
+/// rotation is picked up by the periodic loop `serve` runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotated_target_credentials_are_read_again() {
     common::init();
@@ -845,9 +848,21 @@ async fn rotated_target_credentials_are_read_again() {
     let dst = TestRegistry::token_auth("mirror", "Token-1").await;
     push_image(&src, "shop/app", Some("v1"), &Image::oci(1, 950)).await;
     push_image(&src, "shop/web", Some("v1"), &Image::oci(1, 951)).await;
+    push_image(&src, "shop/api", Some("v1"), &Image::oci(1, 952)).await;
     let dir = tempfile::tempdir().unwrap();
     let password = dir.path().join("password");
-    std::fs::write(&password, "Token-1\n").unwrap();
+    // The kubelet's atomic writer: a new timestamped directory, then a
+    // rename of a fresh `..data` symlink over the old one.
+    let publish = |version: &str, secret: &str| {
+        let data = dir.path().join(format!("..{version}"));
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("password"), format!("{secret}\n")).unwrap();
+        let tmp = dir.path().join("..data_tmp");
+        std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+        std::fs::rename(&tmp, dir.path().join("..data")).unwrap();
+    };
+    publish("v1", "Token-1");
+    std::os::unix::fs::symlink("..data/password", &password).unwrap();
     let c = Config::from_yaml(
         &format!(
             "target: {{registry: \"{}/mirror\", auth: {{username: mirror, passwordFile: {}}}}}\n\
@@ -894,7 +909,7 @@ async fn rotated_target_credentials_are_read_again() {
         "the file has not changed"
     );
 
-    std::fs::write(&password, "Token-2\n").unwrap();
+    publish("v2", "Token-2");
     assert_eq!(adm.mirror().refresh_credentials().await, 1);
     assert_eq!(
         adm.mirror().refresh_credentials().await,
@@ -902,4 +917,24 @@ async fn rotated_target_credentials_are_read_again() {
         "one change, counted once"
     );
     assert_eq!(admit("web").await, "rewritten: copied to the target");
+
+    // The periodic refresh (serve runs it every 5 minutes; here 100 ms).
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(
+        adm.mirror()
+            .clone()
+            .refresh_credentials_every(Duration::from_millis(100), stop.clone()),
+    );
+    dst.token_server().set_password("Token-3");
+    publish("v3", "Token-3");
+    let mut last = String::new();
+    for _ in 0..50 {
+        last = admit("api").await;
+        if last == "rewritten: copied to the target" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    assert_eq!(last, "rewritten: copied to the target");
 }

@@ -611,7 +611,7 @@ async fn tls_basic_auth_with_flags_authfile_docker_config_and_helper() {
         "#!/bin/sh\necho '{\"Secret\":\"leaked-token-9\"}'\necho 'token expired' >&2\nexit 1\n",
     )
     .unwrap();
-    let out = pinswap_env(
+    let mut out = pinswap_env(
         &[
             "copy",
             "--ca-cert",
@@ -622,6 +622,26 @@ async fn tls_basic_auth_with_flags_authfile_docker_config_and_helper() {
         &[("DOCKER_CONFIG", cfg.to_str().unwrap()), ("PATH", &path)],
     )
     .await;
+    // Linux refuses to run a file another thread's fork still holds open
+    // for writing (ETXTBSY), which docker_credential reports as "Unable to
+    // communicate": a race of this test process, not of pinswap. Retry.
+    for _ in 0..5 {
+        if !out.stderr.contains("Unable to communicate") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        out = pinswap_env(
+            &[
+                "copy",
+                "--ca-cert",
+                ca,
+                &d(&src, "app:v1"),
+                &d(&dst, "a5:v1"),
+            ],
+            &[("DOCKER_CONFIG", cfg.to_str().unwrap()), ("PATH", &path)],
+        )
+        .await;
+    }
     assert_ne!(out.code, 0);
     assert!(
         out.stderr

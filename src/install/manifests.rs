@@ -242,17 +242,26 @@ pub fn to_yaml(objects: &[Value], header: &str) -> String {
 fn in_cluster_problems(c: &Config) -> Vec<String> {
     let mut out = Vec::new();
     let mut bad = |path: &str, message: String| out.push(format!("{path}: {message}"));
-    for (path, addr, usual) in [
-        ("server.listen", c.server.listen, 8443),
-        ("server.healthListen", c.server.health_listen, 8080),
+    for (path, addr, usual, other) in [
+        (
+            "server.listen",
+            c.server.listen,
+            8443,
+            c.server.health_listen.port(),
+        ),
+        (
+            "server.healthListen",
+            c.server.health_listen,
+            8080,
+            c.server.listen.port(),
+        ),
     ] {
         if !addr.ip().is_unspecified() {
-            // Suggest a port the Pod can bind, too.
-            let port = if addr.port() < 1024 {
-                usual
-            } else {
-                addr.port()
-            };
+            // Suggest a port the Pod can bind, and not the other listener's.
+            let port = [addr.port(), usual, 9443, 9090]
+                .into_iter()
+                .find(|p| *p >= 1024 && *p != other)
+                .unwrap_or(usual);
             bad(
                 path,
                 format!(
@@ -651,6 +660,13 @@ fn deployment(opts: &Options) -> Deployment {
         env: Some(vec![
             field_env("POD_NAME", "metadata.name"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
+            // The root filesystem is read-only; credential helpers
+            // (docker-credential-ecr-login) cache their tokens under HOME.
+            EnvVar {
+                name: "HOME".into(),
+                value: Some("/tmp".into()),
+                ..Default::default()
+            },
         ]),
         ports: Some(vec![
             ContainerPort {
@@ -695,6 +711,11 @@ fn deployment(opts: &Options) -> Deployment {
             tls_mount,
             mount("config", "/etc/pinswap/config"),
             mount("registry-auth", REGISTRY_AUTH_DIR),
+            VolumeMount {
+                name: "tmp".into(),
+                mount_path: "/tmp".into(),
+                ..Default::default()
+            },
         ]),
         ..Default::default()
     };
@@ -770,6 +791,14 @@ fn deployment(opts: &Options) -> Deployment {
                             secret: Some(SecretVolumeSource {
                                 secret_name: Some(REGISTRY_AUTH_SECRET.into()),
                                 optional: Some(true),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                        Volume {
+                            name: "tmp".into(),
+                            empty_dir: Some(EmptyDirVolumeSource {
+                                size_limit: Some(Quantity("64Mi".into())),
                                 ..Default::default()
                             }),
                             ..Default::default()
@@ -966,6 +995,10 @@ mod tests {
             (
                 "server: {listen: 127.0.0.1:8443}",
                 "server.listen: 127.0.0.1:8443 is not reachable",
+            ),
+            (
+                "server: {listen: \"127.0.0.1:80\", healthListen: \"0.0.0.0:8443\"}",
+                "server.listen: 127.0.0.1:80 is not reachable from the Service and the kubelet's probes; listen on 0.0.0.0:9443",
             ),
             (
                 "server: {healthListen: 0.0.0.0:80}",

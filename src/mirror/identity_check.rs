@@ -215,7 +215,7 @@ impl Mirror {
                     .collect();
                 if !rest.is_empty() {
                     parts.push(format!(
-                        "not repaired (no layers to label the config with; the colliding images are repaired): {}",
+                        "not repaired (no layers to label the config with): {}",
                         join(&rest)
                     ));
                 }

@@ -8,9 +8,11 @@
 //! a transfer larger than the loopback socket buffers (a few MiB). The proxy speaks TCP only: a TLS client
 //! still sees the upstream's certificate (valid for 127.0.0.1).
 //!
-//! [`TcpCutProxy::stall_after`] instead holds every connection that has
+//! [`TcpCutProxy::stall_after`] instead holds every response that has
 //! carried more than a given number of bytes server→client (a blob, not a
 //! manifest) until [`TcpCutProxy::release`]: a copy that is still running.
+//! The count restarts with each request a connection sends, so small
+//! responses on a reused (keep-alive) connection are never held.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -131,8 +133,11 @@ async fn forward(client: TcpStream, s: Arc<Shared>) {
     };
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
-    let up = tokio::spawn(pump(cr, sw, s.clone(), false));
-    pump(sr, cw, s, true).await;
+    // Bytes of the current response; the client side resets it when it
+    // sends the next request (HTTP/1.1 answers in order).
+    let response = Arc::new(AtomicU64::new(0));
+    let up = tokio::spawn(pump(cr, sw, s.clone(), false, response.clone()));
+    pump(sr, cw, s, true, response).await;
     let _ = up.await;
 }
 
@@ -143,13 +148,13 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     s: Arc<Shared>,
     downstream: bool,
+    response: Arc<AtomicU64>,
 ) {
     let mut cut = s.cut.subscribe();
     let mut released = s.released.subscribe();
     let mut buf = vec![0u8; 64 * 1024];
-    let mut sent = 0u64;
     loop {
-        if downstream && sent >= s.stall.load(Ordering::SeqCst) {
+        if downstream && response.load(Ordering::SeqCst) >= s.stall.load(Ordering::SeqCst) {
             tokio::select! {
                 _ = released.wait_for(|r| *r) => {}
                 _ = cut.wait_for(|c| *c) => return reset(&to),
@@ -180,7 +185,11 @@ async fn pump(
         if written.is_err() {
             break;
         }
-        sent += n as u64;
+        if downstream {
+            response.fetch_add(n as u64, Ordering::SeqCst);
+        } else {
+            response.store(0, Ordering::SeqCst);
+        }
         if trip {
             let _ = to.shutdown().await; // FIN after exactly the allowed bytes
             s.cut.send_replace(true);
