@@ -303,8 +303,8 @@ impl Mirror {
         })
     }
 
-    /// Reads every config `auth` block again (password files, environment
-    /// variables, Docker configs and their credential helpers) and hands
+    /// Reads every config `auth` block again (password files, Docker
+    /// configs and their credential helpers, each within 30 s) and hands
     /// changed credentials to the client pool, so a rotated secret or an
     /// expiring token (ECR's last 12 h) is picked up without a restart.
     /// Returns how many changed. A block that cannot be read now is logged
