@@ -191,6 +191,47 @@ pub struct Source {
     /// and serviceaccounts).
     #[serde(default)]
     pub image_pull_secrets: bool,
+    /// How long an admission waits for a source to resolve a tag before it
+    /// uses the target's copy instead (at most half the time left in the
+    /// admission budget).
+    #[serde(default = "d_1s", with = "duration")]
+    pub timeout: Duration,
+    /// Per-registry circuit breaker for failing sources.
+    #[serde(default)]
+    pub breaker: Breaker,
+}
+
+/// The circuit breaker each source registry gets (DESIGN.md §3 "Source
+/// health"): after `failures` consecutive failures (connect errors,
+/// timeouts, 5xx, 429) the source is not asked for `backoff`, doubling on
+/// each failed probe up to `maxBackoff`; a 429 or 503 `Retry-After` (capped
+/// at `maxBackoff`) lengthens the window, and a 429 opens it at once.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Breaker {
+    /// Consecutive failures that open the breaker (1 to 100).
+    #[serde(default = "breaker_failures")]
+    pub failures: u32,
+    /// First open window.
+    #[serde(default = "d_5s", with = "duration")]
+    pub backoff: Duration,
+    /// Longest open window, and the cap on `Retry-After`.
+    #[serde(default = "d_5m", with = "duration")]
+    pub max_backoff: Duration,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Self {
+            failures: breaker_failures(),
+            backoff: d_5s(),
+            max_backoff: d_5m(),
+        }
+    }
+}
+
+fn breaker_failures() -> u32 {
+    3
 }
 
 fn default_registries() -> Vec<SourceRegistry> {
@@ -207,6 +248,8 @@ impl Default for Source {
             registries: default_registries(),
             filters: Vec::new(),
             image_pull_secrets: false,
+            timeout: d_1s(),
+            breaker: Breaker::default(),
         }
     }
 }
@@ -481,6 +524,9 @@ fn listen() -> std::net::SocketAddr {
 fn health_listen() -> std::net::SocketAddr {
     ([0, 0, 0, 0], 8080).into()
 }
+fn d_1s() -> Duration {
+    Duration::from_secs(1)
+}
 fn d_2s() -> Duration {
     Duration::from_secs(2)
 }
@@ -696,6 +742,33 @@ impl Config {
                     ),
                 );
             }
+        }
+        let t = self.source.timeout;
+        if t.is_zero() || t > WEBHOOK_TIMEOUT_MAX {
+            bad(
+                "source.timeout".into(),
+                format!(
+                    "found {}, expected more than 0s and at most 30s",
+                    humantime::format_duration(t)
+                ),
+            );
+        }
+        let b = &self.source.breaker;
+        if !(1..=100).contains(&b.failures) {
+            bad(
+                "source.breaker.failures".into(),
+                format!("found {}, expected 1 to 100", b.failures),
+            );
+        }
+        if b.backoff.is_zero() || b.backoff > b.max_backoff {
+            bad(
+                "source.breaker.backoff".into(),
+                format!(
+                    "found {}, expected more than 0s and at most source.breaker.maxBackoff ({})",
+                    humantime::format_duration(b.backoff),
+                    humantime::format_duration(b.max_backoff)
+                ),
+            );
         }
         if self.copy_deadline.is_zero() || self.copy_deadline > WEBHOOK_TIMEOUT_MAX {
             bad(

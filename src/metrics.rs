@@ -41,7 +41,7 @@ pub struct Metrics {
     /// `pinswap_admission_duration_seconds`.
     pub admission_seconds: Histogram,
     /// `pinswap_rewrites_total`.
-    pub rewrites: Counter,
+    pub rewrites: Family<ReasonLabel, Counter>,
     /// `pinswap_copies_started_total`.
     pub copies_started: Counter,
     /// `pinswap_copies_succeeded_total`.
@@ -74,6 +74,33 @@ pub struct Metrics {
     /// `pinswap_identity_findings_total{kind}`: distinct identity findings
     /// (`non_unique`, `collision`).
     pub identity_findings: Family<KindLabel, Counter>,
+    /// `pinswap_source_failures_total{registry,cause}`.
+    pub source_failures: Family<SourceLabels, Counter>,
+    /// `pinswap_source_breaker_open{registry}`.
+    pub source_breaker_open: Family<RegistryLabel, Gauge>,
+}
+
+/// Label `reason` (why a slot was rewritten).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// `present`, `copied`, `always` or `source_down`.
+    pub reason: String,
+}
+
+/// Labels `registry` and `cause` of a source failure.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    /// The source registry, `host[:port]`.
+    pub registry: String,
+    /// `unreachable`, `timeout`, `rate_limited`, `server_error` or `unauthorized`.
+    pub cause: String,
+}
+
+/// Label `registry`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RegistryLabel {
+    /// `host[:port]`.
+    pub registry: String,
 }
 
 /// Label for counts by kind.
@@ -115,8 +142,8 @@ impl Metrics {
             rewrites: register(
                 &mut r,
                 "rewrites",
-                "Image slots rewritten to the target",
-                Counter::default(),
+                "Image slots rewritten to the target, by reason (present, copied, always, source_down: the source could not answer and the target's copy was used)",
+                Family::default(),
             ),
             copies_started: register(
                 &mut r,
@@ -202,8 +229,48 @@ impl Metrics {
                 "Distinct image-ID (config digest) findings, by kind (non_unique, collision)",
                 Family::default(),
             ),
+            source_failures: register(
+                &mut r,
+                "source_failures",
+                "Failed requests to a source registry, by registry and cause (unreachable, timeout, rate_limited, server_error, unauthorized)",
+                Family::default(),
+            ),
+            source_breaker_open: register(
+                &mut r,
+                "source_breaker_open",
+                "1 while a source registry's circuit breaker is open (admissions use the target's copies)",
+                Family::default(),
+            ),
             registry: r,
         }
+    }
+
+    /// Counts one rewritten slot for `reason`.
+    pub fn rewrite(&self, reason: &str) {
+        self.rewrites
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one failed request to source `registry` for `cause`.
+    pub fn source_failure(&self, registry: &str, cause: &str) {
+        self.source_failures
+            .get_or_create(&SourceLabels {
+                registry: registry.to_owned(),
+                cause: cause.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Sets whether `registry`'s breaker is open.
+    pub fn breaker_open(&self, registry: &str, open: bool) {
+        self.source_breaker_open
+            .get_or_create(&RegistryLabel {
+                registry: registry.to_owned(),
+            })
+            .set(i64::from(open));
     }
 
     /// Counts one new identity finding of `kind`.

@@ -207,7 +207,17 @@ async fn every_slot_kind_and_reference_form() {
         text.contains(&format!("pinswap_copy_bytes_total {bytes}")),
         "{text}"
     );
-    assert!(text.contains("pinswap_rewrites_total 5"));
+    use common::metrics::sample;
+    assert_eq!(
+        sample(&text, "pinswap_rewrites_total", &[("reason", "copied")]),
+        Some(5.0),
+        "{text}"
+    );
+    assert_eq!(
+        common::metrics::total(&text, "pinswap_rewrites_total"),
+        5.0,
+        "{text}"
+    );
     assert!(text.contains("pinswap_admissions_total{outcome=\"rewritten\"} 1"));
 
     // Reinvocation: nothing left to do, and the originals stay.

@@ -257,10 +257,15 @@ async fn a_pruned_image_is_mirrored_again_once_when_pods_fail_to_pull_it() {
         "admission's copy and one re-mirror"
     );
     assert_eq!(r.metric("pinswap_remirrors_total{outcome=\"failed\"}"), 0.0);
-    assert_eq!(
-        r.metric("pinswap_cache_invalidations_total{cache=\"existence\",cause=\"pull_failure\"}"),
-        1.0,
-        "the stale entry was invalidated"
+    // The first failure invalidates the stale entry; the re-mirror records
+    // it again, and a failure arriving in the cooldown after it invalidates
+    // it once more (admission then asks the target again) unless every
+    // other status arrived while the recovery ran.
+    let invalidated =
+        r.metric("pinswap_cache_invalidations_total{cache=\"existence\",cause=\"pull_failure\"}");
+    assert!(
+        (1.0..=2.0).contains(&invalidated),
+        "the stale entry was invalidated: {invalidated}"
     );
     let events = events_for(&api, "web-0", "ImageRemirrored");
     assert_eq!(events.len(), 1, "{:?}", api.events());

@@ -64,6 +64,8 @@ pub struct Admission {
 /// Every slot of one pod spec, decided.
 struct Decided<'a> {
     rewrites: Vec<(&'a pod::Slot, String)>,
+    /// The `pinswap_rewrites_total` reason of each rewrite.
+    causes: Vec<&'static str>,
     decisions: BTreeMap<String, String>,
     /// Slot key → identity finding or repair (`pinswap.dev/identity`).
     identity: BTreeMap<String, String>,
@@ -76,8 +78,9 @@ struct Decided<'a> {
 
 /// What happened to one slot.
 enum Outcome {
-    /// New image, why, pinned source.
-    Rewrite(String, String, String),
+    /// New image, why, pinned source (empty when unknown), the
+    /// `pinswap_rewrites_total` reason.
+    Rewrite(String, String, String, &'static str),
     Keep(String),
     Error(String),
     Deny(String),
@@ -232,6 +235,7 @@ impl Admission {
         };
         let Decided {
             rewrites,
+            causes,
             decisions,
             identity,
             sources,
@@ -263,7 +267,9 @@ impl Admission {
         } else {
             "rewritten"
         };
-        self.metrics.rewrites.inc_by(rewrites.len() as u64);
+        for cause in causes {
+            self.metrics.rewrite(cause);
+        }
         info!(uid = %req.uid, namespace = req.namespace.as_deref().unwrap_or(""), pod = name, rewritten = rewrites.len(), slots = slots.len(), "admitted");
         let patch = pod::patch(
             &pod,
@@ -300,6 +306,7 @@ impl Admission {
             .await;
         let mut out = Decided {
             rewrites: Vec::new(),
+            causes: Vec::new(),
             decisions: BTreeMap::new(),
             identity: BTreeMap::new(),
             sources: BTreeMap::new(),
@@ -311,8 +318,11 @@ impl Admission {
                 out.identity.insert(slot.key(), cap(i));
             }
             let note = match outcome {
-                Outcome::Rewrite(image, why, source) => {
-                    out.sources.insert(slot.key(), source);
+                Outcome::Rewrite(image, why, source, cause) => {
+                    if !source.is_empty() {
+                        out.sources.insert(slot.key(), source);
+                    }
+                    out.causes.push(cause);
                     out.rewrites.push((slot, image));
                     format!("rewritten: {why}")
                 }
@@ -438,9 +448,12 @@ impl Admission {
                 None => match &decided[&slot.image] {
                     Ok(d) => {
                         let o = match &d.image {
-                            Some(new) if *new != slot.image => {
-                                Outcome::Rewrite(new.clone(), d.reason.clone(), d.source.clone())
-                            }
+                            Some(new) if *new != slot.image => Outcome::Rewrite(
+                                new.clone(),
+                                d.reason.clone(),
+                                d.source.clone(),
+                                d.cause,
+                            ),
                             Some(_) => Outcome::Keep("already the mirrored image".into()),
                             None => Outcome::Keep(d.reason.clone()),
                         };

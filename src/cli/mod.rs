@@ -674,6 +674,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .clone()
             .refresh_credentials_every(crate::mirror::CREDENTIALS_REFRESH, token.clone()),
     );
+    tokio::spawn(admission.mirror().clone().resume_copies(token.clone()));
     let background = crate::watch::Background::start(
         admission.mirror().clone(),
         &config,

@@ -11,9 +11,10 @@ use super::{Assessed, Mirror, MirrorError, Plan};
 use crate::config::CollisionPolicy;
 use crate::identity::{self, Finding, Repair};
 use crate::reference::Reference;
+use crate::reference::normalize_registry;
 use crate::registry::auth::Credentials;
 use crate::registry::copy::{Copier, CopyError};
-use crate::registry::{ClientPool, Role};
+use crate::registry::{ClientPool, RegistryError, Role};
 
 /// Pushes a repaired copy next to the original already at `dst`'s
 /// repository: the new configs, the repaired children by digest, then the
@@ -45,11 +46,14 @@ pub(super) async fn push_repair(
 }
 
 impl Mirror {
-    /// The identity facts of `pinned` (a source pinned by digest), read from
-    /// the source once per digest, and the repair they call for.
+    /// The identity facts of `pinned` (an image pinned by digest), read once
+    /// per digest from the source (`role` Source, through its circuit
+    /// breaker) or from the target's copy (`role` Target), and the repair
+    /// they call for.
     pub(super) async fn assess(
         &self,
         pinned: &Reference,
+        role: Role,
         creds: Option<&Credentials>,
     ) -> Result<Arc<Assessed>, MirrorError> {
         // Cached (the usual case): no task to spawn.
@@ -65,13 +69,52 @@ impl Mirror {
             self.platforms.clone(),
         );
         let (pinned, creds) = (pinned.clone(), creds.cloned());
+        let breakers = self.breakers.clone();
         let task = tokio::spawn(async move {
             cache
                 .try_get_with(pinned.to_string(), async {
-                    let client = pool
-                        .get_with(pinned.registry(), Role::Source, creds.as_ref())
-                        .await?;
-                    let ins = identity::inspect(&client, &pinned, &platforms).await?;
+                    let registry = normalize_registry(pinned.registry());
+                    let attempt = match role {
+                        Role::Source => Some(breakers.attempt(&registry).map_err(|open| {
+                            MirrorError::SourceDown {
+                                image: pinned.to_string(),
+                                registry: registry.clone(),
+                                cause: format!("circuit breaker open after {open}"),
+                                consequence: "its identity was not checked".into(),
+                            }
+                        })?),
+                        Role::Target => None,
+                    };
+                    let inspected = async {
+                        let client = pool
+                            .get_with(pinned.registry(), role, creds.as_ref())
+                            .await?;
+                        identity::inspect(&client, &pinned, &platforms).await
+                    }
+                    .await;
+                    if let Some(a) = attempt {
+                        match inspected.as_ref().err().and_then(RegistryError::outage) {
+                            Some((o, retry)) => a.failed(
+                                o,
+                                inspected
+                                    .as_ref()
+                                    .err()
+                                    .map(RegistryError::outage_cause)
+                                    .unwrap_or_default(),
+                                retry,
+                            ),
+                            None => a.answered(),
+                        }
+                    }
+                    let ins = inspected.map_err(|e| match (role, e.outage()) {
+                        (Role::Source, Some(_)) => MirrorError::SourceDown {
+                            image: pinned.to_string(),
+                            registry: registry.clone(),
+                            cause: e.outage_cause(),
+                            consequence: "its identity was not checked".into(),
+                        },
+                        _ => e.into(),
+                    })?;
                     let (repair, unrepaired) =
                         identity::plan_repair(&ins).map_err(|e| MirrorError::Resolve {
                             image: pinned.to_string(),
@@ -90,10 +133,7 @@ impl Mirror {
                 .await
                 .map_err(|e| match Arc::try_unwrap(e) {
                     Ok(e) => e,
-                    Err(shared) => MirrorError::Resolve {
-                        image: pinned.to_string(),
-                        reason: shared.to_string(),
-                    },
+                    Err(shared) => shared.for_waiter(&pinned),
                 })
         });
         task.await.unwrap_or_else(|e| {

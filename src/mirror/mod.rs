@@ -15,8 +15,10 @@ use moka::future::Cache;
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
+pub mod health;
 mod identity_check;
 mod recover;
+mod resume;
 
 pub use recover::Recovered;
 
@@ -66,6 +68,20 @@ pub enum MirrorError {
         /// Why.
         reason: String,
     },
+    /// The source could not answer (down, timeout, 5xx, 429, refused
+    /// credentials, or its circuit breaker is open) and the target holds no
+    /// copy that can stand in.
+    #[error("source registry {registry} cannot answer ({cause}); {consequence}")]
+    SourceDown {
+        /// The source image.
+        image: String,
+        /// The source registry, normalised.
+        registry: String,
+        /// The failure, in words.
+        cause: String,
+        /// What follows for this image.
+        consequence: String,
+    },
     /// `identity.collisions: deny` and the image's image ID is not unique.
     /// Admission denies the Pod whatever `failurePolicy` says.
     #[error("{image}: {message}")]
@@ -90,8 +106,14 @@ pub struct Decision {
     pub identity: Option<String>,
     /// The source pinned to the digest that was mirrored,
     /// `registry/repository[:tag]@digest` (the `pinswap.dev/sources`
-    /// annotation, which recovery reads).
+    /// annotation, which recovery reads); empty when it is not known (the
+    /// target's copy of a filtered or repaired image stood in for a source
+    /// that cannot answer).
     pub source: String,
+    /// Why a rewritten image was rewritten, as the `reason` label of
+    /// `pinswap_rewrites_total`: `present`, `copied`, `always` or
+    /// `source_down`; empty when the image is left unchanged.
+    pub cause: &'static str,
 }
 
 /// A source image mapped to where it lives at the target.
@@ -114,6 +136,44 @@ struct Plan {
     assessed: Option<Arc<Assessed>>,
     /// The repaired copy to push instead (`collisions: repair`).
     repair: Option<Arc<Repair>>,
+    /// Whether the target has the image under `target`'s tag: known while
+    /// planning (`Some`), or to be checked (`None`).
+    present: Option<bool>,
+    /// The source could not answer and the target's copy of the tag stands
+    /// in: the failure, in words.
+    fallback: Option<String>,
+    /// `source` is known (a stand-in copy of a filtered or repaired image
+    /// does not say which source digest it was made from).
+    source_known: bool,
+}
+
+impl Plan {
+    /// The decision note for an image the target holds.
+    fn held_note(&self) -> String {
+        match &self.fallback {
+            None => "present at the target".into(),
+            Some(cause) => format!(
+                "source unreachable ({cause}); pinned to the mirror's copy of {}",
+                self.source.tag().unwrap_or("the image")
+            ),
+        }
+    }
+
+    /// `present`'s label, or `source_down` when the target's copy stood in.
+    fn rewrite_cause(&self, present: &'static str) -> &'static str {
+        match self.fallback {
+            Some(_) => "source_down",
+            None => present,
+        }
+    }
+
+    /// The pinned source for `pinswap.dev/sources`, empty when not known.
+    fn source_note(&self) -> String {
+        match self.source_known {
+            true => self.source.to_string(),
+            false => String::new(),
+        }
+    }
 }
 
 /// The identity facts of one pinned source (content under a digest never
@@ -164,6 +224,12 @@ pub struct Mirror {
     reported: Mutex<std::collections::HashSet<String>>,
     inflight: Arc<Mutex<HashMap<String, CopyHandle>>>,
     copy_slots: Arc<Semaphore>,
+    /// The source registries' circuit breakers.
+    breakers: Arc<health::Breakers>,
+    /// How long an admission waits for a source to resolve (`source.timeout`).
+    source_timeout: Duration,
+    /// Copies that failed because their source could not answer, to retry.
+    resumes: Arc<resume::Resumes>,
 }
 
 /// The tag a digest-only source gets at the target, so "delete untagged"
@@ -172,6 +238,49 @@ pub struct Mirror {
 pub fn anchor_tag(digest: &Digest) -> String {
     let hex = digest.hex();
     format!("pinswap-{}", &hex[..hex.len().min(64)])
+}
+
+/// The outage `e` shows at source `registry` (normalised), with the
+/// `Retry-After` it asked for and the failure in words; `None` for errors
+/// of other registries (the target) and for answers that are not outages.
+fn source_outage(
+    e: &MirrorError,
+    registry: &str,
+) -> Option<(crate::registry::Outage, Option<Duration>, String)> {
+    let r = match e {
+        MirrorError::Registry(r) | MirrorError::Copy(CopyError::Registry(r)) => r,
+        _ => return None,
+    };
+    if r.registry().map(normalize_registry).as_deref() != Some(registry) {
+        return None;
+    }
+    let (outage, retry_after) = r.outage()?;
+    Some((outage, retry_after, r.outage_cause()))
+}
+
+impl MirrorError {
+    /// This error for a caller that waited on another's lookup (moka hands
+    /// the waiters one shared error): a source outage stays one, so the
+    /// waiter can fall back to the target too.
+    fn for_waiter(&self, src: &Reference) -> MirrorError {
+        match self {
+            MirrorError::SourceDown {
+                registry,
+                cause,
+                consequence,
+                ..
+            } => MirrorError::SourceDown {
+                image: src.to_string(),
+                registry: registry.clone(),
+                cause: cause.clone(),
+                consequence: consequence.clone(),
+            },
+            other => MirrorError::Resolve {
+                image: src.to_string(),
+                reason: other.to_string(),
+            },
+        }
+    }
 }
 
 /// How often `pinswap serve` reads the config's `auth` blocks again.
@@ -280,7 +389,7 @@ impl Mirror {
             copier,
             verifier,
             caches: Arc::new(Caches::new(&config.cache, metrics.clone())),
-            metrics,
+            metrics: metrics.clone(),
             planned: Cache::builder()
                 .time_to_live(Duration::from_secs(24 * 3600))
                 .max_capacity(10_000)
@@ -300,6 +409,12 @@ impl Mirror {
             reported: Mutex::default(),
             inflight: Arc::default(),
             copy_slots: Arc::new(Semaphore::new(4)),
+            breakers: Arc::new(health::Breakers::new(
+                config.source.breaker.clone(),
+                metrics.clone(),
+            )),
+            source_timeout: config.source.timeout,
+            resumes: Arc::new(resume::Resumes::new(config.source.breaker.clone())),
         })
     }
 
@@ -383,27 +498,94 @@ impl Mirror {
         }
     }
 
-    /// Tag → manifest digest on the source, cached for `cache.resolutionTtl`.
+    /// The breaker key and metric label of `src`'s registry.
+    fn source_key(src: &Reference) -> String {
+        normalize_registry(src.registry())
+    }
+
+    /// How long until `src`'s registry may be asked again (zero while its
+    /// breaker is closed): recovery waits at least this before retrying.
+    pub fn source_retry_in(&self, src: &Reference) -> Duration {
+        self.breakers.retry_in(&Self::source_key(src))
+    }
+
+    /// Runs `work`, a request to `src`'s registry, through its circuit
+    /// breaker: refused at once while the breaker is open, bounded by
+    /// `source.timeout` and half the time left before `deadline`, and
+    /// counted as an answer or an outage. An outage becomes
+    /// [`MirrorError::SourceDown`]; other errors pass through.
+    async fn ask_source<T>(
+        &self,
+        src: &Reference,
+        deadline: Option<Instant>,
+        work: impl Future<Output = Result<T, MirrorError>>,
+    ) -> Result<T, MirrorError> {
+        let registry = Self::source_key(src);
+        let down = |cause: String| MirrorError::SourceDown {
+            image: src.to_string(),
+            registry: registry.clone(),
+            cause,
+            consequence: "not read from it".into(),
+        };
+        let attempt = self
+            .breakers
+            .attempt(&registry)
+            .map_err(|open| down(format!("circuit breaker open after {open}")))?;
+        let limit = match deadline {
+            Some(d) => {
+                let now = Instant::now();
+                self.source_timeout
+                    .min(d.saturating_duration_since(now) / 2)
+            }
+            None => self.source_timeout.max(Duration::from_secs(30)),
+        };
+        match tokio::time::timeout(limit, work).await {
+            Err(_) => {
+                let ms = Duration::from_millis(limit.as_millis() as u64);
+                let cause = format!("no answer within {}", humantime::format_duration(ms));
+                attempt.failed(crate::registry::Outage::Timeout, cause.clone(), None);
+                Err(down(cause))
+            }
+            Ok(Ok(v)) => {
+                attempt.answered();
+                Ok(v)
+            }
+            Ok(Err(e)) => match source_outage(&e, &registry) {
+                Some((outage, retry_after, cause)) => {
+                    attempt.failed(outage, cause.clone(), retry_after);
+                    Err(down(cause))
+                }
+                None => {
+                    attempt.answered();
+                    Err(e)
+                }
+            },
+        }
+    }
+
+    /// Tag → manifest digest on the source, cached for `cache.resolutionTtl`,
+    /// through the source's circuit breaker.
     async fn resolve(
         &self,
         src: &Reference,
         creds: Option<&Credentials>,
+        deadline: Option<Instant>,
     ) -> Result<Digest, MirrorError> {
         if let Some(d) = src.digest() {
             return Ok(d.clone());
         }
-        let fetch = async {
+        let fetch = self.ask_source(src, deadline, async {
             self.metrics.cache(crate::cache::RESOLUTION, false);
             let client = self
                 .pool
                 .get_with(src.registry(), Role::Source, creds)
                 .await?;
-            Ok::<_, MirrorError>(match client.manifest_digest(src).await? {
+            Ok::<_, MirrorError>(match client.head_manifest(src).await? {
                 Some(d) => d,
                 // HEAD has no body; GET brings the registry's own error code.
                 None => client.get_manifest(src).await?.digest,
             })
-        };
+        });
         match self.caches.resolution() {
             // One lookup per key at a time: callers arriving while it runs
             // wait for it instead of resolving again (moka's coalescing).
@@ -417,10 +599,7 @@ impl Mirror {
                     .await
                     .map_err(|e| match Arc::try_unwrap(e) {
                         Ok(e) => e,
-                        Err(shared) => MirrorError::Resolve {
-                            image: src.to_string(),
-                            reason: shared.to_string(),
-                        },
+                        Err(shared) => shared.for_waiter(src),
                     })?;
                 if !missed {
                     self.metrics.cache(crate::cache::RESOLUTION, true);
@@ -431,34 +610,196 @@ impl Mirror {
         }
     }
 
-    /// Resolves, maps and assesses `src`. Under `collisions: warn` the
+    /// Resolves, maps and assesses `src` (DESIGN.md §3 steps 3 to 5). The
+    /// target is the authority for what it holds: a digest it has is planned
+    /// without the source, and a tag whose source cannot answer is planned
+    /// from the target's copy of that tag. Under `collisions: warn` the
     /// identity check is advisory: with a `deadline` it waits at most half
     /// the time left, and the check goes on in the background for the next
     /// admission.
+    ///
+    /// # Errors
+    /// [`MirrorError::SourceDown`] when the source cannot answer and the
+    /// target holds no copy; resolution, registry and identity errors.
     async fn plan(
         &self,
         src: &Reference,
         creds: Option<&Credentials>,
         deadline: Option<Instant>,
     ) -> Result<Plan, MirrorError> {
-        let source_digest = self.resolve(src, creds).await?;
-        let pinned_source = src.with_digest(source_digest.clone());
-        // With a platform filter the target holds a filtered index with its
-        // own digest; planned_digest computes it without pushing anything.
-        // Content under a digest never changes, so it is cached by digest.
-        let target_digest = self
-            .planned
-            .try_get_with(pinned_source.to_string(), async {
-                self.copier
-                    .planned_digest(&Endpoint::Registry(pinned_source.clone()), creds)
-                    .await
-            })
-            .await
-            .map_err(|e| MirrorError::Resolve {
-                image: src.to_string(),
-                reason: e.to_string(),
-            })?;
-        let assessing = self.assess(&pinned_source, creds);
+        if src.digest().is_some()
+            && let Some(plan) = self.plan_held(src, deadline, None).await?
+        {
+            return Ok(plan);
+        }
+        match self.plan_from_source(src, creds, deadline).await {
+            Err(MirrorError::SourceDown {
+                image,
+                registry,
+                cause,
+                ..
+            }) => match self.plan_stand_in(src, &cause, deadline).await? {
+                Some(plan) => Ok(plan),
+                None => Err(MirrorError::SourceDown {
+                    image,
+                    registry,
+                    cause,
+                    consequence: "the target has no copy of this image yet".into(),
+                }),
+            },
+            other => other,
+        }
+    }
+
+    /// The plan for `pinned` (a source pinned by digest, with or without a
+    /// tag) when the target already holds it under its tag (the source tag,
+    /// or the anchor tag of a digest-only source), else `None`. Asks the
+    /// target only. The target digest is the source's when nothing changes
+    /// it, else the one planned earlier; on a fresh replica with a platform
+    /// filter, the anchor tag of a digest-only source names it (anchor tags
+    /// are named after the source digest). Under `collisions: repair` an
+    /// image not planned before is left to the source path (`fallback`
+    /// aside), which knows whether it needs a repaired copy.
+    async fn plan_held(
+        &self,
+        pinned: &Reference,
+        deadline: Option<Instant>,
+        fallback: Option<&str>,
+    ) -> Result<Option<Plan>, MirrorError> {
+        let Some(source_digest) = pinned.digest() else {
+            return Ok(None);
+        };
+        let tag = match pinned.tag() {
+            Some(t) => t.to_owned(),
+            None => anchor_tag(source_digest),
+        };
+        let tagged = self.target.map(&pinned.without_digest().with_tag(&tag)?)?;
+        let unchanged =
+            !self.copier.filters_platforms() && self.collisions != CollisionPolicy::Repair;
+        let expected = match unchanged {
+            true => Some(source_digest.clone()),
+            false => self.planned.get(&pinned.to_string()).await,
+        };
+        let target = match expected {
+            Some(d) => {
+                let t = tagged.with_digest(d);
+                if !self.target_has_ref(&t).await? {
+                    return Ok(None);
+                }
+                t
+            }
+            None if pinned.tag().is_some() => return Ok(None),
+            None if self.collisions == CollisionPolicy::Repair && fallback.is_none() => {
+                return Ok(None);
+            }
+            None => {
+                let client = self.pool.get(tagged.registry(), Role::Target).await?;
+                let Some(d) = client.manifest_digest(&tagged).await? else {
+                    return Ok(None);
+                };
+                let t = tagged.with_digest(d);
+                self.caches.verified(&t).await;
+                t
+            }
+        };
+        let plan = self
+            .held(pinned.clone(), true, target, deadline, fallback)
+            .await?;
+        Ok(Some(plan))
+    }
+
+    /// When the source cannot answer: the target's own copy of `src`'s tag
+    /// stands in, pinned to the digest the target has under it (the last
+    /// copy pinswap made). A digest reference was already looked up at the
+    /// target by [`Mirror::plan_held`]; it gets a second look only under
+    /// `collisions: repair`, which skipped it there. `None` when the target
+    /// has no copy.
+    async fn plan_stand_in(
+        &self,
+        src: &Reference,
+        cause: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Plan>, MirrorError> {
+        if src.digest().is_some() {
+            return match self.collisions {
+                CollisionPolicy::Repair => self.plan_held(src, deadline, Some(cause)).await,
+                _ => Ok(None),
+            };
+        }
+        let Some(tag) = src.tag() else {
+            return Ok(None);
+        };
+        let tagged = self.target.map(src)?;
+        let client = self.pool.get(tagged.registry(), Role::Target).await?;
+        let Some(d) = client.manifest_digest(&tagged).await? else {
+            return Ok(None);
+        };
+        let target = tagged.with_digest(d.clone());
+        self.caches.verified(&target).await;
+        // The source digest is the target's unless a filter or a repair
+        // made the copy; then only this process's own record knows it.
+        let unchanged =
+            !self.copier.filters_platforms() && self.collisions != CollisionPolicy::Repair;
+        let (source, known) = match unchanged {
+            true => (src.with_digest(d), true),
+            false => match self.sources.get(&target.without_tag().to_string()).await {
+                Some(s) => (s, true),
+                None => (src.clone(), false),
+            },
+        };
+        debug!(image = %src, %cause, target = %target, tag, "source cannot answer; the target's copy stands in");
+        let plan = self
+            .held(source, known, target, deadline, Some(cause))
+            .await?;
+        Ok(Some(plan))
+    }
+
+    /// A plan for an image the target holds at `target`
+    /// (`repository:tag@digest`), made from `source`. Its identity facts
+    /// come from the source's earlier assessment when this process has it
+    /// (no request), else from the target's copy.
+    async fn held(
+        &self,
+        source: Reference,
+        source_known: bool,
+        target: Reference,
+        deadline: Option<Instant>,
+        fallback: Option<&str>,
+    ) -> Result<Plan, MirrorError> {
+        let assessed = match self.assessed.get(&source.to_string()).await {
+            Some(hit) if source_known => Some(hit),
+            _ => {
+                let at = target.without_tag();
+                self.bounded_assessment(&at, self.assess(&at, Role::Target, None), deadline)
+                    .await?
+            }
+        };
+        if source_known {
+            self.record_source(&target, &source).await;
+        }
+        Ok(Plan {
+            tagged: source.tag().is_some(),
+            source,
+            target,
+            untagged: false,
+            verify: false,
+            assessed,
+            repair: None,
+            present: Some(true),
+            fallback: fallback.map(str::to_owned),
+            source_known,
+        })
+    }
+
+    /// Waits for an identity assessment as the policy says: under `warn`
+    /// with a `deadline`, at most half the time left, and a failure only
+    /// logs; otherwise to the end, and a failure is the plan's error.
+    async fn bounded_assessment(
+        &self,
+        image: &Reference,
+        assessing: impl Future<Output = Result<Arc<Assessed>, MirrorError>>,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Arc<Assessed>>, MirrorError> {
         let assessed = match (self.collisions, deadline) {
             (CollisionPolicy::Warn, Some(d)) => {
                 let now = Instant::now();
@@ -466,22 +807,79 @@ impl Mirror {
                 match tokio::time::timeout_at(until.into(), assessing).await {
                     Ok(r) => Some(r),
                     Err(_) => {
-                        debug!(image = %pinned_source, "identity check still running; this admission goes without it");
+                        debug!(%image, "identity check still running; this admission goes without it");
                         None
                     }
                 }
             }
             _ => Some(assessing.await),
         };
-        let assessed = match assessed {
-            Some(Ok(a)) => Some(a),
-            None => None,
+        match assessed {
+            Some(Ok(a)) => Ok(Some(a)),
+            None => Ok(None),
             Some(Err(e)) if self.collisions == CollisionPolicy::Warn => {
-                warn!(image = %pinned_source, error = %e, "identity check failed; rewriting without it");
-                None
+                warn!(%image, error = %e, "identity check failed; rewriting without it");
+                Ok(None)
             }
-            Some(Err(e)) => return Err(e),
+            Some(Err(e)) => Err(e),
+        }
+    }
+
+    /// Records that target `repository@digest` was planned from `source`.
+    /// A moka insert is a write (queued, then applied by housekeeping):
+    /// skipped when the entry already says this.
+    async fn record_source(&self, target: &Reference, source: &Reference) {
+        let key = target.without_tag().to_string();
+        if self.sources.get(&key).await.as_ref() != Some(source) {
+            self.sources.insert(key, source.clone()).await;
+        }
+    }
+
+    /// The plan when the source answers: resolve, then the target first
+    /// (it may hold the digest already), else the target digest and the
+    /// identity facts from the source.
+    async fn plan_from_source(
+        &self,
+        src: &Reference,
+        creds: Option<&Credentials>,
+        deadline: Option<Instant>,
+    ) -> Result<Plan, MirrorError> {
+        let source_digest = self.resolve(src, creds, deadline).await?;
+        let pinned_source = src.with_digest(source_digest.clone());
+        if src.digest().is_none()
+            && let Some(plan) = self.plan_held(&pinned_source, deadline, None).await?
+        {
+            return Ok(plan);
+        }
+        // With a platform filter the target holds a filtered index with its
+        // own digest; planned_digest computes it without pushing anything.
+        // Content under a digest never changes, so it is cached by digest.
+        let target_digest = match self.copier.filters_platforms() {
+            false => source_digest.clone(),
+            true => self
+                .planned
+                .try_get_with(
+                    pinned_source.to_string(),
+                    self.ask_source(src, deadline, async {
+                        Ok(self
+                            .copier
+                            .planned_digest(&Endpoint::Registry(pinned_source.clone()), creds)
+                            .await?)
+                    }),
+                )
+                .await
+                .map_err(|e| match Arc::try_unwrap(e) {
+                    Ok(e) => e,
+                    Err(shared) => shared.for_waiter(src),
+                })?,
         };
+        let assessed = self
+            .bounded_assessment(
+                &pinned_source,
+                self.assess(&pinned_source, Role::Source, creds),
+                deadline,
+            )
+            .await?;
         let repair = match self.collisions {
             CollisionPolicy::Repair => assessed.as_ref().and_then(|a| a.repair.clone()),
             _ => None,
@@ -490,6 +888,13 @@ impl Mirror {
             Some(r) => r.top.digest.clone(),
             None => target_digest,
         };
+        if self.collisions == CollisionPolicy::Repair
+            && self.planned.get(&pinned_source.to_string()).await.as_ref() != Some(&target_digest)
+        {
+            self.planned
+                .insert(pinned_source.to_string(), target_digest.clone())
+                .await;
+        }
         let tag = match src.tag() {
             Some(t) => t.to_owned(),
             None => anchor_tag(&source_digest),
@@ -498,12 +903,11 @@ impl Mirror {
             .target
             .map(&src.without_digest().with_tag(&tag)?)?
             .with_digest(target_digest);
-        // A moka insert is a write (queued, then applied by housekeeping):
-        // skip it when the entry already says this.
-        let key = target.without_tag().to_string();
-        if self.sources.get(&key).await.as_ref() != Some(&pinned_source) {
-            self.sources.insert(key, pinned_source.clone()).await;
-        }
+        self.record_source(&target, &pinned_source).await;
+        // Without a filter or repair, plan_held has just looked.
+        let unchanged =
+            !self.copier.filters_platforms() && self.collisions != CollisionPolicy::Repair;
+        let present = unchanged.then_some(false);
         Ok(Plan {
             source: pinned_source,
             target,
@@ -512,20 +916,32 @@ impl Mirror {
             verify: false,
             assessed,
             repair,
+            present,
+            fallback: None,
+            source_known: true,
         })
     }
 
-    /// Whether the target has the plan's manifest under the plan's tag (the
+    /// Whether the target has the plan's manifest under the plan's tag, as
+    /// planning found, else as [`Mirror::target_has_ref`] finds.
+    async fn target_has(&self, plan: &Plan) -> Result<bool, MirrorError> {
+        match plan.present {
+            Some(p) => Ok(p),
+            None => self.target_has_ref(&plan.target).await,
+        }
+    }
+
+    /// Whether the target has `target` (`repository:tag@digest`) under its tag (the
     /// source tag, or the anchor tag of a digest-only source): the existence
     /// cache, else a HEAD by tag compared with the digest, recorded in the
     /// cache when present. By tag, not by digest: the tag must exist too,
     /// both for an unpinned rewrite and so "delete untagged" lifecycle rules
     /// leave the copy alone.
-    async fn target_has(&self, plan: &Plan) -> Result<bool, MirrorError> {
-        if self.caches.has(&plan.target).await {
+    async fn target_has_ref(&self, target: &Reference) -> Result<bool, MirrorError> {
+        if self.caches.has(target).await {
             return Ok(true);
         }
-        self.head_target(&plan.target).await
+        self.head_target(target).await
     }
 
     /// HEAD `target` (`repository:tag@digest`) at the target registry: true
@@ -583,6 +999,9 @@ impl Mirror {
             false => self.copier.clone(),
         };
         let (metrics, slots) = (self.metrics.clone(), self.copy_slots.clone());
+        let (breakers, resumes, retry) =
+            (self.breakers.clone(), self.resumes.clone(), plan.clone());
+        let source_key = Self::source_key(&plan.source);
         let (caches, inflight_map, k) = (self.caches.clone(), self.inflight.clone(), key.clone());
         // An untagged push verifies the digest, not the tag.
         let target_ref = match plan.untagged {
@@ -596,6 +1015,20 @@ impl Mirror {
             };
             metrics.copies_started.inc();
             let start = Instant::now();
+            // A source whose breaker is open is not asked: the copy fails at
+            // once and waits in `resumes` for the source to answer again.
+            let attempt = match breakers.attempt(&source_key) {
+                Ok(a) => a,
+                Err(open) => {
+                    metrics.copies_failed.inc();
+                    resumes.failed(&k, &retry, creds.as_ref());
+                    inflight_map.lock().expect("inflight lock").remove(&k);
+                    debug!(source = %src, target = %k, %open, "copy waits for its source");
+                    return Err(format!(
+                        "source registry {source_key} cannot answer (circuit breaker open after {open})"
+                    ));
+                }
+            };
             let res = match &repair {
                 None => {
                     copier
@@ -626,6 +1059,24 @@ impl Mirror {
                 }
             };
             metrics.copy_seconds.observe(start.elapsed().as_secs_f64());
+            let outage = res.as_ref().err().and_then(|e| match e {
+                CopyError::Registry(r)
+                    if r.registry().map(normalize_registry).as_deref() == Some(&source_key) =>
+                {
+                    r.outage().map(|(o, retry)| (o, retry, r.outage_cause()))
+                }
+                _ => None,
+            });
+            match outage {
+                Some((o, retry_after, cause)) => {
+                    attempt.failed(o, cause, retry_after);
+                    resumes.failed(&k, &retry, creds.as_ref());
+                }
+                None => {
+                    attempt.answered();
+                    resumes.settled(&k);
+                }
+            }
             let out = match res {
                 Ok(r) => {
                     metrics.copies_succeeded.inc();
@@ -722,21 +1173,23 @@ impl Mirror {
         let plan = self.plan(src, creds, None).await?;
         let image = self.rewritten(&plan);
         let identity = self.identity_note(&plan, src, true)?;
-        let (image, reason) = if self.target_has(&plan).await? {
-            (Some(image), "present at the target")
+        let (image, reason, cause) = if self.target_has(&plan).await? {
+            (Some(image), plan.held_note(), plan.rewrite_cause("present"))
         } else if self.swap == SwapPolicy::Always {
             (
                 Some(image),
-                "dry run: not at the target, not copied (swapPolicy always)",
+                "dry run: not at the target, not copied (swapPolicy always)".into(),
+                "always",
             )
         } else {
-            (None, "dry run: not at the target, not copied")
+            (None, "dry run: not at the target, not copied".into(), "")
         };
         Ok(Decision {
             image,
-            reason: reason.into(),
+            reason,
             identity,
-            source: plan.source.to_string(),
+            source: plan.source_note(),
+            cause,
         })
     }
 
@@ -764,28 +1217,42 @@ impl Mirror {
         let plan = self.plan(src, creds, Some(deadline)).await?;
         let image = self.rewritten(&plan);
         let identity = self.identity_note(&plan, src, false)?;
-        let source = plan.source.to_string();
-        let rewrite = |reason: &str| Decision {
-            image: Some(image.clone()),
+        let source = plan.source_note();
+        let decision = |image: Option<String>, reason: &str, cause: &'static str| Decision {
+            image,
             reason: reason.to_owned(),
             identity: identity.clone(),
             source: source.clone(),
+            cause,
         };
-        let keep = |reason: &str| Decision {
-            image: None,
-            reason: reason.to_owned(),
-            identity: identity.clone(),
-            source: source.clone(),
+        let rewrite = |reason: &str| {
+            let cause = match reason.starts_with("copied") {
+                true => "copied",
+                false => "always",
+            };
+            decision(Some(image.clone()), reason, cause)
         };
+        let keep = |reason: &str| decision(None, reason, "");
         let always = self.swap == SwapPolicy::Always;
         if self.target_has(&plan).await? {
-            return Ok(rewrite("present at the target"));
+            return Ok(decision(
+                Some(image.clone()),
+                &plan.held_note(),
+                plan.rewrite_cause("present"),
+            ));
         }
         match self.copy_policy {
             CopyPolicy::None if always => Ok(rewrite("swapPolicy always (copyPolicy none)")),
             CopyPolicy::None => Ok(keep("not at the target and copyPolicy is none")),
             CopyPolicy::Delayed => {
                 drop(self.copy(&plan, creds, false));
+                let wait = self.source_retry_in(&plan.source);
+                if !wait.is_zero() && !always {
+                    return Ok(keep(&format!(
+                        "not at the target yet; its source {} cannot answer, so the copy waits for it",
+                        Self::source_key(&plan.source)
+                    )));
+                }
                 Ok(if always {
                     rewrite("copy started in the background (swapPolicy always)")
                 } else {

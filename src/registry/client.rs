@@ -86,6 +86,9 @@ pub struct Registry {
     /// What `GET /v2/` asked for, for the requests we make ourselves.
     challenge: Scheme,
     chunked_threshold: u64,
+    /// Bearer tokens by scope set, with when to stop using them: one token
+    /// per scope and lifetime, not one per request.
+    tokens: std::sync::Mutex<HashMap<String, (http::HeaderValue, std::time::Instant)>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -262,8 +265,22 @@ impl ClientPool {
                     found = Some((*scheme, c));
                     break;
                 }
-                Err(e) if *scheme == "https" || https_err.is_none() => https_err = Some(e),
-                Err(_) => {}
+                // A registry that answers 429 or 5xx is there but refuses
+                // now: say so, with its Retry-After, rather than try another
+                // scheme and report that one's failure.
+                Err(Ping::Unavailable(status, retry_after)) => {
+                    return Err(RegistryError::Unavailable {
+                        registry: registry.into(),
+                        reference: "/v2/".into(),
+                        operation: "GET",
+                        status,
+                        retry_after,
+                    });
+                }
+                Err(Ping::Failed(e)) if *scheme == "https" || https_err.is_none() => {
+                    https_err = Some(e)
+                }
+                Err(Ping::Failed(_)) => {}
             }
         }
         let Some((scheme, challenge)) = found else {
@@ -343,8 +360,17 @@ impl ClientPool {
             auth,
             challenge,
             chunked_threshold: threshold,
+            tokens: std::sync::Mutex::default(),
         })
     }
+}
+
+/// Why a `GET /v2/` probe found no registry to use.
+enum Ping {
+    /// The transport failed, or plain HTTP got a non-registry answer.
+    Failed(String),
+    /// The registry answered 429 or 5xx (with `Retry-After`).
+    Unavailable(u16, Option<Duration>),
 }
 
 /// `GET /v2/`, returning the auth challenge. Over HTTPS any answer means
@@ -356,15 +382,23 @@ async fn ping(
     client: &reqwest::Client,
     scheme: &str,
     host: &str,
-) -> std::result::Result<Scheme, String> {
+) -> std::result::Result<Scheme, Ping> {
     let resp = client
         .get(format!("{scheme}://{host}/v2/"))
         .send()
         .await
-        .map_err(|e| chain(&e))?;
+        .map_err(|e| Ping::Failed(chain(&e)))?;
     let status = resp.status().as_u16();
+    if status == 429 || (500..=599).contains(&status) {
+        return Err(Ping::Unavailable(
+            status,
+            super::retry_after(resp.headers()),
+        ));
+    }
     if scheme == "http" && status != 200 && status != 401 {
-        return Err(format!("GET /v2/ over plain HTTP answered {status}"));
+        return Err(Ping::Failed(format!(
+            "GET /v2/ over plain HTTP answered {status}"
+        )));
     }
     if status != 401 {
         return Ok(Scheme::None);
@@ -685,9 +719,22 @@ impl Registry {
         scopes: &[String],
         reference: &str,
     ) -> Result<Option<http::HeaderValue>> {
+        let key = scopes.join(" ");
+        if let Scheme::Bearer(_) = &self.challenge {
+            let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((h, until)) = tokens.get(&key)
+                && std::time::Instant::now() < *until
+            {
+                return Ok(Some(h.clone()));
+            }
+        }
+        let mut lifetime = None;
         let value = match (&self.challenge, &self.auth) {
             (Scheme::Bearer(c), auth) => match token::fetch(&self.http, c, scopes, auth).await {
-                Ok(t) => format!("Bearer {t}"),
+                Ok(t) => {
+                    lifetime = Some(t.lifetime);
+                    format!("Bearer {}", t.token)
+                }
                 Err((Some(401 | 403), _)) => {
                     return Err(RegistryError::unauthorized(
                         self.ctx(reference, "get a token for"),
@@ -716,7 +763,126 @@ impl Registry {
             message: "credentials contain characters not allowed in a header".into(),
         })?;
         h.set_sensitive(true);
+        // Reused until 10 s before it expires, so a request never carries a
+        // token that lapses on the way.
+        if let Some(l) = lifetime.and_then(|l| l.checked_sub(Duration::from_secs(10))) {
+            let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            if tokens.len() > 1000 {
+                tokens.clear();
+            }
+            tokens.insert(key, (h.clone(), std::time::Instant::now() + l));
+        }
         Ok(Some(h))
+    }
+
+    /// Drops the cached token for `scopes` (a registry refused it early).
+    fn forget_token(&self, scopes: &[String]) {
+        self.tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&scopes.join(" "));
+    }
+
+    /// The manifest digest `r` resolves to, by one `HEAD` of our own, or
+    /// `None` when the registry has no such manifest or repository (404).
+    ///
+    /// Our own request rather than oci-client's `fetch_manifest_digest`:
+    /// that one probes `/v2/` again and falls back to a `GET` on any answer
+    /// without a digest header, and its errors drop the headers, so a 429 or
+    /// 503 loses its `Retry-After`, which the source circuit breaker honours.
+    ///
+    /// # Errors
+    /// [`RegistryError::Unavailable`] for 429 and 5xx (with `Retry-After`
+    /// in seconds when the registry sent one); [`RegistryError::Unreachable`]
+    /// for transport failures; [`RegistryError::Http`] for other statuses;
+    /// the auth errors of [`RegistryError::unauthorized`] for 401.
+    pub async fn head_manifest(&self, r: &Reference) -> Result<Option<Digest>> {
+        let name = r.to_string();
+        let scopes = [format!("repository:{}:pull", r.repository())];
+        let reference = match r.digest() {
+            Some(d) => d.to_string(),
+            None => r.tag().unwrap_or("latest").to_owned(),
+        };
+        let url = format!("{}/v2/{}/manifests/{reference}", self.base, r.repository());
+        let mut retried = false;
+        let resp = loop {
+            let auth = self.auth_header(&scopes, &name).await?;
+            let mut req = self
+                .http
+                .head(&url)
+                .header(reqwest::header::ACCEPT, ACCEPT.join(", "));
+            if let Some(h) = &auth {
+                req = req.header(reqwest::header::AUTHORIZATION, h.clone());
+            }
+            let resp = req.send().await.map_err(|e| RegistryError::Unreachable {
+                registry: self.host.clone(),
+                reason: chain(&e.without_url()),
+            })?;
+            // A cached token the registry no longer takes: once more with a
+            // fresh one.
+            if resp.status() == reqwest::StatusCode::UNAUTHORIZED
+                && !retried
+                && matches!(self.challenge, Scheme::Bearer(_))
+            {
+                self.forget_token(&scopes);
+                retried = true;
+                continue;
+            }
+            break resp;
+        };
+        let status = resp.status().as_u16();
+        let ctx = self.ctx(&name, "HEAD manifest");
+        match status {
+            200..=299 => {}
+            404 => return Ok(None),
+            401 => return Err(RegistryError::unauthorized(ctx)),
+            429 | 500..=599 => {
+                return Err(RegistryError::Unavailable {
+                    registry: self.host.clone(),
+                    reference: name,
+                    operation: "HEAD manifest",
+                    status,
+                    retry_after: super::retry_after(resp.headers()),
+                });
+            }
+            _ => {
+                return Err(RegistryError::Http {
+                    registry: self.host.clone(),
+                    reference: name,
+                    operation: "HEAD manifest",
+                    status,
+                    code: None,
+                    message: "no body (HEAD)".into(),
+                });
+            }
+        }
+        let digest = resp
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned);
+        let Some(digest) = digest else {
+            // Registries must send it (distribution-spec §Pulling manifests);
+            // without it, GET the bytes and hash them.
+            return self.get_manifest(r).await.map(|m| Some(m.digest));
+        };
+        let digest = Digest::parse(&digest).map_err(|e| RegistryError::Manifest {
+            registry: self.host.clone(),
+            reference: name.clone(),
+            reason: format!("registry returned an invalid digest: {e}"),
+        })?;
+        if let Some(want) = r.digest()
+            && *want != digest
+        {
+            return Err(RegistryError::DigestMismatch {
+                registry: self.host.clone(),
+                what: "manifest",
+                reference: name,
+                expected: want.to_string(),
+                actual: digest.to_string(),
+            });
+        }
+        Ok(Some(digest))
     }
 
     /// Uploads `stream` as blob `desc` into `r`'s repository: one streamed

@@ -77,6 +77,20 @@ pub enum RegistryError {
         /// The registry's message, or the body text.
         message: String,
     },
+    /// The registry answered 429 or 5xx: it is there but will not serve now.
+    #[error("{operation} {reference} on registry {registry} failed: HTTP {status} {}{}", status_text(*status), retry_after.map(|d| format!(" (Retry-After {}s)", d.as_secs())).unwrap_or_default())]
+    Unavailable {
+        /// `host[:port]` of the registry.
+        registry: String,
+        /// The reference being accessed.
+        reference: String,
+        /// What we were doing.
+        operation: &'static str,
+        /// HTTP status code (429 or 5xx).
+        status: u16,
+        /// The `Retry-After` the registry asked for, in whole seconds.
+        retry_after: Option<std::time::Duration>,
+    },
     /// Bytes did not match the digest that names them.
     #[error(
         "{what} {reference} from {registry}: digest mismatch, expected {expected}, got {actual}"
@@ -121,6 +135,144 @@ pub enum RegistryError {
     /// The OCI layout could not be read or written.
     #[error(transparent)]
     Layout(#[from] layout::LayoutError),
+}
+
+/// The distribution-spec code for 429, or the HTTP reason phrase.
+fn status_text(status: u16) -> &'static str {
+    match status {
+        429 => "TOOMANYREQUESTS",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Server Error",
+    }
+}
+
+/// `Retry-After` as delay-seconds (RFC 9110 §10.2.3). The HTTP-date form is
+/// read as absent: registries send seconds, and a clock skew between us and
+/// them would make a date meaningless.
+pub(crate) fn retry_after(headers: &http::HeaderMap) -> Option<std::time::Duration> {
+    headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(std::time::Duration::from_secs)
+}
+
+/// Why a registry could not answer at all (DESIGN.md §3 "Source health"),
+/// as opposed to answering that something is missing or invalid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outage {
+    /// DNS, TCP or TLS failed, or the connection broke.
+    Unreachable,
+    /// No answer in time.
+    Timeout,
+    /// HTTP 429 (Docker Hub's pull rate limit).
+    RateLimited,
+    /// HTTP 5xx.
+    ServerError,
+    /// HTTP 401: the credentials stopped working.
+    Unauthorized,
+}
+
+impl Outage {
+    /// The metric label: `unreachable`, `timeout`, `rate_limited`,
+    /// `server_error`, `unauthorized`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unreachable => "unreachable",
+            Self::Timeout => "timeout",
+            Self::RateLimited => "rate_limited",
+            Self::ServerError => "server_error",
+            Self::Unauthorized => "unauthorized",
+        }
+    }
+
+    /// Whether it counts towards opening the circuit breaker: a registry in
+    /// trouble, not one that refuses our credentials.
+    pub fn trips(self) -> bool {
+        !matches!(self, Self::Unauthorized)
+    }
+}
+
+impl RegistryError {
+    /// The registry (`host[:port]`) the error is about, when it names one.
+    pub fn registry(&self) -> Option<&str> {
+        match self {
+            Self::Unreachable { registry, .. }
+            | Self::Unauthorized { registry, .. }
+            | Self::AuthRequired { registry, .. }
+            | Self::Http { registry, .. }
+            | Self::Unavailable { registry, .. }
+            | Self::DigestMismatch { registry, .. }
+            | Self::Manifest { registry, .. }
+            | Self::Other { registry, .. } => Some(registry),
+            Self::Auth(_) | Self::Layout(_) => None,
+        }
+    }
+
+    /// An outage in a few words, for decision notes and logs:
+    /// `HTTP 429 TOOMANYREQUESTS`, `HTTP 503 Service Unavailable`,
+    /// `connection refused`, or the transport error (at most 160
+    /// characters); a 401 keeps the whole message, which names the fix.
+    pub fn outage_cause(&self) -> String {
+        match self {
+            Self::Unavailable { status, .. } => format!("HTTP {status} {}", status_text(*status)),
+            Self::Http { status, code, .. } => match code {
+                Some(c) => format!("HTTP {status} {c}"),
+                None => format!("HTTP {status} {}", status_text(*status)),
+            },
+            // The whole text: it says which credentials to fix.
+            Self::Unauthorized { .. } | Self::AuthRequired { .. } => self.to_string(),
+            Self::Unreachable { reason, .. } => {
+                let lower = reason.to_ascii_lowercase();
+                if lower.contains("connection refused") {
+                    "connection refused".into()
+                } else if lower.contains("timed out") || lower.contains("timeout") {
+                    "timed out".into()
+                } else {
+                    reason.chars().take(160).collect()
+                }
+            }
+            other => other.to_string().chars().take(160).collect(),
+        }
+    }
+
+    /// The outage this error shows, with the `Retry-After` the registry
+    /// asked for, or `None` when the registry answered (404, a bad manifest,
+    /// a digest mismatch...).
+    pub fn outage(&self) -> Option<(Outage, Option<std::time::Duration>)> {
+        let by_status = |status: u16| match status {
+            429 => Some(Outage::RateLimited),
+            408 => Some(Outage::Timeout),
+            500..=599 => Some(Outage::ServerError),
+            _ => None,
+        };
+        match self {
+            Self::Unreachable { reason, .. } => Some((
+                if reason.contains("timed out") || reason.contains("timeout") {
+                    Outage::Timeout
+                } else {
+                    Outage::Unreachable
+                },
+                None,
+            )),
+            Self::Unavailable {
+                status,
+                retry_after,
+                ..
+            } => by_status(*status).map(|o| (o, *retry_after)),
+            Self::Http { status, .. } => by_status(*status).map(|o| (o, None)),
+            Self::Unauthorized { .. } | Self::AuthRequired { .. } => {
+                Some((Outage::Unauthorized, None))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Result alias for this module.
@@ -310,7 +462,11 @@ impl RegistryError {
             },
             // Without the URL: upload URLs carry session state (`_state=`,
             // signatures) that has no place in an error message.
-            OciDistributionError::RequestError(e) if e.is_connect() || e.is_timeout() => {
+            // A connection that breaks while sending or reading is the
+            // registry's outage too, not a fault of the request.
+            OciDistributionError::RequestError(e)
+                if e.is_connect() || e.is_timeout() || e.is_request() || e.is_body() =>
+            {
                 Self::Unreachable {
                     registry,
                     reason: chain(&e.without_url()),

@@ -80,6 +80,18 @@ struct TokenResponse {
     token: Option<String>,
     #[serde(default)]
     access_token: Option<String>,
+    /// Seconds the token is valid; the token spec's default is 60.
+    #[serde(default)]
+    expires_in: Option<u64>,
+}
+
+/// A token and how long it may be reused.
+#[derive(Debug, Clone)]
+pub(crate) struct Token {
+    /// The bearer token.
+    pub token: String,
+    /// Its lifetime as the endpoint stated it (60 s when it did not).
+    pub lifetime: std::time::Duration,
 }
 
 /// Fetches a token for `scopes` (e.g. `repository:app:pull,push`).
@@ -92,7 +104,7 @@ pub(crate) async fn fetch(
     challenge: &Challenge,
     scopes: &[String],
     auth: &RegistryAuth,
-) -> Result<String, (Option<u16>, String)> {
+) -> Result<Token, (Option<u16>, String)> {
     let mut query: Vec<(&str, &str)> = scopes.iter().map(|s| ("scope", s.as_str())).collect();
     if let Some(s) = &challenge.service {
         query.push(("service", s));
@@ -113,9 +125,11 @@ pub(crate) async fn fetch(
         .json()
         .await
         .map_err(|e| (None, format!("token endpoint {}: {e}", challenge.realm)))?;
+    let lifetime = std::time::Duration::from_secs(body.expires_in.unwrap_or(60));
     body.token
         .or(body.access_token)
         .filter(|t| !t.is_empty())
+        .map(|token| Token { token, lifetime })
         .ok_or_else(|| {
             (
                 None,

@@ -246,7 +246,7 @@ impl Recovery {
     /// about the outcome with an Event) when given.
     pub fn trigger(self: &Arc<Self>, img: TargetImage, pod: Option<PodImages>, cause: Cause) {
         let key = image_key(&img.image);
-        {
+        let cooling = {
             let mut images = self.images.lock().expect("images lock");
             if images.len() > 256 {
                 // Forget images with nothing pending, so the map stays the
@@ -272,9 +272,22 @@ impl Recovery {
             }
             if cooling {
                 st.pods.clear();
-                return;
+            } else {
+                st.running = true;
             }
-            st.running = true;
+            cooling
+        };
+        if cooling {
+            // The recovery just done does not make this failure stale: the
+            // kubelet failed to pull the image, so admission must not keep
+            // answering "present at the target" from the existence cache.
+            if cause == Cause::PullFailure {
+                let (mirror, image) = (self.mirror.clone(), img.image.clone());
+                self.spawn(async move {
+                    mirror.caches().invalidate(&image, Cause::PullFailure).await;
+                });
+            }
+            return;
         }
         let this = self.clone();
         self.spawn(async move { this.run(key, img, pod, cause).await });
@@ -328,10 +341,18 @@ impl Recovery {
                 }
                 Err(_) => {
                     st.failures += 1;
+                    // Not before the source's breaker lets a request through:
+                    // a retry while it is open would fail without asking.
+                    let breaker = img
+                        .original
+                        .as_ref()
+                        .map(|o| self.mirror.source_retry_in(o))
+                        .unwrap_or_default();
                     let wait = self
                         .retry_initial
                         .saturating_mul(1 << (st.failures - 1).min(16))
-                        .min(self.retry_max);
+                        .min(self.retry_max)
+                        .max(breaker);
                     st.retry_at = Some(Instant::now() + wait);
                     (pods, Some(wait))
                 }

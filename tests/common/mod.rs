@@ -7,6 +7,9 @@
 //!   [`token::TokenServer`], with HTTP helpers to read
 //!   back what the code under test wrote, and fault helpers;
 //! - [`proxy::TcpCutProxy`]: a TCP forwarder that can cut connections;
+//! - [`front::Front`]: an HTTP front that passes requests to a registry or
+//!   answers them all with 429/503, counting what reached it;
+//! - [`metrics`]: sample values out of the metrics text;
 //! - [`fixtures`]: images, indexes and artifacts built in-process, with their
 //!   exact bytes and digests, and [`push`] to put them in a registry;
 //! - [`skopeo`]: skopeo as an independent peer;
@@ -19,7 +22,9 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod fixtures;
+pub mod front;
 pub mod kube;
+pub mod metrics;
 pub mod proxy;
 pub mod push;
 pub mod registry;

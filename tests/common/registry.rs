@@ -160,6 +160,27 @@ impl TestRegistry {
         }
     }
 
+    /// SIGSTOP the process: connections are still accepted (by the
+    /// kernel) and never answered, as with a hung registry.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`TestRegistry::freeze`].
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
     /// Start again on the same port with the same storage.
     pub async fn restart(&mut self) {
         self.kill();

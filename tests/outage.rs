@@ -1,0 +1,437 @@
+//! Source outages: the target is the authority for what it holds. With the
+//! source killed, frozen (SIGSTOP), or behind a front answering 429 or 503,
+//! images the target holds are still rewritten to their pinned mirror
+//! digests, on a warm replica and on a fresh one; digests the target holds
+//! never reach the source; a circuit breaker bounds the attempts; and a
+//! copy that waited for the source completes when it returns.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::front::{Front, Mode};
+use common::metrics::sample;
+use common::review::{admit, pod};
+use common::{Image, Index, TestRegistry, push_image, push_index};
+use pinswap::admission::Admission;
+use pinswap::config::Config;
+use pinswap::metrics::Metrics;
+use serde_json::Value;
+
+/// The images every case uses, at the source.
+struct Images {
+    app: Image,
+    index: Index,
+    spin: Image,
+    /// At the source only: never mirrored.
+    fresh: Image,
+}
+
+async fn seed(src: &TestRegistry) -> Images {
+    let i = Images {
+        app: Image::oci(2, 901),
+        index: Index::oci(902, false),
+        spin: Image::spin("outage", 1, None),
+        fresh: Image::oci(1, 903),
+    };
+    push_image(src, "shop/app", Some("v1"), &i.app).await;
+    push_index(src, "shop/multi", Some("v1"), &i.index).await;
+    push_image(src, "spin/app", Some("v1"), &i.spin).await;
+    push_image(src, "shop/fresh", Some("v1"), &i.fresh).await;
+    i
+}
+
+fn config(source: &str, target: &str, extra: &str) -> Config {
+    let yaml = format!(
+        "target: {{registry: \"{target}/mirror\"}}\nsource:\n  registries: [{{registry: \"{source}\"}}]\n{extra}"
+    );
+    Config::from_yaml(&yaml, "test.yaml").unwrap()
+}
+
+fn admission(source: &str, target: &str, extra: &str) -> (Admission, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new());
+    let adm = Admission::from_config(&config(source, target, extra), metrics.clone()).unwrap();
+    (adm, metrics)
+}
+
+/// The containers of the outage Pod: (name, image as written).
+fn slots(host: &str, i: &Images) -> Vec<(&'static str, String)> {
+    vec![
+        ("tag", format!("{host}/shop/app:v1")),
+        ("digest", format!("{host}/shop/app@{}", i.app.digest)),
+        ("both", format!("{host}/shop/app:v1@{}", i.app.digest)),
+        ("index", format!("{host}/shop/multi:v1")),
+        (
+            "index-digest",
+            format!("{host}/shop/multi@{}", i.index.digest),
+        ),
+        ("spin", format!("{host}/spin/app:v1")),
+    ]
+}
+
+/// What each slot must become: the mirror path pinned to the digest.
+fn mirrored(target: &str, host: &str, i: &Images) -> BTreeMap<&'static str, String> {
+    let m = format!("{target}/mirror/{}", host.replace(':', "_"));
+    BTreeMap::from([
+        ("tag", format!("{m}/shop/app:v1@{}", i.app.digest)),
+        ("digest", format!("{m}/shop/app@{}", i.app.digest)),
+        ("both", format!("{m}/shop/app:v1@{}", i.app.digest)),
+        ("index", format!("{m}/shop/multi:v1@{}", i.index.digest)),
+        ("index-digest", format!("{m}/shop/multi@{}", i.index.digest)),
+        ("spin", format!("{m}/spin/app:v1@{}", i.spin.digest)),
+    ])
+}
+
+fn the_pod(host: &str, i: &Images, extra: &[(&'static str, String)]) -> Value {
+    let mut all = slots(host, i);
+    all.extend(extra.iter().cloned());
+    let refs: Vec<(&str, &str)> = all.iter().map(|(n, s)| (*n, s.as_str())).collect();
+    pod("shop", "outage", &refs)
+}
+
+fn images(p: &Value) -> BTreeMap<String, String> {
+    p["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                c["image"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn decisions(p: &Value) -> BTreeMap<String, String> {
+    p["metadata"]["annotations"]["pinswap.dev/decisions"]
+        .as_str()
+        .map(|s| serde_json::from_str(s).unwrap())
+        .unwrap_or_default()
+}
+
+/// Mirrors every image of the Pod while the source is healthy.
+async fn mirror_all(adm: &Admission, host: &str, target: &str, i: &Images) {
+    let (patched, _) = admit(adm, &the_pod(host, i, &[])).await;
+    let got = images(&patched);
+    for (slot, want) in mirrored(target, host, i) {
+        assert_eq!(got[slot], want, "{slot} while healthy");
+    }
+}
+
+/// Admits the outage Pod plus a never-mirrored image and checks that every
+/// held image is rewritten to its pinned mirror digest with its note, and
+/// that the never-mirrored one is left unchanged and says why.
+async fn assert_rewritten_from_the_target(
+    adm: &Admission,
+    metrics: &Metrics,
+    host: &str,
+    target: &str,
+    i: &Images,
+    cause: &str,
+    case: &str,
+) {
+    let before = sample(
+        &metrics.encode(),
+        "pinswap_rewrites_total",
+        &[("reason", "source_down")],
+    )
+    .unwrap_or(0.0);
+    let fresh = format!("{host}/shop/fresh:v1");
+    let (patched, response) = admit(adm, &the_pod(host, i, &[("fresh", fresh.clone())])).await;
+    let got = images(&patched);
+    let notes = decisions(&patched);
+    for (slot, want) in mirrored(target, host, i) {
+        assert_eq!(got[slot], want, "{case}: {slot}: {notes:?} {response}");
+    }
+    for slot in ["tag", "index", "spin"] {
+        let note = &notes[&format!("containers/{slot}")];
+        assert!(
+            note.starts_with("rewritten: source unreachable (")
+                && note.contains(cause)
+                && note.ends_with("); pinned to the mirror's copy of v1"),
+            "{case}: {slot}: {note}"
+        );
+    }
+    for slot in ["digest", "both", "index-digest"] {
+        assert_eq!(
+            notes[&format!("containers/{slot}")],
+            "rewritten: present at the target",
+            "{case}: {slot}"
+        );
+    }
+    assert_eq!(got["fresh"], fresh, "{case}: never mirrored: unchanged");
+    let note = &notes["containers/fresh"];
+    assert!(
+        note.starts_with("unchanged (error): source registry")
+            && note.contains("the target has no copy of this image yet"),
+        "{case}: {note}"
+    );
+    // The tag slots' pinned sources are recorded for recovery.
+    let sources: BTreeMap<String, String> = serde_json::from_str(
+        patched["metadata"]["annotations"]["pinswap.dev/sources"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        sources["containers/tag"],
+        format!("{host}/shop/app:v1@{}", i.app.digest)
+    );
+    let after = sample(
+        &metrics.encode(),
+        "pinswap_rewrites_total",
+        &[("reason", "source_down")],
+    )
+    .unwrap();
+    assert_eq!(after - before, 3.0, "{case}: three tag slots stood in");
+}
+
+/// One fault, warm and fresh: the replica that mirrored the images (its
+/// resolution cache off, as after `resolutionTtl`), then a new process
+/// with empty caches.
+async fn outage_case(fault: &str) {
+    common::init();
+    let mut src = TestRegistry::plain().await;
+    let dst = TestRegistry::plain().await;
+    let i = seed(&src).await;
+    let front = Front::start(&src.host()).await;
+    // Kill and freeze act on the registry itself; the front's refusals
+    // stand for a registry that answers with an error.
+    let host = match fault {
+        "killed" | "frozen" => src.host(),
+        _ => front.host(),
+    };
+    let extra = "copyPolicy: immediate\ncache: {resolutionTtl: 0s}\n";
+    let (warm, warm_metrics) = admission(&host, &dst.host(), extra);
+    mirror_all(&warm, &host, &dst.host(), &i).await;
+    let cause = match fault {
+        "killed" => {
+            src.kill();
+            "connection refused"
+        }
+        "frozen" => {
+            src.freeze();
+            "no answer within "
+        }
+        "429" => {
+            front.set(Mode::Refuse(429, Some(30)));
+            "HTTP 429 TOOMANYREQUESTS"
+        }
+        _ => {
+            front.set(Mode::Refuse(503, None));
+            "HTTP 503"
+        }
+    };
+    assert_rewritten_from_the_target(&warm, &warm_metrics, &host, &dst.host(), &i, cause, "warm")
+        .await;
+    let (fresh, fresh_metrics) = admission(&host, &dst.host(), extra);
+    assert_rewritten_from_the_target(
+        &fresh,
+        &fresh_metrics,
+        &host,
+        &dst.host(),
+        &i,
+        cause,
+        "fresh",
+    )
+    .await;
+    let text = fresh_metrics.encode();
+    let registry = [("registry", host.as_str())];
+    let failures: f64 = ["unreachable", "timeout", "rate_limited", "server_error"]
+        .iter()
+        .filter_map(|c| {
+            sample(
+                &text,
+                "pinswap_source_failures_total",
+                &[("registry", &host), ("cause", c)],
+            )
+        })
+        .sum();
+    assert!(failures >= 1.0, "{text}");
+    if fault == "429" {
+        // A 429 opens the breaker at once.
+        assert_eq!(
+            sample(&text, "pinswap_source_breaker_open", &registry),
+            Some(1.0),
+            "{text}"
+        );
+    }
+    if fault == "frozen" {
+        src.thaw();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_source_rewrites_to_the_mirror() {
+    outage_case("killed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_source_rewrites_to_the_mirror_within_the_budget() {
+    outage_case("frozen").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limited_source_rewrites_to_the_mirror() {
+    outage_case("429").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_source_rewrites_to_the_mirror() {
+    outage_case("503").await;
+}
+
+/// A healthy source gets no request at all for digest references the
+/// target holds, on a fresh replica: no `/v2/` probe, no HEAD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digests_the_target_holds_never_reach_the_source() {
+    common::init();
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::plain().await;
+    let i = seed(&src).await;
+    let front = Front::start(&src.host()).await;
+    let host = front.host();
+    let (warm, _) = admission(&host, &dst.host(), "copyPolicy: immediate\n");
+    mirror_all(&warm, &host, &dst.host(), &i).await;
+    front.reset();
+    let (fresh, metrics) = admission(&host, &dst.host(), "copyPolicy: immediate\n");
+    let digests: Vec<(&str, String)> = slots(&host, &i)
+        .into_iter()
+        .filter(|(n, _)| ["digest", "both", "index-digest"].contains(n))
+        .collect();
+    let refs: Vec<(&str, &str)> = digests.iter().map(|(n, s)| (*n, s.as_str())).collect();
+    let (patched, _) = admit(&fresh, &pod("shop", "pinned", &refs)).await;
+    let want = mirrored(&dst.host(), &host, &i);
+    let got = images(&patched);
+    for (slot, _) in &digests {
+        assert_eq!(got[*slot], want[slot], "{slot}");
+    }
+    assert_eq!(front.total(), 0, "the source was asked");
+    assert_eq!(
+        sample(
+            &metrics.encode(),
+            "pinswap_rewrites_total",
+            &[("reason", "present")]
+        ),
+        Some(3.0)
+    );
+}
+
+/// After `failures` outages the breaker opens: further admissions go
+/// straight to the target, so a failing source sees a bounded number of
+/// requests, not one per admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_bounds_requests_to_a_failing_source() {
+    common::init();
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::plain().await;
+    let i = seed(&src).await;
+    let front = Front::start(&src.host()).await;
+    let host = front.host();
+    let cfg = Config::from_yaml(
+        &format!(
+            "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{host}\"}}]\n  breaker: {{failures: 3, backoff: 1m}}\ncopyPolicy: immediate\ncache: {{resolutionTtl: 0s}}\n",
+            dst.host()
+        ),
+        "t",
+    )
+    .unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let adm = Admission::from_config(&cfg, metrics.clone()).unwrap();
+    let tag = format!("{host}/shop/app:v1");
+    let want = mirrored(&dst.host(), &host, &i)["tag"].clone();
+    let (patched, _) = admit(&adm, &pod("shop", "p", &[("tag", tag.as_str())])).await;
+    assert_eq!(images(&patched)["tag"], want);
+
+    front.set(Mode::Refuse(503, None));
+    front.reset();
+    for n in 0..10 {
+        let (patched, _) = admit(&adm, &pod("shop", "p", &[("tag", tag.as_str())])).await;
+        assert_eq!(images(&patched)["tag"], want, "admission {n}");
+    }
+    let manifests = front.count("/manifests/");
+    assert_eq!(manifests, 3, "three failures open the breaker");
+    let text = metrics.encode();
+    assert_eq!(
+        sample(
+            &text,
+            "pinswap_source_breaker_open",
+            &[("registry", host.as_str())]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "pinswap_source_failures_total",
+            &[("registry", host.as_str()), ("cause", "server_error")]
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "pinswap_rewrites_total",
+            &[("reason", "source_down")]
+        ),
+        Some(10.0)
+    );
+}
+
+/// A `delayed` copy asked for while the source cannot answer waits, and
+/// completes once the source answers again; meanwhile the Pod is left
+/// unchanged with a note that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_copy_completes_when_the_source_returns() {
+    common::init();
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::plain().await;
+    let i = seed(&src).await;
+    let front = Front::start(&src.host()).await;
+    let host = front.host();
+    let cfg = Config::from_yaml(
+        &format!(
+            "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{host}\"}}]\n  breaker: {{failures: 1, backoff: 200ms, maxBackoff: 1s}}\n",
+            dst.host()
+        ),
+        "t",
+    )
+    .unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let adm = Admission::from_config(&cfg, metrics.clone()).unwrap();
+    let token = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(adm.mirror().clone().resume_copies(token.clone()));
+
+    front.set(Mode::Refuse(429, Some(1)));
+    let image = format!("{host}/shop/fresh@{}", i.fresh.digest);
+    let (patched, _) = admit(&adm, &pod("shop", "p", &[("c", image.as_str())])).await;
+    assert_eq!(images(&patched)["c"], image, "not at the target: unchanged");
+    let note = &decisions(&patched)["containers/c"];
+    assert!(note.contains("cannot answer"), "{note}");
+    let repo = format!("mirror/{}/shop/fresh", host.replace(':', "_"));
+    assert!(dst.head_manifest(&repo, &i.fresh.digest).await.is_none());
+
+    front.set(Mode::Pass);
+    let mut copied = None;
+    for _ in 0..200 {
+        copied = dst.get_manifest(&repo, &i.fresh.digest).await;
+        if copied.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (bytes, _, digest) = copied.expect("the waiting copy completed");
+    assert_eq!(digest, i.fresh.digest);
+    assert!(bytes == i.fresh.manifest, "byte for byte");
+    let (patched, _) = admit(&adm, &pod("shop", "p", &[("c", image.as_str())])).await;
+    assert_eq!(
+        images(&patched)["c"],
+        format!("{}/{repo}@{}", dst.host(), i.fresh.digest)
+    );
+    assert_eq!(adm.mirror().copies_waiting_for_source(), 0);
+    token.cancel();
+}
