@@ -964,3 +964,52 @@ async fn a_failed_reverification_remirror_is_retried_while_the_image_is_in_use()
         "still missing 8 s after the source came back; {failed} failed attempts, {entries} cache entries left to re-verify"
     );
 }
+
+/// A pull failure while the source is down: the re-mirror fails with a
+/// `RemirrorFailed` Event naming the cause, admission stops answering
+/// "present at the target" for the lost image, and the recovery retries
+/// until the source is back, then mirrors the image again.
+#[tokio::test]
+async fn a_pull_failure_during_a_source_outage_recovers_when_the_source_returns() {
+    let (mut src, dst, api) = rig().await;
+    let app = push(&src, "app", 431).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "web-0", &app, &dst).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+
+    prune(&dst, &app).await;
+    src.kill();
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    eventually("a RemirrorFailed Event", Duration::from_secs(20), || async {
+        !events_for(&api, "web-0", "RemirrorFailed").is_empty()
+    })
+    .await;
+    let events = events_for(&api, "web-0", "RemirrorFailed");
+    let note = events[0]["note"].as_str().unwrap();
+    // The cause: the source registry, refusing connections (or, once its
+    // breaker has opened, "cannot answer").
+    assert!(
+        note.contains(&src.host())
+            && (note.contains("Connection refused") || note.contains("cannot answer"))
+            && note.contains("retrying in"),
+        "{note}"
+    );
+    assert_eq!(events[0]["type"], "Warning");
+    // The lost image is not answered from the existence cache: admission
+    // leaves the Pod unchanged (the target has no copy, the source is down).
+    let (again, _) = admit(&r.adm, &pod("shop", "web-1", &[("app", &app.source)])).await;
+    assert_eq!(again["spec"]["containers"][0]["image"], app.source.as_str());
+
+    src.restart().await;
+    eventually("the image served again", Duration::from_secs(30), || {
+        served_again(&dst, &app)
+    })
+    .await;
+    eventually("an ImageRemirrored Event", Duration::from_secs(10), || async {
+        !events_for(&api, "web-0", "ImageRemirrored").is_empty()
+    })
+    .await;
+    r.stop().await;
+}
