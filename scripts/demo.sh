@@ -44,6 +44,7 @@ digest() { # host repo ref -> Docker-Content-Digest
 }
 
 start_registry source SRC
+SRC_PID=${PIDS[-1]}
 start_registry target DST
 echo "== source registry $SRC, target registry $DST"
 
@@ -288,4 +289,39 @@ echo "$WEB:1.0 is back: $WEB_DIGEST"
 grep -E '^pinswap_copies_(started|succeeded)_total' <(curl -fsS "http://$HEALTH/metrics")
 echo "== pinswap cache purge --all (the health port's POST /cache/purge)"
 $PINSWAP cache purge --all --server "http://$HEALTH"
+
+# ------------------------------------------------------- the source goes down
+echo
+echo "== the source registry stops (kill $SRC_PID); the caches are empty after the purge"
+kill "$SRC_PID"
+wait "$SRC_PID" 2>/dev/null || true
+curl -fsS --cacert "$WORK/ca.crt" -H 'Content-Type: application/json' \
+  --data-binary @"$WORK/reviews/01-pod-shop.request.json" "https://$HOOK/mutate" -o "$WORK/down.json"
+python3 - "$WORK/down.json" "$DST" <<'PY'
+import base64, json, sys
+resp = json.load(open(sys.argv[1]))["response"]
+target = sys.argv[2]
+patch = resp.get("patch")
+raw = bytes(patch) if isinstance(patch, list) else base64.b64decode(patch or "W10=")
+ops = json.loads(raw)
+images = [op["value"] for op in ops if op["path"].endswith("/image")]
+notes = {}
+for op in ops:
+    if op["path"].startswith("/metadata/annotations"):
+        value = op["value"]
+        if isinstance(value, dict):
+            notes.update(value)
+        else:
+            notes[op["path"].rsplit("/", 1)[-1].replace("~1", "/")] = value
+decisions = json.loads(notes.get("pinswap.dev/decisions", "{}"))
+print("the next Pod still goes to the mirror:")
+for image in images:
+    print(f"  {image}")
+for slot, why in sorted(decisions.items()):
+    print(f"  {slot}: {why}")
+ok = len(images) == 3 and all(i.startswith(target + "/") and "@sha256:" in i for i in images)
+if not ok:
+    sys.exit("the Pod was not rewritten to the mirror while the source is down")
+PY
+grep -E '^pinswap_(source_failures_total|source_breaker_open|rewrites_total)' <(curl -fsS "http://$HEALTH/metrics")
 echo "== done"
