@@ -18,6 +18,10 @@
 #              every slot resolves at the source and checks the target (HEAD
 #              each): at 10 req/s (-c 1 -q 10), 100 req/s (-c 10 -q 10) and
 #              with no rate limit.
+#   stalled    the source registry frozen (SIGSTOP: connections accepted, never
+#              answered), the uncached pinswap at 100 req/s (-c 10 -q 10): every
+#              image is one the target holds, so admissions are answered from the
+#              target once the source's circuit breaker has opened.
 # Cached pinswap uses the default caches (ttl 1h, resolutionTtl 30s).
 #
 # usage: scripts/bench-admission.sh [--quick]     (--quick: 3 s per case, 1 round)
@@ -74,6 +78,7 @@ start_pinswap() { # NAME CONFIG VAR_HOOK VAR_HEALTH
 }
 
 start_registry source SRC
+SRC_PID=${PIDS[-1]}
 start_registry target DST
 echo "== registries: source $SRC, target $DST"
 $PINSWAP copy oci:examples/oci/hello:v1 "docker://$SRC/library/hello:v1" >/dev/null
@@ -190,6 +195,12 @@ run 100/s pinswap-uncached "$HOOK_U" -c 10 -q 10
 run max pinswap-uncached "$HOOK_U" -c "$CONC"
 umiss1=$(metric "$HEALTH_U" 'pinswap_cache_misses_total{cache="resolution"}')
 uhits=$(metric "$HEALTH_U" 'pinswap_cache_hits_total{cache="resolution"}')
+echo "== the source registry stalls (SIGSTOP $SRC_PID)"
+kill -STOP "$SRC_PID"
+# Until the breaker opens, each admission waits up to source.timeout (1s).
+for _ in $(seq 5); do mutate "$HOOK_U" "$WORK/response-s.json"; done
+run 100/s pinswap-stalled "$HOOK_U" -c 10 -q 10
+kill -CONT "$SRC_PID"
 
 python3 - "$RESULTS" "$OUT/bench-admission.md" "$OUT/bench-admission.json" \
   "$DURATION" "$CONC" "$ROUNDS" "$((hits1 - hits0))" "$((miss1 - miss0))" "$((umiss1 - umiss0))" "$uhits" \
@@ -203,7 +214,7 @@ def agg(case, who):
         "ok": sum(r["ok"] for r in rs), "bad": sum(r["bad"] for r in rs), "args": rs[0]["args"], "runs": len(rs)}
 cases = [("max", "ceiling"), ("max", "pinswap-cached"), ("1000/s", "ceiling"),
          ("1000/s", "pinswap-cached"), ("10/s", "pinswap-uncached"), ("100/s", "pinswap-uncached"),
-         ("max", "pinswap-uncached")]
+         ("max", "pinswap-uncached"), ("100/s", "pinswap-stalled")]
 res = {f"{w} {c}": agg(c, w) for c, w in cases}
 ratio = res["pinswap-cached max"]["rps"] / res["ceiling max"]["rps"]
 lines = [
@@ -222,6 +233,7 @@ fail = sum(r["bad"] for r in res.values())
 p99_1000 = res["pinswap-cached 1000/s"]["p99"]
 p99_u10 = res["pinswap-uncached 10/s"]["p99"]
 p99_u100 = res["pinswap-uncached 100/s"]["p99"]
+p99_s100 = res["pinswap-stalled 100/s"]["p99"]
 verdict = lambda ok: "met" if ok else "missed"
 lines += [
     "",
@@ -234,6 +246,7 @@ lines += [
     f"| cached p99 ≤ 5 ms at 1,000 req/s | {verdict(p99_1000 <= 5)}, {p99_1000:.1f} ms |",
     f"| uncached p99 ≤ 25 ms, 10 req/s | {verdict(p99_u10 <= 25)}, {p99_u10:.1f} ms |",
     f"| uncached p99 ≤ 25 ms, 100 req/s | {verdict(p99_u100 <= 25)}, {p99_u100:.1f} ms |",
+    f"| source stalled, images at the target: p99 ≤ 5 ms, 100 req/s | {verdict(p99_s100 <= 5)}, {p99_s100:.1f} ms |",
 ]
 text = "\n".join(lines) + "\n"
 open(md, "w").write(text)
