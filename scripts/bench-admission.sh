@@ -19,9 +19,10 @@
 #              each): at 10 req/s (-c 1 -q 10), 100 req/s (-c 10 -q 10) and
 #              with no rate limit.
 #   stalled    the source registry frozen (SIGSTOP: connections accepted, never
-#              answered), the uncached pinswap at 100 req/s (-c 10 -q 10): every
-#              image is one the target holds, so admissions are answered from the
-#              target once the source's circuit breaker has opened.
+#              answered), a third pinswap with the default caches but
+#              resolutionTtl 1s (expired when the load starts), at 100 req/s
+#              (-c 10 -q 10): every image is one the target holds, so admissions
+#              are answered from the target once the source's breaker has opened.
 # Cached pinswap uses the default caches (ttl 1h, resolutionTtl 30s).
 #
 # usage: scripts/bench-admission.sh [--quick]     (--quick: 3 s per case, 1 round)
@@ -55,7 +56,7 @@ PIDS=()
 cleanup() {
   local rc=$?
   if ((rc)); then
-    for log in "$WORK"/{cached,uncached,ceiling}.log; do
+    for log in "$WORK"/{cached,uncached,stalled,ceiling}.log; do
       [ -s "$log" ] && { echo "== $(basename "$log") (last lines)" >&2; tail -n 5 "$log" | cut -c1-300 >&2; }
     done
   fi
@@ -101,9 +102,11 @@ YML
 }
 config "cache: {ttl: 1h, resolutionTtl: 30s}" >"$WORK/cached.yaml"
 config "cache: {ttl: 0s, resolutionTtl: 0s, reverify: 0s}" >"$WORK/uncached.yaml"
-HOOK='' HEALTH='' HOOK_U='' HEALTH_U='' # set by start_pinswap
+config "cache: {ttl: 1h, resolutionTtl: 1s}" >"$WORK/stalled.yaml"
+HOOK='' HEALTH='' HOOK_U='' HEALTH_U='' HOOK_S='' HEALTH_S='' # set by start_pinswap
 start_pinswap cached "$WORK/cached.yaml" HOOK HEALTH
 start_pinswap uncached "$WORK/uncached.yaml" HOOK_U HEALTH_U
+start_pinswap stalled "$WORK/stalled.yaml" HOOK_S HEALTH_S
 
 cat >"$WORK/review.json" <<JSON
 {"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{
@@ -135,7 +138,11 @@ if len(images) != 3 or not all(i.startswith(sys.argv[2]) and "@sha256:" in i for
 PY
 }
 echo "== warm-up: 20 requests to each pinswap; every container must be rewritten"
-for _ in $(seq 20); do mutate "$HOOK" "$WORK/response.json"; mutate "$HOOK_U" "$WORK/response-u.json"; done
+for _ in $(seq 20); do
+  mutate "$HOOK" "$WORK/response.json"
+  mutate "$HOOK_U" "$WORK/response-u.json"
+  mutate "$HOOK_S" "$WORK/response-s.json"
+done
 
 CEIL=127.0.0.1:$(free_port)
 "$CEILING" --listen "$CEIL" --cert "$WORK/tls.crt" --key "$WORK/tls.key" \
@@ -197,9 +204,12 @@ umiss1=$(metric "$HEALTH_U" 'pinswap_cache_misses_total{cache="resolution"}')
 uhits=$(metric "$HEALTH_U" 'pinswap_cache_hits_total{cache="resolution"}')
 echo "== the source registry stalls (SIGSTOP $SRC_PID)"
 kill -STOP "$SRC_PID"
+sleep 1.5 # the stalled instance's resolutionTtl (1s) expires
 # Until the breaker opens, each admission waits up to source.timeout (1s).
-for _ in $(seq 5); do mutate "$HOOK_U" "$WORK/response-s.json"; done
-run 100/s pinswap-stalled "$HOOK_U" -c 10 -q 10
+for _ in $(seq 5); do mutate "$HOOK_S" "$WORK/response-s.json"; done
+run 100/s pinswap-stalled "$HOOK_S" -c 10 -q 10
+sfail=$(curl -fsS "http://$HEALTH_S/metrics" | grep -c '^pinswap_source_breaker_open.* 1$' || true)
+echo "   breakers open on the stalled instance: $sfail"
 kill -CONT "$SRC_PID"
 
 python3 - "$RESULTS" "$OUT/bench-admission.md" "$OUT/bench-admission.json" \

@@ -224,6 +224,10 @@ pub struct Mirror {
     reported: Mutex<std::collections::HashSet<String>>,
     inflight: Arc<Mutex<HashMap<String, CopyHandle>>>,
     copy_slots: Arc<Semaphore>,
+    /// Target `repository:tag` → the digest it was last seen to hold, so
+    /// the target's copy can stand in for a failing source without a HEAD
+    /// while the existence cache vouches for it.
+    held_tags: Cache<String, Digest>,
     /// The source registries' circuit breakers.
     breakers: Arc<health::Breakers>,
     /// How long an admission waits for a source to resolve (`source.timeout`).
@@ -409,6 +413,10 @@ impl Mirror {
             reported: Mutex::default(),
             inflight: Arc::default(),
             copy_slots: Arc::new(Semaphore::new(4)),
+            held_tags: Cache::builder()
+                .time_to_live(config.cache.ttl.max(Duration::from_secs(1)))
+                .max_capacity(100_000)
+                .build(),
             breakers: Arc::new(health::Breakers::new(
                 config.source.breaker.clone(),
                 metrics.clone(),
@@ -682,9 +690,12 @@ impl Mirror {
         };
         let target = match expected {
             Some(d) => {
-                let t = tagged.with_digest(d);
+                let t = tagged.with_digest(d.clone());
                 if !self.target_has_ref(&t).await? {
                     return Ok(None);
+                }
+                if pinned.tag().is_some() {
+                    self.held_tag(&tagged, &d).await;
                 }
                 t
             }
@@ -730,12 +741,19 @@ impl Mirror {
             return Ok(None);
         };
         let tagged = self.target.map(src)?;
-        let client = self.pool.get(tagged.registry(), Role::Target).await?;
-        let Some(d) = client.manifest_digest(&tagged).await? else {
-            return Ok(None);
+        let d = match self.held_tags.get(&tagged.to_string()).await {
+            Some(d) if self.caches.has(&tagged.with_digest(d.clone())).await => d,
+            _ => {
+                let client = self.pool.get(tagged.registry(), Role::Target).await?;
+                let Some(d) = client.manifest_digest(&tagged).await? else {
+                    return Ok(None);
+                };
+                self.caches.verified(&tagged.with_digest(d.clone())).await;
+                self.held_tag(&tagged, &d).await;
+                d
+            }
         };
         let target = tagged.with_digest(d.clone());
-        self.caches.verified(&target).await;
         // The source digest is the target's unless a filter or a repair
         // made the copy; then only this process's own record knows it.
         let unchanged =
@@ -822,6 +840,15 @@ impl Mirror {
                 Ok(None)
             }
             Some(Err(e)) => Err(e),
+        }
+    }
+
+    /// Records that target `tagged` (`repository:tag`) holds `digest`; a
+    /// moka insert is a write, so only when that changes.
+    async fn held_tag(&self, tagged: &Reference, digest: &Digest) {
+        let key = tagged.to_string();
+        if self.held_tags.get(&key).await.as_ref() != Some(digest) {
+            self.held_tags.insert(key, digest.clone()).await;
         }
     }
 

@@ -794,8 +794,9 @@ impl Registry {
     /// # Errors
     /// [`RegistryError::Unavailable`] for 429 and 5xx (with `Retry-After`
     /// in seconds when the registry sent one); [`RegistryError::Unreachable`]
-    /// for transport failures; [`RegistryError::Http`] for other statuses;
-    /// the auth errors of [`RegistryError::unauthorized`] for 401.
+    /// for transport failures; the auth errors of
+    /// [`RegistryError::unauthorized`] for 401; for other statuses, what a
+    /// `GET` of the manifest answers.
     pub async fn head_manifest(&self, r: &Reference) -> Result<Option<Digest>> {
         let name = r.to_string();
         let scopes = [format!("repository:{}:pull", r.repository())];
@@ -845,16 +846,9 @@ impl Registry {
                     retry_after: super::retry_after(resp.headers()),
                 });
             }
-            _ => {
-                return Err(RegistryError::Http {
-                    registry: self.host.clone(),
-                    reference: name,
-                    operation: "HEAD manifest",
-                    status,
-                    code: None,
-                    message: "no body (HEAD)".into(),
-                });
-            }
+            // Some registries refuse HEAD (405) or answer it oddly; a GET
+            // gives the digest, or the registry's own error code.
+            _ => return self.get_manifest(r).await.map(|m| Some(m.digest)),
         }
         let digest = resp
             .headers()

@@ -164,6 +164,28 @@ impl TestRegistry {
     /// kernel) and never answered, as with a hung registry.
     pub fn freeze(&self) {
         self.signal("-STOP");
+        // Delivered when each thread is next scheduled: wait until every
+        // thread is stopped (state T), so no request is answered after this.
+        let pid = self.child.as_ref().expect("running").id();
+        let stopped = || {
+            fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|tasks| {
+                    tasks.flatten().all(|t| {
+                        fs::read_to_string(t.path().join("stat"))
+                            .ok()
+                            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('T')))
+                            .unwrap_or(true)
+                    })
+                })
+                .unwrap_or(true)
+        };
+        for _ in 0..500 {
+            if stopped() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("registry {pid} did not stop");
     }
 
     /// SIGCONT after [`TestRegistry::freeze`].
