@@ -443,3 +443,39 @@ async fn a_waiting_copy_completes_when_the_source_returns() {
     assert_eq!(adm.mirror().copies_waiting_for_source(), 0);
     token.cancel();
 }
+
+/// `failurePolicy: closed` keeps its meaning under an outage: an image the
+/// target holds is rewritten, one it lacks denies the Pod naming the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_policy_closed_denies_only_what_the_target_lacks() {
+    let (mut src, dst, i, _front) = rig().await;
+    let host = src.host();
+    let (adm, _) = admission(
+        &host,
+        &dst.host(),
+        "",
+        "copyPolicy: immediate\nfailurePolicy: closed\ncache: {resolutionTtl: 0s}\n",
+    );
+    mirror_all(&adm, &host, &dst.host(), &i).await;
+    src.kill();
+    let tag = format!("{host}/shop/app:v1");
+    let (patched, _) = admit(&adm, &pod("shop", "held", &[("tag", tag.as_str())])).await;
+    assert_eq!(
+        images(&patched)["tag"],
+        mirrored(&dst.host(), &host, &i)["tag"]
+    );
+    let fresh = format!("{host}/shop/fresh:v1");
+    let body = serde_json::to_vec(&common::review::create_review(&pod(
+        "shop",
+        "lacking",
+        &[("fresh", fresh.as_str())],
+    )))
+    .unwrap();
+    let out: Value = serde_json::from_slice(&adm.review(body.into()).await.unwrap()).unwrap();
+    assert_eq!(out["response"]["allowed"], false, "{out}");
+    let message = out["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&fresh) && message.contains("cannot answer (connection refused)"),
+        "{message}"
+    );
+}
