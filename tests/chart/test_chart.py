@@ -483,3 +483,32 @@ def test_notes_say_what_fail_means_for_availability(chart):
     purge = {"config": {"target": {"registry": "m.example.com"}, "cache": {"purgeEndpoint": True}}}
     assert "networkPolicy.enabled=true" in notes(chart, purge)
     assert "networkPolicy.enabled=true" not in notes(chart, {**purge, "networkPolicy": {"enabled": True}})
+
+
+RENDER_REFUSALS = [
+    ({"webhook": {"timeoutSeconds": 2}}, "config.server.admissionBudget: 2s must be below webhook.timeoutSeconds (2s)"),
+    ({"config": {"target": {"registry": "m.example.com"}, "server": {"admissionBudget": "1m"}}}, "config.server.admissionBudget: 1m must be below"),
+    ({"config": {"target": {"registry": "m.example.com"}, "server": {"admissionBudget": "1s500ms"}}, "webhook": {"timeoutSeconds": 1}},
+     "config.server.admissionBudget: 1s500ms must be below webhook.timeoutSeconds (1s)"),
+    ({"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "127.0.0.1:8443"}}},
+     "config.server.listen: 127.0.0.1:8443 is not reachable from the Service"),
+    ({"config": {"target": {"registry": "m.example.com"}, "server": {"healthListen": "0.0.0.0:80"}}},
+     "config.server.healthListen: port 80 needs a capability the Pod drops"),
+    ({"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "8443"}}}, "config.server.listen: \"8443\" is not IP:PORT"),
+]
+
+
+@pytest.mark.parametrize("values,message", RENDER_REFUSALS, ids=[m[1] for m in RENDER_REFUSALS])
+def test_settings_the_pod_cannot_honour_are_refused_by_key(chart, values, message):
+    with pytest.raises(helm_python.HelmRenderError) as refused:
+        chart.render(copy.deepcopy(values), name="pinswap", namespace="pinswap")
+    assert message in str(refused.value)
+
+
+def test_settings_near_the_limits_render(chart):
+    for values in (
+        {"webhook": {"timeoutSeconds": 3}},
+        {"config": {"target": {"registry": "m.example.com"}, "server": {"admissionBudget": "1500ms"}}, "webhook": {"timeoutSeconds": 2}},
+        {"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "[::]:9443", "healthListen": "0.0.0.0:1024"}}},
+    ):
+        assert render(chart, values)

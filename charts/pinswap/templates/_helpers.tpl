@@ -86,7 +86,7 @@ two releases never share one (a namespace cannot contain ':').
 {{- define "pinswap.port" -}}
 {{- $addr := toString (index . 0) -}}
 {{- $port := last (splitList ":" $addr) -}}
-{{- if not (regexMatch "^[0-9]{1,5}$" $port) }}
+{{- if not (and (contains ":" $addr) (regexMatch "^[0-9]{1,5}$" $port)) }}
 {{- fail (printf "%s: %q is not IP:PORT (e.g. 0.0.0.0:%s)" (index . 1) $addr (index . 2)) }}
 {{- end }}
 {{- $port }}
@@ -134,4 +134,44 @@ certificate definition rolls the Pods.
 {{- $mode := ternary "cert-manager" "self-signed" .Values.certManager.enabled -}}
 {{- $names := printf "%s.%s.svc,%s.%s.svc.cluster.local" $full .Release.Namespace $full .Release.Namespace -}}
 {{- printf "%s\n%s\n%s" $mode (include "pinswap.tlsSecret" .) $names | sha256sum }}
+{{- end }}
+
+{{/*
+Seconds of a duration as pinswap writes them (2s, 1500ms, 1m30s); "" for a
+form this does not read, which pinswap itself then checks at startup.
+*/}}
+{{- define "pinswap.seconds" -}}
+{{- $d := toString . -}}
+{{- if regexMatch "^([0-9]+(\\.[0-9]+)?(ms|s|m|h))+$" $d }}
+{{- $total := 0.0 }}
+{{- range regexFindAll "[0-9.]+(ms|s|m|h)" $d -1 }}
+{{- $n := regexFind "^[0-9.]+" . | float64 }}
+{{- $unit := regexFind "(ms|s|m|h)$" . }}
+{{- $scale := get (dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0) $unit }}
+{{- $total = addf $total (mulf $n $scale) }}
+{{- end }}
+{{- $total }}
+{{- end }}
+{{- end }}
+
+{{/*
+Settings that cannot work in this Deployment, refused at render time with
+the key's name, as `pinswap manifests` refuses them.
+*/}}
+{{- define "pinswap.checks" -}}
+{{- $budget := include "pinswap.seconds" (dig "server" "admissionBudget" "2s" .Values.config) }}
+{{- if and $budget (ge (float64 $budget) (float64 .Values.webhook.timeoutSeconds)) }}
+{{- fail (printf "config.server.admissionBudget: %v must be below webhook.timeoutSeconds (%vs), or the API server gives up first" (dig "server" "admissionBudget" "2s" .Values.config) .Values.webhook.timeoutSeconds) }}
+{{- end }}
+{{- range $key, $default := dict "listen" "0.0.0.0:8443" "healthListen" "0.0.0.0:8080" }}
+{{- $addr := toString (dig "server" $key $default $.Values.config) }}
+{{- $port := include "pinswap.port" (list $addr (printf "config.server.%s" $key) (last (splitList ":" $default))) }}
+{{- $host := trimSuffix (printf ":%s" $port) $addr }}
+{{- if not (has $host (list "0.0.0.0" "[::]")) }}
+{{- fail (printf "config.server.%s: %s is not reachable from the Service and the kubelet's probes; listen on 0.0.0.0:%s" $key $addr $port) }}
+{{- end }}
+{{- if lt (atoi $port) 1024 }}
+{{- fail (printf "config.server.%s: port %s needs a capability the Pod drops (it runs as UID 65532 with none); use a port from 1024 up" $key $port) }}
+{{- end }}
+{{- end }}
 {{- end }}
