@@ -96,8 +96,10 @@ def rules_of(objects):
 
 
 def test_lint_is_clean():
-    for namespace in (None, "pinswap", "mirror"):
-        report = helm_python.lint(str(CHART), strict=True, namespace=namespace)
+    runs = [{"namespace": n} for n in (None, "pinswap", "mirror")]
+    runs += [{"namespace": "pinswap", "kube_version": f"v{v}.0"} for v in VERSIONS]
+    for run in runs:
+        report = helm_python.lint(str(CHART), strict=True, **run)
         assert report["total_charts_linted"] == 1
         assert report["errors"] == [], report
         # Severity 1 is informational ("icon is recommended").
@@ -114,6 +116,7 @@ PULL_SECRETS_CONFIG = {
 MATRIX = [
     ("defaults", {}, "pinswap", "pinswap"),
     ("cert-manager", {"certManager": {"enabled": True}}, "pinswap", "pinswap"),
+    ("cert-manager-own-issuer", {"certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "corp-ca"}}}, "pinswap", "pinswap"),
     ("self-signed-renamed", {"certManager": {"enabled": False}}, "mirror", "tools"),
     ("failure-closed", {"config": {"target": {"registry": "m.example.com"}, "failurePolicy": "closed"}}, "pinswap", "pinswap"),
     ("image-pull-secrets", {"imagePullSecrets": [{"name": "regcred"}], "config": PULL_SECRETS_CONFIG}, "pinswap", "pinswap"),
@@ -185,7 +188,7 @@ MATRIX = [
 
 
 @pytest.mark.parametrize("case,values,name,namespace", MATRIX, ids=[m[0] for m in MATRIX])
-def test_every_rendering_validates_strictly_for_each_kubernetes_version(chart, case, values, name, namespace):
+def test_every_rendering_validates_strictly_for_each_kubernetes_version(chart, tmp_path, case, values, name, namespace):
     objects = render(chart, values, name, namespace)
     assert objects, case
     unvalidated = set()
@@ -198,6 +201,11 @@ def test_every_rendering_validates_strictly_for_each_kubernetes_version(chart, c
             except kubernetes_validate.ValidationError as e:
                 pytest.fail(f"{case}: {key(o)} invalid for Kubernetes {version}: {e.message} at {list(e.path)}")
     assert unvalidated <= CRD_KINDS, unvalidated
+    # The config file the Pods get loads in pinswap itself.
+    config = tmp_path / "config.yaml"
+    config.write_text(next(o for o in objects if o["kind"] == "ConfigMap" and "config.yaml" in o["data"])["data"]["config.yaml"])
+    checked = subprocess.run([BIN, "config", "validate", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, f"{case}: {checked.stdout}{checked.stderr}"
     # Everything namespaced lives in the release's namespace, except the
     # Roles that recovery.namespaces asks for.
     for o in objects:
@@ -228,6 +236,12 @@ def test_the_matrix_renders_what_each_value_asks_for(chart):
     assert {"Issuer", "Certificate"} <= set(kinds(cm))
     assert "--self-signed" not in pod_spec(cm)["containers"][0]["args"]
     assert not any(o["metadata"]["name"].startswith("pinswap-self-signed") for o in cm)
+
+    own = by["cert-manager-own-issuer"]
+    assert [key(o) for o in own if o["apiVersion"].startswith("cert-manager.io/")] == [("Certificate", "pinswap", "pinswap-webhook")]
+    assert find(own, "Certificate", "pinswap-webhook")["spec"]["issuerRef"] == {"kind": "ClusterIssuer", "name": "corp-ca"}
+    assert find(own, "MutatingWebhookConfiguration", "pinswap")["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": "pinswap/pinswap-webhook"}
 
     renamed = by["self-signed-renamed"]
     args = pod_spec(renamed, "mirror-pinswap")["containers"][0]["args"]
