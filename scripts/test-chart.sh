@@ -3,7 +3,7 @@
 # validated with kubernetes-validate --strict for Kubernetes 1.29-1.33, the
 # values schema's refusals, and equality with `pinswap manifests`
 # (tests/chart/test_chart.py). No helm binary is needed: helm-python-sdk
-# embeds Helm v4's Go SDK. Takes about 15 s once the tools are installed.
+# embeds Helm v4's Go SDK. Takes 20-30 s once the tools are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
