@@ -468,6 +468,8 @@ def test_the_dashboard_queries_only_documented_metrics_and_covers_each_area():
     assert rows == ["Admissions and decisions", "Copies", "Caches", "Recovery", "Identity findings", "Source and target health"]
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
+    made = subprocess.run(["python3", REPO / "scripts" / "make-dashboard.py", "-"], check=True, capture_output=True, text=True)
+    assert made.stdout == (CHART / "files" / "dashboard.json").read_text(), "run scripts/make-dashboard.py"
 
 
 def leaf_paths(values, prefix=""):
