@@ -177,12 +177,13 @@ async fn every_object_round_trips_through_its_k8s_openapi_type() {
         for kind in [
             "ServiceAccount",
             "ConfigMap",
-            "Service",
             "Deployment",
             "PodDisruptionBudget",
         ] {
             assert_eq!(kinds.iter().filter(|k| **k == kind).count(), 1, "{kind}");
         }
+        // The webhook's and the metrics Service.
+        assert_eq!(kinds.iter().filter(|k| **k == "Service").count(), 2);
     }
 }
 
@@ -607,7 +608,29 @@ async fn the_deployment_is_hardened_and_rolls_on_config_changes() {
             )
         })
         .collect();
-    assert_eq!(ports, [(443, "webhook".into()), (9090, "http".into())]);
+    assert_eq!(
+        ports,
+        [(443, "webhook".into())],
+        "the plain-HTTP health port stays off the webhook's Service"
+    );
+    let metrics: Service = typed(find(&objects, "Service", "pinswap-metrics"));
+    assert_eq!(
+        metrics.metadata.labels.unwrap()["app.kubernetes.io/component"],
+        "metrics"
+    );
+    let spec = metrics.spec.unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"), "headless");
+    assert_eq!(spec.selector.unwrap()["app.kubernetes.io/name"], "pinswap");
+    let port = &spec.ports.unwrap()[0];
+    assert_eq!(
+        (
+            port.name.as_deref(),
+            port.port,
+            serde_json::to_value(&port.target_port).unwrap()
+        ),
+        (Some("http"), 9090, json!("http"))
+    );
+    assert!(pod.image_pull_secrets.is_none(), "none unless asked for");
     let pdb: PodDisruptionBudget = typed(find(&objects, "PodDisruptionBudget", "pinswap"));
     assert_eq!(
         serde_json::to_value(pdb.spec.unwrap().max_unavailable).unwrap(),
@@ -630,6 +653,61 @@ async fn the_deployment_is_hardened_and_rolls_on_config_changes() {
     assert_eq!(other["checksum/tls"], notes["checksum/tls"]);
 }
 
+/// `failurePolicy: closed` holds while pinswap is down too: the API server
+/// is told to deny what it cannot get an answer for.
+#[tokio::test]
+async fn a_fail_closed_config_renders_a_fail_closed_webhook() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    let policy = |objects: &[Value]| {
+        let hook: MutatingWebhookConfiguration =
+            typed(find(objects, "MutatingWebhookConfiguration", "pinswap"));
+        hook.webhooks.unwrap()[0].failure_policy.clone().unwrap()
+    };
+    for (text, want) in [
+        (
+            "target: {registry: m.example.com}\nfailurePolicy: closed\n",
+            "Fail",
+        ),
+        (
+            "target: {registry: m.example.com}\nfailurePolicy: open\n",
+            "Ignore",
+        ),
+        ("target: {registry: m.example.com}\n", "Ignore"),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        for tls in ["cert-manager", "self-signed"] {
+            let objects = manifests(&["--config", config.to_str().unwrap(), "--tls", tls]).await;
+            assert_eq!(policy(&objects), want, "{tls}: {text}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn image_pull_secrets_reach_the_pod_spec() {
+    let objects = manifests(&[
+        "--image-pull-secret",
+        "regcred",
+        "--image-pull-secret",
+        "ghcr.io-token",
+    ])
+    .await;
+    check_round_trip(&objects);
+    let d: Deployment = typed(find(&objects, "Deployment", "pinswap"));
+    let names: Vec<String> = d
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .image_pull_secrets
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["regcred", "ghcr.io-token"]);
+}
+
 #[tokio::test]
 async fn bad_options_and_configs_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -642,6 +720,10 @@ async fn bad_options_and_configs_are_refused_by_name() {
     let cases = [
         (vec!["--namespace", "Bad_NS"], "--namespace \"Bad_NS\""),
         (vec!["--replicas", "0"], "--replicas 0"),
+        (
+            vec!["--image-pull-secret", "Reg_Cred"],
+            "--image-pull-secret \"Reg_Cred\": not a valid Secret name",
+        ),
         (
             vec!["--namespace", "default"],
             "--namespace default: a namespace Kubernetes itself uses",

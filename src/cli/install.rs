@@ -8,7 +8,8 @@ use clap::{Args, ValueEnum};
 use super::Usage;
 use crate::install::manifests::{self, Tls};
 
-/// `pinswap manifests [--namespace NS] [--config FILE] [--replicas N] [--tls MODE] [--image REF]`.
+/// `pinswap manifests [--namespace NS] [--config FILE] [--replicas N] [--tls MODE] [--image REF]
+/// [--image-pull-secret NAME]...`.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     pinswap manifests --config pinswap.yaml --image registry.example.com/pinswap:0.1.0 | kubectl apply -f -\n  \
@@ -30,6 +31,11 @@ pub struct ManifestsArgs {
     /// where the cluster can pull it [default: ghcr.io/pinswap/pinswap:VERSION, not published yet].
     #[arg(long, value_name = "REFERENCE")]
     pub image: Option<String>,
+    /// Secret in the install's namespace holding credentials for pulling
+    /// --image (type kubernetes.io/dockerconfigjson); repeatable. For other
+    /// settings (resources, scheduling, webhook selectors) use the Helm chart.
+    #[arg(long = "image-pull-secret", value_name = "NAME")]
+    pub image_pull_secrets: Vec<String>,
 }
 
 /// The image `pinswap manifests` names without `--image`.
@@ -102,6 +108,7 @@ pub(super) fn manifests(args: ManifestsArgs) -> anyhow::Result<ExitCode> {
         replicas: args.replicas,
         tls,
         image,
+        image_pull_secrets: args.image_pull_secrets,
         config_text,
         config,
     };

@@ -16,10 +16,11 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
-    EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector,
-    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
-    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount, WeightedPodAffinityTerm,
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, LocalObjectReference, Namespace,
+    ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{
@@ -33,7 +34,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
 use super::{IGNORE_LABEL, NAME, TIMEOUT_SECONDS, TLS_SECRET, WEBHOOK, dns_names};
-use crate::config::Config;
+use crate::config::{Config, FailurePolicy};
 use crate::registry::check::sha256_digest;
 
 /// Where the ConfigMap's `config.yaml` is mounted in the container.
@@ -58,6 +59,9 @@ pub const SELF_SIGNED_RBAC: &str = "pinswap-self-signed";
 pub const LEADER_RBAC: &str = "pinswap-leader";
 /// Name of the per-namespace Role used when `recovery.namespaces` is set.
 pub const RECOVERY_RBAC: &str = "pinswap-recovery";
+/// The headless Service that selects the replicas' health port
+/// (`/metrics`, probes) for scraping, apart from the webhook's Service.
+pub const METRICS_SERVICE: &str = "pinswap-metrics";
 /// Pod template annotation: SHA-256 of `config.yaml`, so a config change
 /// rolls the Deployment.
 pub const CONFIG_CHECKSUM: &str = "checksum/config";
@@ -97,6 +101,9 @@ pub struct Options {
     pub tls: Tls,
     /// Container image reference of pinswap itself.
     pub image: String,
+    /// Secrets (`kubernetes.io/dockerconfigjson`, in the install's
+    /// namespace) the kubelet uses to pull [`Options::image`].
+    pub image_pull_secrets: Vec<String>,
     /// The config file's text, stored verbatim in the ConfigMap.
     pub config_text: String,
     /// The same config, parsed and validated.
@@ -129,6 +136,11 @@ pub enum ManifestError {
     /// `--replicas` below 1.
     #[error("--replicas {0}: must be 1 or more")]
     Replicas(i32),
+    /// `--image-pull-secret` is not a Secret name.
+    #[error(
+        "--image-pull-secret {0:?}: not a valid Secret name (lowercase letters, digits, '-' and '.', at most 253, starting and ending with a letter or digit)"
+    )]
+    ImagePullSecret(String),
     /// `server.admissionBudget` would outlast the API server's call.
     #[error(
         "server.admissionBudget: {budget} must be below the webhook's timeoutSeconds ({TIMEOUT_SECONDS}s), or the API server gives up first"
@@ -152,7 +164,8 @@ pub enum ManifestError {
 }
 
 /// Builds every object of an install, in apply order: Namespace,
-/// ServiceAccount, RBAC, ConfigMap, Service, Deployment,
+/// ServiceAccount, RBAC, ConfigMap, the webhook's and the metrics Service,
+/// Deployment,
 /// PodDisruptionBudget, the cert-manager Issuers and Certificates (with
 /// [`Tls::CertManager`]), and last the MutatingWebhookConfiguration, so the
 /// webhook is registered only once its Service exists.
@@ -160,8 +173,9 @@ pub enum ManifestError {
 /// Each object is a JSON value with `apiVersion` and `kind`.
 ///
 /// # Errors
-/// [`ManifestError::Namespace`], [`ManifestError::Replicas`] and
-/// [`ManifestError::Budget`] for options that cannot work;
+/// [`ManifestError::Namespace`], [`ManifestError::Replicas`],
+/// [`ManifestError::ImagePullSecret`] and [`ManifestError::Budget`] for
+/// options that cannot work;
 /// [`ManifestError::InCluster`] listing every config setting the Pod could
 /// not honour.
 pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
@@ -181,6 +195,13 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
     }
     if opts.replicas < 1 {
         return Err(ManifestError::Replicas(opts.replicas));
+    }
+    if let Some(bad) = opts
+        .image_pull_secrets
+        .iter()
+        .find(|s| !is_dns_subdomain(s))
+    {
+        return Err(ManifestError::ImagePullSecret(bad.clone()));
     }
     if opts.config.server.admission_budget.as_secs_f64() >= f64::from(TIMEOUT_SECONDS) {
         return Err(ManifestError::Budget {
@@ -203,6 +224,7 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
     out.extend(rbac(opts)?);
     out.push(value("ConfigMap", &config_map(opts))?);
     out.push(value("Service", &service(opts))?);
+    out.push(value("Service", &metrics_service(opts))?);
     out.push(value("Deployment", &deployment(opts))?);
     out.push(value("PodDisruptionBudget", &disruption_budget(ns))?);
     if opts.tls == Tls::CertManager {
@@ -332,6 +354,11 @@ pub fn webhook_configuration_name(namespace: &str) -> String {
     } else {
         format!("{NAME}-{namespace}")
     }
+}
+
+/// A DNS subdomain (RFC 1123), as Secret names are.
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -542,22 +569,47 @@ fn selector() -> LabelSelector {
     }
 }
 
-fn service(opts: &Options) -> Service {
-    let port = |name: &str, port: u16, target: &str| ServicePort {
+fn service_port(name: &str, port: u16, target: &str) -> ServicePort {
+    ServicePort {
         name: Some(name.to_owned()),
         port: i32::from(port),
         target_port: Some(IntOrString::String(target.to_owned())),
         protocol: Some("TCP".into()),
         ..Default::default()
-    };
+    }
+}
+
+/// The API server's way in: the webhook port only. The health port is
+/// plain HTTP (and serves `/cache/purge` when enabled), so it is not
+/// behind the address every webhook client is given.
+fn service(opts: &Options) -> Service {
     Service {
         metadata: meta(NAME, Some(&opts.namespace)),
         spec: Some(ServiceSpec {
             selector: Some(labels()),
-            ports: Some(vec![
-                port("webhook", 443, "webhook"),
-                port("http", opts.config.server.health_listen.port(), "http"),
-            ]),
+            ports: Some(vec![service_port("webhook", 443, "webhook")]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Headless: no virtual IP, so a scrape (a ServiceMonitor, or Prometheus'
+/// endpoints discovery) reaches each replica's own counters.
+fn metrics_service(opts: &Options) -> Service {
+    let port = opts.config.server.health_listen.port();
+    let mut metadata = meta(METRICS_SERVICE, Some(&opts.namespace));
+    // What a ServiceMonitor selects, apart from the webhook's Service.
+    metadata.labels.get_or_insert_default().insert(
+        "app.kubernetes.io/component".to_owned(),
+        "metrics".to_owned(),
+    );
+    Service {
+        metadata,
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(labels()),
+            ports: Some(vec![service_port("http", port, "http")]),
             ..Default::default()
         }),
         ..Default::default()
@@ -745,6 +797,12 @@ fn deployment(opts: &Options) -> Deployment {
                 }),
                 spec: Some(PodSpec {
                     service_account_name: Some(NAME.into()),
+                    image_pull_secrets: (!opts.image_pull_secrets.is_empty()).then(|| {
+                        opts.image_pull_secrets
+                            .iter()
+                            .map(|name| LocalObjectReference { name: name.clone() })
+                            .collect()
+                    }),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
                         run_as_user: Some(65532),
@@ -889,6 +947,15 @@ fn not_in(key: &str, values: &[&str]) -> LabelSelectorRequirement {
     }
 }
 
+/// The webhook's `failurePolicy` for the config's: `open` → `Ignore`,
+/// `closed` → `Fail`.
+pub fn webhook_failure_policy(policy: FailurePolicy) -> &'static str {
+    match policy {
+        FailurePolicy::Open => "Ignore",
+        FailurePolicy::Closed => "Fail",
+    }
+}
+
 fn webhook_configuration(opts: &Options) -> MutatingWebhookConfiguration {
     let ns = opts.namespace.as_str();
     let mut metadata = meta(&webhook_configuration_name(ns), None);
@@ -912,9 +979,11 @@ fn webhook_configuration(opts: &Options) -> MutatingWebhookConfiguration {
                 }),
                 ..Default::default()
             },
-            // Admission fails open: a Pod is never blocked by pinswap being
-            // down (DESIGN.md §5).
-            failure_policy: Some("Ignore".into()),
+            // Fail open by default: a Pod is never blocked by pinswap being
+            // down. With `failurePolicy: closed` the API server must deny
+            // too when pinswap cannot answer, or the setting would hold only
+            // while pinswap is up.
+            failure_policy: Some(webhook_failure_policy(opts.config.failure_policy).into()),
             match_policy: Some("Equivalent".into()),
             // Its side effect, a copy into the target registry, is skipped
             // for dry-run reviews: that is what NoneOnDryRun declares. The
@@ -959,6 +1028,7 @@ mod tests {
             replicas: 2,
             tls,
             image: "pinswap:test".into(),
+            image_pull_secrets: Vec::new(),
             config: Config::from_yaml(&text, "t").unwrap(),
             config_text: text,
         }

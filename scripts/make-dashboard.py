@@ -1,0 +1,93 @@
+"""Writes charts/pinswap/files/dashboard.json, the chart's Grafana dashboard
+(one row per area, a panel per metric family of docs/operations.md).
+Usage: python3 scripts/make-dashboard.py [-]   (- prints it instead)."""
+import json
+import pathlib
+import sys
+
+panels=[]; y=0; pid=0
+def row(title):
+    global y,pid
+    pid+=1
+    panels.append({"type":"row","id":pid,"title":title,"collapsed":False,"gridPos":{"h":1,"w":24,"x":0,"y":y},"panels":[]})
+    y+=1
+DS={"type":"prometheus","uid":"${datasource}"}
+def ts(title, targets, unit="short", w=8, x=0, desc=""):
+    global pid
+    pid+=1
+    panels.append({"type":"timeseries","id":pid,"title":title,"description":desc,"datasource":DS,
+       "fieldConfig":{"defaults":{"unit":unit},"overrides":[]},
+       "options":{"legend":{"displayMode":"list","placement":"bottom"},"tooltip":{"mode":"multi"}},
+       "gridPos":{"h":8,"w":w,"x":x,"y":y},
+       "targets":[{"refId":chr(65+i),"expr":e,"legendFormat":l,"datasource":DS} for i,(e,l) in enumerate(targets)]})
+def line(items):
+    global y
+    x=0
+    for it in items:
+        ts(it[0], it[1], it[2], w=24//len(items), x=x, desc=it[3] if len(it)>3 else "")
+        x+=24//len(items)
+    y+=8
+def sel(extra=""):
+    return '{namespace=~"$namespace", pod=~"$pod"%s}' % (", "+extra if extra else "")
+S=sel(); RES=sel('cache="resolution"'); ERR=sel('outcome="error"')
+R="[$__rate_interval]"
+def rate(m, by=None, s=S):
+    return (f"sum by ({by}) " if by else "sum") + f"(rate({m}{s}{R}))"
+def q(p, m):
+    return f"histogram_quantile({p}, sum by (le) (rate({m}_bucket{S}{R})))"
+row("Admissions and decisions")
+line([
+ ("Admissions by outcome",[(rate("pinswap_admissions_total","outcome"),"{{outcome}}")],"reqps","rewritten; unchanged (fail-open errors included); skipped; denied; invalid. Per-slot causes are in the pinswap.dev/decisions annotation."),
+ ("Images rewritten",[(rate("pinswap_rewrites_total"),"slots rewritten")],"ops"),
+ ("Admission latency",[(q(0.5,"pinswap_admission_duration_seconds"),"p50"),(q(0.99,"pinswap_admission_duration_seconds"),"p99")],"s","Keep p99 well under server.admissionBudget (2 s by default)."),
+])
+row("Copies")
+line([
+ ("Copies",[(rate("pinswap_copies_started_total"),"started"),(rate("pinswap_copies_succeeded_total"),"succeeded"),(rate("pinswap_copies_failed_total"),"failed")],"ops"),
+ ("Bytes copied",[(rate("pinswap_copy_bytes_total"),"blob bytes")],"Bps"),
+ ("Copy duration",[(q(0.5,"pinswap_copy_duration_seconds"),"p50"),(q(0.99,"pinswap_copy_duration_seconds"),"p99")],"s"),
+])
+row("Caches")
+hits=rate("pinswap_cache_hits_total","cache"); miss=rate("pinswap_cache_misses_total","cache")
+line([
+ ("Cache hit ratio",[(f"{hits} / ({hits} + {miss})","{{cache}}")],"percentunit"),
+ ("Cache entries",[(f"sum by (cache) (pinswap_cache_entries{S})","{{cache}}")],"short"),
+ ("Cache invalidations",[(rate("pinswap_cache_invalidations_total","cache, cause"),"{{cache}} {{cause}}")],"ops"),
+])
+row("Recovery")
+line([
+ ("Pull failures seen",[(rate("pinswap_pull_failures_total"),"pull failures")],"ops","Leader only: ErrImagePull and ImagePullBackOff on target images."),
+ ("Re-mirrors by outcome",[(rate("pinswap_remirrors_total","outcome"),"{{outcome}}")],"ops"),
+ ("Re-verification by outcome",[(rate("pinswap_reverifications_total","outcome"),"{{outcome}}")],"ops"),
+ ("Leader",[(f"max by (pod) (pinswap_leader{S})","{{pod}}")],"short","1 on the replica holding the Lease."),
+])
+row("Identity findings")
+line([
+ ("Image-ID findings",[(f"sum by (kind) (increase(pinswap_identity_findings_total{S}[$__range]))","{{kind}}")],"short","non_unique and collision findings in the time range; see ImageIdentityNotUnique Events."),
+])
+row("Source and target health")
+line([
+ ("Source breakers open",[(f"max by (registry) (pinswap_source_breaker_open{S})","{{registry}}")],"short","1 while a source registry's circuit breaker is open: admissions use the target's copies, copies wait."),
+ ("Source failures",[(rate("pinswap_source_failures_total","registry, cause"),"{{registry}} {{cause}}")],"ops","Requests to a source registry that met an outage: unreachable, timeout, rate_limited, server_error, unauthorized."),
+ ("Tag resolutions at the source",[(rate("pinswap_cache_misses_total",s=RES),"resolutions")],"ops","Resolution-cache misses: lookups that went to a source registry."),
+])
+line([
+ ("Ready replicas",[('sum(kube_pod_status_ready{namespace=~"$namespace", pod=~"$pod", condition="true"})',"ready")],"short","/readyz is 503 while the target registry does not answer GET /v2/. Needs kube-state-metrics."),
+ ("Failed share of copies",[(f'{rate("pinswap_copies_failed_total")} / {rate("pinswap_copies_started_total")}',"failed")],"percentunit","A source or target problem; each cause is in the log (mirror copy failed)."),
+ ("Target re-verification errors",[(rate("pinswap_reverifications_total",s=ERR),"HEAD errors")],"ops","The target did not answer a re-verification HEAD."),
+])
+var=lambda n,label,query: {"name":n,"type":"query","label":label,"datasource":DS,"query":{"query":query,"refId":n},"definition":query,"refresh":2,"includeAll":True,"multi":True,"current":{}}
+dash={"title":"pinswap","uid":"pinswap","description":"pinswap admission webhook: admissions and decisions, copies, caches, recovery, identity findings, source and target health.",
+ "tags":["pinswap","admission"],"schemaVersion":39,"version":1,"editable":True,"graphTooltip":1,"refresh":"30s",
+ "time":{"from":"now-6h","to":"now"},
+ "templating":{"list":[
+   {"name":"datasource","type":"datasource","query":"prometheus","label":"Data source","current":{}},
+   var("namespace","Namespace","label_values(pinswap_leader, namespace)"),
+   var("pod","Pod",'label_values(pinswap_leader{namespace=~"$namespace"}, pod)')]},
+ "panels":panels}
+text = json.dumps(dash, indent=2) + "\n"
+if sys.argv[1:] == ["-"]:
+    sys.stdout.write(text)
+else:
+    out = pathlib.Path(__file__).resolve().parents[1] / "charts" / "pinswap" / "files" / "dashboard.json"
+    out.write_text(text)
