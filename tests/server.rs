@@ -316,17 +316,22 @@ async fn https_webhook_reloads_its_certificate_and_shuts_down() {
 
 #[tokio::test]
 async fn shutdown_finishes_the_review_in_flight() {
-    // A source that accepts connections and never answers: the review waits
-    // out its 1.5 s budget, then admits the Pod unchanged (fail open).
-    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let source = black_hole.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((stream, _)) = black_hole.accept().await {
-            held.push(stream);
-        }
-    });
-    let target = format!("127.0.0.1:{}", common::registry::free_port());
+    // A source and a target that accept connections and never answer: the
+    // source's wait ends at half the budget, the target's stand-in lookup
+    // then waits out the rest of the 1.5 s budget, and the Pod is admitted
+    // unchanged (fail open).
+    let mut holes = Vec::new();
+    for _ in 0..2 {
+        let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        holes.push(black_hole.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = black_hole.accept().await {
+                held.push(stream);
+            }
+        });
+    }
+    let (source, target) = (holes[0], holes[1]);
     let admission = admission_from(&format!(
         "target: {{registry: \"{target}\", insecure: true}}\n\
          source: {{registries: [{{registry: \"{source}\", insecure: true}}]}}\n\
