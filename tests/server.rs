@@ -205,6 +205,13 @@ impl Running {
             reload_interval: Duration::from_millis(100),
             ..ServerOptions::new(dir.join("tls.crt"), dir.join("tls.key"))
         };
+        let opts = ServerOptions {
+            limits: server::Limits {
+                shutdown_delay: Duration::from_millis(300),
+                ..opts.limits.clone()
+            },
+            ..opts
+        };
         let mutate_url = format!("https://{}/mutate", opts.listen);
         let healthz_url = format!("http://{}/healthz", opts.health_listen);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -348,9 +355,21 @@ async fn shutdown_finishes_the_review_in_flight() {
         !in_flight.is_finished(),
         "the review should still be running"
     );
+    let readyz = healthz_url.replace("/healthz", "/readyz");
+    let ready = common::registry::http_client(None)
+        .get(&readyz)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        ready.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "readiness fails at once"
+    );
+    assert_eq!(ready.text().await.unwrap(), "shutting down");
     assert!(
-        !Running::healthy(&healthz_url).await,
-        "no new connections while draining"
+        Running::healthy(&healthz_url).await,
+        "liveness holds during the delay"
     );
 
     let response = in_flight
@@ -368,6 +387,7 @@ async fn shutdown_finishes_the_review_in_flight() {
         "it waited for its budget"
     );
     assert_stops(sent, task).await;
+    assert!(!Running::healthy(&healthz_url).await, "health stops last");
 }
 
 #[tokio::test]
