@@ -215,6 +215,7 @@ mod tests {
             name: "c".into(),
             image: image.into(),
             container: json!({"name": "c", "image": image}),
+            key: "containers/c".into(),
         }
     }
 

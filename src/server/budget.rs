@@ -190,6 +190,22 @@ pub async fn read_body(
     }
 }
 
+/// Reads and drops up to `max` bytes of `body` until `deadline`, holding
+/// none of them.
+pub async fn discard(body: Body, max: u64, deadline: Instant) {
+    let mut body = body.into_data_stream();
+    let mut seen = 0u64;
+    let drain = async {
+        while let Some(Ok(data)) = body.next().await {
+            seen += data.len() as u64;
+            if seen >= max {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout_at(deadline.into(), drain).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

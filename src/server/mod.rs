@@ -271,6 +271,29 @@ async fn mutate(State(app): State<Arc<Webhook>>, request: Request) -> Response {
             }
         },
     };
+    let h1 = request.version() < axum::http::Version::HTTP_2;
+    if let Some(n) = declared.filter(|&n| n > MAX_BODY_BYTES as u64) {
+        // Answer at once, but read and drop what the client still sends
+        // (up to a bound) before the connection closes: closing on unread
+        // data resets it, and the client may never see the 413.
+        tokio::spawn(budget::discard(
+            request.into_body(),
+            n.min(2 * MAX_BODY_BYTES as u64),
+            start + app.body_timeout,
+        ));
+        app.metrics.server.request_refused("body_too_large");
+        let e = BodyError::TooLarge {
+            limit: MAX_BODY_BYTES as u64,
+        };
+        let mut response = app.refuse(start, StatusCode::PAYLOAD_TOO_LARGE, e.to_string(), None);
+        if h1 {
+            response.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+        }
+        return response;
+    }
     let read = budget::read_body(
         request.into_body(),
         declared,
