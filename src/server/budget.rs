@@ -145,26 +145,39 @@ impl Reservation {
     }
 }
 
-/// Reads `body` whole: at most `limit` bytes, by `deadline`, within the
-/// budget. `content_length` is the request's declared length, if any; it is
-/// reserved before reading, and a longer body is cut off as too large.
+/// Checks a declared length before any byte is read: a reservation holding
+/// it, or why the body is refused.
 ///
 /// # Errors
-/// As [`BodyError`]; [`BodyError::TooLarge`] and [`BodyError::Busy`] from a
-/// declared length come before anything is read.
-pub async fn read_body(
-    body: Body,
+/// [`BodyError::TooLarge`] above `limit`; [`BodyError::Busy`] when the
+/// budget cannot hold it now.
+pub fn admit(
     content_length: Option<u64>,
     limit: u64,
     budget: &BodyBudget,
-    deadline: Instant,
-) -> Result<(Bytes, Reservation), BodyError> {
+) -> Result<Reservation, BodyError> {
     if content_length.is_some_and(|n| n > limit) {
         return Err(BodyError::TooLarge { limit });
     }
     let mut reservation = budget.reservation();
+    reservation.grow_to(content_length.unwrap_or(0))?;
+    Ok(reservation)
+}
+
+/// Reads `body` whole: at most `limit` bytes, by `deadline`, growing
+/// `reservation` (from [`admit`]) as bytes arrive beyond what it holds. A
+/// body longer than `content_length` is cut off as too large.
+///
+/// # Errors
+/// As [`BodyError`].
+pub async fn read_body(
+    body: Body,
+    content_length: Option<u64>,
+    limit: u64,
+    mut reservation: Reservation,
+    deadline: Instant,
+) -> Result<(Bytes, Reservation), BodyError> {
     let declared = content_length.unwrap_or(0);
-    reservation.grow_to(declared)?;
     let read = async {
         let mut body = body.into_data_stream();
         let mut buf = BytesMut::with_capacity(usize::try_from(declared).unwrap_or(0));
@@ -235,26 +248,38 @@ mod tests {
     async fn declared_lengths_are_refused_before_reading() {
         let budget = BodyBudget::new(1024 * 1024);
         let soon = Instant::now() + Duration::from_secs(5);
-        let err = read_body(Body::empty(), Some(5 << 20), 4 << 20, &budget, soon)
-            .await
-            .unwrap_err();
+        let err = admit(Some(5 << 20), 4 << 20, &budget).unwrap_err();
         assert_eq!(err, BodyError::TooLarge { limit: 4 << 20 });
         // Over the large half of a 1 MiB budget.
-        let err = read_body(Body::empty(), Some(600 << 10), 4 << 20, &budget, soon)
-            .await
-            .unwrap_err();
+        let err = admit(Some(600 << 10), 4 << 20, &budget).unwrap_err();
         assert_eq!(err, BodyError::Busy);
-        let (bytes, held) = read_body(Body::from("{}"), Some(2), 4 << 20, &budget, soon)
+        let held = admit(Some(2), 4 << 20, &budget).unwrap();
+        let (bytes, held) = read_body(Body::from("{}"), Some(2), 4 << 20, held, soon)
             .await
             .unwrap();
         assert_eq!(&bytes[..], b"{}");
         assert_eq!(budget.in_use(), 2);
         drop(held);
         // A body longer than declared is cut off.
-        let err = read_body(Body::from("{}x"), Some(2), 4 << 20, &budget, soon)
+        let held = admit(Some(2), 4 << 20, &budget).unwrap();
+        let err = read_body(Body::from("{}x"), Some(2), 4 << 20, held, soon)
             .await
             .unwrap_err();
         assert_eq!(err, BodyError::TooLarge { limit: 2 });
+        // Without a length, it reserves as bytes arrive.
+        let held = admit(None, 4 << 20, &budget).unwrap();
+        let (bytes, held) = read_body(Body::from(vec![b' '; 100_000]), None, 4 << 20, held, soon)
+            .await
+            .unwrap();
+        assert_eq!(bytes.len(), 100_000);
+        assert_eq!(budget.in_use(), 2 * STEP);
+        drop(held);
+        let held = admit(None, 4 << 20, &budget).unwrap();
+        let err = read_body(Body::from(vec![b' '; 600_000]), None, 4 << 20, held, soon)
+            .await
+            .unwrap_err();
+        assert_eq!(err, BodyError::Busy, "past the large half");
+        assert_eq!(budget.in_use(), 0);
     }
 
     #[tokio::test]
@@ -263,7 +288,8 @@ mod tests {
         let first = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"{"))]);
         let body = Body::from_stream(first.chain(futures::stream::pending()));
         let deadline = Instant::now() + Duration::from_millis(100);
-        let err = read_body(body, Some(100), 4 << 20, &budget, deadline)
+        let held = admit(Some(100), 4 << 20, &budget).unwrap();
+        let err = read_body(body, Some(100), 4 << 20, held, deadline)
             .await
             .unwrap_err();
         assert_eq!(err, BodyError::Timeout);

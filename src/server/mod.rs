@@ -272,58 +272,33 @@ async fn mutate(State(app): State<Arc<Webhook>>, request: Request) -> Response {
         },
     };
     let h1 = request.version() < axum::http::Version::HTTP_2;
-    if let Some(n) = declared.filter(|&n| n > MAX_BODY_BYTES as u64) {
-        // Answer at once, but read and drop what the client still sends
-        // (up to a bound) before the connection closes: closing on unread
-        // data resets it, and the client may never see the 413.
-        tokio::spawn(budget::discard(
-            request.into_body(),
-            n.min(2 * MAX_BODY_BYTES as u64),
-            start + app.body_timeout,
-        ));
-        app.metrics.server.request_refused("body_too_large");
-        let e = BodyError::TooLarge {
-            limit: MAX_BODY_BYTES as u64,
-        };
-        let mut response = app.refuse(start, StatusCode::PAYLOAD_TOO_LARGE, e.to_string(), None);
-        if h1 {
-            response.headers_mut().insert(
-                header::CONNECTION,
-                header::HeaderValue::from_static("close"),
-            );
+    let deadline = start + app.body_timeout;
+    let limit = MAX_BODY_BYTES as u64;
+    let read = match budget::admit(declared, limit, &app.budget) {
+        Ok(reservation) => {
+            budget::read_body(request.into_body(), declared, limit, reservation, deadline).await
         }
-        return response;
-    }
-    let read = budget::read_body(
-        request.into_body(),
-        declared,
-        MAX_BODY_BYTES as u64,
-        &app.budget,
-        start + app.body_timeout,
-    )
-    .await;
-    let (body, reservation) = match read {
-        Ok(read) => read,
         Err(e) => {
-            let (status, reason) = match &e {
-                BodyError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
-                BodyError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "body_memory"),
-                BodyError::Timeout => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
-                BodyError::Read(_) => (StatusCode::BAD_REQUEST, "body_read"),
-            };
-            app.metrics.server.request_refused(reason);
-            if let Some(held_back) = app.refusals.check() {
-                tracing::warn!(
-                    reason,
-                    error = %e,
-                    in_use = app.budget.in_use(),
-                    budget = app.budget.bytes(),
-                    held_back,
-                    "refused a /mutate request (like ones held back from the log since the last)"
+            // Refused before reading: answer at once. Over HTTP/1.1, read and
+            // drop what the client still sends (up to a bound, holding none
+            // of it) before the connection closes: closing on unread data
+            // resets the connection, and the client may never see the
+            // answer. HTTP/2 ends just the stream (RST_STREAM NO_ERROR).
+            let mut response = app.refused(start, e);
+            if h1 {
+                let n = declared.unwrap_or(0).min(2 * limit);
+                tokio::spawn(budget::discard(request.into_body(), n, deadline));
+                response.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
                 );
             }
-            return app.refuse(start, status, e.to_string(), Some(reason));
+            return response;
         }
+    };
+    let (body, reservation) = match read {
+        Ok(read) => read,
+        Err(e) => return app.refused(start, e),
     };
     let answer = app.admission.review(body).await;
     // The review's parsed form is gone by now too.
@@ -339,6 +314,28 @@ async fn mutate(State(app): State<Arc<Webhook>>, request: Request) -> Response {
 }
 
 impl Webhook {
+    /// The answer to a body that was not read: counted, logged (rate-limited).
+    fn refused(&self, start: Instant, e: BodyError) -> Response {
+        let (status, reason) = match &e {
+            BodyError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+            BodyError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "body_memory"),
+            BodyError::Timeout => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
+            BodyError::Read(_) => (StatusCode::BAD_REQUEST, "body_read"),
+        };
+        self.metrics.server.request_refused(reason);
+        if let Some(held_back) = self.refusals.check() {
+            tracing::warn!(
+                reason,
+                error = %e,
+                in_use = self.budget.in_use(),
+                budget = self.budget.bytes(),
+                held_back,
+                "refused a /mutate request (like ones held back from the log since the last)"
+            );
+        }
+        self.refuse(start, status, e.to_string(), Some(reason))
+    }
+
     fn refuse(
         &self,
         start: Instant,
@@ -592,16 +589,24 @@ pub async fn serve(
     Ok(())
 }
 
+/// Connections the kernel completes before they are accepted. A burst
+/// beyond the backlog is not refused: the kernel drops the handshake's last
+/// ACK, and the client holds a connection the server never sees.
+const LISTEN_BACKLOG: u32 = 1024;
+
 fn bind(what: &'static str, addr: SocketAddr) -> Result<tokio::net::TcpListener, ServerError> {
-    let listener = std::net::TcpListener::bind(addr).map_err(|source| ServerError::Bind {
-        what,
-        addr,
-        source,
-    })?;
-    listener
-        .set_nonblocking(true)
-        .and_then(|()| tokio::net::TcpListener::from_std(listener))
-        .map_err(|source| ServerError::Serve { what, source })
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    };
+    let bound = socket.and_then(|s| {
+        // As std's bind does: a restarted server can rebind at once.
+        s.set_reuseaddr(true)?;
+        s.bind(addr)?;
+        s.listen(LISTEN_BACKLOG)
+    });
+    bound.map_err(|source| ServerError::Bind { what, addr, source })
 }
 
 /// Resolves on SIGTERM (what the kubelet sends) or Ctrl-C.
