@@ -174,7 +174,9 @@ impl Admission {
     /// a version the API server sends.
     pub async fn review(&self, body: Bytes) -> Result<Vec<u8>, ReviewError> {
         let start = Instant::now();
-        let deadline = start + self.budget;
+        // Decisions stop a little early: patching, annotating and encoding
+        // the answer take time proportional to the slots.
+        let deadline = start + self.budget - self.budget / 10;
         let review: AdmissionReview<DynamicObject> =
             serde_json::from_slice(&body).map_err(|e| ReviewError::Malformed(e.to_string()))?;
         drop(body);
@@ -451,6 +453,16 @@ impl Admission {
         let decided: HashMap<String, Decided> =
             futures::StreamExt::collect(futures::StreamExt::buffer_unordered(
                 futures::stream::iter(pending.into_iter().map(|(image, reference)| async move {
+                    let exhausted = || {
+                        format!(
+                            "admission budget of {} exhausted",
+                            humantime::format_duration(self.budget)
+                        )
+                    };
+                    // Images still queued at the deadline are not started.
+                    if Instant::now() >= deadline {
+                        return (image, Err((exhausted(), false)));
+                    }
                     let creds =
                         creds.get(&crate::reference::normalize_registry(reference.registry()));
                     let decide = async {
@@ -467,13 +479,7 @@ impl Admission {
                             Err((e.to_string(), true))
                         }
                         Ok(Err(e)) => Err((e.to_string(), false)),
-                        Err(_) => Err((
-                            format!(
-                                "admission budget of {} exhausted",
-                                humantime::format_duration(self.budget)
-                            ),
-                            false,
-                        )),
+                        Err(_) => Err((exhausted(), false)),
                     };
                     debug!(image = %Untrusted(&image), ?r, "decided");
                     (image, r)
