@@ -1008,15 +1008,16 @@ impl Config {
             bad(
                 "server.bodyMemory".into(),
                 format!(
-                    "found {n} bytes, expected at least 8Mi (twice the largest request body, 4Mi)"
+                    "found {n} bytes, expected at least 64Mi (its large half holds one 4Mi review while it is parsed, 8 times its body)"
                 ),
             );
         }
     }
 }
 
-/// The smallest `server.bodyMemory`: two of the largest bodies.
-pub const MIN_BODY_MEMORY: u64 = 8 * 1024 * 1024;
+/// The smallest `server.bodyMemory`: its large half holds the largest
+/// review (4 MiB) while it is parsed (8 times its body).
+pub const MIN_BODY_MEMORY: u64 = 64 * 1024 * 1024;
 
 fn is_registry_host(s: &str) -> bool {
     !s.is_empty()

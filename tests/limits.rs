@@ -492,3 +492,61 @@ async fn sigterm_under_load_answers_every_request_sent_during_the_delay() {
         );
     }
 }
+
+/// A review of a Pod with `n` containers, each its own image.
+fn wide_review(n: usize) -> String {
+    let containers: Vec<serde_json::Value> = (0..n)
+        .map(|i| serde_json::json!({"name": format!("c{i}"), "image": format!("registry.invalid/x{i}:1")}))
+        .collect();
+    let mut review: serde_json::Value = serde_json::from_str(POD_CREATE).unwrap();
+    review["request"]["object"]["spec"]["containers"] = containers.into();
+    review.to_string()
+}
+
+/// Large reviews: 75,000 distinct images in one 3.8 MiB review, four at
+/// once. Slow in a debug build; run by scripts/attack.sh.
+#[tokio::test]
+#[ignore]
+async fn large_reviews_stay_inside_the_budget_and_the_memory_limit() {
+    let s = Arc::new(Served::start("bodyMemory: 128Mi", "", None).await);
+    let review = Arc::new(wide_review(75_000));
+    eprintln!("review of {} bytes", review.len());
+    let before = s.status_kib("VmRSS");
+    for at_once in [1, 4] {
+        let mut tasks = Vec::new();
+        for _ in 0..at_once {
+            let (s, review) = (s.clone(), review.clone());
+            tasks.push(tokio::spawn(async move {
+                let t = Instant::now();
+                let r = s
+                    .client()
+                    .post(format!("https://{}/mutate", s.webhook))
+                    .body(review.to_string())
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                let answer = r.bytes().await.unwrap();
+                (status, t.elapsed(), answer.len())
+            }));
+        }
+        let mut answered = 0;
+        for t in tasks {
+            let (status, took, size) = t.await.unwrap();
+            eprintln!("{at_once} at once: {status} in {took:?} with {size} bytes");
+            assert!(status == 200 || status == 503, "{status}");
+            if status == 200 {
+                answered += 1;
+                // The 2 s budget runs from the parse; upload and the parse
+                // of 4 MiB in a debug build come on top.
+                assert!(took < Duration::from_secs(4), "{took:?}");
+                assert!(size < 512 * 1024, "{size}");
+            }
+        }
+        // The large half (64 MiB) holds two such reviews being parsed.
+        assert!(answered >= at_once.min(2), "{answered} of {at_once}");
+        let peak = s.status_kib("VmHWM");
+        eprintln!("{at_once} at once: RSS before {before} KiB, peak {peak} KiB");
+        assert!(peak < 512 * 1024, "the install's memory limit: {peak} KiB");
+    }
+}

@@ -65,6 +65,26 @@ fn denial(prefix: &str, errors: &[String]) -> String {
     format!("{prefix}: {}", listed.join("; "))
 }
 
+/// The object as JSON, moved rather than copied: a review's Pod can be
+/// megabytes of small objects.
+fn into_value(obj: DynamicObject) -> Result<serde_json::Value, serde_json::Error> {
+    let DynamicObject {
+        types,
+        metadata,
+        data,
+    } = obj;
+    let mut map = match data {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    map.insert("metadata".into(), serde_json::to_value(metadata)?);
+    if let Some(t) = types {
+        map.insert("apiVersion".into(), t.api_version.into());
+        map.insert("kind".into(), t.kind.into());
+    }
+    Ok(serde_json::Value::Object(map))
+}
+
 /// Why a request body is not an AdmissionReview; the server answers 400.
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
@@ -189,10 +209,11 @@ impl Admission {
                 clip(&review.types.kind, 64),
             )));
         }
-        let req: AdmissionRequest<DynamicObject> = review
+        let mut req: AdmissionRequest<DynamicObject> = review
             .try_into()
             .map_err(|_| ReviewError::Malformed("the AdmissionReview has no request".into()))?;
-        let (resp, outcome) = self.answer(&req, deadline).await;
+        let object = req.object.take();
+        let (resp, outcome) = self.answer(&req, object, deadline).await;
         self.metrics.admission(outcome);
         self.metrics
             .admission_seconds
@@ -203,6 +224,7 @@ impl Admission {
     async fn answer(
         &self,
         req: &AdmissionRequest<DynamicObject>,
+        object: Option<DynamicObject>,
         deadline: Instant,
     ) -> (AdmissionResponse, &'static str) {
         let uid = Untrusted(&req.uid);
@@ -218,17 +240,20 @@ impl Admission {
             Some("ephemeralcontainers") => true,
             Some(_) => return (allow, "skipped"),
         };
-        let Some(obj) = &req.object else {
+        let Some(obj) = object else {
             return (allow, "skipped");
         };
-        let mut pod = match serde_json::to_value(obj) {
+        let mut pod = match into_value(obj) {
             Ok(v) => v,
             Err(e) => {
                 warn!(%uid, error = %e, "Pod object unreadable; allowed unchanged");
                 return (allow, "unchanged");
             }
         };
-        let mut slots = pod::slots(pod.get("spec").unwrap_or(&serde_json::Value::Null));
+        let mut slots = pod::slots_for(
+            pod.get("spec").unwrap_or(&serde_json::Value::Null),
+            self.policy.has_filters(),
+        );
         if ephemeral_only {
             slots.retain(|s| s.kind == "ephemeralContainers");
         }
@@ -240,7 +265,7 @@ impl Admission {
                 .as_ref()
                 .and_then(|o| serde_json::to_value(o).ok())
                 .unwrap_or_default();
-            let before = pod::slots(old.get("spec").unwrap_or(&serde_json::Value::Null));
+            let before = pod::slots_for(old.get("spec").unwrap_or(&serde_json::Value::Null), false);
             let before: std::collections::HashSet<(&str, &str, &str)> = before
                 .iter()
                 .map(|b| (b.kind, b.name.as_str(), b.image.as_str()))

@@ -55,9 +55,18 @@ pub fn fit(
     others: usize,
 ) -> Vec<(&'static str, String)> {
     let room = OWN_SHARE.min(ANNOTATIONS_LIMIT.saturating_sub(others));
-    let full: Vec<(&'static str, String)> = notes.iter().map(|(k, m)| (*k, encode(m))).collect();
-    if size(full.iter().map(|(k, v)| (*k, v.as_str()))) <= room {
-        return full;
+    // Encoding only adds to the raw lengths: no need to encode maps that
+    // cannot fit.
+    let raw: usize = notes
+        .iter()
+        .map(|(k, m)| k.len() + m.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>())
+        .sum();
+    if raw <= room {
+        let full: Vec<(&'static str, String)> =
+            notes.iter().map(|(k, m)| (*k, encode(m))).collect();
+        if size(full.iter().map(|(k, v)| (*k, v.as_str()))) <= room {
+            return full;
+        }
     }
     let get = |key: &str| notes.iter().find(|(k, _)| *k == key).map(|(_, m)| m);
     let summary = |text: String| BTreeMap::from([(SUMMARY_KEY.to_owned(), text)]);

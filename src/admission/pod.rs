@@ -67,6 +67,12 @@ impl Slot {
 /// Every image slot of a Pod (or pod template) `spec`, in order. Containers
 /// without an `image` string are skipped.
 pub fn slots(spec: &Value) -> Vec<Slot> {
+    slots_for(spec, true)
+}
+
+/// [`slots`], with each [`Slot::container`] copied only when `containers`
+/// (filters read them) and `null` otherwise.
+pub fn slots_for(spec: &Value, containers: bool) -> Vec<Slot> {
     let mut out = Vec::new();
     for kind in SLOT_KINDS {
         let Some(list) = spec.get(kind).and_then(Value::as_array) else {
@@ -92,7 +98,7 @@ pub fn slots(spec: &Value) -> Vec<Slot> {
                     index,
                     name: name.to_owned(),
                     image: image.to_owned(),
-                    container: c.clone(),
+                    container: if containers { c.clone() } else { Value::Null },
                     key,
                 });
             }

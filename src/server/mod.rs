@@ -60,6 +60,12 @@ use conn::{ConnLimits, Listener, Phase};
 /// Largest `/mutate` request body accepted; larger ones get 413.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
+/// What a review holds of the body budget while it is processed, as a
+/// multiple of its body: parsing a Pod of thousands of containers takes
+/// about 25 times the bytes, so two 4 MiB reviews at once fit the large half
+/// of the default budget, and the install's 512 MiB limit.
+pub const PARSED_FACTOR: u64 = 8;
+
 /// Open connections the health listener keeps (kubelet probes and
 /// Prometheus need a handful).
 pub const HEALTH_MAX_CONNECTIONS: usize = 64;
@@ -111,7 +117,11 @@ impl Limits {
             idle_timeout: server.idle_timeout,
             max_connections: server.max_connections,
             max_concurrent_streams: server.max_concurrent_streams,
-            body_memory: server.body_memory.bytes(limit),
+            // A small container's share still holds the largest review.
+            body_memory: server
+                .body_memory
+                .bytes(limit)
+                .max(crate::config::MIN_BODY_MEMORY),
             shutdown_delay: server.shutdown_delay,
             drain_timeout: server.drain_timeout,
         }
@@ -296,12 +306,17 @@ async fn mutate(State(app): State<Arc<Webhook>>, request: Request) -> Response {
             return response;
         }
     };
-    let (body, reservation) = match read {
+    let (body, mut reservation) = match read {
         Ok(read) => read,
         Err(e) => return app.refused(start, e),
     };
+    // The parsed review takes several times the body's bytes; a review of
+    // many small objects (thousands of containers) many times.
+    if let Err(e) = reservation.grow_to(body.len() as u64 * PARSED_FACTOR) {
+        return app.refused(start, e);
+    }
     let answer = app.admission.review(body).await;
-    // The review's parsed form is gone by now too.
+    // The review's parsed form is gone by now.
     drop(reservation);
     match answer {
         Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
