@@ -403,13 +403,7 @@ async fn request_values_cannot_forge_log_lines_and_denials_stay_short() {
     let image = format!("registry.invalid/x\n\u{1b}[2J{}:1", "a".repeat(1 << 20));
     review["request"]["object"]["spec"]["containers"][0]["image"] = image.into();
     review["request"]["object"]["metadata"]["name"] = "p\nFORGED pod".into();
-    let r = s
-        .client()
-        .post(format!("https://{}/mutate", s.webhook))
-        .body(review.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = s.send(&s.client(), &review.to_string()).await.unwrap();
     assert_eq!(r.status(), 200);
     let answer: serde_json::Value = r.json().await.unwrap();
     assert_eq!(answer["response"]["allowed"], false, "{answer:#}");
@@ -518,13 +512,7 @@ async fn large_reviews_stay_inside_the_budget_and_the_memory_limit() {
             let (s, review) = (s.clone(), review.clone());
             tasks.push(tokio::spawn(async move {
                 let t = Instant::now();
-                let r = s
-                    .client()
-                    .post(format!("https://{}/mutate", s.webhook))
-                    .body(review.to_string())
-                    .send()
-                    .await
-                    .unwrap();
+                let r = s.send(&s.client(), &review).await.unwrap();
                 let status = r.status().as_u16();
                 let answer = r.bytes().await.unwrap();
                 (status, t.elapsed(), answer.len())

@@ -153,15 +153,23 @@ impl Served {
             .unwrap()
     }
 
-    /// POSTs `review` to `/mutate` with `client`.
+    /// POSTs `review` to `/mutate` with `client`: the status.
     pub async fn post(&self, client: &reqwest::Client, review: &str) -> reqwest::Result<u16> {
+        self.send(client, review).await.map(|r| r.status().as_u16())
+    }
+
+    /// POSTs `review` to `/mutate` with `client`: the response.
+    pub async fn send(
+        &self,
+        client: &reqwest::Client,
+        review: &str,
+    ) -> reqwest::Result<reqwest::Response> {
         client
             .post(format!("https://{}/mutate", self.webhook))
             .header("content-type", "application/json")
             .body(review.to_owned())
             .send()
             .await
-            .map(|r| r.status().as_u16())
     }
 
     /// A TLS connection to the webhook offering `alpn` (`h2`, `http/1.1`).
