@@ -535,6 +535,15 @@ async fn large_reviews_stay_inside_the_budget_and_the_memory_limit() {
         assert!(answered >= at_once.min(2), "{answered} of {at_once}");
         let peak = s.status_kib("VmHWM");
         eprintln!("{at_once} at once: RSS before {before} KiB, peak {peak} KiB");
+        let (_, metrics) = s.health_get("/metrics").await;
+        for l in metrics
+            .lines()
+            .filter(|l| l.starts_with("pinswap_admission_duration_seconds_"))
+        {
+            if l.contains("_sum") || l.contains("_count") {
+                eprintln!("{at_once} at once: server side {l}");
+            }
+        }
         assert!(peak < 512 * 1024, "the install's memory limit: {peak} KiB");
     }
 }
