@@ -504,6 +504,39 @@ pub struct Server {
     /// Time budget of one admission.
     #[serde(default = "d_2s", with = "duration")]
     pub admission_budget: Duration,
+    /// Distinct images decided per review; the rest are left unchanged.
+    #[serde(default = "max_images")]
+    pub max_images: usize,
+    /// Time a new connection has to finish its TLS handshake.
+    #[serde(default = "d_5s", with = "duration")]
+    pub tls_handshake_timeout: Duration,
+    /// Time a client has to send a request's headers: on a new connection
+    /// from the handshake, on a kept-alive one from the first byte.
+    #[serde(default = "d_5s", with = "duration")]
+    pub header_read_timeout: Duration,
+    /// Time a client has to send a request body, from its headers.
+    #[serde(default = "d_5s", with = "duration")]
+    pub body_timeout: Duration,
+    /// Time a kept-alive connection may wait for its next request.
+    #[serde(default = "d_120s", with = "duration")]
+    pub idle_timeout: Duration,
+    /// Open webhook connections; at the limit the idlest is closed.
+    #[serde(default = "max_connections")]
+    pub max_connections: usize,
+    /// HTTP/2 streams one connection may have open at once.
+    #[serde(default = "max_concurrent_streams")]
+    pub max_concurrent_streams: u32,
+    /// Request bodies buffered at once, over all connections: bytes
+    /// (`128Mi`) or a share of the container's memory limit (`25%`).
+    #[serde(default)]
+    pub body_memory: Memory,
+    /// How long the webhook keeps serving after SIGTERM, with `/readyz`
+    /// failing, before it stops accepting connections.
+    #[serde(default = "d_10s", with = "duration")]
+    pub shutdown_delay: Duration,
+    /// How long requests in flight may take to finish after the delay.
+    #[serde(default = "d_10s", with = "duration")]
+    pub drain_timeout: Duration,
 }
 
 impl Default for Server {
@@ -514,6 +547,118 @@ impl Default for Server {
             tls_cert: None,
             tls_key: None,
             admission_budget: d_2s(),
+            max_images: max_images(),
+            tls_handshake_timeout: d_5s(),
+            header_read_timeout: d_5s(),
+            body_timeout: d_5s(),
+            idle_timeout: d_120s(),
+            max_connections: max_connections(),
+            max_concurrent_streams: max_concurrent_streams(),
+            body_memory: Memory::default(),
+            shutdown_delay: d_10s(),
+            drain_timeout: d_10s(),
+        }
+    }
+}
+
+fn max_images() -> usize {
+    256
+}
+fn max_connections() -> usize {
+    1000
+}
+fn max_concurrent_streams() -> u32 {
+    32
+}
+fn d_120s() -> Duration {
+    Duration::from_secs(120)
+}
+
+/// An amount of memory: a byte count or a percentage of the container's
+/// memory limit. Written as `64Mi`, `1Gi`, `500M`, `1048576` or `25%`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// Bytes.
+    Bytes(u64),
+    /// Percent (1 to 100) of the container's memory limit.
+    Percent(u8),
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Memory::Percent(25)
+    }
+}
+
+/// The memory limit assumed when no cgroup limit is found: the limit
+/// `pinswap manifests` sets.
+pub const ASSUMED_MEMORY_LIMIT: u64 = 512 * 1024 * 1024;
+
+impl Memory {
+    /// Parses `64Mi`, `1Gi`, `500M`, `1048576` or `25%`.
+    ///
+    /// # Errors
+    /// A message naming the accepted forms.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let form =
+            "expected bytes such as 64Mi, 1Gi or 500M, or a share of the memory limit such as 25%";
+        if let Some(p) = s.strip_suffix('%') {
+            return match p.parse::<u8>() {
+                Ok(n @ 1..=100) => Ok(Memory::Percent(n)),
+                _ => Err(format!("found {s:?}, {form} (1% to 100%)")),
+            };
+        }
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (digits, unit) = s.split_at(split);
+        let scale: u64 = match unit {
+            "" => 1,
+            "Ki" => 1 << 10,
+            "Mi" => 1 << 20,
+            "Gi" => 1 << 30,
+            "k" => 1000,
+            "M" => 1_000_000,
+            "G" => 1_000_000_000,
+            _ => return Err(format!("found {s:?}, {form}")),
+        };
+        digits
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(scale))
+            .map(Memory::Bytes)
+            .ok_or_else(|| format!("found {s:?}, {form}"))
+    }
+
+    /// The byte count, with a percentage taken of `limit`.
+    pub fn bytes(self, limit: u64) -> u64 {
+        match self {
+            Memory::Bytes(n) => n,
+            Memory::Percent(p) => limit / 100 * u64::from(p),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Memory {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            own_error("expected bytes such as 64Mi, 1Gi or 500M, or a share of the memory limit such as 25%")
+        })? {
+            Raw::N(n) => Ok(Memory::Bytes(n)),
+            Raw::S(s) => Memory::parse(&s).map_err(own_error),
+        }
+    }
+}
+
+impl Serialize for Memory {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Memory::Bytes(n) => s.serialize_u64(*n),
+            Memory::Percent(p) => s.serialize_str(&format!("{p}%")),
         }
     }
 }
@@ -858,6 +1003,7 @@ impl Config {
                 ),
             );
         }
+        self.server_problems(&mut bad);
         if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
             bad(
                 "server".into(),
@@ -876,6 +1022,75 @@ impl Config {
         out
     }
 }
+
+impl Config {
+    /// The `server` timeouts and limits that cannot work.
+    fn server_problems(&self, bad: &mut impl FnMut(String, String)) {
+        let s = &self.server;
+        let d = |v: Duration| humantime::format_duration(v).to_string();
+        for (key, v) in [
+            ("tlsHandshakeTimeout", s.tls_handshake_timeout),
+            ("headerReadTimeout", s.header_read_timeout),
+            ("bodyTimeout", s.body_timeout),
+            ("idleTimeout", s.idle_timeout),
+            ("drainTimeout", s.drain_timeout),
+        ] {
+            if v.is_zero() {
+                bad(
+                    format!("server.{key}"),
+                    "found 0s, expected a duration above 0s such as 5s".into(),
+                );
+            }
+        }
+        // Headers, body and the admission all happen inside one call of the
+        // API server, which gives up after the webhook's timeoutSeconds.
+        let request = s.header_read_timeout + s.body_timeout + s.admission_budget;
+        if request > WEBHOOK_TIMEOUT_MAX {
+            bad(
+                "server.bodyTimeout".into(),
+                format!(
+                    "headerReadTimeout {} + bodyTimeout {} + admissionBudget {} is {}, expected at most 30s (the API server's webhook timeout limit)",
+                    d(s.header_read_timeout),
+                    d(s.body_timeout),
+                    d(s.admission_budget),
+                    d(request)
+                ),
+            );
+        }
+        if s.max_images == 0 {
+            bad(
+                "server.maxImages".into(),
+                "found 0, expected at least 1".into(),
+            );
+        }
+        if s.max_connections == 0 {
+            bad(
+                "server.maxConnections".into(),
+                "found 0, expected at least 1".into(),
+            );
+        }
+        if s.max_concurrent_streams == 0 {
+            bad(
+                "server.maxConcurrentStreams".into(),
+                "found 0, expected at least 1".into(),
+            );
+        }
+        if let Memory::Bytes(n) = s.body_memory
+            && n < MIN_BODY_MEMORY
+        {
+            bad(
+                "server.bodyMemory".into(),
+                format!(
+                    "found {n} bytes, expected at least 64Mi (its large half holds one 4Mi review while it is parsed, 8 times its body)"
+                ),
+            );
+        }
+    }
+}
+
+/// The smallest `server.bodyMemory`: its large half holds the largest
+/// review (4 MiB) while it is parsed (8 times its body).
+pub const MIN_BODY_MEMORY: u64 = 64 * 1024 * 1024;
 
 fn is_registry_host(s: &str) -> bool {
     !s.is_empty()
@@ -1028,6 +1243,29 @@ server:
   # tlsKey: /etc/pinswap/tls/tls.key
   # Time budget of one admission, well under the webhook's timeoutSeconds.
   admissionBudget: 2s
+  # Distinct images decided per review; the rest are left unchanged.
+  maxImages: 256
+  # Connection limits: a client that stalls is cut off, not waited for.
+  tlsHandshakeTimeout: 5s
+  # For the headers of a request: on a new connection from the handshake,
+  # on a kept-alive one from the request's first byte.
+  headerReadTimeout: 5s
+  # For a request body, from its headers.
+  bodyTimeout: 5s
+  # A kept-alive connection waiting for its next request; longer than the
+  # API server's 90 s, so the client closes first.
+  idleTimeout: 2m
+  # Open webhook connections; at the limit the idlest one is closed.
+  maxConnections: 1000
+  maxConcurrentStreams: 32
+  # Request bodies buffered at once over all connections: bytes (128Mi) or a
+  # share of the container's memory limit (25%; 512Mi is assumed without a
+  # limit). Over it, requests get 503 at once.
+  bodyMemory: 25%
+  # After SIGTERM: keep serving with /readyz failing, then stop accepting
+  # and let requests in flight finish.
+  shutdownDelay: 10s
+  drainTimeout: 10s
 "#;
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod config;
 pub mod convert;
 pub mod identity;
 pub mod install;
+pub mod logsafe;
 pub mod metrics;
 pub mod mirror;
 pub mod reference;

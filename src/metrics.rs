@@ -74,16 +74,19 @@ pub struct Metrics {
     /// `pinswap_identity_findings_total{kind}`: distinct identity findings
     /// (`non_unique`, `collision`).
     pub identity_findings: Family<KindLabel, Counter>,
+    /// Connection and request limits of the listeners.
+    pub server: ServerMetrics,
     /// `pinswap_source_failures_total{registry,cause}`.
     pub source_failures: Family<SourceLabels, Counter>,
     /// `pinswap_source_breaker_open{registry}`.
     pub source_breaker_open: Family<RegistryLabel, Gauge>,
 }
 
-/// Label `reason` (why a slot was rewritten).
+/// Label `reason`: why a slot was rewritten (`present`, `copied`,
+/// `always`, `source_down`), or why a request was refused (`body_memory`, ...).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// `present`, `copied`, `always` or `source_down`.
+    /// The reason.
     pub reason: String,
 }
 
@@ -229,6 +232,7 @@ impl Metrics {
                 "Distinct image-ID (config digest) findings, by kind (non_unique, collision)",
                 Family::default(),
             ),
+            server: ServerMetrics::register(&mut r),
             source_failures: register(
                 &mut r,
                 "source_failures",
@@ -331,6 +335,106 @@ impl Metrics {
     }
 }
 
+/// Labels of `pinswap_connections_closed_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionLabels {
+    /// `webhook` or `health`.
+    pub listener: String,
+    /// `handshake_timeout`, `header_timeout`, `idle_timeout`, `evicted`,
+    /// `refused`, `drained`, `tls_error` or `accept_error`.
+    pub reason: String,
+}
+
+/// Label for per-listener gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    /// `webhook` or `health`.
+    pub listener: String,
+}
+
+/// The listeners' limits at work.
+pub struct ServerMetrics {
+    /// `pinswap_connections{listener}`: open connections.
+    pub open: Family<ListenerLabel, Gauge>,
+    /// `pinswap_connections_closed_total{listener,reason}`: connections
+    /// closed or refused by the server, by the limit that closed them.
+    pub closed: Family<ConnectionLabels, Counter>,
+    /// `pinswap_requests_refused_total{reason}`: `/mutate` requests refused
+    /// before their review (`body_too_large`, `body_memory`, `body_timeout`,
+    /// `body_read`).
+    pub refused: Family<ReasonLabel, Counter>,
+    /// `pinswap_body_bytes_in_flight`: bytes of the body budget reserved,
+    /// set when `/metrics` is scraped.
+    pub body_bytes: Gauge,
+    /// `pinswap_body_budget_bytes`: the body budget (`server.bodyMemory`).
+    pub body_budget: Gauge,
+}
+
+impl ServerMetrics {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            open: register(
+                r,
+                "connections",
+                "Open connections, by listener",
+                Family::default(),
+            ),
+            closed: register(
+                r,
+                "connections_closed",
+                "Connections closed or refused by the server, by listener and reason",
+                Family::default(),
+            ),
+            refused: register(
+                r,
+                "requests_refused",
+                "Webhook requests refused before review, by reason",
+                Family::default(),
+            ),
+            body_bytes: register(
+                r,
+                "body_bytes_in_flight",
+                "Bytes of the request body budget reserved",
+                Gauge::default(),
+            ),
+            body_budget: register(
+                r,
+                "body_budget_bytes",
+                "The request body budget (server.bodyMemory)",
+                Gauge::default(),
+            ),
+        }
+    }
+
+    /// Sets the open connections of `listener`.
+    pub fn connections(&self, listener: &str, n: usize) {
+        self.open
+            .get_or_create(&ListenerLabel {
+                listener: listener.to_owned(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts one connection of `listener` closed for `reason`.
+    pub fn connection_closed(&self, listener: &str, reason: &str) {
+        self.closed
+            .get_or_create(&ConnectionLabels {
+                listener: listener.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one request refused for `reason`.
+    pub fn request_refused(&self, reason: &str) {
+        self.refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,6 +448,8 @@ mod tests {
         m.invalidated("existence", "pull_failure", 2);
         Metrics::outcome(&m.remirrors, "remirrored");
         m.leader.set(1);
+        m.server.connection_closed("webhook", "header_timeout");
+        m.server.request_refused("body_memory");
         let text = m.encode();
         for want in [
             "pinswap_admissions_total{outcome=\"rewritten\"} 1",
@@ -354,6 +460,8 @@ mod tests {
             "pinswap_remirrors_total{outcome=\"remirrored\"} 1",
             "pinswap_leader 1",
             "pinswap_pull_failures_total 0",
+            "pinswap_connections_closed_total{listener=\"webhook\",reason=\"header_timeout\"} 1",
+            "pinswap_requests_refused_total{reason=\"body_memory\"} 1",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

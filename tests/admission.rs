@@ -950,3 +950,93 @@ async fn rotated_target_credentials_are_read_again() {
     stop.cancel();
     assert_eq!(last, "rewritten: copied to the target");
 }
+
+/// The size the API server counts for `pod`'s annotations (keys plus
+/// values), and the part that is pinswap's.
+fn annotation_sizes(pod: &Value) -> (usize, usize) {
+    let Some(a) = pod["metadata"]["annotations"].as_object() else {
+        return (0, 0);
+    };
+    let size = |(k, v): (&String, &Value)| k.len() + v.as_str().unwrap().len();
+    let ours = a.iter().filter(|(k, _)| k.starts_with("pinswap.dev/"));
+    (a.iter().map(size).sum(), ours.map(size).sum())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_containers_are_admitted_within_the_budget_with_annotations_that_fit() {
+    common::init();
+    let r = rig().await;
+    let (adm, _) = r.admission("swapPolicy: always\ncopyPolicy: none\n");
+    let limit = pinswap::admission::notes::ANNOTATIONS_LIMIT;
+    let own = pinswap::admission::notes::OWN_SHARE;
+
+    // 5,000 containers, each its own image: 256 are decided, the rest are
+    // left unchanged with one reason.
+    let images: Vec<(String, String)> = (0..5000)
+        .map(|i| (format!("c{i}"), format!("{}/shop/app{i}:v1", r.src.host())))
+        .collect();
+    let containers: Vec<(&str, &str)> = images
+        .iter()
+        .map(|(n, i)| (n.as_str(), i.as_str()))
+        .collect();
+    let pod = common::review::pod("default", "wide", &containers);
+    let body = serde_json::to_vec(&common::review::create_review(&pod)).unwrap();
+    let start = Instant::now();
+    let a = review(&adm, body.into()).await;
+    let took = start.elapsed();
+    eprintln!("5,000 distinct images answered in {took:?}");
+    assert!(a.allowed());
+    assert!(took < Duration::from_secs(3), "2 s budget, took {took:?}");
+    let (total, ours) = annotation_sizes(&a.pod);
+    assert!(total <= limit && ours <= own, "{total} / {ours}");
+    let d = a.annotation("pinswap.dev/decisions");
+    let summary = &d["*"];
+    assert!(summary.starts_with("5000 slots, summarised"), "{summary}");
+    assert!(
+        summary.contains("4744 × unchanged: not decided: more than server.maxImages (256) distinct images in one review"),
+        "{summary}"
+    );
+
+    // 500 containers of one image with long names, beside 200 KiB of the
+    // Pod's own annotations: every slot is rewritten, and the notes shrink
+    // to what the API server still accepts.
+    let image = format!("{}/shop/app:v1", r.src.host());
+    let names: Vec<String> = (0..500)
+        .map(|i| format!("{}-{i:03}", "n".repeat(58)))
+        .collect();
+    let containers: Vec<(&str, &str)> =
+        names.iter().map(|n| (n.as_str(), image.as_str())).collect();
+    let mut pod = common::review::pod("default", "long", &containers);
+    pod["metadata"]["annotations"] = serde_json::json!({"example.com/big": "x".repeat(200 * 1024)});
+    let body = serde_json::to_vec(&common::review::create_review(&pod)).unwrap();
+    let a = review(&adm, body.into()).await;
+    assert!(a.allowed());
+    let app = format!("{}:v1@{}", r.mirrored("shop/app"), r.app.digest);
+    for i in 0..500 {
+        assert_eq!(a.image("containers", i), app);
+    }
+    let (total, ours) = annotation_sizes(&a.pod);
+    eprintln!("annotations: {total} bytes, {ours} of them pinswap's");
+    assert!(total <= limit, "{total}");
+    assert!(
+        a.pod["metadata"]["annotations"]["example.com/big"]
+            .as_str()
+            .unwrap()
+            .len()
+            == 200 * 1024
+    );
+    let sources = a.annotation("pinswap.dev/sources");
+    assert!(
+        !sources.is_empty() && sources.len() < 500,
+        "{}",
+        sources.len()
+    );
+    let d = a.annotation("pinswap.dev/decisions");
+    assert!(
+        d["*"].contains(&format!(
+            "pinswap.dev/sources kept for {} of 500 slots",
+            sources.len()
+        )),
+        "{d:?}"
+    );
+}

@@ -138,6 +138,18 @@ async fn mutate_refuses_what_is_not_a_review_and_counts_it() {
             "{body} → {message}"
         );
     }
+    // Only the versions the API server sends.
+    for version in ["admission.k8s.io/v9", "v1", ""] {
+        let body = POD_CREATE.replace("admission.k8s.io/v1", version);
+        let (status, _, message) = call(&router, Method::POST, "/mutate", Body::from(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{version}: {message}");
+        assert!(
+            message.contains(
+                "expected an AdmissionReview of admission.k8s.io/v1 or admission.k8s.io/v1beta1"
+            ),
+            "{message}"
+        );
+    }
     let (status, _, _) = call(&router, Method::GET, "/mutate", Body::empty()).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     let (status, _, _) = call(&router, Method::POST, "/validate", Body::from(POD_CREATE)).await;
@@ -148,11 +160,11 @@ async fn mutate_refuses_what_is_not_a_review_and_counts_it() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(content_type, server::OPENMETRICS_CONTENT_TYPE);
     assert!(
-        text.contains("pinswap_admissions_total{outcome=\"invalid\"} 2"),
+        text.contains("pinswap_admissions_total{outcome=\"invalid\"} 5"),
         "{text}"
     );
     assert!(
-        text.contains("pinswap_admission_duration_seconds_count 2"),
+        text.contains("pinswap_admission_duration_seconds_count 5"),
         "{text}"
     );
     assert!(text.ends_with("# EOF\n"), "{text}");
@@ -204,6 +216,13 @@ impl Running {
             health_listen: SocketAddr::from(([127, 0, 0, 1], common::registry::free_port())),
             reload_interval: Duration::from_millis(100),
             ..ServerOptions::new(dir.join("tls.crt"), dir.join("tls.key"))
+        };
+        let opts = ServerOptions {
+            limits: server::Limits {
+                shutdown_delay: Duration::from_millis(300),
+                ..opts.limits.clone()
+            },
+            ..opts
         };
         let mutate_url = format!("https://{}/mutate", opts.listen);
         let healthz_url = format!("http://{}/healthz", opts.health_listen);
@@ -353,9 +372,21 @@ async fn shutdown_finishes_the_review_in_flight() {
         !in_flight.is_finished(),
         "the review should still be running"
     );
+    let readyz = healthz_url.replace("/healthz", "/readyz");
+    let ready = common::registry::http_client(None)
+        .get(&readyz)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        ready.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "readiness fails at once"
+    );
+    assert_eq!(ready.text().await.unwrap(), "shutting down");
     assert!(
-        !Running::healthy(&healthz_url).await,
-        "no new connections while draining"
+        Running::healthy(&healthz_url).await,
+        "liveness holds during the delay"
     );
 
     let response = in_flight
@@ -369,10 +400,11 @@ async fn shutdown_finishes_the_review_in_flight() {
     );
     eprintln!("review in flight answered after {:?}", started.elapsed());
     assert!(
-        started.elapsed() >= Duration::from_millis(1400),
-        "it waited for its budget"
+        started.elapsed() >= Duration::from_millis(1300),
+        "it waited for its budget (decisions stop a tenth early)"
     );
     assert_stops(sent, task).await;
+    assert!(!Running::healthy(&healthz_url).await, "health stops last");
 }
 
 #[tokio::test]

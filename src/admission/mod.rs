@@ -9,6 +9,7 @@
 //! `closed`, which denies the Pod naming the image and the cause.
 
 pub mod mutate;
+pub mod notes;
 pub mod pod;
 pub mod policy;
 pub mod yaml;
@@ -23,6 +24,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use tracing::{debug, info, warn};
 
 use crate::config::{Config, FailurePolicy};
+use crate::logsafe::{Untrusted, clip};
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::reference::Reference;
@@ -42,6 +44,47 @@ fn cap(note: String) -> String {
 /// Distinct images of one review decided at the same time.
 const MAX_CONCURRENT_IMAGES: usize = 16;
 
+/// Errors listed by name in a `failurePolicy: closed` denial, and the
+/// characters kept of each: the API server shows the message to the user.
+const DENIAL_ERRORS: usize = 10;
+const DENIAL_ERROR_CHARS: usize = 400;
+
+/// The AdmissionReview versions the API server sends.
+const REVIEW_VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
+
+/// `prefix: e1; e2; …; and N more`, each error escaped and clipped.
+fn denial(prefix: &str, errors: &[String]) -> String {
+    let mut listed: Vec<String> = errors
+        .iter()
+        .take(DENIAL_ERRORS)
+        .map(|e| clip(e, DENIAL_ERROR_CHARS))
+        .collect();
+    if errors.len() > DENIAL_ERRORS {
+        listed.push(format!("and {} more", errors.len() - DENIAL_ERRORS));
+    }
+    format!("{prefix}: {}", listed.join("; "))
+}
+
+/// The object as JSON, moved rather than copied: a review's Pod can be
+/// megabytes of small objects.
+fn into_value(obj: DynamicObject) -> Result<serde_json::Value, serde_json::Error> {
+    let DynamicObject {
+        types,
+        metadata,
+        data,
+    } = obj;
+    let mut map = match data {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    map.insert("metadata".into(), serde_json::to_value(metadata)?);
+    if let Some(t) = types {
+        map.insert("apiVersion".into(), t.api_version.into());
+        map.insert("kind".into(), t.kind.into());
+    }
+    Ok(serde_json::Value::Object(map))
+}
+
 /// Why a request body is not an AdmissionReview; the server answers 400.
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
@@ -57,6 +100,7 @@ pub struct Admission {
     policy: Policy,
     failure: FailurePolicy,
     budget: Duration,
+    max_images: usize,
     metrics: Arc<Metrics>,
     cache_purge: bool,
 }
@@ -103,6 +147,7 @@ impl Admission {
             mirror,
             failure: config.failure_policy,
             budget: config.server.admission_budget,
+            max_images: config.server.max_images,
             metrics,
             cache_purge: config.cache.purge_endpoint,
         })
@@ -143,18 +188,35 @@ impl Admission {
     /// Answers one AdmissionReview body (`admission.k8s.io/v1` or `v1beta1`;
     /// the response uses the request's version) with the response
     /// AdmissionReview's JSON. A kind other than Pod, or an operation other
-    /// than CREATE and UPDATE, is allowed unchanged.
+    /// than CREATE and UPDATE, is allowed unchanged. The admission budget
+    /// runs from the call, parsing included; at most `server.maxImages`
+    /// distinct images are decided.
     ///
     /// # Errors
-    /// [`ReviewError::Malformed`] when the body is not an AdmissionReview.
+    /// [`ReviewError::Malformed`] when the body is not an AdmissionReview of
+    /// a version the API server sends.
     pub async fn review(&self, body: Bytes) -> Result<Vec<u8>, ReviewError> {
         let start = Instant::now();
+        // Decisions stop a little early: patching, annotating and encoding
+        // the answer take time proportional to the slots.
+        let deadline = start + self.budget - self.budget / 10;
         let review: AdmissionReview<DynamicObject> =
             serde_json::from_slice(&body).map_err(|e| ReviewError::Malformed(e.to_string()))?;
-        let req: AdmissionRequest<DynamicObject> = review
+        drop(body);
+        if !REVIEW_VERSIONS.contains(&review.types.api_version.as_str())
+            || review.types.kind != "AdmissionReview"
+        {
+            return Err(ReviewError::Malformed(format!(
+                "found apiVersion {:?} kind {:?}, expected an AdmissionReview of admission.k8s.io/v1 or admission.k8s.io/v1beta1",
+                clip(&review.types.api_version, 64),
+                clip(&review.types.kind, 64),
+            )));
+        }
+        let mut req: AdmissionRequest<DynamicObject> = review
             .try_into()
             .map_err(|_| ReviewError::Malformed("the AdmissionReview has no request".into()))?;
-        let (resp, outcome) = self.answer(&req).await;
+        let object = req.object.take();
+        let (resp, outcome) = self.answer(&req, object, deadline).await;
         self.metrics.admission(outcome);
         self.metrics
             .admission_seconds
@@ -165,7 +227,10 @@ impl Admission {
     async fn answer(
         &self,
         req: &AdmissionRequest<DynamicObject>,
+        object: Option<DynamicObject>,
+        deadline: Instant,
     ) -> (AdmissionResponse, &'static str) {
+        let uid = Untrusted(&req.uid);
         let allow = AdmissionResponse::from(req);
         let is_pod = req.kind.group.is_empty() && req.kind.kind == "Pod";
         if !is_pod || !matches!(req.operation, Operation::Create | Operation::Update) {
@@ -178,18 +243,20 @@ impl Admission {
             Some("ephemeralcontainers") => true,
             Some(_) => return (allow, "skipped"),
         };
-        let Some(obj) = &req.object else {
+        let Some(obj) = object else {
             return (allow, "skipped");
         };
-        let mut pod = match serde_json::to_value(obj) {
+        let mut pod = match into_value(obj) {
             Ok(v) => v,
             Err(e) => {
-                warn!(uid = %req.uid, error = %e, "Pod object unreadable; allowed unchanged");
+                warn!(%uid, error = %e, "Pod object unreadable; allowed unchanged");
                 return (allow, "unchanged");
             }
         };
-        let deadline = Instant::now() + self.budget;
-        let mut slots = pod::slots(pod.get("spec").unwrap_or(&serde_json::Value::Null));
+        let mut slots = pod::slots_for(
+            pod.get("spec").unwrap_or(&serde_json::Value::Null),
+            self.policy.has_filters(),
+        );
         if ephemeral_only {
             slots.retain(|s| s.kind == "ephemeralContainers");
         }
@@ -201,16 +268,21 @@ impl Admission {
                 .as_ref()
                 .and_then(|o| serde_json::to_value(o).ok())
                 .unwrap_or_default();
-            let before = pod::slots(old.get("spec").unwrap_or(&serde_json::Value::Null));
-            slots.retain(|s| {
-                !before
-                    .iter()
-                    .any(|b| b.kind == s.kind && b.name == s.name && b.image == s.image)
-            });
+            let before = pod::slots_for(old.get("spec").unwrap_or(&serde_json::Value::Null), false);
+            let before: std::collections::HashSet<(&str, &str, &str)> = before
+                .iter()
+                .map(|b| (b.kind, b.name.as_str(), b.image.as_str()))
+                .collect();
+            slots.retain(|s| !before.contains(&(s.kind, s.name.as_str(), s.image.as_str())));
         }
         if slots.is_empty() {
             return (allow, "unchanged");
         }
+        // Patching and annotating grow with the slots too (a few µs each):
+        // decisions end that much earlier, up to a quarter of the budget.
+        let finishing =
+            (Duration::from_micros(5) * slots.len().min(1 << 20) as u32).min(self.budget / 4);
+        let deadline = deadline - finishing;
         // Filters see the request's namespace even when the object has none
         // yet (as k8s-image-swapper's filter context does).
         if pod.pointer("/metadata/namespace").is_none()
@@ -226,7 +298,7 @@ impl Admission {
                 match tokio::time::timeout_at(deadline.into(), ps.for_pod(ns, &pod)).await {
                     Ok(c) => c,
                     Err(_) => {
-                        warn!(uid = %req.uid, "pull secrets not read within the admission budget");
+                        warn!(%uid, "pull secrets not read within the admission budget");
                         HashMap::new()
                     }
                 }
@@ -245,21 +317,22 @@ impl Admission {
             // A dry-run request must have no side effects: plan, don't copy.
             .decide_spec(&pod, &slots, deadline, req.dry_run, &creds)
             .await;
-        let name = pod
-            .pointer("/metadata/name")
-            .or_else(|| pod.pointer("/metadata/generateName"))
-            .and_then(|v| v.as_str())
-            .unwrap_or("");
+        let name = Untrusted(
+            pod.pointer("/metadata/name")
+                .or_else(|| pod.pointer("/metadata/generateName"))
+                .and_then(|v| v.as_str())
+                .unwrap_or(""),
+        );
         // A deny finding rejects the Pod whatever failurePolicy says: it is
         // a policy decision, not an error.
         if !denials.is_empty() {
-            let msg = format!("pinswap (identity.collisions deny): {}", denials.join("; "));
-            warn!(uid = %req.uid, pod = name, "{msg}");
+            let msg = denial("pinswap (identity.collisions deny)", &denials);
+            warn!(%uid, pod = %name, message = %msg, "denied");
             return (allow.deny(msg), "denied");
         }
         if !errors.is_empty() && self.failure == FailurePolicy::Closed {
-            let msg = format!("pinswap (failurePolicy closed): {}", errors.join("; "));
-            warn!(uid = %req.uid, pod = name, "{msg}");
+            let msg = denial("pinswap (failurePolicy closed)", &errors);
+            warn!(%uid, pod = %name, message = %msg, "denied");
             return (allow.deny(msg), "denied");
         }
         let outcome = if rewrites.is_empty() {
@@ -270,7 +343,7 @@ impl Admission {
         for cause in causes {
             self.metrics.rewrite(cause);
         }
-        info!(uid = %req.uid, namespace = req.namespace.as_deref().unwrap_or(""), pod = name, rewritten = rewrites.len(), slots = slots.len(), "admitted");
+        info!(%uid, namespace = %Untrusted(req.namespace.as_deref().unwrap_or("")), pod = %name, rewritten = rewrites.len(), slots = slots.len(), "admitted");
         let patch = pod::patch(
             &pod,
             &["spec"],
@@ -285,7 +358,7 @@ impl Admission {
         match allow.clone().with_patch(patch) {
             Ok(r) => (r, outcome),
             Err(e) => {
-                warn!(uid = %req.uid, error = %e, "patch not serialisable; allowed unchanged");
+                warn!(%uid, error = %e, "patch not serialisable; allowed unchanged");
                 (allow, "unchanged")
             }
         }
@@ -393,7 +466,17 @@ impl Admission {
         let mut pending: HashMap<String, Reference> = HashMap::new();
         let mut first: Vec<Option<Outcome>> = Vec::with_capacity(slots.len());
         let prepared = self.policy.prepare(pod);
+        let over = format!(
+            "not decided: more than server.maxImages ({}) distinct images in one review",
+            self.max_images
+        );
         for slot in slots {
+            // Work per review stays bounded by the image limit, however
+            // many containers the Pod lists.
+            if pending.len() >= self.max_images && !pending.contains_key(&slot.image) {
+                first.push(Some(Outcome::Keep(over.clone())));
+                continue;
+            }
             match self.policy.check(prepared.as_ref(), slot) {
                 Ok(reference) => {
                     pending.insert(slot.image.clone(), reference);
@@ -410,6 +493,16 @@ impl Admission {
         let decided: HashMap<String, Decided> =
             futures::StreamExt::collect(futures::StreamExt::buffer_unordered(
                 futures::stream::iter(pending.into_iter().map(|(image, reference)| async move {
+                    let exhausted = || {
+                        format!(
+                            "admission budget of {} exhausted",
+                            humantime::format_duration(self.budget)
+                        )
+                    };
+                    // Images still queued at the deadline are not started.
+                    if Instant::now() >= deadline {
+                        return (image, Err((exhausted(), false)));
+                    }
                     let creds =
                         creds.get(&crate::reference::normalize_registry(reference.registry()));
                     let decide = async {
@@ -426,15 +519,9 @@ impl Admission {
                             Err((e.to_string(), true))
                         }
                         Ok(Err(e)) => Err((e.to_string(), false)),
-                        Err(_) => Err((
-                            format!(
-                                "admission budget of {} exhausted",
-                                humantime::format_duration(self.budget)
-                            ),
-                            false,
-                        )),
+                        Err(_) => Err((exhausted(), false)),
                     };
-                    debug!(image, ?r, "decided");
+                    debug!(image = %Untrusted(&image), ?r, "decided");
                     (image, r)
                 })),
                 MAX_CONCURRENT_IMAGES,

@@ -19,6 +19,9 @@ pub const IDENTITY: &str = "pinswap.dev/identity";
 /// Recovery reads it to mirror the same content again.
 pub const SOURCES: &str = "pinswap.dev/sources";
 
+/// pinswap's own annotations.
+pub const OURS: [&str; 4] = [ORIGINAL_IMAGES, DECISIONS, IDENTITY, SOURCES];
+
 /// The per-slot notes a patch writes into annotations.
 pub struct Notes<'a> {
     /// Slot key → reason ([`DECISIONS`]).
@@ -48,35 +51,55 @@ pub struct Slot {
     pub image: String,
     /// The container object, for filters.
     pub container: Value,
+    /// The key used in the annotations: `kind/name`, or `kind[index]` when
+    /// the name is missing or shared within its list (so two slots never
+    /// share a note).
+    pub key: String,
 }
 
 impl Slot {
-    /// `kind/name`, the key used in the annotations.
+    /// The key used in the annotations (see [`Slot::key`] the field).
     pub fn key(&self) -> String {
-        format!("{}/{}", self.kind, self.name)
+        self.key.clone()
     }
 }
 
 /// Every image slot of a Pod (or pod template) `spec`, in order. Containers
 /// without an `image` string are skipped.
 pub fn slots(spec: &Value) -> Vec<Slot> {
+    slots_for(spec, true)
+}
+
+/// [`slots`], with each [`Slot::container`] copied only when `containers`
+/// (filters read them) and `null` otherwise.
+pub fn slots_for(spec: &Value, containers: bool) -> Vec<Slot> {
     let mut out = Vec::new();
     for kind in SLOT_KINDS {
         let Some(list) = spec.get(kind).and_then(Value::as_array) else {
             continue;
         };
+        fn name(c: &Value) -> &str {
+            c.get("name").and_then(Value::as_str).unwrap_or_default()
+        }
+        let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for c in list {
+            *seen.entry(name(c)).or_default() += 1;
+        }
         for (index, c) in list.iter().enumerate() {
             if let Some(image) = c.get("image").and_then(Value::as_str) {
+                let name = name(c);
+                let key = if name.is_empty() || seen[name] > 1 {
+                    format!("{kind}[{index}]")
+                } else {
+                    format!("{kind}/{name}")
+                };
                 out.push(Slot {
                     kind,
                     index,
-                    name: c
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned(),
+                    name: name.to_owned(),
                     image: image.to_owned(),
-                    container: c.clone(),
+                    container: if containers { c.clone() } else { Value::Null },
+                    key,
                 });
             }
         }
@@ -150,20 +173,29 @@ pub fn patch(
     if !sources.is_empty() {
         notes.push((SOURCES, sources));
     }
-    let encode = |m: &BTreeMap<String, String>| {
-        Value::String(serde_json::to_string(m).expect("a map of strings serialises"))
-    };
+    // The Pod's other annotations count toward the same limit.
+    let others = existing.and_then(Value::as_object).map_or(0, |a| {
+        super::notes::size(
+            a.iter()
+                .filter(|(k, _)| !OURS.contains(&k.as_str()))
+                .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or_default())),
+        )
+    });
+    let notes = super::notes::fit(&notes, others);
+    if notes.is_empty() {
+        return Patch(ops);
+    }
     if existing.is_some_and(Value::is_object) {
-        for (key, map) in notes {
+        for (key, value) in notes {
             ops.push(PatchOperation::Add(AddOperation {
                 path: PointerBuf::from_tokens(["metadata", "annotations", key]),
-                value: encode(&map),
+                value: Value::String(value),
             }));
         }
     } else {
         let obj: serde_json::Map<String, Value> = notes
             .into_iter()
-            .map(|(k, m)| (k.to_owned(), encode(&m)))
+            .map(|(k, v)| (k.to_owned(), Value::String(v)))
             .collect();
         if pod.get("metadata").is_none() {
             ops.push(PatchOperation::Add(AddOperation {
@@ -211,6 +243,28 @@ mod tests {
             ]
         );
         assert_eq!(s[2].index, 1);
+    }
+
+    #[test]
+    fn slots_without_a_name_of_their_own_are_keyed_by_index() {
+        let spec = json!({
+            "containers": [
+                {"image": "a"}, {"name": "x", "image": "b"}, {"name": "x", "image": "c"},
+                {"name": "y", "image": "d"}
+            ],
+            "initContainers": [{"name": "y", "image": "e"}]
+        });
+        let keys: Vec<String> = slots(&spec).iter().map(Slot::key).collect();
+        assert_eq!(
+            keys,
+            [
+                "initContainers/y",
+                "containers[0]",
+                "containers[1]",
+                "containers[2]",
+                "containers/y"
+            ]
+        );
     }
 
     #[test]

@@ -96,6 +96,11 @@ impl Policy {
         })
     }
 
+    /// Whether any filter is configured (filters read each container).
+    pub fn has_filters(&self) -> bool {
+        !self.filters.is_empty()
+    }
+
     /// The Pod as a JMESPath value, built once per review: filters then
     /// see it without re-serialising it for every slot. `None` without
     /// filters.
@@ -215,6 +220,7 @@ mod tests {
             name: "c".into(),
             image: image.into(),
             container: json!({"name": "c", "image": image}),
+            key: "containers/c".into(),
         }
     }
 

@@ -643,6 +643,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tls_cert,
         tls_key,
         reload_interval: std::time::Duration::from_secs(10),
+        limits: crate::server::Limits::from_config(&config.server),
     };
     if matches!(
         config.copy_policy,

@@ -622,6 +622,20 @@ fn tls_fingerprint(opts: &Options) -> String {
     sha256_hex(format!("{}\n{TLS_SECRET}\n{names}", opts.tls.as_str()).as_bytes())
 }
 
+/// Seconds the kubelet waits after SIGTERM before SIGKILL, added to
+/// `server.shutdownDelay` + `server.drainTimeout`: stopping the background
+/// tasks and exiting.
+pub const TERMINATION_MARGIN_SECONDS: i64 = 10;
+
+/// The Pod's `terminationGracePeriodSeconds`: on SIGTERM the webhook serves
+/// for `shutdownDelay`, then requests in flight get up to `drainTimeout`
+/// (30 with the defaults: 10 s + 10 s + [`TERMINATION_MARGIN_SECONDS`]).
+pub fn termination_grace_seconds(server: &crate::config::Server) -> i64 {
+    let stop = server.shutdown_delay + server.drain_timeout;
+    i64::try_from(stop.as_secs() + u64::from(stop.subsec_nanos() > 0)).unwrap_or(i64::MAX / 2)
+        + TERMINATION_MARGIN_SECONDS
+}
+
 fn deployment(opts: &Options) -> Deployment {
     let ns = opts.namespace.as_str();
     let (tls_dir, tls_volume) = match opts.tls {
@@ -831,8 +845,9 @@ fn deployment(opts: &Options) -> Deployment {
                         }),
                         ..Default::default()
                     }),
-                    // SIGTERM drains in-flight admissions for up to 10 s.
-                    termination_grace_period_seconds: Some(30),
+                    termination_grace_period_seconds: Some(termination_grace_seconds(
+                        &opts.config.server,
+                    )),
                     containers: vec![container],
                     volumes: Some(vec![
                         tls_volume,
@@ -1117,6 +1132,22 @@ mod tests {
             ["server.listen", "target.auth.passwordEnv"],
             "every problem, one per line: {e}"
         );
+    }
+
+    #[test]
+    fn termination_grace_covers_the_shutdown_delay_and_the_drain() {
+        let grace = |o: &Options| {
+            let objs = objects(o).unwrap();
+            let d = objs.iter().find(|o| o["kind"] == "Deployment").unwrap();
+            d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].clone()
+        };
+        assert_eq!(grace(&opts(Tls::CertManager)), 30, "10 s + 10 s + 10 s");
+        let text = "target: {registry: m.example.com}\nserver: {shutdownDelay: 20s, drainTimeout: 1500ms}\n";
+        let o = Options {
+            config: Config::from_yaml(text, "t").unwrap(),
+            ..opts(Tls::CertManager)
+        };
+        assert_eq!(grace(&o), 32);
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! - [`skopeo`]: skopeo as an independent peer;
 //! - [`kube::KubeApi`]: an in-process Kubernetes API server (Pods list/watch,
 //!   Events, Leases, Secrets, ServiceAccounts) and a `kube::Client` for it;
+//! - [`serve::Served`]: `pinswap serve` as a process, measured from outside,
+//!   with raw TLS clients that misbehave;
 //! - [`pinswap_bin`]: the path of the binary under test.
 //!
 //! Helpers panic with context instead of returning errors: they are test code.
@@ -29,6 +31,7 @@ pub mod proxy;
 pub mod push;
 pub mod registry;
 pub mod review;
+pub mod serve;
 pub mod skopeo;
 pub mod tls;
 pub mod token;
