@@ -1,4 +1,4 @@
-//! The existence and resolution caches (DESIGN.md §2), with invalidation by
+//! The existence and resolution caches (docs/architecture.md §2), with invalidation by
 //! cause and the metrics that count it.
 //!
 //! - **Existence**: "the target has `repository@digest`", keyed by the

@@ -1,4 +1,4 @@
-//! The YAML config (DESIGN.md §6): schema, defaults, durations such as `8s`
+//! The YAML config (docs/architecture.md §6): schema, defaults, durations such as `8s`
 //! or `1h`, and strict validation.
 //!
 //! A config file either loads completely or fails with messages that name
@@ -58,7 +58,7 @@ pub struct Invalid {
 }
 
 /// `exists`: rewrite only when the target has the image; `always`: rewrite
-/// regardless (DESIGN.md §2).
+/// regardless (docs/architecture.md §2).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SwapPolicy {
@@ -69,7 +69,7 @@ pub enum SwapPolicy {
     Always,
 }
 
-/// When to copy (DESIGN.md §2).
+/// When to copy (docs/architecture.md §2).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CopyPolicy {
@@ -84,7 +84,7 @@ pub enum CopyPolicy {
     None,
 }
 
-/// What to do on an identity collision (issue 5).
+/// What to do on an identity collision.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CollisionPolicy {
@@ -201,7 +201,7 @@ pub struct Source {
     pub breaker: Breaker,
 }
 
-/// The circuit breaker each source registry gets (DESIGN.md §3 "Source
+/// The circuit breaker each source registry gets (docs/architecture.md §3 "Source
 /// health"): after `failures` consecutive failures (connect errors,
 /// timeouts, 5xx, 429) the source is not asked for `backoff`, doubling on
 /// each failed probe up to `maxBackoff`; a 429 or 503 `Retry-After` (capped
@@ -340,7 +340,7 @@ mod duration {
     }
 }
 
-/// Cache lifetimes (DESIGN.md §2 existence and resolution caches).
+/// Cache lifetimes (docs/architecture.md §2 existence and resolution caches).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Cache {
@@ -383,7 +383,7 @@ fn jitter() -> f64 {
     0.1
 }
 
-/// Pull-failure recovery (DESIGN.md §3 "Background"): the Pod watcher and
+/// Pull-failure recovery (docs/architecture.md §3 "Background"): the Pod watcher and
 /// the Lease that elects the one replica running it and the re-verifier.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -458,7 +458,7 @@ fn lease_name() -> String {
     "pinswap-leader".into()
 }
 
-/// Image-identity handling (DESIGN.md §2 "identity collision").
+/// Image-identity handling (docs/architecture.md §2 "identity collision").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Identity {

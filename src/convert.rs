@@ -1,5 +1,5 @@
 //! `pinswap config convert`: a k8s-image-swapper config turned into a pinswap
-//! config (DESIGN.md §6).
+//! config (docs/architecture.md §6).
 //!
 //! Input: k8s-image-swapper's YAML config (`.k8s-image-swapper.yaml`, the
 //! format of its `docs/configuration.md`, read by its `pkg/config` through

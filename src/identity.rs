@@ -1,4 +1,4 @@
-//! Image identity (DESIGN.md §2 "image ID", "identity collision"): detect
+//! Image identity (docs/architecture.md §2 "image ID", "identity collision"): detect
 //! config-digest collisions and repair them on the mirror.
 //!
 //! containerd and CRI identify an image by its config digest. When

@@ -2,7 +2,7 @@
 //! them by manifest digest.
 //!
 //! The crate is one library with a thin binary (`src/main.rs`). Modules follow
-//! `shared/DESIGN.md` §4; dependencies point one way: `cli`/`server` →
+//! `docs/architecture.md` §4; dependencies point one way: `cli`/`server` →
 //! `admission`/`watch` → `mirror` → `registry`/`cache` → `reference`/`config`.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

@@ -1,4 +1,4 @@
-//! Image identity (issue 5), against real registries: `pinswap check`, and
+//! Image identity, against real registries: `pinswap check`, and
 //! the `warn`, `deny` and `repair` policies through the admission handler.
 //! Spin apps pushed before Spin 2.4 share one 78-byte config, so containerd
 //! gives them one image ID; ORAS artifacts share `{}`.

@@ -1,4 +1,4 @@
-//! Keeping rewrites true when the mirror loses an image (issue 4): pull-
+//! Keeping rewrites true when the mirror loses an image: pull-
 //! failure recovery, re-verification, `ttl: 0`, leadership and a source
 //! that is down, against real registries and the in-process Kubernetes API
 //! server. Pods are admitted through `Admission::review` and stored in the

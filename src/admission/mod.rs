@@ -1,4 +1,4 @@
-//! AdmissionReview in, AdmissionReview out (DESIGN.md §3 "Admission").
+//! AdmissionReview in, AdmissionReview out (docs/architecture.md §3 "Admission").
 //!
 //! For a Pod on CREATE or UPDATE: find the image slots, skip those a filter,
 //! the allowlist or idempotence rules out, decide the rest through the

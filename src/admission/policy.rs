@@ -1,5 +1,5 @@
 //! Which slots pinswap may touch: JMESPath filters, the source allowlist,
-//! refused addresses and idempotence (DESIGN.md §3 step 1, §5).
+//! refused addresses and idempotence (docs/architecture.md §3 step 1, §5).
 
 use std::net::IpAddr;
 

@@ -1,4 +1,4 @@
-//! Source health (DESIGN.md §3): a circuit breaker per source registry, so
+//! Source health (docs/architecture.md §3): a circuit breaker per source registry, so
 //! a source that is down, rate-limiting or stalled costs one bounded attempt
 //! per window instead of every admission's budget.
 //!

@@ -1,4 +1,4 @@
-//! The mirror's side of image identity (DESIGN.md §3 step 7): reading a
+//! The mirror's side of image identity (docs/architecture.md §3 step 7): reading a
 //! source's identity facts, reporting findings, and pushing the repaired
 //! copy; the rules themselves are in [`crate::identity`].
 

@@ -1,4 +1,4 @@
-//! The mirror service (DESIGN.md §3): the caches of [`crate::cache`], a copy
+//! The mirror service (docs/architecture.md §3): the caches of [`crate::cache`], a copy
 //! queue deduplicated by source digest, and the swap and copy policies. The
 //! webhook and `pinswap mutate` both decide through [`Mirror::decide`].
 //!
@@ -618,7 +618,7 @@ impl Mirror {
         }
     }
 
-    /// Resolves, maps and assesses `src` (DESIGN.md §3 steps 3 to 5). The
+    /// Resolves, maps and assesses `src` (docs/architecture.md §3 steps 3 to 5). The
     /// target is the authority for what it holds: a digest it has is planned
     /// without the source, and a tag whose source cannot answer is planned
     /// from the target's copy of that tag. Under `collisions: warn` the
@@ -1222,7 +1222,7 @@ impl Mirror {
 
     /// Decides what `src` becomes, reading the source with `creds` (a Pod's
     /// imagePullSecrets) when given, under the swap and copy policies
-    /// (DESIGN.md §2), without passing `deadline`:
+    /// (docs/architecture.md §2), without passing `deadline`:
     ///
     /// | at target | copyPolicy | result |
     /// |---|---|---|

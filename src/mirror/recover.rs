@@ -1,4 +1,4 @@
-//! Recovery of a lost image (DESIGN.md §3 "Background"): re-verification
+//! Recovery of a lost image (docs/architecture.md §3 "Background"): re-verification
 //! of a cached entry, and restoring an image a Pod pins.
 
 use std::time::Instant;
@@ -61,7 +61,7 @@ impl Mirror {
     }
 
     /// Mirrors `target` again if the target registry lost it: the recovery
-    /// step of DESIGN.md §3 "Background". `target` is the image as a Pod
+    /// step of docs/architecture.md §3 "Background". `target` is the image as a Pod
     /// names it (`repository:tag@digest`, or `repository@digest`);
     /// `source_hint` is the Pod's original image (from the
     /// `pinswap.dev/original-images` annotation), used when this process

@@ -1,5 +1,5 @@
 //! Copies that failed because their source could not answer, retried when
-//! it can again (DESIGN.md §3 "Background": the copy queue retries copies
+//! it can again (docs/architecture.md §3 "Background": the copy queue retries copies
 //! whose source was down once its breaker closes).
 //!
 //! Bounded: at most [`MAX_PENDING`] images wait, each retried at most

@@ -1,5 +1,5 @@
 //! The copy engine: one image (manifest, index or artifact) from a source to
-//! a destination, byte-exact (DESIGN.md §3 "Copy", §5).
+//! a destination, byte-exact (docs/architecture.md §3 "Copy", §5).
 //!
 //! Order of work, so an interrupted copy leaves nothing that looks complete:
 //! blobs first (skipped when present, mounted when possible, else streamed and

@@ -163,7 +163,7 @@ pub(crate) fn retry_after(headers: &http::HeaderMap) -> Option<std::time::Durati
         .map(std::time::Duration::from_secs)
 }
 
-/// Why a registry could not answer at all (DESIGN.md §3 "Source health"),
+/// Why a registry could not answer at all (docs/architecture.md §3 "Source health"),
 /// as opposed to answering that something is missing or invalid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outage {

@@ -1,5 +1,5 @@
 //! `pinswap serve`: the HTTPS admission webhook and the plain-HTTP health
-//! server (DESIGN.md §4).
+//! server (docs/architecture.md §4).
 //!
 //! Two listeners, because they have different clients:
 //! - the webhook (`:8443`, HTTPS, `POST /mutate`) is called by the API server,

@@ -1,4 +1,4 @@
-//! Background work (DESIGN.md §3 "Background"): the Pod watcher that turns
+//! Background work (docs/architecture.md §3 "Background"): the Pod watcher that turns
 //! pull failures into re-mirrors, the re-verifier, and the Lease that elects
 //! the one replica running the watcher.
 //!

@@ -1,4 +1,4 @@
-//! Re-verification (DESIGN.md §2): every `cache.reverify`, HEAD each cached
+//! Re-verification (docs/architecture.md §2): every `cache.reverify`, HEAD each cached
 //! target manifest, spread over the interval with at most [`CONCURRENCY`]
 //! requests at once. A missing manifest is evicted (cause
 //! `reverification`); when a Pod the watcher knows still uses it, it is

@@ -1,5 +1,5 @@
 //! An in-process Kubernetes API server for the calls pinswap makes
-//! (DESIGN.md §7), speaking the real API's JSON through k8s-openapi types.
+//! (docs/architecture.md §7), speaking the real API's JSON through k8s-openapi types.
 //!
 //! Plain HTTP on 127.0.0.1 and a free port; [`KubeApi::client`] gives a
 //! `kube::Client` pointed at it. It serves:

@@ -1,4 +1,4 @@
-//! Shared integration-test harness (DESIGN.md §7).
+//! Shared integration-test harness (docs/architecture.md §7).
 //!
 //! Every test binary that says `mod common;` gets:
 //! - [`init`]: the rustls ring provider and a tracing subscriber;
