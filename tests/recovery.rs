@@ -615,7 +615,7 @@ async fn only_the_configured_namespaces_are_watched() {
     r.stop().await;
 }
 
-/// The figures in README.md: time from a pull-failure status to the image
+/// The figures in docs/recovery-and-identity.md: time from a pull-failure status to the image
 /// being served again, over 20 distinct 10 MiB images (one per run, so no
 /// cooldown applies). Run with `scripts/bench-recovery.sh`.
 #[tokio::test]
