@@ -172,10 +172,11 @@ fn scalar_json(value: &str, style: ScalarStyle, tag: Option<&str>) -> Value {
         _ => {}
     }
     let digits = value.strip_prefix(['-', '+']).unwrap_or(value);
-    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-        if let Ok(i) = value.parse::<i64>() {
-            return Value::from(i);
-        }
+    if !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && let Ok(i) = value.parse::<i64>()
+    {
+        return Value::from(i);
     }
     if let Some(hex) = value.strip_prefix("0x")
         && let Ok(i) = i64::from_str_radix(hex, 16)
