@@ -332,15 +332,32 @@ async fn only_images_and_annotations_change_and_a_rerun_changes_nothing() {
     );
     assert!(out.stdout.ends_with(&tail), "{}", out.stdout);
 
-    // Broken input names the document, line and column, and loses nothing.
-    let out = mutate(&["-c", &cfg], "kind: Pod\n---\nspec: [1\n").await;
+    // Broken input names the document, line and column, and loses nothing:
+    // it is passed through as it was.
+    let broken = "kind: Pod\n---\nspec: [1\n";
+    let out = mutate(&["-c", &cfg], broken).await;
     assert_eq!(out.code, 2);
     assert!(
         out.stderr.contains("stdin: document 2: line "),
         "{}",
         out.stderr
     );
-    assert_eq!(out.stdout, "");
+    assert_eq!(out.stdout, broken);
+
+    // An anchor shared by an image and another field: rewriting it would
+    // change that field too, so the read-back check refuses the edit.
+    let shared = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: s}}\nspec:\n  containers:\n  - name: c\n    image: &i {}/shop/app:v1\n    env: [{{name: IMAGE, value: *i}}]\n",
+        src.host()
+    );
+    let out = mutate(&["-c", &cfg], &shared).await;
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("does not read back as intended"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stdout, shared);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -241,10 +241,16 @@ pub async fn run(args: MutateArgs) -> anyhow::Result<ExitCode> {
             images: Vec::new(),
         };
         let result = match read_input(path) {
-            Ok(input) => mutate::mutate(&adm, &input, opts)
-                .await
-                .map(|m| (input, m))
-                .map_err(|e| e.to_string()),
+            Ok(input) => match mutate::mutate(&adm, &input, opts).await {
+                Ok(m) => Ok((input, m)),
+                Err(e) => {
+                    // On stdout the stream stays whole: this input as it was.
+                    if !args.in_place && !args.check {
+                        outputs.push(input);
+                    }
+                    Err(e.to_string())
+                }
+            },
             Err(e) => Err(e.0),
         };
         match result {
