@@ -125,6 +125,8 @@ enum Outcome {
     /// New image, why, pinned source (empty when unknown), the
     /// `pinswap_rewrites_total` reason.
     Rewrite(String, String, String, &'static str),
+    /// Left alone on purpose: a filter, the allowlist, already mirrored.
+    Skip(String),
     Keep(String),
     Error(String),
     Deny(String),
@@ -399,7 +401,7 @@ impl Admission {
                     out.rewrites.push((slot, image));
                     format!("rewritten: {why}")
                 }
-                Outcome::Keep(why) => format!("unchanged: {why}"),
+                Outcome::Skip(why) | Outcome::Keep(why) => format!("unchanged: {why}"),
                 Outcome::Error(why) => {
                     out.errors.push(format!("{}: {why}", slot.image));
                     format!("unchanged (error): {why}")
@@ -414,34 +416,39 @@ impl Admission {
         out
     }
 
-    /// Rewrites a pod template (`{metadata, spec}`) in place, as admission
-    /// would rewrite the Pod made from it, with the annotations on the
-    /// template's metadata. `obj` is what filters see as `obj`. Returns the
-    /// errors (`image: cause`); their slots are left unchanged.
-    pub async fn rewrite_template(
+    /// Decides every slot of a pod template (`{metadata, spec}`) as
+    /// admission would decide the Pod made from it, changing nothing
+    /// (`pinswap mutate` edits the text itself). `obj` is what filters see
+    /// as `obj`.
+    pub async fn decide_template(
         &self,
         obj: &serde_json::Value,
-        template: &mut serde_json::Value,
+        template: &serde_json::Value,
         dry_run: bool,
-    ) -> Vec<String> {
+    ) -> Vec<mutate::SlotDecision> {
         let slots = pod::slots(template.get("spec").unwrap_or(&serde_json::Value::Null));
-        if slots.is_empty() {
-            return Vec::new();
-        }
         let deadline = Instant::now() + self.budget;
-        let d = self
-            .decide_spec(obj, &slots, deadline, dry_run, &HashMap::new())
+        let outcomes = self
+            .decide_slots(obj, &slots, deadline, dry_run, &HashMap::new())
             .await;
-        let notes = pod::Notes {
-            decisions: &d.decisions,
-            identity: &d.identity,
-            sources: &d.sources,
-        };
-        let patch = pod::patch(template, &["spec"], &d.rewrites, &notes, true);
-        if let Err(e) = json_patch::patch(template, &patch) {
-            return vec![format!("applying the rewrite: {e}")];
-        }
-        d.errors.into_iter().chain(d.denials).collect()
+        slots
+            .into_iter()
+            .zip(outcomes)
+            .map(|(slot, (o, identity))| mutate::SlotDecision {
+                slot,
+                identity,
+                outcome: match o {
+                    Outcome::Rewrite(image, reason, source, _) => mutate::SlotOutcome::Rewrite {
+                        image,
+                        reason,
+                        source,
+                    },
+                    Outcome::Skip(why) => mutate::SlotOutcome::Skip(why),
+                    Outcome::Keep(why) => mutate::SlotOutcome::Keep(why),
+                    Outcome::Error(why) | Outcome::Deny(why) => mutate::SlotOutcome::Error(why),
+                },
+            })
+            .collect()
     }
 
     /// Waits for the copies decisions have started; returns how many failed.
@@ -482,7 +489,7 @@ impl Admission {
                     pending.insert(slot.image.clone(), reference);
                     first.push(None);
                 }
-                Err(Skip::Keep(why)) => first.push(Some(Outcome::Keep(why))),
+                Err(Skip::Keep(why)) => first.push(Some(Outcome::Skip(why))),
                 Err(Skip::Error(why)) => first.push(Some(Outcome::Error(why))),
             }
         }

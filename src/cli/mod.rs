@@ -9,6 +9,9 @@ use std::sync::Arc;
 
 mod check;
 pub mod install;
+mod mutate;
+
+pub use mutate::MutateArgs;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -137,26 +140,6 @@ pub struct ServeArgs {
     /// Self-signed TLS bootstrap.
     #[command(flatten)]
     pub self_signed: install::SelfSignedArgs,
-}
-
-/// `pinswap mutate --config FILE [-f FILE|-] [--dry-run]`.
-#[derive(Debug, Args)]
-pub struct MutateArgs {
-    /// The YAML config, as for `serve`.
-    #[arg(long, short = 'c', value_name = "FILE")]
-    pub config: PathBuf,
-    /// Manifests to rewrite (multi-document YAML or JSON); `-` for stdin.
-    #[arg(
-        long = "filename",
-        short = 'f',
-        value_name = "FILE",
-        default_value = "-"
-    )]
-    pub file: PathBuf,
-    /// Decide without copying anything: images already at the target are
-    /// rewritten, others only with `swapPolicy: always`.
-    #[arg(long)]
-    pub dry_run: bool,
 }
 
 /// `pinswap config ...`.
@@ -388,7 +371,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Copy(args) => copy(*args).await,
         Command::Serve(args) => serve(args).await,
-        Command::Mutate(args) => mutate(args).await,
+        Command::Mutate(args) => mutate::run(args).await,
         Command::Cache(CacheCommand::Purge(args)) => purge(args).await,
         Command::Check(args) => check::check(args).await,
         Command::Manifests(args) => install::manifests(args),
@@ -727,33 +710,4 @@ async fn purge(args: PurgeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("POST {url}: unexpected answer {text:?}"))?;
     println!("purged {purged} cache entries");
     Ok(ExitCode::SUCCESS)
-}
-
-async fn mutate(args: MutateArgs) -> anyhow::Result<ExitCode> {
-    let config = crate::config::Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
-    let input = if args.file.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin()).context("reading manifests from stdin")?
-    } else {
-        std::fs::read_to_string(&args.file)
-            .map_err(|e| Usage(format!("{}: {e}", args.file.display())))?
-    };
-    let metrics = Arc::new(crate::metrics::Metrics::new());
-    let admission = crate::admission::Admission::from_config(&config, metrics)
-        .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
-    let out = crate::admission::mutate::mutate(&admission, &input, args.dry_run)
-        .await
-        .map_err(|e| Usage(format!("{}: {e}", args.file.display())))?;
-    print!("{}", out.text);
-    for e in &out.errors {
-        eprintln!("warning: left unchanged: {e}");
-    }
-    let failed = admission.wait_for_copies().await;
-    if failed > 0 {
-        eprintln!("warning: {failed} background copies failed; see the log");
-    }
-    Ok(if !out.errors.is_empty() && admission.fails_closed() {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
 }

@@ -1,5 +1,5 @@
-//! A YAML writer for `pinswap mutate` output that every Kubernetes YAML
-//! reader takes the same way.
+//! A YAML writer, for the YAML pinswap writes itself (KRM `results`), that
+//! every Kubernetes YAML reader takes the same way.
 //!
 //! yaml_serde writes YAML 1.2, where `yes`, `on`, `y` or `12:30` are plain
 //! strings; kubectl reads YAML with go-yaml v2, a YAML 1.1 parser, where

@@ -1,0 +1,37 @@
+//! YAML for `pinswap mutate`: documents read with the byte span of every
+//! node ([`doc`]), edits of the original text at those spans ([`edit`]), and
+//! a writer for YAML pinswap makes itself ([`emit`]).
+
+pub mod doc;
+pub mod edit;
+pub mod emit;
+
+pub use emit::to_yaml;
+
+/// Why YAML text could not be read or edited.
+#[derive(Debug, thiserror::Error)]
+pub enum YamlError {
+    /// The text is not YAML.
+    #[error("document {document}: line {line} column {column}: {reason}")]
+    Syntax {
+        /// 1-based document number in the stream.
+        document: usize,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column (bytes).
+        column: usize,
+        /// The parser's message.
+        reason: String,
+    },
+    /// YAML that this editor leaves alone rather than risk changing more
+    /// than the value.
+    #[error("line {line} column {column}: {reason}")]
+    Unsupported {
+        /// 1-based line.
+        line: usize,
+        /// 1-based column (bytes).
+        column: usize,
+        /// What is not supported.
+        reason: String,
+    },
+}
