@@ -38,7 +38,7 @@ def q(p, m):
 row("Admissions and decisions")
 line([
  ("Admissions by outcome",[(rate("pinswap_admissions_total","outcome"),"{{outcome}}")],"reqps","rewritten; unchanged (fail-open errors included); skipped; denied; invalid. Per-slot causes are in the pinswap.dev/decisions annotation."),
- ("Images rewritten",[(rate("pinswap_rewrites_total"),"slots rewritten")],"ops"),
+ ("Images rewritten by reason",[(rate("pinswap_rewrites_total","reason"),"{{reason}}")],"ops","present, copied, always; source_down: the source could not answer and the target's copy stood in."),
  ("Admission latency",[(q(0.5,"pinswap_admission_duration_seconds"),"p50"),(q(0.99,"pinswap_admission_duration_seconds"),"p99")],"s","Keep p99 well under server.admissionBudget (2 s by default)."),
 ])
 row("Copies")
@@ -76,8 +76,15 @@ line([
  ("Failed share of copies",[(f'{rate("pinswap_copies_failed_total")} / {rate("pinswap_copies_started_total")}',"failed")],"percentunit","A source or target problem; each cause is in the log (mirror copy failed)."),
  ("Target re-verification errors",[(rate("pinswap_reverifications_total",s=ERR),"HEAD errors")],"ops","The target did not answer a re-verification HEAD."),
 ])
+row("Webhook listener")
+line([
+ ("Open connections",[(f"sum by (listener) (pinswap_connections{S})","{{listener}}")],"short","Bounded by server.maxConnections; at the limit the idlest connection is closed."),
+ ("Connections closed by pinswap",[(rate("pinswap_connections_closed_total","listener, reason"),"{{listener}} {{reason}}")],"ops","Handshake, header and idle timeouts, evictions at the connection limit, refusals, drains."),
+ ("Requests refused",[(rate("pinswap_requests_refused_total","reason"),"{{reason}}")],"reqps","413, 503 when the body budget is full, 408 for late bodies."),
+ ("Request bodies in memory",[(f"sum(pinswap_body_bytes_in_flight{S})","in flight"),(f"max(pinswap_body_budget_bytes{S})","budget")],"bytes","Bytes held for request bodies, against server.bodyMemory."),
+])
 var=lambda n,label,query: {"name":n,"type":"query","label":label,"datasource":DS,"query":{"query":query,"refId":n},"definition":query,"refresh":2,"includeAll":True,"multi":True,"current":{}}
-dash={"title":"pinswap","uid":"pinswap","description":"pinswap admission webhook: admissions and decisions, copies, caches, recovery, identity findings, source and target health.",
+dash={"title":"pinswap","uid":"pinswap","description":"pinswap admission webhook: admissions and decisions, copies, caches, recovery, identity findings, source and target health, the webhook listener.",
  "tags":["pinswap","admission"],"schemaVersion":39,"version":1,"editable":True,"graphTooltip":1,"refresh":"30s",
  "time":{"from":"now-6h","to":"now"},
  "templating":{"list":[
