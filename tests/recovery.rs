@@ -1017,3 +1017,48 @@ async fn a_pull_failure_during_a_source_outage_recovers_when_the_source_returns(
     .await;
     r.stop().await;
 }
+
+/// A pull failure that arrives in the cooldown after a recovery starts no
+/// second re-mirror, but still invalidates the existence entry, so admission
+/// asks the target again instead of answering "present" from the cache for
+/// a manifest the kubelet just failed to pull.
+#[tokio::test]
+async fn a_pull_failure_in_the_cooldown_still_invalidates_the_existence_entry() {
+    let (src, dst, api) = rig().await;
+    let app = push(&src, "app", 441).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "web-0", &app, &dst).await;
+    let image =
+        pinswap::reference::Reference::parse(p["spec"]["containers"][0]["image"].as_str().unwrap())
+            .unwrap();
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    eventually(
+        "an ImageRemirrored Event",
+        Duration::from_secs(20),
+        || async { !events_for(&api, "web-0", "ImageRemirrored").is_empty() },
+    )
+    .await;
+    assert!(
+        r.adm.mirror().caches().has(&image).await,
+        "the re-mirror recorded the image"
+    );
+    // The kubelet's next status, inside the cooldown.
+    store(&api, &pull_failing(&p, "app", "ImagePullBackOff"));
+    eventually(
+        "the existence entry invalidated",
+        Duration::from_secs(4),
+        || async { !r.adm.mirror().caches().has(&image).await },
+    )
+    .await;
+    assert_eq!(
+        r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        1.0,
+        "no second re-mirror in the cooldown"
+    );
+    r.stop().await;
+}
