@@ -982,9 +982,11 @@ async fn a_pull_failure_during_a_source_outage_recovers_when_the_source_returns(
     prune(&dst, &app).await;
     src.kill();
     store(&api, &pull_failing(&p, "app", "ErrImagePull"));
-    eventually("a RemirrorFailed Event", Duration::from_secs(20), || async {
-        !events_for(&api, "web-0", "RemirrorFailed").is_empty()
-    })
+    eventually(
+        "a RemirrorFailed Event",
+        Duration::from_secs(20),
+        || async { !events_for(&api, "web-0", "RemirrorFailed").is_empty() },
+    )
     .await;
     let events = events_for(&api, "web-0", "RemirrorFailed");
     let note = events[0]["note"].as_str().unwrap();
@@ -1007,9 +1009,11 @@ async fn a_pull_failure_during_a_source_outage_recovers_when_the_source_returns(
         served_again(&dst, &app)
     })
     .await;
-    eventually("an ImageRemirrored Event", Duration::from_secs(10), || async {
-        !events_for(&api, "web-0", "ImageRemirrored").is_empty()
-    })
+    eventually(
+        "an ImageRemirrored Event",
+        Duration::from_secs(10),
+        || async { !events_for(&api, "web-0", "ImageRemirrored").is_empty() },
+    )
     .await;
     r.stop().await;
 }

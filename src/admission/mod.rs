@@ -118,6 +118,18 @@ impl Admission {
         Self::new(config, Arc::new(mirror), metrics)
     }
 
+    /// As [`Admission::from_config`], through [`Mirror::connect`], which
+    /// also signs in to an ECR target (`target.aws`).
+    ///
+    /// # Errors
+    /// As [`Admission::from_config`], and AWS errors naming the IAM action.
+    pub async fn connect(config: &Config, metrics: Arc<Metrics>) -> Result<Self, String> {
+        let mirror = Mirror::connect(config, metrics.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Self::new(config, Arc::new(mirror), metrics)
+    }
+
     /// Reads source credentials from each Pod's imagePullSecrets through
     /// `client` (`source.imagePullSecrets: true`).
     pub fn with_pull_secrets(mut self, client: kube::Client) -> Self {

@@ -617,7 +617,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let mut admission = crate::admission::Admission::from_config(&config, metrics.clone())
+    let mut admission = crate::admission::Admission::connect(&config, metrics.clone())
+        .await
         .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
     // In-cluster config, else KUBECONFIG: kube's usual order.
     let client = if config.source.image_pull_secrets || config.recovery.enabled || self_signed {
@@ -737,7 +738,8 @@ async fn mutate(args: MutateArgs) -> anyhow::Result<ExitCode> {
             .map_err(|e| Usage(format!("{}: {e}", args.file.display())))?
     };
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let admission = crate::admission::Admission::from_config(&config, metrics)
+    let admission = crate::admission::Admission::connect(&config, metrics)
+        .await
         .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
     let out = crate::admission::mutate::mutate(&admission, &input, args.dry_run)
         .await
