@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Aws {
-    /// The 12-digit AWS account ID that owns the registry.
+    /// The 12-digit AWS account ID that owns the registry (a YAML number
+    /// is read as its digits).
+    #[serde(deserialize_with = "digits")]
     pub account_id: String,
     /// The AWS region, e.g. `eu-west-1`.
     pub region: String,
@@ -63,6 +65,21 @@ impl Default for EcrOptions {
             encryption_configuration: EncryptionConfiguration::default(),
         }
     }
+}
+
+/// A string, or an unsigned integer as its digits (k8s-image-swapper's
+/// documented examples write `accountId: 123456789` unquoted).
+fn digits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Id {
+        Text(String),
+        Number(u64),
+    }
+    Ok(match Id::deserialize(d)? {
+        Id::Text(s) => s,
+        Id::Number(n) => n.to_string(),
+    })
 }
 
 fn mutable() -> String {
@@ -162,7 +179,7 @@ impl Aws {
             bad(
                 format!("{path}.accountId"),
                 format!(
-                    "found {:?}, expected the 12-digit AWS account ID (quote it in YAML)",
+                    "found {:?}, expected the AWS account ID: 12 digits (quote it in YAML when it starts with 0)",
                     self.account_id
                 ),
             );
@@ -275,8 +292,10 @@ impl Aws {
     }
 }
 
+/// Digits, at most 12. Real IDs have 12; shorter ones (documentation
+/// placeholders, converted as they are) fail at AWS with a clear error.
 fn is_account_id(s: &str) -> bool {
-    s.len() == 12 && s.bytes().all(|b| b.is_ascii_digit())
+    (1..=12).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// `xx-name-N`, e.g. `us-east-1`, `us-gov-west-1`, `cn-north-1`.
@@ -336,5 +355,8 @@ mod tests {
         ));
         assert!(!is_role_arn("arn:aws:iam::111122223333:user/pinswap"));
         assert!(!is_role_arn("pinswap"));
+        assert!(is_account_id("012345678901"));
+        assert!(!is_account_id("1234567890123"));
+        assert!(!is_account_id("12345678901a"));
     }
 }
