@@ -88,31 +88,54 @@ fn on(repository: &Option<String>) -> String {
 pub type Result<T, E = EcrError> = std::result::Result<T, E>;
 
 impl EcrError {
-    fn from_sdk<E, R>(action: &'static str, repository: Option<&str>, e: &SdkError<E, R>) -> Self
+    fn from_sdk<E>(
+        action: &'static str,
+        repository: Option<&str>,
+        e: &SdkError<E, aws_sdk_ecr::config::http::HttpResponse>,
+    ) -> Self
     where
         E: ProvideErrorMetadata + std::error::Error + 'static,
-        R: std::fmt::Debug,
     {
         let repository = repository.map(str::to_owned);
-        match (e.code(), e.as_service_error()) {
-            (Some(code), Some(_)) => {
-                let message = e.message().unwrap_or_default().to_owned();
-                let code = code.to_owned();
-                if code.starts_with("AccessDenied") || code == "UnauthorizedOperation" {
-                    EcrError::Denied {
-                        action,
-                        repository,
-                        code,
-                        message,
-                    }
-                } else {
-                    EcrError::Api {
-                        action,
-                        repository,
-                        code,
-                        message,
-                    }
+        // Denied or another API error, by code (or HTTP 403).
+        let answered = |code: String, message: String, forbidden: bool| {
+            if forbidden || code.starts_with("AccessDenied") || code == "UnauthorizedOperation" {
+                EcrError::Denied {
+                    action,
+                    repository: repository.clone(),
+                    code,
+                    message,
                 }
+            } else {
+                EcrError::Api {
+                    action,
+                    repository: repository.clone(),
+                    code,
+                    message,
+                }
+            }
+        };
+        match (e.code(), e.as_service_error(), e.raw_response()) {
+            (Some(code), Some(_), _) => answered(
+                code.to_owned(),
+                e.message().unwrap_or_default().to_owned(),
+                false,
+            ),
+            // An answer the SDK could not parse (a proxy, a stand-in
+            // answering in another protocol): its status and body text.
+            (_, _, Some(raw)) => {
+                let status = raw.status().as_u16();
+                let body = raw
+                    .body()
+                    .bytes()
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default();
+                let (code, message) = error_fields(&body);
+                answered(
+                    code.unwrap_or_else(|| format!("HTTP {status}")),
+                    message.unwrap_or_else(|| body.chars().take(300).collect()),
+                    status == 403,
+                )
             }
             _ => EcrError::Call {
                 action,
@@ -121,6 +144,23 @@ impl EcrError {
             },
         }
     }
+}
+
+/// The error code and message of an AWS error body, JSON
+/// (`__type`, `message`) or XML (`<Code>`, `<Message>`).
+fn error_fields(body: &str) -> (Option<String>, Option<String>) {
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(body) {
+        let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+        let code = field("__type").map(|t| t.rsplit('#').next().unwrap_or(&t).to_owned());
+        return (code, field("message").or_else(|| field("Message")));
+    }
+    let tag = |t: &str| {
+        let open = format!("<{t}>");
+        let start = body.find(&open)? + open.len();
+        let end = body[start..].find(&format!("</{t}>"))? + start;
+        Some(body[start..end].to_owned())
+    };
+    (tag("Code"), tag("Message"))
 }
 
 /// How many AWS calls of each kind were made; for logs and tests.
@@ -142,12 +182,12 @@ struct Counters {
     tokens: AtomicU64,
 }
 
-/// The SDK config from the default chain, in `region`. Endpoints can be
-/// overridden the SDK's way (`AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_ECR`,
-/// `AWS_ENDPOINT_URL_STS`, or the shared config file).
-pub async fn default_sdk_config(region: &str) -> SdkConfig {
+/// The SDK config loader pinswap uses: `region`, hyper 1 with rustls on
+/// ring (the SDK's default client brings aws-lc), 3 s to connect and 10 s
+/// per attempt. Credentials and endpoints come from the default chain
+/// unless set on the loader.
+pub fn sdk_loader(region: &str) -> aws_config::ConfigLoader {
     use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
-    // hyper 1 with rustls on ring: the SDK's default client brings aws-lc.
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(Provider::Rustls(CryptoMode::Ring))
         .build_https();
@@ -160,8 +200,14 @@ pub async fn default_sdk_config(region: &str) -> SdkConfig {
                 .operation_attempt_timeout(Duration::from_secs(10))
                 .build(),
         )
-        .load()
-        .await
+}
+
+/// The SDK config from the default chain (environment, web identity token,
+/// EKS Pod Identity and container credentials, shared profile, instance
+/// metadata), in `region`. Endpoints can be overridden the SDK's way
+/// (`AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_ECR`, `AWS_ENDPOINT_URL_STS`).
+pub async fn default_sdk_config(region: &str) -> SdkConfig {
+    sdk_loader(region).load().await
 }
 
 /// An ECR target: one registry (account and region), its repository
@@ -461,6 +507,21 @@ mod tests {
         // An expiry in the past (clock skew, a stand-in's fixed date).
         *ecr.token.lock().unwrap() = Some((t0, t0 - Duration::from_secs(1)));
         assert!(ecr.token_due(t0));
+    }
+
+    #[test]
+    fn error_bodies_in_json_and_xml() {
+        assert_eq!(
+            error_fields(r#"{"__type":"com.amazonaws#AccessDeniedException","message":"no"}"#),
+            (Some("AccessDeniedException".into()), Some("no".into()))
+        );
+        assert_eq!(
+            error_fields(
+                "<ErrorResponse><Error><Code>AccessDenied</Code><Message>not allowed</Message></Error></ErrorResponse>"
+            ),
+            (Some("AccessDenied".into()), Some("not allowed".into()))
+        );
+        assert_eq!(error_fields("gateway timeout"), (None, None));
     }
 
     #[test]
