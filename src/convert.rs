@@ -1177,7 +1177,7 @@ impl Cx<'_> {
         };
         let host = format!("{account}.dkr.ecr.{region}.{domain}");
         self.check_host(&host, path, is_target)?;
-        let aws = is_target.then(|| crate::config::Aws {
+        let aws = is_target.then_some(crate::config::Aws {
             account_id: account,
             region,
             prefix: None,

@@ -335,6 +335,86 @@ fn is_repository_component(s: &str) -> bool {
 mod tests {
     use super::*;
 
+    use crate::config::{Config, ConfigError};
+
+    fn problems(y: &str) -> Vec<(String, String)> {
+        match Config::from_yaml(y, "t.yaml") {
+            Err(ConfigError::Invalid(v)) => v.into_iter().map(|i| (i.path, i.message)).collect(),
+            Ok(_) => Vec::new(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn registry_comes_from_the_account_region_and_prefix() {
+        let c = Config::from_yaml(
+            "target: {aws: {accountId: 111122223333, region: eu-west-1, prefix: /cache}}\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.target.registry,
+            "111122223333.dkr.ecr.eu-west-1.amazonaws.com/cache"
+        );
+        let aws = c.target.aws.unwrap();
+        assert_eq!(aws.ecr_options, EcrOptions::default());
+        assert_eq!(aws.ecr_options.image_tag_mutability, "MUTABLE");
+        assert!(
+            aws.ecr_options
+                .image_scanning_configuration
+                .image_scan_on_push
+        );
+        assert_eq!(
+            aws.ecr_options.encryption_configuration.encryption_type,
+            "AES256"
+        );
+        // A data-plane host of its own gets the prefix appended.
+        let c = Config::from_yaml(
+            "target: {registry: \"127.0.0.1:5000\", aws: {accountId: \"111122223333\", region: cn-north-1, prefix: cache}}\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.target.registry, "127.0.0.1:5000/cache");
+        assert_eq!(
+            c.target.aws.unwrap().host(),
+            "111122223333.dkr.ecr.cn-north-1.amazonaws.com.cn"
+        );
+    }
+
+    #[test]
+    fn problems_name_the_key() {
+        let p = problems(concat!(
+            "target:\n  registry: 999999999999.dkr.ecr.eu-west-1.amazonaws.com/x\n",
+            "  auth: {username: AWS, passwordEnv: T}\n",
+            "  aws:\n    accountId: \"12a\"\n    region: Ireland\n    prefix: Cache\n    role: admin\n",
+            "    ecrOptions:\n      accessPolicy: 'not json'\n      tags: [{key: \"\"}]\n",
+            "      imageTagMutability: mutable\n      encryptionConfiguration: {encryptionType: KMS}\n",
+        ));
+        let keys: Vec<&str> = p.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "target.aws.accountId",
+                "target.aws.region",
+                "target.aws.prefix",
+                "target.aws.prefix",
+                "target.registry",
+                "target.aws.role",
+                "target.aws.ecrOptions.accessPolicy",
+                "target.aws.ecrOptions.tags[0].key",
+                "target.aws.ecrOptions.imageTagMutability",
+                "target.aws.ecrOptions.encryptionConfiguration.kmsKey",
+                "target.auth",
+            ],
+            "{p:?}"
+        );
+        assert!(p[9].1.contains("needs the KMS key"), "{p:?}");
+        assert!(p[10].1.contains("GetAuthorizationToken"), "{p:?}");
+        let p = problems("target: {}\n");
+        assert_eq!(p[0].0, "target.registry");
+        assert!(p[0].1.contains("or target.aws"), "{p:?}");
+    }
+
     #[test]
     fn regions_and_roles() {
         for r in [
