@@ -203,10 +203,13 @@ impl Aws {
                 ),
             );
         }
-        if self.prefix().is_some() && registry.contains('/') {
+        // The same prefix in both places is how a loaded config serialises.
+        if let (Some(p), Some((_, written))) = (self.prefix(), registry.split_once('/'))
+            && p != written
+        {
             bad(
                 format!("{path}.prefix"),
-                "given twice: target.registry has a path too; keep one".into(),
+                format!("{p:?} differs from the path of target.registry ({written:?}); keep one"),
             );
         }
         // A registry written out must be this account's ECR, unless it is
@@ -375,6 +378,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.target.registry, "127.0.0.1:5000/cache");
+        // A loaded config serialises and loads again unchanged.
+        let again = Config::from_yaml(&yaml_serde::to_string(&c).unwrap(), "again").unwrap();
+        assert_eq!(again, c);
         assert_eq!(
             c.target.aws.unwrap().host(),
             "111122223333.dkr.ecr.cn-north-1.amazonaws.com.cn"
