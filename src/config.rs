@@ -985,15 +985,6 @@ target:
   #   passwordFile: /var/run/secrets/pinswap/target-password
   #   # or passwordEnv: PINSWAP_TARGET_PASSWORD (not under `pinswap manifests`)
   #   # or dockerConfigFile: /var/run/secrets/pinswap/config.json
-  # Amazon ECR instead of registry and auth: sign in with AWS credentials from
-  # the default chain (IRSA, EKS Pod Identity, environment) and create each
-  # repository before its first push (docs/configuration.md, Amazon ECR).
-  # aws:
-  #   accountId: "123456789012"
-  #   region: eu-west-1
-  #   prefix: cache
-  #   role: arn:aws:iam::123456789012:role/pinswap-mirror
-  #   ecrOptions: {imageTagMutability: MUTABLE}
 
 source:
   # Registries that may be mirrored; no other registry is ever contacted.
