@@ -15,6 +15,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::reference::MirrorTarget;
 use crate::registry::manifest::PlatformSpec;
 
+mod aws;
+pub use aws::{Aws, EcrOptions, EncryptionConfiguration, ImageScanningConfiguration, Tag};
+
 /// Config loading errors. Each names the file and the key path.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -144,7 +147,10 @@ impl<'de> Deserialize<'de> for Present {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Target {
-    /// `host[:port][/prefix]`.
+    /// `host[:port][/prefix]`. With `aws`, it defaults to the account's ECR
+    /// host and `aws.prefix`; a host written here (a local stand-in, a
+    /// pull-through endpoint) gets `aws.prefix` appended.
+    #[serde(default)]
     pub registry: String,
     /// Allow plain HTTP.
     #[serde(default)]
@@ -152,6 +158,10 @@ pub struct Target {
     /// Credentials for the target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<Auth>,
+    /// An Amazon ECR target: sign in and create repositories through the
+    /// AWS API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws: Option<Aws>,
 }
 
 /// An allowed source registry.
@@ -756,7 +766,7 @@ impl Config {
     /// every semantic problem.
     pub fn from_yaml(text: &str, file: &str) -> Result<Self, ConfigError> {
         let de = yaml_serde::Deserializer::from_str(text);
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             let (line, column) = inner
@@ -793,7 +803,16 @@ impl Config {
                 message,
             }
         })?;
-        let problems = config.problems(file);
+        let written = config.target.registry.clone();
+        if let Some(aws) = &config.target.aws {
+            let r = &mut config.target.registry;
+            match aws.prefix() {
+                _ if r.is_empty() => *r = aws.registry(),
+                Some(p) if !r.contains('/') => *r = format!("{r}/{p}"),
+                _ => {}
+            }
+        }
+        let problems = config.problems(file, &written);
         if problems.is_empty() {
             Ok(config)
         } else {
@@ -814,8 +833,9 @@ impl Config {
         Self::from_yaml(&text, &file)
     }
 
-    /// Every semantic problem, in key order.
-    fn problems(&self, file: &str) -> Vec<Invalid> {
+    /// Every semantic problem, in key order; `written` is `target.registry`
+    /// as the file has it (before `target.aws` fills it in).
+    fn problems(&self, file: &str, written: &str) -> Vec<Invalid> {
         let mut out = Vec::new();
         let mut bad = |path: String, message: String| {
             out.push(Invalid {
@@ -824,7 +844,21 @@ impl Config {
                 message,
             })
         };
-        if let Err(e) = MirrorTarget::parse(&self.target.registry) {
+        if let Some(aws) = &self.target.aws {
+            aws.problems("target.aws", written, &mut bad);
+            if self.target.auth.is_some() {
+                bad(
+                    "target.auth".into(),
+                    "is not used with target.aws: pinswap signs in to ECR with GetAuthorizationToken; remove one".into(),
+                );
+            }
+        }
+        if self.target.registry.is_empty() {
+            bad(
+                "target.registry".into(),
+                "missing; expected HOST[:PORT][/prefix], e.g. mirror.example.com/cache, or target.aws for Amazon ECR".into(),
+            );
+        } else if let Err(e) = MirrorTarget::parse(&self.target.registry) {
             bad(
                 "target.registry".into(),
                 format!("{e}; expected HOST[:PORT][/prefix], e.g. mirror.example.com/cache"),

@@ -19,8 +19,10 @@
 //! - `imageSwapPolicy` → `swapPolicy`; `imageCopyPolicy` → `copyPolicy`;
 //!   `imageCopyDeadline` (a Go duration) → `copyDeadline`, at most 30s;
 //! - `source.filters[].jmespath` → `source.filters[].jmespath`, verbatim;
-//! - `target.type: aws` with `target.aws.{accountId, region}` →
-//!   `target.registry: ACCOUNT.dkr.ecr.REGION.amazonaws.com`; `target.type:
+//! - `target.type: aws` with `target.aws.{accountId, region, prefix}` →
+//!   `target.registry: ACCOUNT.dkr.ecr.REGION.amazonaws.com/PREFIX` and a
+//!   `target.aws` block with the account, region, `role` and every
+//!   `ecrOptions` key (pinswap creates the repositories too); `target.type:
 //!   gcp` with `target.gcp.{location, projectId, repositoryId}` →
 //!   `LOCATION-docker.pkg.dev/PROJECT/REPOSITORY`;
 //! - `source.registries[]` (AWS or GCP registries k8s-image-swapper signed in
@@ -31,8 +33,7 @@
 //! - Helm form: `secretReader.enabled: true` → `source.imagePullSecrets`.
 //!
 //! What does not (reported): `dryRun`, `logLevel`, `logFormat` (command-line
-//! flags in pinswap), `target.aws.role`, `target.aws.ecrOptions.*` (pinswap
-//! creates no repositories), the cloud credentials of source registries,
+//! flags in pinswap), the cloud credentials of source registries,
 //! unknown keys (k8s-image-swapper ignored them too), and the Helm chart's
 //! deployment values.
 
@@ -290,6 +291,8 @@ struct Out {
 struct Target {
     registry: String,
     kind: Cloud,
+    /// The ECR block of an AWS target (`None` for sources).
+    aws: Option<crate::config::Aws>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,7 +336,7 @@ const TOP_KEYS: &[&str] = &[
 const SOURCE_KEYS: &[&str] = &["registries", "privateRegistries", "filters"];
 const FILTER_KEYS: &[&str] = &["jmespath"];
 const REGISTRY_KEYS: &[&str] = &["type", "aws", "gcp"];
-const AWS_KEYS: &[&str] = &["accountId", "region", "role", "ecrOptions"];
+const AWS_KEYS: &[&str] = &["accountId", "region", "prefix", "role", "ecrOptions"];
 const GCP_KEYS: &[&str] = &["location", "projectId", "repositoryId"];
 const ECR_OPTIONS: &[&str] = &[
     "accessPolicy",
@@ -349,6 +352,18 @@ const DEADLINE_MAX: Duration = Duration::from_secs(30);
 const DEADLINE_DEFAULT: Duration = Duration::from_secs(8);
 /// pinswap's default `server.admissionBudget`.
 const BUDGET_DEFAULT: Duration = Duration::from_secs(2);
+
+/// `  aws:` and the block, indented under `target:`.
+fn aws_block(aws: &crate::config::Aws) -> String {
+    let text = yaml_serde::to_string(aws).unwrap_or_default();
+    let mut y = String::from("  aws:\n");
+    for line in text.lines() {
+        y.push_str("    ");
+        y.push_str(line);
+        y.push('\n');
+    }
+    y
+}
 
 fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
@@ -747,7 +762,7 @@ impl Cx<'_> {
                 }
                 "awsSecretName" => self.not_carried(
                     &e.path,
-                    "the Secret with AWS access keys for k8s-image-swapper's AWS SDK; pinswap reads registry credentials through target.auth (a Docker config.json whose ECR credential helper can use those keys from the environment)",
+                    "the Secret with AWS access keys for k8s-image-swapper's AWS SDK; pinswap's AWS SDK reads the same keys from its environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY): add this Secret to its Deployment with envFrom, or use IRSA or EKS Pod Identity instead",
                 ),
                 _ => self.not_carried(
                     &e.path,
@@ -925,13 +940,6 @@ impl Cx<'_> {
                                 format!("not a valid JMESPath expression ({why}); k8s-image-swapper treated it as not matching and skipped the filters after it"),
                             ));
                         }
-                        if expr.contains("container.image") {
-                            self.item(
-                                ItemKind::Note,
-                                &jpath,
-                                "reads container.image: recent k8s-image-swapper versions give filters the fully-qualified name (docker.io/library/nginx:latest), pinswap gives the image as the Pod writes it (nginx); check expressions that look for a registry or a tag",
-                            );
-                        }
                         self.out.filters.push(expr.to_owned());
                     }
                 }
@@ -963,7 +971,7 @@ impl Cx<'_> {
                         self.not_carried(
                             &join(&path, section),
                             format!(
-                                "k8s-image-swapper signed in to {} with its own cloud credentials; pinswap has no cloud SDK. The host is listed under source.registries{scope} without credentials: give it auth.dockerConfigFile with {helper} in credHelpers (pinswap serve runs it again every 5 minutes), or set source.imagePullSecrets: true",
+                                "k8s-image-swapper signed in to {} with its own cloud credentials; pinswap signs in to sources with their auth only. The host is listed under source.registries{scope} without credentials: give it auth.dockerConfigFile with {helper} in credHelpers (pinswap serve runs it again every 5 minutes), or set source.imagePullSecrets: true",
                                 t.registry
                             ),
                         );
@@ -1094,6 +1102,9 @@ impl Cx<'_> {
     fn aws(&mut self, v: &Value, path: &str, is_target: bool) -> Result<Target> {
         let mut account = None;
         let mut region = None;
+        let mut prefix = None;
+        let mut role = None;
+        let mut options = crate::config::EcrOptions::default();
         for e in self.entries(v, path)? {
             match e.lower.as_str() {
                 "accountid" => {
@@ -1102,26 +1113,23 @@ impl Cx<'_> {
                 "region" => {
                     region = self.string(e.value, &e.path, "an AWS region such as eu-west-1")?.map(str::to_owned);
                 }
-                "role" => self.not_carried(
-                    &e.path,
-                    "k8s-image-swapper assumed this IAM role for the registry; pinswap assumes no roles. Instead: run pinswap with that role's credentials (e.g. IRSA on its ServiceAccount) for the ECR credential helper in target.auth.dockerConfigFile",
-                ),
-                "ecroptions" => {
-                    for o in self.entries(e.value, &e.path)? {
-                        if ECR_OPTIONS.iter().any(|k| k.eq_ignore_ascii_case(&o.key)) {
-                            self.not_carried(
-                                &o.path,
-                                "an ECR setting k8s-image-swapper applied to the repositories it created; pinswap creates no repositories. Instead: create the repositories with this setting beforehand, or put it in an ECR repository creation template for create-on-push",
-                            );
-                        } else {
-                            self.unknown(&o, ECR_OPTIONS);
-                        }
-                    }
+                "prefix" if is_target => {
+                    prefix = self
+                        .string(e.value, &e.path, "a repository prefix such as /cache")?
+                        .map(|p| self.prefix(p, &e.path));
                 }
+                "role" if is_target => {
+                    role = self.string(e.value, &e.path, "an IAM role ARN")?.map(str::to_owned);
+                }
+                "ecroptions" if is_target => options = self.ecr_options(e.value, &e.path)?,
+                "prefix" | "role" | "ecroptions" => self.not_carried(
+                    &e.path,
+                    "a setting of k8s-image-swapper's ECR client for this source; pinswap reads a source with the source's auth (or the Pod's imagePullSecrets), so it has no use here",
+                ),
                 "accesspolicy" | "lifecyclepolicy" => self.not_carried(
                     &e.path,
                     format!(
-                        "k8s-image-swapper reads this only as {}.ecrOptions.{}, so it had no effect here; pinswap creates no repositories: set the policy on the repositories, or in an ECR repository creation template",
+                        "k8s-image-swapper reads this only as {}.ecrOptions.{}, so it had no effect here; move it under ecrOptions to have pinswap apply it to the repositories it creates",
                         path, e.key
                     ),
                 ),
@@ -1169,10 +1177,143 @@ impl Cx<'_> {
         };
         let host = format!("{account}.dkr.ecr.{region}.{domain}");
         self.check_host(&host, path, is_target)?;
+        let aws = is_target.then_some(crate::config::Aws {
+            account_id: account,
+            region,
+            prefix: None,
+            role,
+            ecr_options: options,
+        });
+        let registry = match &prefix {
+            Some(p) => format!("{host}/{p}"),
+            None => host,
+        };
+        self.check_host(&registry, path, is_target)?;
         Ok(Target {
-            registry: host,
+            registry,
             kind: Cloud::Aws,
+            aws,
         })
+    }
+
+    /// `target.aws.prefix`: k8s-image-swapper appends it to the host as
+    /// written, so `/cache` is the working form; without the slash it built
+    /// a host name of its own.
+    fn prefix(&mut self, p: &str, path: &str) -> String {
+        let trimmed = p.trim_matches('/').to_owned();
+        if !p.starts_with('/') {
+            self.item(
+                ItemKind::Changed,
+                path,
+                format!("k8s-image-swapper appended {p:?} to the host without a slash; pinswap reads it as the path prefix /{trimmed}"),
+            );
+        }
+        trimmed
+    }
+
+    /// `target.aws.ecrOptions`, every key k8s-image-swapper reads.
+    fn ecr_options(&mut self, v: &Value, path: &str) -> Result<crate::config::EcrOptions> {
+        let mut o = crate::config::EcrOptions::default();
+        for e in self.entries(v, path)? {
+            match e.lower.as_str() {
+                "accesspolicy" => {
+                    o.access_policy = self.policy_text(e.value, &e.path)?;
+                }
+                "lifecyclepolicy" => {
+                    o.lifecycle_policy = self.policy_text(e.value, &e.path)?;
+                }
+                "imagetagmutability" => {
+                    if let Some(m) = self.string(e.value, &e.path, "MUTABLE or IMMUTABLE")? {
+                        o.image_tag_mutability = m.to_owned();
+                    }
+                }
+                "tags" => {
+                    for (i, t) in self
+                        .list(e.value, &e.path, "a list of {key, value}")?
+                        .iter()
+                        .enumerate()
+                    {
+                        let tpath = format!("{}[{i}]", e.path);
+                        let mut tag = crate::config::Tag {
+                            key: String::new(),
+                            value: String::new(),
+                        };
+                        for f in self.entries(t, &tpath)? {
+                            match f.lower.as_str() {
+                                "key" => tag.key = self.scalar(f.value, &f.path)?,
+                                "value" => tag.value = self.scalar(f.value, &f.path)?,
+                                _ => self.unknown(&f, &["key", "value"]),
+                            }
+                        }
+                        o.tags.push(tag);
+                    }
+                }
+                "imagescanningconfiguration" => {
+                    for f in self.entries(e.value, &e.path)? {
+                        match f.lower.as_str() {
+                            "imagescanonpush" => {
+                                o.image_scanning_configuration.image_scan_on_push =
+                                    self.boolean(f.value, &f.path)?;
+                            }
+                            _ => self.unknown(&f, &["imageScanOnPush"]),
+                        }
+                    }
+                }
+                "encryptionconfiguration" => {
+                    for f in self.entries(e.value, &e.path)? {
+                        match f.lower.as_str() {
+                            "encryptiontype" => {
+                                if let Some(t) = self.string(f.value, &f.path, "AES256 or KMS")? {
+                                    o.encryption_configuration.encryption_type = t.to_owned();
+                                }
+                            }
+                            "kmskey" => {
+                                o.encryption_configuration.kms_key = self
+                                    .string(f.value, &f.path, "a KMS key ARN, ID or alias")?
+                                    .unwrap_or_default()
+                                    .to_owned();
+                            }
+                            _ => self.unknown(&f, &["encryptionType", "kmsKey"]),
+                        }
+                    }
+                }
+                _ => self.unknown(&e, ECR_OPTIONS),
+            }
+        }
+        Ok(o)
+    }
+
+    /// A policy document: JSON text, as k8s-image-swapper takes it.
+    fn policy_text(&self, v: &Value, path: &str) -> Result<String> {
+        Ok(self
+            .string(v, path, "the policy as a JSON string")?
+            .unwrap_or_default()
+            .to_owned())
+    }
+
+    /// A string, or a number or boolean read as text (viper decodes weakly).
+    fn scalar(&self, v: &Value, path: &str) -> Result<String> {
+        match v {
+            Value::Number(n) => Ok(n.to_string()),
+            Value::Bool(b) => Ok(b.to_string()),
+            other => Ok(self
+                .string(other, path, "a string")?
+                .unwrap_or_default()
+                .to_owned()),
+        }
+    }
+
+    /// A boolean, or `"true"`/`"false"` (viper decodes weakly).
+    fn boolean(&self, v: &Value, path: &str) -> Result<bool> {
+        match v {
+            Value::Bool(b) => Ok(*b),
+            Value::String(s) if s.eq_ignore_ascii_case("true") => Ok(true),
+            Value::String(s) if s.eq_ignore_ascii_case("false") => Ok(false),
+            other => Err(self.err(
+                path,
+                format!("found {}, expected true or false", found(other)),
+            )),
+        }
     }
 
     fn gcp(&mut self, v: &Value, path: &str, is_target: bool) -> Result<Target> {
@@ -1220,6 +1361,7 @@ impl Cx<'_> {
             return Ok(Target {
                 registry: host,
                 kind: Cloud::Gcp,
+                aws: None,
             });
         }
         let project = need(project, "projectId")?;
@@ -1239,6 +1381,7 @@ impl Cx<'_> {
         Ok(Target {
             registry: target,
             kind: Cloud::Gcp,
+            aws: None,
         })
     }
 
@@ -1328,12 +1471,16 @@ impl Cx<'_> {
             self.out.cache = Some((Duration::from_secs(total.saturating_mul(60)), fraction));
         }
         if let Some(t) = &self.out.target
-            && t.kind == Cloud::Aws
+            && let Some(aws) = &t.aws
+            && let Some((_, prefix)) = t.registry.split_once('/')
         {
             self.item(
                 ItemKind::Note,
-                &join(path, "target"),
-                "pinswap creates no ECR repositories (k8s-image-swapper did): create them beforehand (named like docker.io/library/nginx), or turn on ECR create-on-push with a repository creation template; see docs/migrating-from-k8s-image-swapper.md",
+                &join(path, "target.aws.prefix"),
+                format!(
+                    "pinswap creates repositories under the prefix ({prefix}/docker.io/library/nginx), where it pushes; k8s-image-swapper created them without it (docker.io/library/nginx) in account {}",
+                    aws.account_id
+                ),
             );
         }
         self.item(
@@ -1341,7 +1488,7 @@ impl Cx<'_> {
             &join(path, "target"),
             match self.out.target.as_ref().map(|t| t.kind) {
                 Some(Cloud::Gcp) => "k8s-image-swapper signed in to Artifact Registry with its Google Cloud SDK; pinswap needs target.auth, which pinswap serve reads again every 5 minutes: a service account key (username _json_key) or a credential helper (tokens last an hour) both keep working; see the commented example under target",
-                _ => "k8s-image-swapper signed in to ECR with its AWS SDK, which renews tokens; pinswap needs target.auth; pinswap serve reads it again every 5 minutes, so a credential helper (docker-credential-ecr-login) renews the 12-hour ECR token (see the commented example under target and docs/migrating-from-k8s-image-swapper.md)",
+                _ => "written as target.aws: pinswap signs in to ECR as k8s-image-swapper did, with AWS credentials from the default chain (IRSA, EKS Pod Identity, environment) and target.aws.role when set; pinswap serve renews the 12-hour registry token; its IAM policy is in docs/configuration.md (Amazon ECR)",
             },
         );
         self.item(
@@ -1390,9 +1537,12 @@ impl Cx<'_> {
         let target = o.target.as_ref().map(|t| t.registry.as_str()).unwrap_or("");
         y.push_str(&format!("target:\n  registry: {}\n", q(target)));
         match o.target.as_ref().map(|t| t.kind) {
-            Some(Cloud::Aws) => y.push_str(
-                "  # Credentials: a Docker config.json whose credHelpers run docker-credential-ecr-login\n  # for this host, e.g. {\"credHelpers\": {\"<host>\": \"ecr-login\"}}. pinswap serve runs it\n  # again every 5 minutes, which renews the 12-hour ECR token.\n  # auth:\n  #   dockerConfigFile: /var/run/secrets/pinswap/config.json  # Secret pinswap-registry-auth\n",
-            ),
+            Some(Cloud::Aws) => {
+                y.push_str("  # Amazon ECR: pinswap signs in with AWS credentials from the default chain\n  # (IRSA, EKS Pod Identity, environment) and creates repositories before the\n  # first push, with these options.\n");
+                if let Some(aws) = o.target.as_ref().and_then(|t| t.aws.as_ref()) {
+                    y.push_str(&aws_block(aws));
+                }
+            }
             Some(Cloud::Gcp) => y.push_str(
                 "  # Credentials: a service account key (JSON), which keeps working (a credential helper\n  # works too: pinswap serve reads target.auth again every 5 minutes):\n  # auth:\n  #   username: _json_key\n  #   passwordFile: /var/run/secrets/pinswap/gar-key.json  # Secret pinswap-registry-auth\n",
             ),

@@ -665,6 +665,37 @@ async fn pull_secrets_from_the_pod_and_its_service_account() {
         "read with the ServiceAccount's secret: {:?}",
         src.token_server().log()
     );
+
+    // An empty request.namespace (k8s-image-swapper's sample review): the
+    // Pod's own metadata.namespace is where its secrets are read.
+    let third = Image::oci(1, 503);
+    push_image(&src, "private/third", Some("v1"), &third).await;
+    let image3 = format!("{}/private/third:v1", src.host());
+    let mut v: Value = serde_json::from_slice(&pod_review(serde_json::json!({
+        "imagePullSecrets": [{"name": "regcred"}],
+        "containers": [{"name": "c", "image": image3}]
+    })))
+    .unwrap();
+    v["request"]["namespace"] = Value::String(String::new());
+    let a = review(&adm, bytes::Bytes::from(serde_json::to_vec(&v).unwrap())).await;
+    assert_eq!(
+        a.image("containers", 0),
+        format!(
+            "{}/mirror/127.0.0.1_{}/private/third:v1@{}",
+            dst.host(),
+            src.port(),
+            third.digest
+        ),
+        "{:?}",
+        a.annotation("pinswap.dev/decisions")
+    );
+    assert!(
+        kube.requests()
+            .iter()
+            .any(|r| r.path.contains("/namespaces/shop/secrets/regcred")),
+        "{:?}",
+        kube.requests()
+    );
     // The API calls were reads of secrets and service accounts only.
     for r in kube.requests() {
         assert_eq!(r.method, "GET", "{r:?}");

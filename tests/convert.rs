@@ -154,17 +154,25 @@ fn documented_example_maps_the_policies_filter_and_ecr_target() {
     assert!(!c.config.source.image_pull_secrets);
     assert_eq!(
         c.paths("not carried over"),
-        set(&[
-            "dryRun",
-            "logLevel",
-            "logFormat",
-            "target.aws.ecrOptions.tags",
-            "target.aws.ecrOptions.imageTagMutability",
-            "target.aws.ecrOptions.imageScanningConfiguration",
-            "target.aws.ecrOptions.encryptionConfiguration",
-        ])
+        set(&["dryRun", "logLevel", "logFormat",])
     );
     assert!(c.paths("changed").is_empty());
+    // Every ecrOptions key is carried into target.aws.
+    let aws = c.config.target.aws.as_ref().expect("target.aws");
+    assert_eq!(aws.account_id, "123456789");
+    assert_eq!(aws.region, "ap-southeast-2");
+    assert_eq!(aws.role, None);
+    let o = &aws.ecr_options;
+    assert_eq!(
+        o.tags,
+        [pinswap::config::Tag {
+            key: "cluster".into(),
+            value: "myCluster".into()
+        }]
+    );
+    assert_eq!(o.image_tag_mutability, "MUTABLE");
+    assert!(o.image_scanning_configuration.image_scan_on_push);
+    assert_eq!(o.encryption_configuration.encryption_type, "AES256");
     // The accountId of the docs is 9 digits: flagged, not silently used.
     assert!(
         c.item("note", "target.aws.accountId")
@@ -179,12 +187,12 @@ fn documented_example_maps_the_policies_filter_and_ecr_target() {
             .contains("--log-format text")
     );
     assert!(
-        c.run
-            .stderr
-            .contains("note: target: pinswap creates no ECR repositories")
+        c.item("note", "target")
+            .contains("written as target.aws: pinswap signs in to ECR")
     );
+    assert!(!c.run.stderr.contains("creates no ECR repositories"));
     assert!(c.run.stderr.lines().next().unwrap().ends_with(
-        "docs-example.yaml: converted; 7 not carried over, 0 changed, 5 notes (also in the output's header)"
+        "docs-example.yaml: converted; 3 not carried over, 0 changed, 4 notes (also in the output's header)"
     ));
     // The decisions: "*" as the allowlist, pull secrets off, target auth and
     // repositories left to the user, and the short account ID.
@@ -242,29 +250,82 @@ fn ecr_production_config_with_role_options_sources_and_cache() {
             "logFormat",
             "source.registries[0].aws",
             "source.registries[1].aws",
-            "target.aws.role",
-            "target.aws.ecrOptions.accessPolicy",
-            "target.aws.ecrOptions.lifecyclePolicy",
-            "target.aws.ecrOptions.tags",
-            "target.aws.ecrOptions.imageTagMutability",
-            "target.aws.ecrOptions.encryptionConfiguration",
         ])
+    );
+    // The role and every ecrOptions key are carried into target.aws.
+    let aws = c.config.target.aws.as_ref().expect("target.aws");
+    assert_eq!(
+        aws.role.as_deref(),
+        Some("arn:aws:iam::123456789012:role/k8s-image-swapper")
+    );
+    let o = &aws.ecr_options;
+    let policy: serde_json::Value = serde_json::from_str(&o.access_policy).unwrap();
+    assert_eq!(
+        policy["Statement"][0]["Sid"], "AllowOrganisationPull",
+        "{}",
+        o.access_policy
+    );
+    let lifecycle: serde_json::Value = serde_json::from_str(&o.lifecycle_policy).unwrap();
+    assert_eq!(lifecycle["rules"][0]["selection"]["countNumber"], 500);
+    let tags: Vec<(&str, &str)> = o
+        .tags
+        .iter()
+        .map(|t| (t.key.as_str(), t.value.as_str()))
+        .collect();
+    assert_eq!(
+        tags,
+        [
+            ("CreatedBy", "k8s-image-swapper"),
+            ("cost-centre", "platform")
+        ]
+    );
+    assert_eq!(o.image_tag_mutability, "IMMUTABLE");
+    // k8s-image-swapper's default, as the file leaves it out.
+    assert!(o.image_scanning_configuration.image_scan_on_push);
+    assert_eq!(o.encryption_configuration.encryption_type, "KMS");
+    assert_eq!(
+        o.encryption_configuration.kms_key,
+        "arn:aws:kms:eu-west-1:123456789012:key/0a1b2c3d-4e5f-6789-abcd-ef0123456789"
     );
     assert!(
         c.item("not carried over", "source.registries[1].aws")
             .contains("345678901234.dkr.ecr.eu-central-1.amazonaws.com")
     );
-    assert!(
-        c.item("not carried over", "target.aws.role")
-            .contains("pinswap assumes no roles")
-    );
-    // The filter reading container.image gets a note on the name it sees.
-    assert!(c.paths("note").contains("source.filters[2].jmespath"));
-    assert!(!c.paths("note").contains("source.filters[0].jmespath"));
+    // Filters see the container as the Pod writes it, in both tools: no note.
+    assert!(!c.run.stderr.contains("source.filters"));
     // immediate with 30s, but an admission waits at most the 2s budget.
     assert!(
         c.item("note", "imageCopyPolicy")
             .contains("server.admissionBudget (2s)")
+    );
+}
+
+#[test]
+fn ecr_prefix_is_carried_into_the_target_path() {
+    let c = converted("ecr-prefix.yaml");
+    assert_eq!(
+        c.config.target.registry,
+        "123456789012.dkr.ecr.ap-southeast-2.amazonaws.com/cache"
+    );
+    let aws = c.config.target.aws.as_ref().expect("target.aws");
+    assert_eq!(aws.account_id, "123456789012");
+    assert!(c.paths("not carried over").is_empty(), "{}", c.run.stderr);
+    assert!(c.paths("changed").is_empty());
+    assert!(
+        c.item("note", "target.aws.prefix")
+            .contains("under the prefix (cache/docker.io/library/nginx)")
+    );
+    // Without the slash k8s-image-swapper glued it to the host; reported.
+    let c = converted_text(
+        "target: {aws: {accountId: \"123456789012\", region: eu-west-1, prefix: mirror}}\n",
+    );
+    assert_eq!(
+        c.config.target.registry,
+        "123456789012.dkr.ecr.eu-west-1.amazonaws.com/mirror"
+    );
+    assert!(
+        c.item("changed", "target.aws.prefix")
+            .contains("without a slash")
     );
 }
 

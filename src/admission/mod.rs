@@ -165,6 +165,18 @@ impl Admission {
         Self::new(config, Arc::new(mirror), metrics)
     }
 
+    /// As [`Admission::from_config`], through [`Mirror::connect`], which
+    /// also signs in to an ECR target (`target.aws`).
+    ///
+    /// # Errors
+    /// As [`Admission::from_config`], and AWS errors naming the IAM action.
+    pub async fn connect(config: &Config, metrics: Arc<Metrics>) -> Result<Self, String> {
+        let mirror = Mirror::connect(config, metrics.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Self::new(config, Arc::new(mirror), metrics)
+    }
+
     /// Reads source credentials from each Pod's imagePullSecrets through
     /// `client` (`source.imagePullSecrets: true`).
     pub fn with_pull_secrets(mut self, client: kube::Client) -> Self {
@@ -289,13 +301,28 @@ impl Admission {
         // yet (as k8s-image-swapper's filter context does).
         if pod.pointer("/metadata/namespace").is_none()
             && let (Some(ns), Some(meta)) = (
-                &req.namespace,
+                req.namespace.as_ref().filter(|n| !n.is_empty()),
                 pod.get_mut("metadata").and_then(|m| m.as_object_mut()),
             )
         {
             meta.insert("namespace".into(), serde_json::Value::String(ns.clone()));
         }
-        let creds = match (&self.pull_secrets, &req.namespace) {
+        // The request's namespace, else the Pod's own (a review can come
+        // with an empty request.namespace, as k8s-image-swapper's sample does).
+        let namespace = req
+            .namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .or_else(|| {
+                pod.pointer("/metadata/namespace")
+                    .and_then(|n| n.as_str())
+                    .filter(|n| !n.is_empty())
+            })
+            .map(str::to_owned);
+        if self.pull_secrets.is_some() && namespace.is_none() {
+            debug!(uid = %req.uid, "no namespace in the request or the Pod: imagePullSecrets not read");
+        }
+        let creds = match (&self.pull_secrets, &namespace) {
             (Some(ps), Some(ns)) => {
                 match tokio::time::timeout_at(deadline.into(), ps.for_pod(ns, &pod)).await {
                     Ok(c) => c,

@@ -600,7 +600,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let mut admission = crate::admission::Admission::from_config(&config, metrics.clone())
+    let mut admission = crate::admission::Admission::connect(&config, metrics.clone())
+        .await
         .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
     // In-cluster config, else KUBECONFIG: kube's usual order.
     let client = if config.source.image_pull_secrets || config.recovery.enabled || self_signed {

@@ -192,9 +192,12 @@ fn config(path: &Path) -> Result<crate::config::Config, Usage> {
     crate::config::Config::load(path).map_err(|e| Usage(e.to_string()))
 }
 
-fn admission(config: &crate::config::Config, label: &str) -> Result<Admission, Usage> {
+// `connect`, not `from_config`: an ECR target signs in through the AWS API.
+async fn admission(config: &crate::config::Config, label: &str) -> Result<Admission, Usage> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    Admission::from_config(config, metrics).map_err(|e| Usage(format!("{label}: {e}")))
+    Admission::connect(config, metrics)
+        .await
+        .map_err(|e| Usage(format!("{label}: {e}")))
 }
 
 /// Runs `pinswap mutate`.
@@ -222,7 +225,7 @@ pub async fn run(args: MutateArgs) -> anyhow::Result<ExitCode> {
         return Err(Usage("--in-place needs files or directories, not stdin".into()).into());
     }
     let config = config(&config_path)?;
-    let adm = admission(&config, &config_path.display().to_string())?;
+    let adm = admission(&config, &config_path.display().to_string()).await?;
     let opts = Options {
         dry_run: args.dry_run || args.check,
     };
@@ -362,7 +365,11 @@ async fn run_krm(args: MutateArgs) -> anyhow::Result<ExitCode> {
             None => Err("functionConfig: missing; expected a ConfigMap with data.config, or an object whose spec is pinswap's config (or pass --config)".into()),
         },
     };
-    let adm = match loaded.and_then(|c| admission(&c, "functionConfig").map_err(|e| e.0)) {
+    let adm = match loaded {
+        Ok(c) => admission(&c, "functionConfig").await.map_err(|e| e.0),
+        Err(e) => Err(e),
+    };
+    let adm = match adm {
         Ok(a) => a,
         Err(message) => {
             print!(

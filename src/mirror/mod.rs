@@ -29,6 +29,7 @@ use crate::metrics::Metrics;
 use crate::reference::{Digest, MirrorTarget, Reference, ReferenceError, normalize_registry};
 use crate::registry::auth::{CredentialSources, Credentials};
 use crate::registry::copy::{Copier, CopyError, CopyOptions, Endpoint};
+use crate::registry::ecr::Ecr;
 use crate::registry::manifest::PlatformSpec;
 use crate::registry::{ClientPool, PoolOptions, RegistryError, Role};
 
@@ -52,6 +53,9 @@ pub enum MirrorError {
     /// Resolving or planning failed.
     #[error(transparent)]
     Copy(#[from] CopyError),
+    /// The ECR target could not sign in (at startup).
+    #[error("target.aws: {0}")]
+    Ecr(#[from] crate::registry::ecr::EcrError),
     /// Resolution failed for a caller that waited on another's lookup.
     #[error("resolving {image}: {reason}")]
     Resolve {
@@ -234,6 +238,8 @@ pub struct Mirror {
     source_timeout: Duration,
     /// Copies that failed because their source could not answer, to retry.
     resumes: Arc<resume::Resumes>,
+    /// The ECR target (`target.aws`): its registry token and repositories.
+    ecr: Option<Arc<Ecr>>,
 }
 
 /// The tag a digest-only source gets at the target, so "delete untagged"
@@ -333,9 +339,67 @@ impl Mirror {
     /// credentials now, so a missing secret fails at startup.
     ///
     /// # Errors
-    /// [`MirrorError::Credentials`] naming the config key;
+    /// [`MirrorError::Credentials`] naming the config key (also for a
+    /// `target.aws` config, which needs [`Mirror::connect`]);
     /// [`MirrorError::Reference`] for a bad target.
     pub fn from_config(config: &Config, metrics: Arc<Metrics>) -> Result<Self, MirrorError> {
+        if config.target.aws.is_some() {
+            return Err(MirrorError::Credentials {
+                path: "target.aws".into(),
+                reason: "an ECR target signs in through the AWS API: build the mirror with Mirror::connect".into(),
+            });
+        }
+        Self::build(config, metrics, None)
+    }
+
+    /// As [`Mirror::from_config`], and for a `target.aws` (ECR) target signs
+    /// in: AWS credentials from the SDK's default chain, then a registry
+    /// token from `ecr:GetAuthorizationToken`.
+    ///
+    /// # Errors
+    /// As [`Mirror::from_config`]; [`MirrorError::Ecr`] naming the AWS
+    /// error code and the IAM action.
+    pub async fn connect(config: &Config, metrics: Arc<Metrics>) -> Result<Self, MirrorError> {
+        match &config.target.aws {
+            Some(aws) => {
+                let sdk = crate::registry::ecr::default_sdk_config(&aws.region).await;
+                Self::connect_with(config, metrics, sdk).await
+            }
+            None => Self::build(config, metrics, None),
+        }
+    }
+
+    /// As [`Mirror::connect`], with the AWS SDK config given (credentials,
+    /// region, endpoints) instead of the default chain; `target.aws.role`
+    /// is still assumed on top of it.
+    ///
+    /// # Errors
+    /// As [`Mirror::connect`].
+    pub async fn connect_with(
+        config: &Config,
+        metrics: Arc<Metrics>,
+        sdk: aws_config::SdkConfig,
+    ) -> Result<Self, MirrorError> {
+        let Some(aws) = &config.target.aws else {
+            return Self::build(config, metrics, None);
+        };
+        let target = MirrorTarget::parse(&config.target.registry)?;
+        let ecr = Ecr::connect_with(aws, target.registry(), sdk).await;
+        let token = ecr.authorization().await?;
+        let mirror = Self::build(config, metrics, Some(Arc::new(ecr)))?;
+        let ecr = mirror.ecr.as_ref().expect("just set");
+        mirror
+            .pool
+            .set_credentials(ecr.host(), Role::Target, token)
+            .await;
+        Ok(mirror)
+    }
+
+    fn build(
+        config: &Config,
+        metrics: Arc<Metrics>,
+        ecr: Option<Arc<Ecr>>,
+    ) -> Result<Self, MirrorError> {
         let target = MirrorTarget::parse(&config.target.registry)?;
         let mut insecure = Vec::new();
         let mut auths = Vec::new();
@@ -380,8 +444,14 @@ impl Mirror {
             progress: false,
             verify_target,
         };
-        let copier = Arc::new(Copier::new(pool.clone(), options(false)));
-        let verifier = Arc::new(Copier::new(pool.clone(), options(true)));
+        let copier = |verify| {
+            let c = Copier::new(pool.clone(), options(verify));
+            match &ecr {
+                Some(e) => Arc::new(c.with_before_push(e.clone())),
+                None => Arc::new(c),
+            }
+        };
+        let (copier, verifier) = (copier(false), copier(true));
         Ok(Self {
             target,
             swap: config.swap_policy,
@@ -423,6 +493,7 @@ impl Mirror {
             )),
             source_timeout: config.source.timeout,
             resumes: Arc::new(resume::Resumes::new(config.source.breaker.clone())),
+            ecr,
         })
     }
 
@@ -430,10 +501,33 @@ impl Mirror {
     /// configs and their credential helpers, each within 30 s) and hands
     /// changed credentials to the client pool, so a rotated secret or an
     /// expiring token (ECR's last 12 h) is picked up without a restart.
+    /// An ECR target's token is fetched again once half its life is gone.
     /// Returns how many changed. A block that cannot be read now is logged
     /// and keeps its previous credentials.
     pub async fn refresh_credentials(&self) -> usize {
         let mut changed = 0;
+        if let Some(ecr) = &self.ecr
+            && ecr.token_due(std::time::SystemTime::now())
+        {
+            match ecr.authorization().await {
+                Ok(creds) => {
+                    if self
+                        .pool
+                        .set_credentials(ecr.host(), Role::Target, creds)
+                        .await
+                    {
+                        info!(
+                            registry = ecr.host(),
+                            "ECR registry token renewed; signing in again"
+                        );
+                        changed += 1;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot renew the ECR registry token; keeping the previous one")
+                }
+            }
+        }
         for (registry, role, auth, path) in &self.auths {
             let (a, r, p) = (auth.clone(), registry.clone(), path.clone());
             // Credential helpers are programs: run them off the runtime, and
@@ -470,7 +564,7 @@ impl Mirror {
         every: Duration,
         token: tokio_util::sync::CancellationToken,
     ) {
-        if self.auths.is_empty() {
+        if self.auths.is_empty() && self.ecr.is_none() {
             return;
         }
         loop {
@@ -480,6 +574,11 @@ impl Mirror {
             }
             self.refresh_credentials().await;
         }
+    }
+
+    /// The ECR target, when `target.aws` is set.
+    pub fn ecr(&self) -> Option<&Arc<Ecr>> {
+        self.ecr.as_ref()
     }
 
     /// The mirror target.

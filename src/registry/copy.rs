@@ -318,6 +318,22 @@ impl Drop for KeyedGuard<'_> {
     }
 }
 
+/// Work to do before the first push into a target repository, such as
+/// creating an ECR repository (ECR refuses pushes to missing ones).
+pub trait BeforePush: Send + Sync {
+    /// Called before anything is pushed to `repository` on `registry`
+    /// (`host[:port]`); pushes to registries it does not own are no-ops.
+    ///
+    /// # Errors
+    /// [`RegistryError::Prepare`] naming the repository; the copy then
+    /// stops before any push.
+    fn before_push<'a>(
+        &'a self,
+        registry: &'a str,
+        repository: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), RegistryError>>;
+}
+
 /// The copy engine. One value serves many copies: it shares clients, bounds
 /// blob parallelism across all of them, and remembers which target
 /// repository already holds a blob so later images mount instead of
@@ -333,6 +349,7 @@ pub struct Copier {
     manifest_puts: KeyedLocks,
     layouts: Mutex<HashMap<PathBuf, Arc<Layout>>>,
     bars: Option<MultiProgress>,
+    before_push: Option<Arc<dyn BeforePush>>,
 }
 
 impl Copier {
@@ -347,7 +364,15 @@ impl Copier {
             ledger: Mutex::default(),
             manifest_puts: KeyedLocks::default(),
             layouts: Mutex::default(),
+            before_push: None,
         }
+    }
+
+    /// This copier, calling `hook` before pushing into a registry
+    /// repository.
+    pub fn with_before_push(mut self, hook: Arc<dyn BeforePush>) -> Self {
+        self.before_push = Some(hook);
+        self
     }
 
     /// PUTs `manifest` to `r` (under its tag, or by digest when it has none)
@@ -600,6 +625,10 @@ impl Copier {
             });
         }
 
+        if let (Some(hook), Side::Registry { client, reference }) = (&self.before_push, &d) {
+            hook.before_push(client.host(), reference.repository())
+                .await?;
+        }
         if children.is_empty() {
             self.copy_blobs(&s, &d, &top, &stats).await?;
         } else {

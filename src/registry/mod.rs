@@ -11,6 +11,7 @@ pub mod auth;
 pub mod check;
 pub mod client;
 pub mod copy;
+pub mod ecr;
 pub mod layout;
 pub mod manifest;
 pub mod pullsecrets;
@@ -129,6 +130,17 @@ pub enum RegistryError {
         /// The underlying error.
         message: String,
     },
+    /// A target repository could not be made ready for the first push
+    /// (an ECR repository that could not be created).
+    #[error("preparing repository {repository} on registry {registry}: {reason}")]
+    Prepare {
+        /// `host[:port]` of the registry.
+        registry: String,
+        /// The repository.
+        repository: String,
+        /// Why.
+        reason: String,
+    },
     /// Credentials could not be read.
     #[error(transparent)]
     Auth(#[from] auth::AuthError),
@@ -210,6 +222,7 @@ impl RegistryError {
             | Self::Unavailable { registry, .. }
             | Self::DigestMismatch { registry, .. }
             | Self::Manifest { registry, .. }
+            | Self::Prepare { registry, .. }
             | Self::Other { registry, .. } => Some(registry),
             Self::Auth(_) | Self::Layout(_) => None,
         }

@@ -10,6 +10,7 @@
 //! - [`front::Front`]: an HTTP front that passes requests to a registry or
 //!   answers them all with 429/503, counting what reached it;
 //! - [`metrics`]: sample values out of the metrics text;
+//! - [`moto::MotoServer`]: moto as the ECR, STS and IAM API on loopback;
 //! - [`fixtures`]: images, indexes and artifacts built in-process, with their
 //!   exact bytes and digests, and [`push`] to put them in a registry;
 //! - [`skopeo`]: skopeo as an independent peer;
@@ -27,6 +28,7 @@ pub mod fixtures;
 pub mod front;
 pub mod kube;
 pub mod metrics;
+pub mod moto;
 pub mod proxy;
 pub mod push;
 pub mod registry;

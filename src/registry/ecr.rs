@@ -1,0 +1,541 @@
+//! Amazon ECR as a target (`target.aws`): registry credentials from
+//! `GetAuthorizationToken`, and each repository created (with the config's
+//! `ecrOptions` and policies) before the first push into it, since ECR
+//! refuses pushes to repositories that do not exist.
+//!
+//! AWS credentials come from the official SDK's default chain (environment,
+//! web identity token for IRSA, EKS Pod Identity and other container
+//! credentials, shared profile, instance metadata), or from `role` assumed
+//! through STS on top of that chain. No signing is done here.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_credential_types::provider::SharedCredentialsProvider;
+use aws_sdk_ecr::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_ecr::types::{
+    EncryptionConfiguration, EncryptionType, ImageScanningConfiguration, ImageTagMutability, Tag,
+};
+use aws_smithy_types::error::display::DisplayErrorContext;
+use base64::Engine;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tracing::{debug, info};
+
+use super::RegistryError;
+use super::auth::Credentials;
+use super::copy::BeforePush;
+use crate::config::Aws;
+use crate::reference::normalize_registry;
+
+/// ECR errors. Each names the IAM action and, where there is one, the
+/// repository; none carries a credential.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EcrError {
+    /// The caller's IAM policy does not allow `action`.
+    #[error(
+        "missing IAM permission {action} on {}: {code}: {message}; allow {action} for pinswap's AWS identity (see the IAM policy in docs/configuration.md)",
+        on(.repository)
+    )]
+    Denied {
+        /// The IAM action, e.g. `ecr:CreateRepository`.
+        action: &'static str,
+        /// The repository, if the call had one.
+        repository: Option<String>,
+        /// AWS's error code, e.g. `AccessDeniedException`.
+        code: String,
+        /// AWS's message.
+        message: String,
+    },
+    /// AWS answered with another error.
+    #[error("{action} on {} failed: {code}: {message}", on(.repository))]
+    Api {
+        /// The IAM action.
+        action: &'static str,
+        /// The repository, if the call had one.
+        repository: Option<String>,
+        /// AWS's error code.
+        code: String,
+        /// AWS's message.
+        message: String,
+    },
+    /// No answer from AWS: no credentials, a failed role assumption, a
+    /// timeout, a connection error.
+    #[error("{action} on {} failed: {reason}", on(.repository))]
+    Call {
+        /// The IAM action.
+        action: &'static str,
+        /// The repository, if the call had one.
+        repository: Option<String>,
+        /// The SDK's error chain.
+        reason: String,
+    },
+    /// `GetAuthorizationToken` answered without a usable token.
+    #[error("ecr:GetAuthorizationToken returned no usable token: {0}")]
+    Token(String),
+}
+
+fn on(repository: &Option<String>) -> String {
+    match repository {
+        Some(r) => format!("repository {r}"),
+        None => "the registry".into(),
+    }
+}
+
+/// Result alias.
+pub type Result<T, E = EcrError> = std::result::Result<T, E>;
+
+impl EcrError {
+    fn from_sdk<E>(
+        action: &'static str,
+        repository: Option<&str>,
+        e: &SdkError<E, aws_sdk_ecr::config::http::HttpResponse>,
+    ) -> Self
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        let repository = repository.map(str::to_owned);
+        // Denied or another API error, by code (or HTTP 403).
+        let answered = |code: String, message: String, forbidden: bool| {
+            if forbidden || code.starts_with("AccessDenied") || code == "UnauthorizedOperation" {
+                EcrError::Denied {
+                    action,
+                    repository: repository.clone(),
+                    code,
+                    message,
+                }
+            } else {
+                EcrError::Api {
+                    action,
+                    repository: repository.clone(),
+                    code,
+                    message,
+                }
+            }
+        };
+        match (e.code(), e.as_service_error(), e.raw_response()) {
+            (Some(code), Some(_), _) => answered(
+                code.to_owned(),
+                e.message().unwrap_or_default().to_owned(),
+                false,
+            ),
+            // An answer the SDK could not parse (a proxy, a stand-in
+            // answering in another protocol): its status and body text.
+            (_, _, Some(raw)) => {
+                let status = raw.status().as_u16();
+                let body = raw
+                    .body()
+                    .bytes()
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default();
+                let (code, message) = error_fields(&body);
+                answered(
+                    code.unwrap_or_else(|| format!("HTTP {status}")),
+                    message.unwrap_or_else(|| body.chars().take(300).collect()),
+                    status == 403,
+                )
+            }
+            _ => EcrError::Call {
+                action,
+                repository,
+                reason: DisplayErrorContext(e).to_string(),
+            },
+        }
+    }
+}
+
+/// The error code and message of an AWS error body, JSON
+/// (`__type`, `message`) or XML (`<Code>`, `<Message>`).
+fn error_fields(body: &str) -> (Option<String>, Option<String>) {
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(body) {
+        let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+        let code = field("__type").map(|t| t.rsplit('#').next().unwrap_or(&t).to_owned());
+        return (code, field("message").or_else(|| field("Message")));
+    }
+    let tag = |t: &str| {
+        let open = format!("<{t}>");
+        let start = body.find(&open)? + open.len();
+        let end = body[start..].find(&format!("</{t}>"))? + start;
+        Some(body[start..end].to_owned())
+    };
+    (tag("Code"), tag("Message"))
+}
+
+/// How many AWS calls of each kind were made; for logs and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EcrStats {
+    /// `DescribeRepositories` calls.
+    pub describes: u64,
+    /// `CreateRepository` calls (including ones answered
+    /// `RepositoryAlreadyExistsException`).
+    pub creates: u64,
+    /// `GetAuthorizationToken` calls.
+    pub tokens: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    describes: AtomicU64,
+    creates: AtomicU64,
+    tokens: AtomicU64,
+}
+
+/// The SDK config loader pinswap uses: `region`, hyper 1 with rustls on
+/// ring (the SDK's default client brings aws-lc), 3 s to connect and 10 s
+/// per attempt. Credentials and endpoints come from the default chain
+/// unless set on the loader.
+pub fn sdk_loader(region: &str) -> aws_config::ConfigLoader {
+    use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https();
+    aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new(region.to_owned()))
+        .http_client(http)
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(3))
+                .operation_attempt_timeout(Duration::from_secs(10))
+                .build(),
+        )
+}
+
+/// The SDK config from the default chain (environment, web identity token,
+/// EKS Pod Identity and container credentials, shared profile, instance
+/// metadata), in `region`. Endpoints can be overridden the SDK's way
+/// (`AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_ECR`, `AWS_ENDPOINT_URL_STS`).
+pub async fn default_sdk_config(region: &str) -> SdkConfig {
+    sdk_loader(region).load().await
+}
+
+/// An ECR target: one registry (account and region), its repository
+/// settings, and the repositories known to exist.
+pub struct Ecr {
+    client: aws_sdk_ecr::Client,
+    account: String,
+    /// The target registry host, normalised: pushes elsewhere are not ours.
+    host: String,
+    options: crate::config::EcrOptions,
+    /// Repositories known to exist. `try_get_with` coalesces concurrent
+    /// first pushes into one describe-or-create per repository.
+    known: moka::future::Cache<String, ()>,
+    /// When the current registry token was fetched and when it expires.
+    token: Mutex<Option<(SystemTime, SystemTime)>>,
+    counters: Counters,
+}
+
+/// How long a repository is remembered as existing. A repository deleted
+/// behind pinswap's back is created again after this long at most.
+const KNOWN_TTL: Duration = Duration::from_secs(3600);
+
+impl Ecr {
+    /// An ECR target for `aws`, whose data plane is `host` (the target
+    /// registry), with AWS credentials from the default chain and `role`
+    /// assumed on top when set.
+    pub async fn connect(aws: &Aws, host: &str) -> Self {
+        Self::connect_with(aws, host, default_sdk_config(&aws.region).await).await
+    }
+
+    /// As [`Ecr::connect`], on a given SDK config (credentials, region,
+    /// endpoint, HTTP client). `role` is still assumed on top of it.
+    pub async fn connect_with(aws: &Aws, host: &str, base: SdkConfig) -> Self {
+        let sdk = match &aws.role {
+            Some(role) => {
+                let provider = aws_config::sts::AssumeRoleProvider::builder(role.clone())
+                    .session_name("pinswap")
+                    .configure(&base)
+                    .build()
+                    .await;
+                base.to_builder()
+                    .credentials_provider(SharedCredentialsProvider::new(provider))
+                    .build()
+            }
+            None => base,
+        };
+        Self {
+            client: aws_sdk_ecr::Client::new(&sdk),
+            account: aws.account_id.clone(),
+            host: normalize_registry(host),
+            options: aws.ecr_options.clone(),
+            known: moka::future::Cache::builder()
+                .time_to_live(KNOWN_TTL)
+                .max_capacity(100_000)
+                .build(),
+            token: Mutex::new(None),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Calls so far.
+    pub fn stats(&self) -> EcrStats {
+        EcrStats {
+            describes: self.counters.describes.load(Ordering::Relaxed),
+            creates: self.counters.creates.load(Ordering::Relaxed),
+            tokens: self.counters.tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The registry host this target pushes to, normalised.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// Registry credentials (`AWS` and a token valid for 12 hours) from
+    /// `ecr:GetAuthorizationToken`.
+    ///
+    /// # Errors
+    /// [`EcrError::Denied`] naming `ecr:GetAuthorizationToken`, other API
+    /// and call errors, [`EcrError::Token`] for an unreadable answer.
+    pub async fn authorization(&self) -> Result<Credentials> {
+        const ACTION: &str = "ecr:GetAuthorizationToken";
+        self.counters.tokens.fetch_add(1, Ordering::Relaxed);
+        #[allow(deprecated)] // registryIds: still the way to name the account.
+        let out = self
+            .client
+            .get_authorization_token()
+            .registry_ids(&self.account)
+            .send()
+            .await
+            .map_err(|e| EcrError::from_sdk(ACTION, None, &e))?;
+        let data = out
+            .authorization_data()
+            .first()
+            .ok_or_else(|| EcrError::Token("no authorizationData".into()))?;
+        let encoded = data
+            .authorization_token()
+            .ok_or_else(|| EcrError::Token("no authorizationToken".into()))?;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| EcrError::Token("authorizationToken is not base64 text".into()))?;
+        let (user, password) = decoded
+            .split_once(':')
+            .ok_or_else(|| EcrError::Token("authorizationToken is not USER:PASSWORD".into()))?;
+        let now = SystemTime::now();
+        let expires = data
+            .expires_at()
+            .and_then(|t| SystemTime::try_from(*t).ok())
+            .unwrap_or(now + Duration::from_secs(12 * 3600));
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, expires));
+        debug!(registry = %self.host, expires = %humantime::format_rfc3339_seconds(expires), "ECR registry token fetched");
+        Ok(Credentials::new(user, password))
+    }
+
+    /// Whether the registry token should be fetched again at `now`: none
+    /// yet, or half of its lifetime gone (ECR's last 12 hours, so renewal
+    /// starts 6 hours before expiry and has many refresh rounds to succeed).
+    pub fn token_due(&self, now: SystemTime) -> bool {
+        match *self.token.lock().unwrap_or_else(|e| e.into_inner()) {
+            None => true,
+            Some((fetched, expires)) => {
+                let life = expires.duration_since(fetched).unwrap_or_default();
+                now >= fetched + life / 2
+            }
+        }
+    }
+
+    /// Makes sure `repository` exists: remembered, else
+    /// `DescribeRepositories`, else `CreateRepository` with `ecrOptions`,
+    /// then the access and lifecycle policies. Concurrent callers for one
+    /// repository share one check; `RepositoryAlreadyExistsException`
+    /// (another replica was first) counts as success.
+    ///
+    /// # Errors
+    /// [`EcrError::Denied`] naming the missing IAM action, other API and
+    /// call errors; each names the repository.
+    pub async fn ensure_repository(&self, repository: &str) -> Result<()> {
+        self.known
+            .try_get_with(repository.to_owned(), self.describe_or_create(repository))
+            .await
+            .map_err(|e| (*e).clone())
+    }
+
+    async fn describe_or_create(&self, repository: &str) -> Result<()> {
+        self.counters.describes.fetch_add(1, Ordering::Relaxed);
+        let described = self
+            .client
+            .describe_repositories()
+            .registry_id(&self.account)
+            .repository_names(repository)
+            .send()
+            .await;
+        match described {
+            Ok(_) => {
+                debug!(repository, "ECR repository exists");
+                return Ok(());
+            }
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_repository_not_found_exception()) => {}
+            Err(e) => {
+                return Err(EcrError::from_sdk(
+                    "ecr:DescribeRepositories",
+                    Some(repository),
+                    &e,
+                ));
+            }
+        }
+        self.create(repository).await
+    }
+
+    async fn create(&self, repository: &str) -> Result<()> {
+        const ACTION: &str = "ecr:CreateRepository";
+        let o = &self.options;
+        let bad_option = |reason: String| EcrError::Call {
+            action: ACTION,
+            repository: Some(repository.to_owned()),
+            reason,
+        };
+        let mut encryption = EncryptionConfiguration::builder().encryption_type(
+            EncryptionType::from(o.encryption_configuration.encryption_type.as_str()),
+        );
+        if !o.encryption_configuration.kms_key.is_empty() {
+            encryption = encryption.kms_key(&o.encryption_configuration.kms_key);
+        }
+        let encryption = encryption.build().map_err(|e| bad_option(e.to_string()))?;
+        let tags = o
+            .tags
+            .iter()
+            .map(|t| Tag::builder().key(&t.key).value(&t.value).build())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| bad_option(e.to_string()))?;
+        self.counters.creates.fetch_add(1, Ordering::Relaxed);
+        let created = self
+            .client
+            .create_repository()
+            .registry_id(&self.account)
+            .repository_name(repository)
+            .image_tag_mutability(ImageTagMutability::from(o.image_tag_mutability.as_str()))
+            .image_scanning_configuration(
+                ImageScanningConfiguration::builder()
+                    .scan_on_push(o.image_scanning_configuration.image_scan_on_push)
+                    .build(),
+            )
+            .encryption_configuration(encryption)
+            .set_tags((!tags.is_empty()).then_some(tags))
+            .send()
+            .await;
+        match created {
+            Ok(_) => info!(repository, "ECR repository created"),
+            // Created by someone else since we looked: theirs to configure.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_repository_already_exists_exception()) =>
+            {
+                debug!(repository, "ECR repository created concurrently elsewhere");
+                return Ok(());
+            }
+            Err(e) => return Err(EcrError::from_sdk(ACTION, Some(repository), &e)),
+        }
+        if !o.access_policy.is_empty() {
+            self.client
+                .set_repository_policy()
+                .registry_id(&self.account)
+                .repository_name(repository)
+                .policy_text(&o.access_policy)
+                .send()
+                .await
+                .map_err(|e| EcrError::from_sdk("ecr:SetRepositoryPolicy", Some(repository), &e))?;
+        }
+        if !o.lifecycle_policy.is_empty() {
+            self.client
+                .put_lifecycle_policy()
+                .registry_id(&self.account)
+                .repository_name(repository)
+                .lifecycle_policy_text(&o.lifecycle_policy)
+                .send()
+                .await
+                .map_err(|e| EcrError::from_sdk("ecr:PutLifecyclePolicy", Some(repository), &e))?;
+        }
+        Ok(())
+    }
+}
+
+impl BeforePush for Ecr {
+    fn before_push<'a>(
+        &'a self,
+        registry: &'a str,
+        repository: &'a str,
+    ) -> BoxFuture<'a, std::result::Result<(), RegistryError>> {
+        async move {
+            if normalize_registry(registry) != self.host {
+                return Ok(());
+            }
+            self.ensure_repository(repository)
+                .await
+                .map_err(|e| RegistryError::Prepare {
+                    registry: registry.to_owned(),
+                    repository: repository.to_owned(),
+                    reason: e.to_string(),
+                })
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aws() -> Aws {
+        crate::config::Config::from_yaml(
+            "target: {aws: {accountId: \"111122223333\", region: eu-west-1}}\n",
+            "t",
+        )
+        .unwrap()
+        .target
+        .aws
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn token_is_due_at_half_its_life() {
+        let base = SdkConfig::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("eu-west-1"))
+            .build();
+        let ecr =
+            Ecr::connect_with(&aws(), "111122223333.dkr.ecr.eu-west-1.amazonaws.com", base).await;
+        let t0 = SystemTime::now();
+        assert!(ecr.token_due(t0), "no token yet");
+        *ecr.token.lock().unwrap() = Some((t0, t0 + Duration::from_secs(12 * 3600)));
+        assert!(!ecr.token_due(t0 + Duration::from_secs(5 * 3600 + 3599)));
+        assert!(ecr.token_due(t0 + Duration::from_secs(6 * 3600)));
+        // An expiry in the past (clock skew, a stand-in's fixed date).
+        *ecr.token.lock().unwrap() = Some((t0, t0 - Duration::from_secs(1)));
+        assert!(ecr.token_due(t0));
+    }
+
+    #[test]
+    fn error_bodies_in_json_and_xml() {
+        assert_eq!(
+            error_fields(r#"{"__type":"com.amazonaws#AccessDeniedException","message":"no"}"#),
+            (Some("AccessDeniedException".into()), Some("no".into()))
+        );
+        assert_eq!(
+            error_fields(
+                "<ErrorResponse><Error><Code>AccessDenied</Code><Message>not allowed</Message></Error></ErrorResponse>"
+            ),
+            (Some("AccessDenied".into()), Some("not allowed".into()))
+        );
+        assert_eq!(error_fields("gateway timeout"), (None, None));
+    }
+
+    #[test]
+    fn denied_names_the_action_and_repository() {
+        let e = EcrError::Denied {
+            action: "ecr:CreateRepository",
+            repository: Some("cache/docker.io/library/nginx".into()),
+            code: "AccessDeniedException".into(),
+            message: "not authorized".into(),
+        };
+        let text = e.to_string();
+        assert!(
+            text.starts_with("missing IAM permission ecr:CreateRepository on repository cache/docker.io/library/nginx: AccessDeniedException"),
+            "{text}"
+        );
+    }
+}

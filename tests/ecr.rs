@@ -1,0 +1,394 @@
+//! Amazon ECR targets (`target.aws`) against moto as the ECR, STS and IAM
+//! API and a real Distribution registry as the data plane: repositories
+//! created with every `ecrOptions` field (read back from moto), once under
+//! concurrent first pushes; the registry token fetched, used and renewed;
+//! `role` assumed through STS; permission errors naming the IAM action; and
+//! a converted k8s-image-swapper config mirroring an image end to end.
+//! Nothing here reaches an AWS host or the instance metadata address.
+
+mod common;
+
+use std::sync::Arc;
+
+use aws_sdk_ecr::types::{EncryptionType, ImageTagMutability};
+use common::moto::{ACCOUNT, MotoServer, xml_field};
+use common::{Image, TestRegistry, push_image};
+use pinswap::config::Config;
+use pinswap::metrics::Metrics;
+use pinswap::mirror::Mirror;
+use pinswap::reference::Reference;
+use pinswap::registry::copy::{Copier, CopyOptions, Endpoint};
+use pinswap::registry::ecr::Ecr;
+use pinswap::registry::{ClientPool, PoolOptions};
+
+/// moto's registry password for `ACCOUNT` (fixed by moto).
+fn moto_token() -> String {
+    format!("{ACCOUNT}-auth-token")
+}
+
+const ACCESS_POLICY: &str = r#"{"Version":"2008-10-17","Statement":[{"Sid":"OrgPull","Effect":"Allow","Principal":{"AWS":"*"},"Action":["ecr:BatchGetImage","ecr:GetDownloadUrlForLayer"]}]}"#;
+const LIFECYCLE_POLICY: &str = r#"{"rules":[{"rulePriority":1,"description":"keep 500","selection":{"tagStatus":"any","countType":"imageCountMoreThan","countNumber":500},"action":{"type":"expire"}}]}"#;
+const KMS_KEY: &str = "arn:aws:kms:eu-west-1:123456789012:key/0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+
+fn config(target: &str, extra: &str) -> Config {
+    let y = format!(
+        "target:\n  registry: \"{target}\"\n  aws:\n    accountId: \"{ACCOUNT}\"\n    region: eu-west-1\n    prefix: /cache\n{extra}source: {{registries: [{{registry: \"*\"}}]}}\n"
+    );
+    Config::from_yaml(&y, "ecr.yaml").unwrap_or_else(|e| panic!("{e}\n{y}"))
+}
+
+fn options_yaml() -> String {
+    format!(
+        "    ecrOptions:\n      accessPolicy: '{ACCESS_POLICY}'\n      lifecyclePolicy: '{LIFECYCLE_POLICY}'\n      tags: [{{key: CreatedBy, value: pinswap}}, {{key: team, value: platform}}]\n      imageTagMutability: IMMUTABLE\n      imageScanningConfiguration: {{imageScanOnPush: false}}\n      encryptionConfiguration: {{encryptionType: KMS, kmsKey: \"{KMS_KEY}\"}}\n"
+    )
+}
+
+/// Every ecrOptions field is applied to the repository pinswap creates
+/// (read back from moto), and 20 concurrent first pushes into one
+/// repository describe and create it once; every push lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn repository_created_once_with_every_option() {
+    let Some(moto) = MotoServer::start().await else {
+        return;
+    };
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::token_auth("AWS", &moto_token()).await;
+    let cfg = config(&dst.host(), &options_yaml());
+    assert_eq!(cfg.target.registry, format!("{}/cache", dst.host()));
+    let aws = cfg.target.aws.clone().unwrap();
+    let ecr =
+        Arc::new(Ecr::connect_with(&aws, &dst.host(), moto.sdk("testing", "testing").await).await);
+    let token = ecr.authorization().await.unwrap();
+    assert_eq!(token.username, "AWS");
+
+    let pool = Arc::new(ClientPool::new(PoolOptions {
+        target_creds: Some(token),
+        ..PoolOptions::default()
+    }));
+    let copier = Arc::new(Copier::new(pool, CopyOptions::default()).with_before_push(ecr.clone()));
+    let img = Image::oci(1, 7001);
+    push_image(&src, "team/app", Some("v1"), &img).await;
+    let from = Reference::parse(&format!("{}/team/app:v1", src.host())).unwrap();
+    let copies = (0..20).map(|i| {
+        let (copier, from) = (copier.clone(), from.clone());
+        let to = Reference::parse(&format!("{}/cache/team/app:t{i}", dst.host())).unwrap();
+        tokio::spawn(async move {
+            copier
+                .copy(&Endpoint::Registry(from), &Endpoint::Registry(to))
+                .await
+        })
+    });
+    for r in futures::future::join_all(copies).await {
+        r.unwrap().unwrap();
+    }
+    let stats = ecr.stats();
+    assert_eq!((stats.describes, stats.creates), (1, 1), "{stats:?}");
+    let mut tags = dst.tags("cache/team/app").await;
+    tags.sort();
+    assert_eq!(tags.len(), 20, "{tags:?}");
+    // Later pushes into a known repository ask AWS nothing.
+    copier
+        .copy(
+            &Endpoint::Registry(from.clone()),
+            &Endpoint::Registry(
+                Reference::parse(&format!("{}/cache/team/app:later", dst.host())).unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ecr.stats().describes, 1);
+
+    // Read back from moto.
+    let client = aws_sdk_ecr::Client::new(&moto.sdk("testing", "testing").await);
+    let repos = client.describe_repositories().send().await.unwrap();
+    let names: Vec<&str> = repos
+        .repositories()
+        .iter()
+        .filter_map(|r| r.repository_name())
+        .collect();
+    assert_eq!(names, ["cache/team/app"]);
+    let repo = &repos.repositories()[0];
+    assert_eq!(
+        repo.image_tag_mutability(),
+        Some(&ImageTagMutability::Immutable)
+    );
+    assert_eq!(
+        repo.image_scanning_configuration()
+            .map(|s| s.scan_on_push()),
+        Some(false)
+    );
+    let enc = repo.encryption_configuration().unwrap();
+    assert_eq!(enc.encryption_type(), &EncryptionType::Kms);
+    assert_eq!(enc.kms_key(), Some(KMS_KEY));
+    let tags = client
+        .list_tags_for_resource()
+        .resource_arn(repo.repository_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let tags: Vec<(&str, &str)> = tags.tags().iter().map(|t| (t.key(), t.value())).collect();
+    assert_eq!(tags, [("CreatedBy", "pinswap"), ("team", "platform")]);
+    let policy = client
+        .get_repository_policy()
+        .repository_name("cache/team/app")
+        .send()
+        .await
+        .unwrap();
+    let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+    assert_eq!(json(policy.policy_text().unwrap()), json(ACCESS_POLICY));
+    let lifecycle = client
+        .get_lifecycle_policy()
+        .repository_name("cache/team/app")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        json(lifecycle.lifecycle_policy_text().unwrap()),
+        json(LIFECYCLE_POLICY)
+    );
+
+    // A repository created by someone else in the meantime counts as
+    // created (RepositoryAlreadyExistsException), and one that exists is
+    // only described.
+    client
+        .create_repository()
+        .repository_name("cache/other")
+        .send()
+        .await
+        .unwrap();
+    ecr.ensure_repository("cache/other").await.unwrap();
+    assert_eq!(ecr.stats().creates, 1, "described, not created");
+}
+
+/// The mirror signs in with the token from GetAuthorizationToken (the
+/// registry's token server sees user AWS), and `refresh_credentials`
+/// fetches a new one once the old one is half-way to expiry (moto's tokens
+/// are already expired, so every refresh renews); the mirror keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_is_used_and_renewed() {
+    let Some(moto) = MotoServer::start().await else {
+        return;
+    };
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::token_auth("AWS", &moto_token()).await;
+    let cfg = config(&dst.host(), "");
+    let mirror = Mirror::connect_with(
+        &cfg,
+        Arc::new(Metrics::new()),
+        moto.sdk("testing", "testing").await,
+    )
+    .await
+    .unwrap();
+    let ecr = mirror.ecr().unwrap().clone();
+    assert_eq!(ecr.stats().tokens, 1);
+    let img = Image::oci(1, 7002);
+    push_image(&src, "lib/web", Some("1.0"), &img).await;
+    let target = Reference::parse(&format!(
+        "{}/cache/127.0.0.1_{}/lib/web:1.0@{}",
+        dst.host(),
+        src.port(),
+        img.digest
+    ))
+    .unwrap();
+    assert!(!mirror.head_target(&target).await.unwrap());
+    assert!(
+        dst.token_server()
+            .log()
+            .iter()
+            .any(|t| t.granted && t.user.as_deref() == Some("AWS")),
+        "{:?}",
+        dst.token_server().log()
+    );
+    // Renewal: fetched again, same token from moto, so nothing changes.
+    assert_eq!(mirror.refresh_credentials().await, 0);
+    assert_eq!(ecr.stats().tokens, 2);
+    assert!(ecr.token_due(std::time::SystemTime::now()));
+    assert!(!mirror.head_target(&target).await.unwrap());
+}
+
+/// IAM enforced by moto: a user that may only sign in and describe gets an
+/// error naming ecr:CreateRepository and the repository (never its secret
+/// key); with `role` (which may do everything) assumed through STS, the
+/// same user creates the repository.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_errors_name_the_action_and_role_is_assumed() {
+    let Some(moto) = MotoServer::enforcing(5).await else {
+        return;
+    };
+    moto.iam(&[("Action", "CreateUser"), ("UserName", "limited")])
+        .await;
+    let key = moto
+        .iam(&[("Action", "CreateAccessKey"), ("UserName", "limited")])
+        .await;
+    let (id, secret) = (
+        xml_field(&key, "AccessKeyId"),
+        xml_field(&key, "SecretAccessKey"),
+    );
+    let user_policy = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":["ecr:GetAuthorizationToken","ecr:DescribeRepositories","sts:AssumeRole"],"Resource":"*"}]}"#;
+    moto.iam(&[
+        ("Action", "PutUserPolicy"),
+        ("UserName", "limited"),
+        ("PolicyName", "sign-in-only"),
+        ("PolicyDocument", user_policy),
+    ])
+    .await;
+    let trust = format!(
+        r#"{{"Version":"2012-10-17","Statement":[{{"Effect":"Allow","Principal":{{"AWS":"arn:aws:iam::{ACCOUNT}:user/limited"}},"Action":"sts:AssumeRole"}}]}}"#
+    );
+    moto.iam(&[
+        ("Action", "CreateRole"),
+        ("RoleName", "pinswap-mirror"),
+        ("AssumeRolePolicyDocument", &trust),
+    ])
+    .await;
+    moto.iam(&[
+        ("Action", "PutRolePolicy"),
+        ("RoleName", "pinswap-mirror"),
+        ("PolicyName", "ecr"),
+        (
+            "PolicyDocument",
+            r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"ecr:*","Resource":"*"}]}"#,
+        ),
+    ])
+    .await;
+
+    let host = "127.0.0.1:5999";
+    let mut aws = config(host, "").target.aws.unwrap();
+    let ecr = Ecr::connect_with(&aws, host, moto.sdk(&id, &secret).await).await;
+    ecr.authorization().await.expect("allowed to sign in");
+    let e = ecr
+        .ensure_repository("cache/docker.io/library/nginx")
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.starts_with(
+            "missing IAM permission ecr:CreateRepository on repository cache/docker.io/library/nginx: AccessDenied"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains(&secret), "secret key in {text}");
+
+    aws.role = Some(format!("arn:aws:iam::{ACCOUNT}:role/pinswap-mirror"));
+    let ecr = Ecr::connect_with(&aws, host, moto.sdk(&id, &secret).await).await;
+    ecr.ensure_repository("cache/docker.io/library/nginx")
+        .await
+        .expect("created with the role's permissions");
+    assert_eq!(ecr.stats().creates, 1);
+}
+
+/// Done as a user would: k8s-image-swapper's production-style ECR config
+/// (role, policies, tags, immutable tags, KMS), converted, pointed at moto
+/// and a local registry, then `pinswap mutate` with AWS credentials from
+/// the environment mirrors an image into a repository it created with the
+/// same options.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converted_config_mirrors_into_a_created_repository() {
+    let Some(moto) = MotoServer::start().await else {
+        return;
+    };
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::token_auth("AWS", &moto_token()).await;
+    let img = Image::oci(2, 7003);
+    push_image(&src, "shop/app", Some("v1"), &img).await;
+
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/k8s-image-swapper");
+    let (code, converted, stderr) =
+        common::run_pinswap(&["config", "convert", &format!("{data}/ecr-production.yaml")]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("not carried over: target"), "{stderr}");
+    // The data plane is the local registry; everything else as converted.
+    let ecr_host = "\"123456789012.dkr.ecr.eu-west-1.amazonaws.com\"";
+    assert!(converted.contains(&format!("registry: {ecr_host}")));
+    let cfg = converted.replace(
+        &format!("registry: {ecr_host}"),
+        &format!("registry: \"{}\"", dst.host()),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_path = dir.path().join("pinswap.yaml");
+    std::fs::write(&cfg_path, &cfg).unwrap();
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: shop}}\nspec:\n  containers: [{{name: c, image: \"{}/shop/app:v1\"}}]\n",
+        src.host()
+    );
+    let pod_path = dir.path().join("pod.yaml");
+    std::fs::write(&pod_path, pod).unwrap();
+    let out = tokio::process::Command::new(common::pinswap_bin())
+        .args(["mutate", "-c"])
+        .arg(&cfg_path)
+        .arg("-f")
+        .arg(&pod_path)
+        .envs(moto.env())
+        .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let repo = format!("127.0.0.1_{}/shop/app", src.port());
+    let want = format!("{}/{repo}:v1@{}", dst.host(), img.digest);
+    assert!(stdout.contains(&want), "{stdout}\n{stderr}");
+    let (bytes, _, _) = dst
+        .get_manifest(&repo, &img.digest)
+        .await
+        .expect("mirrored");
+    assert!(bytes == img.manifest);
+
+    let client = aws_sdk_ecr::Client::new(&moto.sdk("testing", "testing").await);
+    let repos = client
+        .describe_repositories()
+        .repository_names(&repo)
+        .send()
+        .await
+        .unwrap();
+    let r = &repos.repositories()[0];
+    assert_eq!(
+        r.image_tag_mutability(),
+        Some(&ImageTagMutability::Immutable)
+    );
+    let enc = r.encryption_configuration().unwrap();
+    assert_eq!(enc.encryption_type(), &EncryptionType::Kms);
+    assert!(
+        enc.kms_key()
+            .unwrap()
+            .ends_with("key/0a1b2c3d-4e5f-6789-abcd-ef0123456789")
+    );
+    let policy = client
+        .get_repository_policy()
+        .repository_name(&repo)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        policy
+            .policy_text()
+            .unwrap()
+            .contains("AllowOrganisationPull")
+    );
+    let lifecycle = client
+        .get_lifecycle_policy()
+        .repository_name(&repo)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        lifecycle
+            .lifecycle_policy_text()
+            .unwrap()
+            .contains("keep the last 500 images")
+    );
+    let tags = client
+        .list_tags_for_resource()
+        .resource_arn(r.repository_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        tags.tags()
+            .iter()
+            .any(|t| t.key() == "cost-centre" && t.value() == "platform")
+    );
+}
