@@ -9,8 +9,10 @@ use std::sync::Arc;
 
 mod check;
 pub mod install;
+mod meta;
 mod mutate;
 
+pub use meta::{CompletionsArgs, ManArgs, VersionArgs};
 pub use mutate::MutateArgs;
 
 use anyhow::Context;
@@ -68,6 +70,12 @@ pub enum Command {
     Manifests(install::ManifestsArgs),
     /// Print each manifest's config digest (image ID) and flag identity collisions and non-unique configs; exit 3 when anything is flagged.
     Check(CheckArgs),
+    /// Print the version, the git commit and the target it was built for.
+    Version(VersionArgs),
+    /// Print shell completions (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff), or write one per command with --dir.
+    Man(ManArgs),
 }
 
 /// `pinswap check REF...` or `pinswap check --repository REGISTRY/REPO`.
@@ -377,6 +385,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cache(CacheCommand::Purge(args)) => purge(args).await,
         Command::Check(args) => check::check(args).await,
         Command::Manifests(args) => install::manifests(args),
+        Command::Version(args) => meta::version(&args),
+        Command::Completions(args) => meta::completions(&args),
+        Command::Man(args) => meta::man(&args),
         Command::Config(ConfigCommand::Default) => {
             print!("{}", crate::config::DEFAULT_YAML);
             Ok(ExitCode::SUCCESS)
