@@ -13,8 +13,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN rustup target add "$(uname -m)-unknown-linux-musl"
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
+# `pinswap version` reports it; the build context has no .git.
+ARG PINSWAP_GIT_COMMIT=""
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     target="$(uname -m)-unknown-linux-musl" \

@@ -697,9 +697,6 @@ fn d_15s() -> Duration {
 fn d_5m() -> Duration {
     Duration::from_secs(300)
 }
-fn d_8s() -> Duration {
-    Duration::from_secs(8)
-}
 fn d_30s() -> Duration {
     Duration::from_secs(30)
 }
@@ -728,8 +725,9 @@ pub struct Config {
     /// `delayed`, `immediate`, `force` or `none`.
     #[serde(default)]
     pub copy_policy: CopyPolicy,
-    /// How long `immediate` and `force` wait for a copy.
-    #[serde(default = "d_8s", with = "duration")]
+    /// How long `immediate` and `force` wait for a copy. Default 2s, the
+    /// default `server.admissionBudget`: an admission never waits longer.
+    #[serde(default = "d_2s", with = "duration")]
     pub copy_deadline: Duration,
     /// Rewrite to `target:tag@sha256:...`.
     #[serde(default = "yes")]
@@ -818,6 +816,14 @@ impl Config {
         } else {
             Err(ConfigError::Invalid(problems))
         }
+    }
+
+    /// Whether `copyPolicy` waits for copies (`immediate`, `force`) longer
+    /// than an admission may: `copyDeadline` above `server.admissionBudget`.
+    /// `serve` warns then, since the budget cuts the wait short.
+    pub fn copy_deadline_exceeds_budget(&self) -> bool {
+        matches!(self.copy_policy, CopyPolicy::Immediate | CopyPolicy::Force)
+            && self.copy_deadline > self.server.admission_budget
     }
 
     /// Reads, parses and validates a config file.
@@ -1217,9 +1223,10 @@ source:
 swapPolicy: exists
 # delayed: copy in the background; immediate: start the copy and wait up to
 # copyDeadline; force: copy inline up to copyDeadline; none: never copy.
-# An admission waits at most server.admissionBudget, whichever is shorter.
+# An admission waits at most server.admissionBudget (2s), so the default
+# copyDeadline is the same; raise both together to wait longer.
 copyPolicy: delayed
-copyDeadline: 8s
+copyDeadline: 2s
 # Rewrite to target/registry/repo:tag@sha256:... (pinned by manifest digest).
 pin: true
 # Index children to mirror: all, or a list such as [linux/amd64, linux/arm64].
@@ -1311,11 +1318,27 @@ mod tests {
     }
 
     #[test]
+    fn waiting_policies_with_default_deadlines_fit_the_budget() {
+        for policy in ["immediate", "force"] {
+            let c = parse(&format!(
+                "target: {{registry: m.example.com}}\ncopyPolicy: {policy}\n"
+            ))
+            .unwrap();
+            assert!(!c.copy_deadline_exceeds_budget(), "{policy}");
+            let c = parse(&format!(
+                "target: {{registry: m.example.com}}\ncopyPolicy: {policy}\ncopyDeadline: 3s\n"
+            ))
+            .unwrap();
+            assert!(c.copy_deadline_exceeds_budget(), "{policy} with 3s");
+        }
+    }
+
+    #[test]
     fn default_yaml_is_the_defaults() {
         let c = parse(DEFAULT_YAML).unwrap();
         let minimal = parse("target: {registry: mirror.example.com/cache}\n").unwrap();
         assert_eq!(c, minimal);
-        assert_eq!(c.copy_deadline, Duration::from_secs(8));
+        assert_eq!(c.copy_deadline, Duration::from_secs(2));
         assert_eq!(c.cache.ttl, Duration::from_secs(3600));
         assert_eq!(c.cache.resolution_ttl, Duration::from_secs(30));
         assert_eq!(c.cache.reverify, Duration::from_secs(600));

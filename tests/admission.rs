@@ -504,6 +504,60 @@ fn serve_refuses_a_bad_config_at_startup() {
     );
 }
 
+/// Each `: `-separated part of `text` that occurs more than once.
+fn repeated_parts(text: &str) -> Vec<&str> {
+    let parts: Vec<&str> = text.split(": ").map(str::trim).collect();
+    let mut seen = Vec::new();
+    let mut twice = Vec::new();
+    for p in parts {
+        if seen.contains(&p) && !twice.contains(&p) {
+            twice.push(p);
+        }
+        seen.push(p);
+    }
+    twice
+}
+
+#[test]
+fn serve_startup_errors_say_each_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        common::tls::pki("one", &["127.0.0.1"]),
+        common::tls::pki("two", &["127.0.0.1"]),
+    );
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let (cert, key, other_key) = (
+        write("tls.crt", &a.cert_pem),
+        write("tls.key", &a.key_pem),
+        write("other.key", &b.key_pem),
+    );
+    let cfg = write("pinswap.yaml", "target: {registry: m.example.com}\n");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let health = format!("127.0.0.1:{}", common::registry::free_port());
+    let free = format!("127.0.0.1:{}", common::registry::free_port());
+    for (listen, key, cause) in [
+        (&free, &other_key, "KeyMismatch"),
+        (&taken, &key, "Address already in use"),
+    ] {
+        let out = std::process::Command::new(common::pinswap_bin())
+            .args(["serve", "--config", &cfg, "--tls-cert", &cert, "--tls-key"])
+            .args([key, "--listen", listen, "--health-listen", &health])
+            .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let line = err.lines().find(|l| l.starts_with("error: ")).unwrap_or("");
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(line.matches(cause).count(), 1, "{err}");
+        assert!(repeated_parts(line).is_empty(), "{line}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_requests_rewrite_without_copying() {
     common::init();

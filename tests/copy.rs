@@ -333,7 +333,8 @@ async fn warm_copy_only_checks() {
     copy_json(&[&d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
     let r = copy_json(&[&d(&src, "app:v1"), &d(&dst, "app:v1")]).await;
     assert_eq!(r["upToDate"], true);
-    assert_eq!(r["mediaType"], Value::Null, "a warm copy only HEADs");
+    // A warm copy only HEADs, and the HEAD's Content-Type is the mediaType.
+    assert_eq!(r["mediaType"], img.media_type.as_str(), "{r}");
     assert_eq!(r["manifestsPushed"], 0);
     assert_eq!(r["blobsCopied"], 0);
     assert_eq!(r["digest"], img.digest.as_str());
@@ -417,7 +418,9 @@ async fn batch_mirrors_by_path_and_streams_shared_blobs_once() {
     let list = tempfile::NamedTempFile::new().unwrap();
     let mut text = String::from("# images to mirror\n\n");
     for i in 0..3 {
-        text.push_str(&format!("{}/team/app{i}:v1\n", src.host()));
+        // `#` starts a comment anywhere on a line.
+        let comment = if i == 1 { "  # the second app" } else { "" };
+        text.push_str(&format!("{}/team/app{i}:v1{comment}\n", src.host()));
     }
     text.push_str(&format!("docker://{}/team/app0:v1\n", src.host())); // duplicate
     std::fs::write(list.path(), text).unwrap();
@@ -452,6 +455,29 @@ async fn batch_mirrors_by_path_and_streams_shared_blobs_once() {
     // 3 configs + 3 unique layers + the shared base once; the base is mounted twice.
     assert_eq!(streamed, 7, "{v}");
     assert_eq!(mounted, 2, "{v}");
+
+    // Again: all up to date, and each still reports its mediaType.
+    let list_arg = list.path().to_str().unwrap();
+    let out = pinswap(&["copy", "--json", "--from-file", list_arg, "--to", &to]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    for r in v["images"].as_array().unwrap() {
+        assert_eq!(r["upToDate"], true, "{v}");
+        assert_eq!(r["mediaType"], images[0].media_type.as_str(), "{v}");
+    }
+
+    // In text mode a batch ends with its tally, failures included.
+    let mut text = std::fs::read_to_string(list.path()).unwrap();
+    text.push_str(&format!("{}/team/missing:v1\n", src.host()));
+    std::fs::write(list.path(), text).unwrap();
+    let out = pinswap(&["copy", "--from-file", list_arg, "--to", &to]).await;
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert_eq!(
+        out.stdout.lines().last(),
+        Some("4 images: 0 copied, 3 up to date, 1 failed"),
+        "{}",
+        out.stdout
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -746,6 +772,22 @@ async fn errors_name_reference_registry_status_and_code() {
         "{}",
         out.stderr
     );
+    // A loopback registry is tried over plain HTTP, then HTTPS: both are named.
+    let down = format!("127.0.0.1:{}", common::registry::free_port());
+    let out = pinswap(&[
+        "copy",
+        &format!("docker://{down}/app:v1"),
+        "oci:/nonexistent",
+    ])
+    .await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr
+            .contains(&format!("cannot reach registry {down}: tried http"))
+            && out.stderr.contains("https"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -757,8 +799,8 @@ async fn usage_errors_exit_2_with_a_precise_message() {
             "must be lowercase",
         ),
         (
-            vec!["copy", "nginx", "docker://x/y:v1"],
-            "expected docker://REFERENCE or oci:DIR[:REF]",
+            vec!["copy", "docker-daemon:nginx", "docker://x/y:v1"],
+            "expected docker://REFERENCE, oci:DIR[:REF], or a bare REFERENCE",
         ),
         (
             vec!["copy", "--jobs", "0", "docker://a/b", "docker://c/d"],

@@ -981,7 +981,8 @@ async fn switching_from_warn_to_repair_repairs_what_warn_mirrored() {
     );
 }
 
-/// `pinswap check` given a flagged reference and an unreadable one.
+/// `pinswap check` given a flagged reference (written as `copy` takes it,
+/// with `docker://`) and an unreadable one.
 #[tokio::test]
 async fn check_reports_errors_even_when_something_is_flagged() {
     common::init();
@@ -991,7 +992,7 @@ async fn check_reports_errors_even_when_something_is_flagged() {
         .args([
             "check",
             "--json",
-            &format!("{}/spin/x:v1", src.host()),
+            &format!("docker://{}/spin/x:v1", src.host()),
             &format!("{}/spin/missing:v1", src.host()),
         ])
         .output()

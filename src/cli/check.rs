@@ -35,12 +35,22 @@ struct CheckReport {
 
 pub(super) async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let mut refs = Vec::new();
+    // `docker://` as `copy` takes it; a registry is all `check` reads.
+    let bare = |r: &str| r.strip_prefix("docker://").unwrap_or(r).to_owned();
     for r in &args.references {
-        refs.push(Reference::parse(r).map_err(|e| Usage(e.to_string()))?);
+        let r = bare(r);
+        if r.starts_with("oci:") {
+            return Err(Usage(format!(
+                "{r}: check reads registries only: expected [docker://]REFERENCE"
+            ))
+            .into());
+        }
+        refs.push(Reference::parse(&r).map_err(|e| Usage(e.to_string()))?);
     }
     let pool = ClientPool::new(args.registry.pool_options()?);
     let mut errors = Vec::new();
     for repo in &args.repository {
+        let repo = &bare(repo);
         let r = Reference::parse(repo)
             .map_err(|e| Usage(format!("--repository {repo}: {e}")))?
             .without_tag();

@@ -9,8 +9,10 @@ use std::sync::Arc;
 
 mod check;
 pub mod install;
+mod meta;
 mod mutate;
 
+pub use meta::{CompletionsArgs, ManArgs, VersionArgs};
 pub use mutate::MutateArgs;
 
 use anyhow::Context;
@@ -68,6 +70,12 @@ pub enum Command {
     Manifests(install::ManifestsArgs),
     /// Print each manifest's config digest (image ID) and flag identity collisions and non-unique configs; exit 3 when anything is flagged.
     Check(CheckArgs),
+    /// Print the version, the git commit and the target it was built for.
+    Version(VersionArgs),
+    /// Print shell completions (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff), or write one per command with --dir.
+    Man(ManArgs),
 }
 
 /// `pinswap check REF...` or `pinswap check --repository REGISTRY/REPO`.
@@ -79,7 +87,7 @@ pub enum Command {
     pinswap check --repository 127.0.0.1:5000/spin/hello --json"
 )]
 pub struct CheckArgs {
-    /// References to check, `[registry/]repository[:tag][@digest]`.
+    /// References to check, `[docker://][registry/]repository[:tag][@digest]`.
     #[arg(required_unless_present = "repository")]
     pub references: Vec<String>,
     /// Check every tag of this repository (repeatable).
@@ -175,10 +183,10 @@ and nothing on stdout; 2 usage error.\n\nExamples:\n  \
     pinswap copy oci:./layout:v1 docker://127.0.0.1:5002/app:v1\n  \
     pinswap copy --from-file images.txt --to docker://127.0.0.1:5002/mirror")]
 pub struct CopyArgs {
-    /// Source: `docker://REFERENCE` or `oci:DIR[:REF]`.
+    /// Source: `docker://REFERENCE`, `oci:DIR[:REF]`, or a bare REFERENCE (as `docker://`).
     #[arg(required_unless_present = "from_file")]
     pub source: Option<String>,
-    /// Destination: `docker://REFERENCE` or `oci:DIR[:REF]`.
+    /// Destination: `docker://REFERENCE`, `oci:DIR[:REF]`, or a bare REFERENCE (as `docker://`).
     #[arg(required_unless_present = "from_file")]
     pub destination: Option<String>,
     /// File with one source reference per line (`#` comments; `-` for stdin);
@@ -336,7 +344,9 @@ pub fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Errors whose message already embeds their source would repeat
+            // it under `{:#}`; `chain` adds only what is not yet said.
+            eprintln!("error: {}", crate::registry::chain(&*e));
             if e.downcast_ref::<Usage>().is_some() {
                 ExitCode::from(2)
             } else {
@@ -375,6 +385,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cache(CacheCommand::Purge(args)) => purge(args).await,
         Command::Check(args) => check::check(args).await,
         Command::Manifests(args) => install::manifests(args),
+        Command::Version(args) => meta::version(&args),
+        Command::Completions(args) => meta::completions(&args),
+        Command::Man(args) => meta::man(&args),
         Command::Config(ConfigCommand::Default) => {
             print!("{}", crate::config::DEFAULT_YAML);
             Ok(ExitCode::SUCCESS)
@@ -423,8 +436,9 @@ fn read_list(path: &PathBuf) -> anyhow::Result<Vec<Reference>> {
     };
     let mut out: Vec<Reference> = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
+        // `#` starts a comment anywhere: no reference contains one.
+        let line = line.split('#').next().unwrap_or_default().trim();
+        if line.is_empty() {
             continue;
         }
         let line = line.strip_prefix("docker://").unwrap_or(line);
@@ -535,14 +549,14 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
                 )?,
                 ImageResult::Ok(r) => writeln!(
                     out,
-                    "copied      {} -> {} {} ({} blobs copied, {} skipped, {} mounted, {} bytes, {:.2}s)",
+                    "copied      {} -> {} {} ({} blobs copied, {} skipped, {} mounted, {}, {:.2}s)",
                     r.source,
                     r.destination,
                     r.digest,
                     r.blobs_copied,
                     r.blobs_skipped,
                     r.blobs_mounted,
-                    r.bytes_copied,
+                    human_bytes(r.bytes_copied),
                     r.duration_seconds
                 )?,
                 ImageResult::Failed { .. } => {}
@@ -558,12 +572,46 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("error: copy {source} -> {destination}: {error}");
             }
         }
+        if args.from_file.is_some() {
+            writeln!(out, "{}", summary_line(&summary.images))?;
+        }
     }
     Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `N images: X copied, Y up to date, Z failed`.
+fn summary_line(images: &[ImageResult]) -> String {
+    let (mut copied, mut current, mut failed) = (0, 0, 0);
+    for r in images {
+        match r {
+            ImageResult::Ok(r) if r.up_to_date => current += 1,
+            ImageResult::Ok(_) => copied += 1,
+            ImageResult::Failed { .. } => failed += 1,
+        }
+    }
+    format!(
+        "{} images: {copied} copied, {current} up to date, {failed} failed",
+        images.len()
+    )
+}
+
+/// Bytes in binary units with one decimal (`512 B`, `1.5 KiB`, `2.0 GiB`).
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -629,11 +677,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         reload_interval: std::time::Duration::from_secs(10),
         limits: crate::server::Limits::from_config(&config.server),
     };
-    if matches!(
-        config.copy_policy,
-        crate::config::CopyPolicy::Immediate | crate::config::CopyPolicy::Force
-    ) && config.copy_deadline > config.server.admission_budget
-    {
+    if config.copy_deadline_exceeds_budget() {
         tracing::warn!(
             copy_deadline = %humantime::format_duration(config.copy_deadline),
             admission_budget = %humantime::format_duration(config.server.admission_budget),
@@ -711,4 +755,19 @@ async fn purge(args: PurgeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("POST {url}: unexpected answer {text:?}"))?;
     println!("purged {purged} cache entries");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_in_binary_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(5 * 1024 * 1024), "5.0 MiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+        assert_eq!(human_bytes(u64::MAX), "16384.0 PiB");
+    }
 }

@@ -16,7 +16,9 @@ use oci_client::secrets::RegistryAuth;
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     /// `--src-creds`/`--dest-creds` was not `USER:PASSWORD`.
-    #[error("{flag}: expected USER:PASSWORD (the password may be empty only if no ':' is given)")]
+    #[error(
+        "{flag}: expected USER:PASSWORD, a non-empty user and a ':' (the password after it may be empty, as in `USER:`)"
+    )]
     BadCreds {
         /// The flag or env var name.
         flag: &'static str,
@@ -284,9 +286,12 @@ mod tests {
         let e = Credentials::parse("alice", "--dest-creds").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "--dest-creds: expected USER:PASSWORD (the password may be empty only if no ':' is given)"
+            "--dest-creds: expected USER:PASSWORD, a non-empty user and a ':' (the password after it may be empty, as in `USER:`)"
         );
         assert!(Credentials::parse(":pw", "--src-creds").is_err());
+        // What the message promises: an empty password after the ':'.
+        let c = Credentials::parse("alice:", "--src-creds").unwrap();
+        assert_eq!(c.to_auth(), RegistryAuth::Basic("alice".into(), "".into()));
     }
 
     #[test]

@@ -258,7 +258,8 @@ impl ClientPool {
             &["https"]
         };
         let mut found = None;
-        let mut https_err = None;
+        // Each scheme's failure, so the error says what was tried.
+        let mut failures: Vec<(&'static str, String)> = Vec::new();
         for scheme in order {
             match ping(&probe, scheme, api_host).await {
                 Ok(c) => {
@@ -277,16 +278,13 @@ impl ClientPool {
                         retry_after,
                     });
                 }
-                Err(Ping::Failed(e)) if *scheme == "https" || https_err.is_none() => {
-                    https_err = Some(e)
-                }
-                Err(Ping::Failed(_)) => {}
+                Err(Ping::Failed(e)) => failures.push((scheme, e)),
             }
         }
         let Some((scheme, challenge)) = found else {
             return Err(RegistryError::Unreachable {
                 registry: registry.into(),
-                reason: https_err.unwrap_or_default(),
+                reason: unreachable_reason(&failures),
             });
         };
         let explicit = match role {
@@ -362,6 +360,29 @@ impl ClientPool {
             chunked_threshold: threshold,
             tokens: std::sync::Mutex::default(),
         })
+    }
+}
+
+/// A fetched manifest as `head_manifest_typed` answers.
+fn typed(m: RawManifest) -> Option<(Digest, Option<String>)> {
+    Some((m.digest, Some(m.media_type).filter(|t| !t.is_empty())))
+}
+
+/// Why no scheme worked: the one failure as it is, or every scheme tried
+/// with its failure (`tried http and https: …` when they agree).
+fn unreachable_reason(failures: &[(&str, String)]) -> String {
+    match failures {
+        [] => String::new(),
+        [(_, e)] => e.clone(),
+        [(first, e), rest @ ..] if rest.iter().all(|(_, r)| r == e) => {
+            let mut schemes = vec![*first];
+            schemes.extend(rest.iter().map(|(s, _)| *s));
+            format!("tried {}: {e}", schemes.join(" and "))
+        }
+        all => {
+            let each: Vec<String> = all.iter().map(|(s, e)| format!("{s}: {e}")).collect();
+            format!("tried {}", each.join("; "))
+        }
     }
 }
 
@@ -798,6 +819,18 @@ impl Registry {
     /// [`RegistryError::unauthorized`] for 401; for other statuses, what a
     /// `GET` of the manifest answers.
     pub async fn head_manifest(&self, r: &Reference) -> Result<Option<Digest>> {
+        Ok(self.head_manifest_typed(r).await?.map(|(d, _)| d))
+    }
+
+    /// As [`Registry::head_manifest`], with the manifest's mediaType (the
+    /// `Content-Type` answered, `None` when the registry sent none).
+    ///
+    /// # Errors
+    /// As [`Registry::head_manifest`].
+    pub async fn head_manifest_typed(
+        &self,
+        r: &Reference,
+    ) -> Result<Option<(Digest, Option<String>)>> {
         let name = r.to_string();
         let scopes = [format!("repository:{}:pull", r.repository())];
         let reference = match r.digest() {
@@ -848,8 +881,14 @@ impl Registry {
             }
             // Some registries refuse HEAD (405) or answer it oddly; a GET
             // gives the digest, or the registry's own error code.
-            _ => return self.get_manifest(r).await.map(|m| Some(m.digest)),
+            _ => return self.get_manifest(r).await.map(typed),
         }
+        let media_type = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|h| h.to_str().ok())
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned);
         let digest = resp
             .headers()
             .get("docker-content-digest")
@@ -858,7 +897,7 @@ impl Registry {
         let Some(digest) = digest else {
             // Registries must send it (distribution-spec §Pulling manifests);
             // without it, GET the bytes and hash them.
-            return self.get_manifest(r).await.map(|m| Some(m.digest));
+            return self.get_manifest(r).await.map(typed);
         };
         let digest = Digest::parse(&digest).map_err(|e| RegistryError::Manifest {
             registry: self.host.clone(),
@@ -876,7 +915,7 @@ impl Registry {
                 actual: digest.to_string(),
             });
         }
-        Ok(Some(digest))
+        Ok(Some((digest, media_type)))
     }
 
     /// Uploads `stream` as blob `desc` into `r`'s repository: one streamed

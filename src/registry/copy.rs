@@ -46,7 +46,9 @@ pub enum Endpoint {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EndpointError {
     /// Neither `docker://` nor `oci:`.
-    #[error("{0:?}: expected docker://REFERENCE or oci:DIR[:REF]")]
+    #[error(
+        "{0:?}: expected docker://REFERENCE, oci:DIR[:REF], or a bare REFERENCE; a bare one may not start with another transport (dir:, docker-archive:, …), which pinswap does not support"
+    )]
     Transport(String),
     /// `user:password@` in a reference; never echoed.
     #[error(
@@ -71,14 +73,17 @@ impl std::str::FromStr for Endpoint {
     /// `docker://REF` (normalised as Docker does) or `oci:DIR[:REF]`; as in
     /// skopeo, the directory ends at the first `:`.
     fn from_str(s: &str) -> std::result::Result<Self, EndpointError> {
-        if let Some(r) = s.strip_prefix("docker://") {
+        let registry = |r: &str| {
             // `user:password@host/...` must not reach an error message.
             if let Some((_, after)) = r.rsplit_once('@')
                 && (!after.contains(':') || after.contains('/'))
             {
                 return Err(EndpointError::Credentials);
             }
-            return Ok(Self::Registry(Reference::parse(r)?));
+            Ok(Self::Registry(Reference::parse(r)?))
+        };
+        if let Some(r) = s.strip_prefix("docker://") {
+            return registry(r);
         }
         if let Some(rest) = s.strip_prefix("oci:") {
             let (dir, name) = match rest.split_once(':') {
@@ -98,9 +103,29 @@ impl std::str::FromStr for Endpoint {
                 name,
             });
         }
-        Err(EndpointError::Transport(s.to_owned()))
+        // A bare reference is `docker://` unless it names one of skopeo's
+        // other transports, which `docker-daemon:nginx` would otherwise
+        // silently become (repository `docker-daemon`, tag `nginx`).
+        let transport = s.split_once(':').map(|(t, _)| t);
+        if transport.is_some_and(|t| OTHER_TRANSPORTS.contains(&t)) {
+            return Err(EndpointError::Transport(s.to_owned()));
+        }
+        registry(s)
     }
 }
+
+/// skopeo's transports other than `docker://` and `oci:`.
+const OTHER_TRANSPORTS: &[&str] = &[
+    "containers-storage",
+    "dir",
+    "docker",
+    "docker-archive",
+    "docker-daemon",
+    "oci-archive",
+    "ostree",
+    "sif",
+    "tarball",
+];
 
 /// image-spec §image-layout `org.opencontainers.image.ref.name`:
 /// `ref ::= component ("/" component)*`, `component ::= alphanum (separator
@@ -186,9 +211,8 @@ pub struct CopyReport {
     pub destination: String,
     /// Digest of the top manifest at the destination.
     pub digest: String,
-    /// Its mediaType.
-    /// Its mediaType; `null` for an up-to-date registry copy, which only
-    /// HEADs the manifest.
+    /// Its mediaType (for an up-to-date registry copy, the `Content-Type`
+    /// the destination answered to its HEAD; `null` if it sent none).
     pub media_type: Option<String>,
     /// Manifests pushed (top and children); 0 for an up-to-date copy.
     pub manifests_pushed: u64,
@@ -556,14 +580,15 @@ impl Copier {
         // Warm path: the destination already has this digest under its name.
         if self.opts.platforms.is_empty()
             && !self.opts.verify_target
-            && let Some(existing) = self.dest_top_digest(&d, &s).await?
+            && let Some((existing, dest_type)) = self.dest_top_digest(&d, &s).await?
             && existing == src_digest.as_str()
         {
             info!(source = %src, destination = %dst, digest = %src_digest, "destination is up to date");
             let media_type = src_desc
                 .as_ref()
                 .map(|d| d.media_type.clone())
-                .filter(|m| !m.is_empty());
+                .filter(|m| !m.is_empty())
+                .or(dest_type);
             return Ok(report(src_digest.to_string(), media_type, true, &stats));
         }
 
@@ -594,7 +619,7 @@ impl Copier {
                     }
                 };
                 if !self.opts.verify_target
-                    && let Some(existing) = self.dest_top_digest(&d, &s).await?
+                    && let Some((existing, _)) = self.dest_top_digest(&d, &s).await?
                     && existing == filtered.digest.as_str()
                 {
                     return Ok(report(
@@ -650,7 +675,12 @@ impl Copier {
     }
 
     /// The digest the destination holds under the name we would write.
-    async fn dest_top_digest(&self, d: &Side, s: &Side) -> Result<Option<String>> {
+    /// The destination's digest for the copy, with its mediaType when known.
+    async fn dest_top_digest(
+        &self,
+        d: &Side,
+        s: &Side,
+    ) -> Result<Option<(String, Option<String>)>> {
         match d {
             // By tag when there is one: a digest alone would say "present"
             // even though the tag is missing or points elsewhere.
@@ -659,12 +689,16 @@ impl Copier {
                     Some(_) => reference.without_digest(),
                     None => reference.clone(),
                 };
-                Ok(client.manifest_digest(&by).await?.map(|d| d.to_string()))
+                let found = client.head_manifest_typed(&by).await?;
+                Ok(found.map(|(d, t)| (d.to_string(), t)))
             }
             Side::Layout { layout, name } => {
                 let name = name.clone().or_else(|| source_tag(s));
                 match layout.resolve(name.as_deref()).await {
-                    Ok(desc) if name.is_some() => Ok(Some(desc.digest)),
+                    Ok(desc) if name.is_some() => Ok(Some((
+                        desc.digest,
+                        Some(desc.media_type).filter(|t| !t.is_empty()),
+                    ))),
                     _ => Ok(None),
                 }
             }
@@ -982,9 +1016,28 @@ mod tests {
         );
         let e: Endpoint = "oci:rel/dir".parse().unwrap();
         assert_eq!(e.to_string(), "oci:rel/dir");
+        // A bare reference is a registry reference, normalised the same way.
         assert_eq!(
-            "nginx".parse::<Endpoint>().unwrap_err().to_string(),
-            "\"nginx\": expected docker://REFERENCE or oci:DIR[:REF]"
+            "nginx".parse::<Endpoint>().unwrap(),
+            "docker://nginx".parse::<Endpoint>().unwrap()
+        );
+        assert_eq!(
+            "127.0.0.1:5000/app:v1"
+                .parse::<Endpoint>()
+                .unwrap()
+                .to_string(),
+            "docker://127.0.0.1:5000/app:v1"
+        );
+        for other in ["docker-daemon:nginx", "dir:/tmp/x", "docker:nginx"] {
+            let e = other.parse::<Endpoint>().unwrap_err().to_string();
+            assert!(e.contains("a bare REFERENCE") && e.contains(other), "{e}");
+        }
+        assert!(
+            "bob:hunter2@127.0.0.1:5000/app"
+                .parse::<Endpoint>()
+                .unwrap_err()
+                .to_string()
+                .contains("--src-creds")
         );
         assert_eq!(
             "oci::x".parse::<Endpoint>().unwrap_err().to_string(),
