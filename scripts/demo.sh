@@ -3,12 +3,33 @@
 # from examples/oci/, pinswap mirroring it byte-exact into a target, then the
 # webhook (`pinswap serve`) answering the AdmissionReviews in
 # examples/admission/ with examples/demo.yaml as its config.
-# Usage: scripts/demo.sh            (needs root for apt-get on first run)
+# Usage: scripts/demo.sh [--keep]   (needs root for apt-get on first run)
+#   --keep  leave the registries and the webhook running afterwards, to
+#           explore; Ctrl-C stops them and removes the temporary directory.
 # env: PINSWAP_BIN (use this binary instead of `cargo build --release`)
-# Exits non-zero when anything is off: a copy that fails, a container that is
-# not rewritten as expected, a digest that differs between source and target.
+# Ends with a one-line verdict. Exits non-zero when anything is off: a copy
+# that fails, a container that is not rewritten as expected, a digest that
+# differs between source and target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+KEEP=
+for arg in "$@"; do
+  case $arg in
+  --keep) KEEP=1 ;;
+  -h | --help)
+    sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'
+    exit 0
+    ;;
+  *)
+    echo "unknown argument: $arg (usage: scripts/demo.sh [--keep])" >&2
+    exit 2
+    ;;
+  esac
+done
+# The step under way, for the verdict when one fails.
+STEP="setup"
+step() { STEP=$1; echo "== $1"; }
 
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh # (the working directory is the repo root)
@@ -30,6 +51,9 @@ cleanup() {
     echo "== FAILED (exit $rc); the last lines of the pinswap serve log:" >&2
     tail -n 20 "$WORK/pinswap.log" >&2
   fi
+  if ((rc)) && [ "$STEP" != done ]; then
+    echo "verdict: FAIL at \"$STEP\" (exit $rc)" >&2
+  fi
   # Reverse order: pinswap (SIGTERM, graceful) before the registries it uses.
   for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do kill "${PIDS[i]}" 2>/dev/null || true; done
   wait 2>/dev/null || true
@@ -46,20 +70,20 @@ digest() { # host repo ref -> Docker-Content-Digest
 start_registry source SRC
 SRC_PID=${PIDS[-1]}
 start_registry target DST
-echo "== source registry $SRC, target registry $DST"
+step "source registry $SRC, target registry $DST"
 
-echo "== seeding the source from examples/oci with pinswap copy"
+step "seeding the source from examples/oci with pinswap copy"
 $PINSWAP copy oci:examples/oci/hello:v1 "docker://$SRC/library/hello:v1"
 $PINSWAP copy oci:examples/oci/web:1.0 "docker://$SRC/acme/web:1.0"
 $PINSWAP copy oci:examples/oci/spin:hello "docker://$SRC/spin/hello:v1"
 $PINSWAP copy oci:examples/oci/spin:goodbye "docker://$SRC/spin/goodbye:v1"
 
-echo "== one image: $SRC/library/hello:v1 -> $DST/mirror/library/hello:v1"
+step "one image: $SRC/library/hello:v1 -> $DST/mirror/library/hello:v1"
 $PINSWAP copy "docker://$SRC/library/hello:v1" "docker://$DST/mirror/library/hello:v1"
-echo "== again: the target is up to date, so this only checks (HEAD requests)"
+step "again: the target is up to date, so this only checks (HEAD requests)"
 $PINSWAP copy "docker://$SRC/library/hello:v1" "docker://$DST/mirror/library/hello:v1"
 
-echo "== batch: every image in a list, by the mirror-path rule, with a JSON summary"
+step "batch: every image in a list, by the mirror-path rule, with a JSON summary"
 printf '%s\n' "$SRC/library/hello:v1" "$SRC/acme/web:1.0" "$SRC/spin/hello:v1" "$SRC/spin/goodbye:v1" >"$WORK/images.txt"
 $PINSWAP copy --json --from-file "$WORK/images.txt" --to "docker://$DST/mirror" >"$WORK/summary.json"
 python3 - "$WORK/summary.json" <<'PY'
@@ -71,10 +95,10 @@ for i in s["images"]:
           f"skipped={i['blobsSkipped']} upToDate={str(i['upToDate']).lower()}")
 PY
 
-echo "== one platform of the index (a filtered index: new digest, same child)"
+step "one platform of the index (a filtered index: new digest, same child)"
 $PINSWAP copy --platform linux/arm64 "docker://$SRC/library/hello:v1" "docker://$DST/arm64-only/hello:v1"
 
-echo "== digests at the source and at the target (byte-exact copies match)"
+step "digests at the source and at the target (byte-exact copies match)"
 SRCCOMP=${SRC/:/_}
 printf '%-22s %-73s %s\n' image source target
 for pair in library/hello:v1 acme/web:1.0 spin/hello:v1 spin/goodbye:v1; do
@@ -85,7 +109,7 @@ for pair in library/hello:v1 acme/web:1.0 spin/hello:v1 spin/goodbye:v1; do
 done
 echo "arm64-only/hello:v1    $(digest "$DST" arm64-only/hello v1) (filtered)"
 
-echo "== pinswap check: the two Spin apps share one config, so containerd gives them one image ID"
+step "pinswap check: the two Spin apps share one config, so containerd gives them one image ID"
 set +e
 $PINSWAP check "$SRC/spin/hello:v1" "$SRC/spin/goodbye:v1"
 rc=$?
@@ -95,11 +119,11 @@ echo "(exit code 3: flagged)"
 
 # ------------------------------------------------------------------ webhook
 echo
-echo "== webhook: pinswap serve with examples/demo.yaml (target $DST/webhook, allowlist $SRC)"
+step "webhook: pinswap serve with examples/demo.yaml (target $DST/webhook, allowlist $SRC)"
 sed -e "s|{{SRC}}|$SRC|g" -e "s|{{DST}}|$DST|g" examples/demo.yaml >"$WORK/demo.yaml"
 $PINSWAP config validate "$WORK/demo.yaml"
 
-echo "== a self-signed CA, and a serving certificate for 127.0.0.1 signed by it"
+step "a self-signed CA, and a serving certificate for 127.0.0.1 signed by it"
 make_certs "pinswap demo"
 
 HOOK=127.0.0.1:$(free_port) HEALTH=127.0.0.1:$(free_port)
@@ -114,7 +138,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 [ -n "$ready" ] || { echo "pinswap serve not ready after 10 s" >&2; exit 1; }
-echo "== serving https://$HOOK/mutate; health and metrics on http://$HEALTH (ready)"
+step "serving https://$HOOK/mutate; health and metrics on http://$HEALTH (ready)"
 
 HELLO_DIGEST=$(digest "$SRC" library/hello v1)
 mkdir -p "$WORK/reviews"
@@ -262,7 +286,7 @@ if problems:
 PY
 
 echo
-echo "== /metrics (admissions, rewrites, copies)"
+step "/metrics (admissions, rewrites, copies)"
 curl -fsS "http://$HEALTH/metrics" >"$WORK/metrics.txt"
 grep -E '^pinswap_(admissions_total|rewrites_total|copies_(started|succeeded|failed)_total|cache_(hits|misses)_total)' "$WORK/metrics.txt"
 grep -q '^pinswap_copies_failed_total 0$' "$WORK/metrics.txt" || { echo "a copy failed" >&2; exit 1; }
@@ -271,7 +295,7 @@ grep -q '^pinswap_copies_failed_total 0$' "$WORK/metrics.txt" || { echo "a copy 
 echo
 WEB=webhook/$SRCCOMP/acme/web
 WEB_DIGEST=$(digest "$DST" "$WEB" 1.0)
-echo "== the target loses $WEB:1.0 (DELETE of its manifest, as a lifecycle rule would)"
+step "the target loses $WEB:1.0 (DELETE of its manifest, as a lifecycle rule would)"
 curl -fsS -X DELETE "http://$DST/v2/$WEB/manifests/$WEB_DIGEST" -o /dev/null
 evicted=
 for _ in $(seq 100); do
@@ -281,18 +305,18 @@ for _ in $(seq 100); do
 done
 [ -n "$evicted" ] || { echo "re-verification did not evict the pruned image" >&2; exit 1; }
 grep -E '^pinswap_(reverifications_total|cache_invalidations_total|cache_entries)' "$WORK/metrics.txt"
-echo "== re-verification evicted it; the next admission copies it again before rewriting"
+step "re-verification evicted it; the next admission copies it again before rewriting"
 curl -fsS --cacert "$WORK/ca.crt" -H 'Content-Type: application/json' \
   --data-binary @"$WORK/reviews/01-pod-shop.request.json" "https://$HOOK/mutate" -o "$WORK/again.json"
 [ "$(digest "$DST" "$WEB" 1.0)" = "$WEB_DIGEST" ] || { echo "$WEB:1.0 was not mirrored again" >&2; exit 1; }
 echo "$WEB:1.0 is back: $WEB_DIGEST"
 grep -E '^pinswap_copies_(started|succeeded)_total' <(curl -fsS "http://$HEALTH/metrics")
-echo "== pinswap cache purge --all (the health port's POST /cache/purge)"
+step "pinswap cache purge --all (the health port's POST /cache/purge)"
 $PINSWAP cache purge --all --server "http://$HEALTH"
 
 # ------------------------------------------------------- the source goes down
 echo
-echo "== the source registry stops (kill $SRC_PID); the caches are empty after the purge"
+step "the source registry stops (kill $SRC_PID); the caches are empty after the purge"
 kill "$SRC_PID"
 wait "$SRC_PID" 2>/dev/null || true
 curl -fsS --cacert "$WORK/ca.crt" -H 'Content-Type: application/json' \
@@ -324,4 +348,31 @@ if not ok:
     sys.exit("the Pod was not rewritten to the mirror while the source is down")
 PY
 grep -E '^pinswap_(source_failures_total|source_breaker_open|rewrites_total)' <(curl -fsS "http://$HEALTH/metrics")
-echo "== done"
+REVIEWS=$(find "$WORK/reviews" -name '*.response.json' | wc -l)
+if [ -n "$KEEP" ]; then
+  step "--keep: the source registry starts again on $SRC; everything stays up until Ctrl-C"
+  docker-registry serve "$WORK/source.yml" >>"$WORK/source.log" 2>&1 &
+  PIDS=("$!" "${PIDS[@]}")
+  wait_for "http://$SRC/v2/" "${PIDS[0]}" "registry source"
+  cat <<EOT
+  source registry   http://$SRC   (catalog: curl http://$SRC/v2/_catalog)
+  target registry   http://$DST   (catalog: curl http://$DST/v2/_catalog)
+  webhook           https://$HOOK/mutate   (CA: $WORK/ca.crt)
+  health, metrics   http://$HEALTH/readyz   http://$HEALTH/metrics
+  config, reviews   $WORK/demo.yaml   $WORK/reviews/
+  log               $WORK/pinswap.log
+  try               curl -sS --cacert $WORK/ca.crt -H 'Content-Type: application/json' --data-binary @$WORK/reviews/01-pod-shop.request.json https://$HOOK/mutate
+                    $PINSWAP copy docker://$SRC/library/hello:v1 docker://$DST/explore/hello:v1
+EOT
+fi
+STEP=done
+echo "verdict: PASS: 4 images copied byte-exact, $REVIEWS admission reviews answered as expected, a pruned image mirrored again, Pods kept on the mirror while the source was down"
+if [ -n "$KEEP" ]; then
+  trap 'exit 0' INT TERM
+  # wait, not a foreground sleep, so a signal ends the wait at once.
+  while :; do
+    sleep 3600 &
+    PIDS+=($!) # cleanup kills it too
+    wait $! || true
+  done
+fi

@@ -29,7 +29,7 @@ pub(super) async fn push_repair(
     for (desc, bytes) in &r.configs {
         if !client.blob_exists(dst, &desc.digest).await? {
             let b = bytes.clone();
-            let stream: crate::registry::client::BlobStream = Box::pin(futures::stream::once(
+            let stream: crate::registry::session::BlobStream = Box::pin(futures::stream::once(
                 async move { Ok::<_, std::io::Error>(b) },
             ));
             client.push_blob(dst, desc, stream).await?;

@@ -85,8 +85,9 @@ impl Credentials {
     /// A stable, non-reversible key for these credentials (sha256 of
     /// `user:password`), to keep clients apart per credentials.
     pub fn fingerprint(&self) -> String {
-        super::check::sha256_digest(format!("{}:{}", self.username, self.password).as_bytes())
-            .to_string()
+        use sha2::Digest as _;
+        let hash = sha2::Sha256::digest(format!("{}:{}", self.username, self.password));
+        format!("sha256:{}", hex::encode(hash))
     }
 
     /// The credentials as oci-client's basic auth.

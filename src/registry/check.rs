@@ -6,8 +6,8 @@
 use futures::StreamExt;
 use sha2::Digest as _;
 
-use super::client::BlobStream;
 use super::manifest::Descriptor;
+use super::session::BlobStream;
 use crate::reference::{Digest, DigestAlgorithm};
 
 /// An incremental sha256/sha512 hasher.

@@ -21,8 +21,9 @@ use tracing::debug;
 
 use super::auth::{CredentialSources, Credentials};
 use super::manifest::{ACCEPT, Descriptor, RawManifest};
-use super::token::{self, Scheme, parse_challenge};
-use super::{Ctx, RegistryError, Result, chain, is_not_found};
+use super::session::{BlobStream, Session};
+use super::token::{Scheme, parse_challenge};
+use super::{RegistryError, Result, chain, is_not_found};
 use crate::reference::{Digest, Reference, is_loopback_registry, normalize_registry};
 
 /// Blobs larger than this (bytes) are uploaded in chunks of this size
@@ -77,23 +78,18 @@ pub struct ClientPool {
 
 /// A connection to one registry. Cheap to share (`Arc`).
 pub struct Registry {
-    host: String,
-    scheme: &'static str,
-    base: String,
+    session: Session,
     oci: oci_client::Client,
-    http: reqwest::Client,
-    auth: RegistryAuth,
-    /// What `GET /v2/` asked for, for the requests we make ourselves.
-    challenge: Scheme,
     chunked_threshold: u64,
-    /// Bearer tokens by scope set, with when to stop using them: one token
-    /// per scope and lifetime, not one per request.
-    tokens: std::sync::Mutex<HashMap<String, (http::HeaderValue, std::time::Instant)>>,
 }
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Registry({}://{})", self.scheme, self.host)
+        write!(
+            f,
+            "Registry({}://{})",
+            self.session.scheme, self.session.host
+        )
     }
 }
 
@@ -350,15 +346,9 @@ impl ClientPool {
         // for none (oci-client then re-pings `/v2/` per request: a known cost).
         oci.store_auth_if_needed(api_host, &auth).await;
         Ok(Registry {
-            host: registry.to_owned(),
-            scheme,
-            base: format!("{scheme}://{api_host}"),
+            session: Session::new(registry, scheme, api_host, probe, auth, challenge),
             oci,
-            http: probe,
-            auth,
-            challenge,
             chunked_threshold: threshold,
-            tokens: std::sync::Mutex::default(),
         })
     }
 }
@@ -447,52 +437,26 @@ fn extend_page(out: &mut Vec<String>, page: Vec<String>) -> bool {
     true
 }
 
-/// A blob's bytes as they stream, each item checked by the producer.
-pub type BlobStream = futures::stream::BoxStream<'static, std::io::Result<Bytes>>;
-
 impl Registry {
     /// `host[:port]` as given to the pool.
     pub fn host(&self) -> &str {
-        &self.host
-    }
-
-    /// Whether no credentials are configured for this registry.
-    pub(crate) fn is_anonymous(&self) -> bool {
-        self.auth == RegistryAuth::Anonymous
-    }
-
-    /// Whether the registry answers `GET /v2/` (any HTTP status) within 2 s.
-    pub async fn ping(&self) -> bool {
-        self.http
-            .get(format!("{}/v2/", self.base))
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-            .is_ok()
-    }
-
-    /// `scheme://host[:port]` of the registry's API.
-    pub(crate) fn base(&self) -> &str {
-        &self.base
-    }
-
-    /// The HTTP client for requests oci-client does not make for us.
-    pub(crate) fn http(&self) -> &reqwest::Client {
-        &self.http
+        &self.session.host
     }
 
     /// `https` or `http`, as chosen by the probe.
     pub fn scheme(&self) -> &'static str {
-        self.scheme
+        self.session.scheme
     }
 
-    pub(crate) fn ctx<'a>(&'a self, reference: &'a str, operation: &'static str) -> Ctx<'a> {
-        Ctx {
-            registry: &self.host,
-            reference,
-            operation,
-            anonymous: self.is_anonymous(),
-        }
+    /// Whether the registry answers `GET /v2/` (any HTTP status) within 2 s.
+    pub async fn ping(&self) -> bool {
+        self.session
+            .http
+            .get(format!("{}/v2/", self.session.base))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .is_ok()
     }
 
     /// The manifest digest `r` resolves to, by `HEAD` (falling back to `GET`,
@@ -511,12 +475,15 @@ impl Registry {
             Ok(d) => Digest::parse(&d)
                 .map(Some)
                 .map_err(|e| RegistryError::Manifest {
-                    registry: self.host.clone(),
+                    registry: self.session.host.clone(),
                     reference: name,
                     reason: format!("registry returned an invalid digest: {e}"),
                 }),
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(RegistryError::from_oci(self.ctx(&name, "HEAD manifest"), e)),
+            Err(e) => Err(RegistryError::from_oci(
+                self.session.ctx(&name, "HEAD manifest"),
+                e,
+            )),
         }
     }
 
@@ -533,14 +500,14 @@ impl Registry {
             .oci
             .pull_manifest_raw(&r.to_oci(), &RegistryAuth::Anonymous, ACCEPT)
             .await
-            .map_err(|e| RegistryError::from_oci(self.ctx(&name, "GET manifest"), e))?;
+            .map_err(|e| RegistryError::from_oci(self.session.ctx(&name, "GET manifest"), e))?;
         let digest = Digest::parse(&digest).map_err(|e| RegistryError::Manifest {
-            registry: self.host.clone(),
+            registry: self.session.host.clone(),
             reference: name.clone(),
             reason: e.to_string(),
         })?;
         RawManifest::parse(bytes, digest, None).map_err(|e| RegistryError::Manifest {
-            registry: self.host.clone(),
+            registry: self.session.host.clone(),
             reference: name,
             reason: e.to_string(),
         })
@@ -556,7 +523,7 @@ impl Registry {
             .await
             .map_err(|e| {
                 let name = format!("{}@{digest}", r.name());
-                RegistryError::from_oci(self.ctx(&name, "HEAD blob"), e)
+                RegistryError::from_oci(self.session.ctx(&name, "HEAD blob"), e)
             })
     }
 
@@ -572,7 +539,7 @@ impl Registry {
             format!("repository:{from_repository}:pull"),
         ];
         let name = format!("{}@{digest}", r.name());
-        let auth = match self.auth_header(&scopes, &name).await {
+        let auth = match self.session.auth_header(&scopes, &name).await {
             Ok(a) => a,
             Err(e) => {
                 debug!(error = %e, "no token for mount; streaming instead");
@@ -583,8 +550,9 @@ impl Registry {
             Some(h) => req.header(reqwest::header::AUTHORIZATION, h.clone()),
             None => req,
         };
-        let url = format!("{}/v2/{}/blobs/uploads/", self.base, r.repository());
+        let url = format!("{}/v2/{}/blobs/uploads/", self.session.base, r.repository());
         let req = self
+            .session
             .http
             .post(url)
             .query(&[("mount", digest), ("from", from_repository)])
@@ -592,7 +560,7 @@ impl Registry {
         match with_auth(req).send().await {
             Ok(resp) if resp.status() == reqwest::StatusCode::CREATED => true,
             Ok(resp) => {
-                debug!(registry = %self.host, digest, from = from_repository, status = resp.status().as_u16(), "mount not done; streaming instead");
+                debug!(registry = %self.session.host, digest, from = from_repository, status = resp.status().as_u16(), "mount not done; streaming instead");
                 if resp.status() == reqwest::StatusCode::ACCEPTED
                     && let Some(loc) = resp
                         .headers()
@@ -600,15 +568,15 @@ impl Registry {
                         .and_then(|l| l.to_str().ok())
                 {
                     let loc = match loc.starts_with('/') {
-                        true => format!("{}{loc}", self.base),
+                        true => format!("{}{loc}", self.session.base),
                         false => loc.to_owned(),
                     };
-                    let _ = with_auth(self.http.delete(loc)).send().await;
+                    let _ = with_auth(self.session.http.delete(loc)).send().await;
                 }
                 false
             }
             Err(e) => {
-                debug!(registry = %self.host, error = %chain(&e), "mount failed; streaming instead");
+                debug!(registry = %self.session.host, error = %chain(&e), "mount failed; streaming instead");
                 false
             }
         }
@@ -627,7 +595,7 @@ impl Registry {
             .await
             .map_err(|e| {
                 let name = format!("{}@{}", r.name(), desc.digest);
-                RegistryError::from_oci(self.ctx(&name, "GET blob"), e)
+                RegistryError::from_oci(self.session.ctx(&name, "GET blob"), e)
             })?;
         Ok(s.stream)
     }
@@ -641,7 +609,7 @@ impl Registry {
     pub async fn blob_bytes(&self, r: &Reference, desc: &Descriptor, max: u64) -> Result<Bytes> {
         let name = format!("{}@{}", r.name(), desc.digest);
         let too_big = || RegistryError::Other {
-            registry: self.host.clone(),
+            registry: self.session.host.clone(),
             reference: name.clone(),
             operation: "read",
             message: format!("blob is larger than {max} bytes"),
@@ -653,7 +621,7 @@ impl Registry {
         let mut out = bytes::BytesMut::with_capacity(desc.size as usize);
         while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
             let chunk = chunk.map_err(|e| RegistryError::Other {
-                registry: self.host.clone(),
+                registry: self.session.host.clone(),
                 reference: name.clone(),
                 operation: "read",
                 message: e.to_string(),
@@ -689,7 +657,7 @@ impl Registry {
                 Err(e) if is_not_found(&e) => return Ok(out),
                 Err(e) => {
                     return Err(RegistryError::from_oci(
-                        self.ctx(&r.name(), "list tags of"),
+                        self.session.ctx(&r.name(), "list tags of"),
                         e,
                     ));
                 }
@@ -720,88 +688,15 @@ impl Registry {
                 )
                 .await
                 .map_err(|e| {
-                    RegistryError::from_oci(self.ctx("/v2/_catalog", "list the repositories of"), e)
+                    RegistryError::from_oci(
+                        self.session.ctx("/v2/_catalog", "list the repositories of"),
+                        e,
+                    )
                 })?;
             if !extend_page(&mut out, page.repositories) {
                 return Ok(out);
             }
         }
-    }
-
-    /// The Authorization header for our own requests with these token
-    /// `scopes`: a fresh bearer token when the registry challenged with
-    /// Bearer, basic credentials when it asked for Basic, else none.
-    ///
-    /// # Errors
-    /// [`RegistryError::Unauthorized`] when the token endpoint refuses the
-    /// credentials; [`RegistryError::Other`] when it cannot be reached.
-    pub(crate) async fn auth_header(
-        &self,
-        scopes: &[String],
-        reference: &str,
-    ) -> Result<Option<http::HeaderValue>> {
-        let key = scopes.join(" ");
-        if let Scheme::Bearer(_) = &self.challenge {
-            let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((h, until)) = tokens.get(&key)
-                && std::time::Instant::now() < *until
-            {
-                return Ok(Some(h.clone()));
-            }
-        }
-        let mut lifetime = None;
-        let value = match (&self.challenge, &self.auth) {
-            (Scheme::Bearer(c), auth) => match token::fetch(&self.http, c, scopes, auth).await {
-                Ok(t) => {
-                    lifetime = Some(t.lifetime);
-                    format!("Bearer {}", t.token)
-                }
-                Err((Some(401 | 403), _)) => {
-                    return Err(RegistryError::unauthorized(
-                        self.ctx(reference, "get a token for"),
-                    ));
-                }
-                Err((_, message)) => {
-                    return Err(RegistryError::Other {
-                        registry: self.host.clone(),
-                        reference: reference.to_owned(),
-                        operation: "get a token for",
-                        message,
-                    });
-                }
-            },
-            (_, RegistryAuth::Basic(u, p)) => {
-                use base64::Engine as _;
-                let b = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
-                format!("Basic {b}")
-            }
-            _ => return Ok(None),
-        };
-        let mut h = http::HeaderValue::from_str(&value).map_err(|_| RegistryError::Other {
-            registry: self.host.clone(),
-            reference: reference.to_owned(),
-            operation: "authenticate to",
-            message: "credentials contain characters not allowed in a header".into(),
-        })?;
-        h.set_sensitive(true);
-        // Reused until 10 s before it expires, so a request never carries a
-        // token that lapses on the way.
-        if let Some(l) = lifetime.and_then(|l| l.checked_sub(Duration::from_secs(10))) {
-            let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-            if tokens.len() > 1000 {
-                tokens.clear();
-            }
-            tokens.insert(key, (h.clone(), std::time::Instant::now() + l));
-        }
-        Ok(Some(h))
-    }
-
-    /// Drops the cached token for `scopes` (a registry refused it early).
-    fn forget_token(&self, scopes: &[String]) {
-        self.tokens
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&scopes.join(" "));
     }
 
     /// The manifest digest `r` resolves to, by one `HEAD` of our own, or
@@ -837,11 +732,16 @@ impl Registry {
             Some(d) => d.to_string(),
             None => r.tag().unwrap_or("latest").to_owned(),
         };
-        let url = format!("{}/v2/{}/manifests/{reference}", self.base, r.repository());
+        let url = format!(
+            "{}/v2/{}/manifests/{reference}",
+            self.session.base,
+            r.repository()
+        );
         let mut retried = false;
         let resp = loop {
-            let auth = self.auth_header(&scopes, &name).await?;
+            let auth = self.session.auth_header(&scopes, &name).await?;
             let mut req = self
+                .session
                 .http
                 .head(&url)
                 .header(reqwest::header::ACCEPT, ACCEPT.join(", "));
@@ -849,30 +749,30 @@ impl Registry {
                 req = req.header(reqwest::header::AUTHORIZATION, h.clone());
             }
             let resp = req.send().await.map_err(|e| RegistryError::Unreachable {
-                registry: self.host.clone(),
+                registry: self.session.host.clone(),
                 reason: chain(&e.without_url()),
             })?;
             // A cached token the registry no longer takes: once more with a
             // fresh one.
             if resp.status() == reqwest::StatusCode::UNAUTHORIZED
                 && !retried
-                && matches!(self.challenge, Scheme::Bearer(_))
+                && matches!(self.session.challenge, Scheme::Bearer(_))
             {
-                self.forget_token(&scopes);
+                self.session.forget_token(&scopes);
                 retried = true;
                 continue;
             }
             break resp;
         };
         let status = resp.status().as_u16();
-        let ctx = self.ctx(&name, "HEAD manifest");
+        let ctx = self.session.ctx(&name, "HEAD manifest");
         match status {
             200..=299 => {}
             404 => return Ok(None),
             401 => return Err(RegistryError::unauthorized(ctx)),
             429 | 500..=599 => {
                 return Err(RegistryError::Unavailable {
-                    registry: self.host.clone(),
+                    registry: self.session.host.clone(),
                     reference: name,
                     operation: "HEAD manifest",
                     status,
@@ -900,7 +800,7 @@ impl Registry {
             return self.get_manifest(r).await.map(typed);
         };
         let digest = Digest::parse(&digest).map_err(|e| RegistryError::Manifest {
-            registry: self.host.clone(),
+            registry: self.session.host.clone(),
             reference: name.clone(),
             reason: format!("registry returned an invalid digest: {e}"),
         })?;
@@ -908,7 +808,7 @@ impl Registry {
             && *want != digest
         {
             return Err(RegistryError::DigestMismatch {
-                registry: self.host.clone(),
+                registry: self.session.host.clone(),
                 what: "manifest",
                 reference: name,
                 expected: want.to_string(),
@@ -934,7 +834,7 @@ impl Registry {
     ) -> Result<()> {
         if desc.size > self.chunked_threshold {
             return super::upload::Upload {
-                registry: self,
+                session: &self.session,
                 reference: r,
                 chunk: self.chunked_threshold.max(1),
             }
@@ -948,7 +848,7 @@ impl Registry {
             .map(|_| ())
             .map_err(|e| {
                 let name = format!("{}@{}", r.name(), desc.digest);
-                RegistryError::from_oci(self.ctx(&name, "PUT blob"), e)
+                RegistryError::from_oci(self.session.ctx(&name, "PUT blob"), e)
             })
     }
 
@@ -965,7 +865,7 @@ impl Registry {
         };
         let content_type = http::HeaderValue::from_str(&manifest.media_type).map_err(|e| {
             RegistryError::Manifest {
-                registry: self.host.clone(),
+                registry: self.session.host.clone(),
                 reference: name.clone(),
                 reason: format!("mediaType is not a valid header value: {e}"),
             }
@@ -974,7 +874,7 @@ impl Registry {
             .push_manifest_raw(&target.to_oci(), manifest.bytes.clone(), content_type)
             .await
             .map(|_| ())
-            .map_err(|e| RegistryError::from_oci(self.ctx(&name, "PUT manifest"), e))
+            .map_err(|e| RegistryError::from_oci(self.session.ctx(&name, "PUT manifest"), e))
     }
 }
 

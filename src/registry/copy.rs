@@ -22,9 +22,10 @@ use tracing::{debug, info, warn};
 
 use super::auth::Credentials;
 use super::check::{DigestCheck, checked, sha256_digest};
-use super::client::{BlobStream, ClientPool, Registry, Role};
+use super::client::{ClientPool, Registry, Role};
 use super::layout::Layout;
 use super::manifest::{Descriptor, ManifestKind, PlatformSpec, RawManifest, filter_index};
+use super::session::BlobStream;
 use super::{RegistryError, Result};
 use crate::reference::{Reference, ReferenceError};
 

@@ -16,8 +16,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
 use super::check::{DigestCheck, Hasher, checked};
-use super::client::BlobStream;
 use super::manifest::{Descriptor, RawManifest};
+use super::session::BlobStream;
 use crate::reference::Digest;
 
 /// The annotation that names an `index.json` entry.

@@ -15,6 +15,7 @@ pub mod ecr;
 pub mod layout;
 pub mod manifest;
 pub mod pullsecrets;
+pub mod session;
 mod token;
 mod upload;
 

@@ -17,14 +17,14 @@ use futures::StreamExt;
 use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, LOCATION};
 use tokio::sync::Mutex;
 
-use super::client::{BlobStream, Registry};
 use super::manifest::Descriptor;
+use super::session::{BlobStream, Session};
 use super::{RegistryError, Result, chain};
 use crate::reference::Reference;
 
 /// Where and how to upload.
 pub(crate) struct Upload<'a> {
-    pub registry: &'a Registry,
+    pub session: &'a Session,
     pub reference: &'a Reference,
     /// Bytes per PATCH.
     pub chunk: u64,
@@ -74,7 +74,7 @@ fn take(shared: Shared, len: u64) -> impl futures::Stream<Item = std::io::Result
 impl Upload<'_> {
     fn absolute(&self, location: &str) -> String {
         if location.starts_with('/') {
-            format!("{}{location}", self.registry.base())
+            format!("{}{location}", self.session.base())
         } else {
             location.to_owned()
         }
@@ -94,7 +94,7 @@ impl Upload<'_> {
             self.reference.repository()
         )];
         Ok(
-            match self.registry.auth_header(&scopes, &self.name(desc)).await? {
+            match self.session.auth_header(&scopes, &self.name(desc)).await? {
                 Some(h) => req.header(reqwest::header::AUTHORIZATION, h),
                 None => req,
             },
@@ -109,7 +109,7 @@ impl Upload<'_> {
         expected: u16,
     ) -> Result<reqwest::Response> {
         let reference = self.name(desc);
-        let registry = self.registry.host().to_owned();
+        let registry = self.session.host().to_owned();
         // Without the URL: upload URLs carry session state.
         let resp = resp.map_err(|e| RegistryError::Other {
             registry: registry.clone(),
@@ -123,7 +123,7 @@ impl Upload<'_> {
         }
         if status == 401 {
             return Err(RegistryError::unauthorized(
-                self.registry.ctx(&reference, operation),
+                self.session.ctx(&reference, operation),
             ));
         }
         let body = resp.text().await.unwrap_or_default();
@@ -144,7 +144,7 @@ impl Upload<'_> {
             .and_then(|v| v.to_str().ok())
             .map(|l| self.absolute(l))
             .ok_or_else(|| RegistryError::Other {
-                registry: self.registry.host().to_owned(),
+                registry: self.session.host().to_owned(),
                 reference: self.name(desc),
                 operation: "blob upload",
                 message: "the registry sent no Location header".into(),
@@ -158,10 +158,10 @@ impl Upload<'_> {
     /// step that failed; a source stream error aborts the PATCH in flight,
     /// so the session is never closed and no blob is committed.
     pub(crate) async fn run(&self, desc: &Descriptor, stream: BlobStream) -> Result<()> {
-        let http = self.registry.http();
+        let http = self.session.http();
         let start = format!(
             "{}/v2/{}/blobs/uploads/",
-            self.registry.base(),
+            self.session.base(),
             self.reference.repository()
         );
         let req = http.post(&start).header(CONTENT_LENGTH, 0);
@@ -192,7 +192,7 @@ impl Upload<'_> {
             let mut guard = shared.lock().await;
             if let Some(Err(e)) = guard.0.next().await {
                 return Err(RegistryError::Other {
-                    registry: self.registry.host().to_owned(),
+                    registry: self.session.host().to_owned(),
                     reference: self.name(desc),
                     operation: "read source blob for",
                     message: chain(&e),
@@ -200,7 +200,7 @@ impl Upload<'_> {
             }
         }
         let mut url = reqwest::Url::parse(&location).map_err(|e| RegistryError::Other {
-            registry: self.registry.host().to_owned(),
+            registry: self.session.host().to_owned(),
             reference: self.name(desc),
             operation: "blob upload",
             message: format!("bad Location {location:?}: {e}"),

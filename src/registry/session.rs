@@ -1,0 +1,163 @@
+//! What the requests we make ourselves (not through oci-client) share for
+//! one registry: its base URL, the HTTP client, and the Authorization
+//! header, with bearer tokens cached by scope. The client (`client.rs`) and
+//! the chunked upload (`upload.rs`) both use it, so neither depends on the
+//! other's internals (docs/architecture.md §4).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use oci_client::secrets::RegistryAuth;
+
+use super::token::{self, Scheme};
+use super::{Ctx, RegistryError, Result};
+
+/// A blob's bytes as they stream, each item checked by the producer.
+pub type BlobStream = futures::stream::BoxStream<'static, std::io::Result<Bytes>>;
+
+/// One registry, as our own requests see it.
+pub(crate) struct Session {
+    /// `host[:port]` as given to the pool.
+    pub(crate) host: String,
+    /// `https` or `http`, as chosen by the `/v2/` probe.
+    pub(crate) scheme: &'static str,
+    /// `scheme://host[:port]` of the registry's API.
+    pub(crate) base: String,
+    /// The HTTP client for requests oci-client does not make for us.
+    pub(crate) http: reqwest::Client,
+    pub(crate) auth: RegistryAuth,
+    /// What `GET /v2/` asked for.
+    pub(crate) challenge: Scheme,
+    /// Bearer tokens by scope set, with when to stop using them: one token
+    /// per scope and lifetime, not one per request.
+    tokens: std::sync::Mutex<HashMap<String, (http::HeaderValue, std::time::Instant)>>,
+}
+
+impl Session {
+    /// A session for `registry`, whose API is at `scheme://api_host`.
+    pub(crate) fn new(
+        registry: &str,
+        scheme: &'static str,
+        api_host: &str,
+        http: reqwest::Client,
+        auth: RegistryAuth,
+        challenge: Scheme,
+    ) -> Self {
+        Self {
+            host: registry.to_owned(),
+            scheme,
+            base: format!("{scheme}://{api_host}"),
+            http,
+            auth,
+            challenge,
+            tokens: std::sync::Mutex::default(),
+        }
+    }
+
+    /// `host[:port]` as given to the pool.
+    pub(crate) fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// Whether no credentials are configured for this registry.
+    pub(crate) fn is_anonymous(&self) -> bool {
+        self.auth == RegistryAuth::Anonymous
+    }
+
+    /// `scheme://host[:port]` of the registry's API.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The HTTP client for requests oci-client does not make for us.
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// The context an error about `reference` and `operation` names.
+    pub(crate) fn ctx<'a>(&'a self, reference: &'a str, operation: &'static str) -> Ctx<'a> {
+        Ctx {
+            registry: &self.host,
+            reference,
+            operation,
+            anonymous: self.is_anonymous(),
+        }
+    }
+
+    /// The Authorization header for our own requests with these token
+    /// `scopes`: a fresh bearer token when the registry challenged with
+    /// Bearer, basic credentials when it asked for Basic, else none.
+    ///
+    /// # Errors
+    /// [`RegistryError::Unauthorized`] when the token endpoint refuses the
+    /// credentials; [`RegistryError::Other`] when it cannot be reached.
+    pub(crate) async fn auth_header(
+        &self,
+        scopes: &[String],
+        reference: &str,
+    ) -> Result<Option<http::HeaderValue>> {
+        let key = scopes.join(" ");
+        if let Scheme::Bearer(_) = &self.challenge {
+            let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((h, until)) = tokens.get(&key)
+                && std::time::Instant::now() < *until
+            {
+                return Ok(Some(h.clone()));
+            }
+        }
+        let mut lifetime = None;
+        let value = match (&self.challenge, &self.auth) {
+            (Scheme::Bearer(c), auth) => match token::fetch(&self.http, c, scopes, auth).await {
+                Ok(t) => {
+                    lifetime = Some(t.lifetime);
+                    format!("Bearer {}", t.token)
+                }
+                Err((Some(401 | 403), _)) => {
+                    return Err(RegistryError::unauthorized(
+                        self.ctx(reference, "get a token for"),
+                    ));
+                }
+                Err((_, message)) => {
+                    return Err(RegistryError::Other {
+                        registry: self.host.clone(),
+                        reference: reference.to_owned(),
+                        operation: "get a token for",
+                        message,
+                    });
+                }
+            },
+            (_, RegistryAuth::Basic(u, p)) => {
+                use base64::Engine as _;
+                let b = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
+                format!("Basic {b}")
+            }
+            _ => return Ok(None),
+        };
+        let mut h = http::HeaderValue::from_str(&value).map_err(|_| RegistryError::Other {
+            registry: self.host.clone(),
+            reference: reference.to_owned(),
+            operation: "authenticate to",
+            message: "credentials contain characters not allowed in a header".into(),
+        })?;
+        h.set_sensitive(true);
+        // Reused until 10 s before it expires, so a request never carries a
+        // token that lapses on the way.
+        if let Some(l) = lifetime.and_then(|l| l.checked_sub(Duration::from_secs(10))) {
+            let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            if tokens.len() > 1000 {
+                tokens.clear();
+            }
+            tokens.insert(key, (h.clone(), std::time::Instant::now() + l));
+        }
+        Ok(Some(h))
+    }
+
+    /// Drops the cached token for `scopes` (a registry refused it early).
+    pub(crate) fn forget_token(&self, scopes: &[String]) {
+        self.tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&scopes.join(" "));
+    }
+}
