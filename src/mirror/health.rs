@@ -228,6 +228,12 @@ impl Attempt {
         self.breakers.answered(&self.registry, self.probe);
     }
 
+    /// No verdict: the request was cut short by pinswap's own budget before
+    /// `source.timeout`, which says nothing about the source.
+    pub fn abandoned(self) {
+        // Drop releases a probe slot.
+    }
+
     /// The source had an outage; `cause` says which, in words.
     pub fn failed(mut self, outage: Outage, cause: String, retry_after: Option<Duration>) {
         self.done = true;
@@ -237,15 +243,12 @@ impl Attempt {
 }
 
 impl Drop for Attempt {
+    /// Dropped without a verdict (the admission was cancelled, or ran out
+    /// of its own budget first): it says nothing about the source, so it
+    /// only frees a probe slot for the next request.
     fn drop(&mut self) {
-        if !self.done {
-            self.breakers.failed(
-                &self.registry,
-                self.probe,
-                Outage::Timeout,
-                "no answer within the admission budget".into(),
-                None,
-            );
+        if !self.done && self.probe {
+            self.breakers.release(&self.registry);
         }
     }
 }
@@ -326,10 +329,16 @@ mod tests {
         fail(&b, Outage::Unauthorized, None);
         assert_eq!(b.retry_in("r"), Duration::ZERO, "401 does not trip");
         drop(b.attempt("r").unwrap());
-        assert!(b.attempt("r").is_err(), "an abandoned attempt is a timeout");
+        b.attempt("r").unwrap().abandoned();
+        assert_eq!(b.retry_in("r"), Duration::ZERO, "no verdict, no trip");
+        fail(&b, Outage::Timeout, None);
         tokio::time::advance(Duration::from_secs(5)).await;
         let probe = b.attempt("r").unwrap();
         probe.failed(Outage::Unauthorized, "401".into(), None);
-        assert!(b.attempt("r").is_ok(), "the probe slot is released");
+        let probe = b.attempt("r").expect("the probe slot is released");
+        drop(probe);
+        let probe = b.attempt("r").expect("a dropped probe releases it too");
+        probe.abandoned();
+        assert!(b.attempt("r").is_ok(), "and an abandoned one");
     }
 }

@@ -650,7 +650,15 @@ impl Mirror {
             Err(_) => {
                 let ms = Duration::from_millis(limit.as_millis() as u64);
                 let cause = format!("no answer within {}", humantime::format_duration(ms));
-                attempt.failed(crate::registry::Outage::Timeout, cause.clone(), None);
+                // A wait cut to less than half of `source.timeout` by the
+                // admission's budget says little: a busy machine can miss
+                // a 20 ms window with a healthy source. Only longer waits
+                // count against it (docs/architecture.md §3).
+                if limit < self.source_timeout / 2 {
+                    attempt.abandoned();
+                } else {
+                    attempt.failed(crate::registry::Outage::Timeout, cause.clone(), None);
+                }
                 Err(down(cause))
             }
             Ok(Ok(v)) => {
