@@ -631,6 +631,8 @@ async fn pull_secrets_from_the_pod_and_its_service_account() {
         "test.yaml",
     )
     .unwrap();
+    // Only what the install's RBAC grants for imagePullSecrets: get.
+    kube.authorize_install(&c, pinswap::install::manifests::Tls::CertManager);
     let adm = Admission::from_config(&c, Arc::new(Metrics::new()))
         .unwrap()
         .with_pull_secrets(kube.client());
@@ -964,7 +966,7 @@ async fn rotated_target_credentials_are_read_again() {
         &format!(
             "target: {{registry: \"{}/mirror\", auth: {{username: mirror, passwordFile: {}}}}}\n\
              source: {{registries: [{{registry: \"{}\"}}]}}\ncopyPolicy: immediate\n\
-             server: {{admissionBudget: 8s}}\nrecovery: {{enabled: false}}\n",
+             copyDeadline: 8s\nserver: {{admissionBudget: 8s}}\nrecovery: {{enabled: false}}\n",
             dst.host(),
             password.display(),
             src.host()

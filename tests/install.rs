@@ -800,6 +800,7 @@ const NS: &str = "pinswap";
 /// The webhook configuration exactly as `pinswap manifests --tls
 /// self-signed` prints it, stored in the test API server.
 async fn install_webhook(api: &KubeApi) -> MutatingWebhookConfiguration {
+    authorize(api);
     let objects = manifests(&["--tls", "self-signed"]).await;
     api.put_webhook_configuration(typed(find(
         &objects,
@@ -808,7 +809,19 @@ async fn install_webhook(api: &KubeApi) -> MutatingWebhookConfiguration {
     )))
 }
 
+/// The test API server answers as a cluster would for the RBAC `pinswap
+/// manifests --tls self-signed` grants (recovery off, as in these tests).
+fn authorize(api: &KubeApi) {
+    let config = pinswap::config::Config::from_yaml(
+        "target: {registry: 127.0.0.1:9/mirror}\nrecovery: {enabled: false}\n",
+        "test",
+    )
+    .unwrap();
+    api.authorize_install(&config, pinswap::install::manifests::Tls::SelfSigned);
+}
+
 fn bootstrap(api: &KubeApi, dir: &Path) -> SelfSigned {
+    authorize(api);
     SelfSigned::new(
         api.client_in(NS),
         NS,

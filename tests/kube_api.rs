@@ -419,6 +419,185 @@ async fn selectors_are_refused_not_ignored_and_failures_inject() {
         .expect("only the next request fails");
 }
 
+#[tokio::test]
+async fn pod_lists_page_with_limit_and_continue() {
+    common::init();
+    let api = KubeApi::start().await;
+    for i in 0..5 {
+        api.apply_pod(pod("apps", &format!("p{i}")));
+    }
+    let pods: Api<Pod> = Api::all(api.client());
+    let mut names = Vec::new();
+    let mut token: Option<String> = None;
+    let mut pages = Vec::new();
+    loop {
+        let mut lp = ListParams::default().limit(2);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let page = pods.list(&lp).await.expect("page");
+        pages.push(page.items.len());
+        names.extend(page.items.iter().map(|p| p.metadata.name.clone().unwrap()));
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            break;
+        }
+        assert!(page.metadata.remaining_item_count.unwrap() > 0);
+    }
+    assert_eq!(pages, [2, 2, 1]);
+    assert_eq!(names, ["p0", "p1", "p2", "p3", "p4"]);
+
+    // A token from before the history was compacted gets 410, as etcd's.
+    let first = pods.list(&ListParams::default().limit(2)).await.unwrap();
+    api.apply_pod(pod("apps", "p5"));
+    api.expire_history();
+    let lp = ListParams::default()
+        .limit(2)
+        .continue_token(first.metadata.continue_.as_deref().unwrap());
+    let err = api_error(pods.list(&lp).await);
+    assert_eq!((err.code, err.reason.as_str()), (410, "Expired"));
+
+    // resourceVersionMatch is not implemented: refused, not ignored.
+    let lp = ListParams::default()
+        .at("0")
+        .matching(kube::api::VersionMatch::NotOlderThan);
+    let err = api_error(pods.list(&lp).await);
+    assert_eq!((err.code, err.reason.as_str()), (400, "BadRequest"));
+    assert!(
+        err.message.contains("resourceVersionMatch"),
+        "{}",
+        err.message
+    );
+}
+
+#[tokio::test]
+async fn events_past_the_api_servers_limits_are_invalid() {
+    common::init();
+    let api = KubeApi::start().await;
+    let events: Api<Event> = Api::namespaced(api.client(), "apps");
+    let with = |f: &dyn Fn(&mut Event)| {
+        let mut e = new_event("apps", "ImageRemirrored");
+        f(&mut e);
+        e
+    };
+    // At the limits: accepted.
+    let at = with(&|e| {
+        e.note = Some("n".repeat(1024));
+        e.reason = Some("R".repeat(128));
+        e.action = Some("A".repeat(128));
+    });
+    let created = events.create(&PostParams::default(), &at).await.unwrap();
+    // One past each: 422 naming the field. The note counts bytes.
+    type Edit = Box<dyn Fn(&mut Event)>;
+    let cases: [(&str, Edit); 4] = [
+        ("note", Box::new(|e| e.note = Some("é".repeat(513)))),
+        ("reason", Box::new(|e| e.reason = Some("R".repeat(129)))),
+        ("action", Box::new(|e| e.action = Some("A".repeat(129)))),
+        (
+            "reportingInstance",
+            Box::new(|e| e.reporting_instance = Some("i".repeat(129))),
+        ),
+    ];
+    for (field, f) in cases {
+        let err = api_error(events.create(&PostParams::default(), &with(&*f)).await);
+        assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"), "{field}");
+        assert!(err.message.contains(field), "{field}: {}", err.message);
+    }
+    // A patch cannot bring the note past the limit either.
+    let name = created.metadata.name.unwrap();
+    let patch = json!({"note": "n".repeat(1025)});
+    let err = api_error(
+        events
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    let stored = events.get(&name).await.unwrap();
+    assert_eq!(
+        stored.note.unwrap().len(),
+        1024,
+        "the refused patch changed nothing"
+    );
+}
+
+#[tokio::test]
+async fn authorised_as_the_install_grants() {
+    use pinswap::install::manifests::Tls;
+    common::init();
+    let config = |extra: &str| {
+        pinswap::config::Config::from_yaml(
+            &format!("target: {{registry: m.example}}\n{extra}"),
+            "t",
+        )
+        .unwrap()
+    };
+    let api = KubeApi::start().await;
+    api.apply_pod(pod("apps", "a"));
+    let pods: Api<Pod> = Api::all(api.client());
+    let secrets: Api<Secret> = Api::namespaced(api.client(), "apps");
+    api.put_secret(
+        "apps",
+        dockerconfigjson_secret("regcred", "r.example", "u", "p"),
+    );
+
+    // Recovery off, no pull secrets: no Pods, no Secrets.
+    api.authorize_install(&config("recovery: {enabled: false}"), Tls::CertManager);
+    let err = api_error(pods.list(&ListParams::default()).await);
+    assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        err.message,
+        "pods is forbidden: User \"system:serviceaccount:pinswap:pinswap\" cannot list resource \"pods\" in API group \"\" at the cluster scope"
+    );
+    assert_eq!(api_error(secrets.get("regcred").await).code, 403);
+
+    // Recovery on: Pods read and watched everywhere, the Lease by name only.
+    api.authorize_install(&config(""), Tls::CertManager);
+    pods.list(&ListParams::default()).await.expect("list pods");
+    let mut watch = pods
+        .watch(&WatchParams::default(), "0")
+        .await
+        .expect("watch")
+        .boxed();
+    assert!(matches!(next(&mut watch).await, WatchEvent::Added(_)));
+    assert_eq!(
+        api_error(secrets.get("regcred").await).code,
+        403,
+        "no pull secrets"
+    );
+    let leases: Api<Lease> = Api::namespaced(api.client(), "pinswap");
+    let err = api_error(leases.get("someone-else").await);
+    assert_eq!(err.code, 403, "{}", err.message);
+    assert_eq!(
+        api_error(leases.get("pinswap-leader").await).code,
+        404,
+        "allowed, absent"
+    );
+    let elsewhere: Api<Lease> = Api::namespaced(api.client(), "apps");
+    assert_eq!(api_error(elsewhere.get("pinswap-leader").await).code, 403);
+
+    // Pull secrets: get, never list.
+    api.authorize_install(
+        &config("source: {imagePullSecrets: true}"),
+        Tls::CertManager,
+    );
+    secrets.get("regcred").await.expect("get a pull secret");
+    assert_eq!(
+        api_error(secrets.list(&ListParams::default()).await).code,
+        403
+    );
+    assert_eq!(
+        api.forbidden(),
+        [
+            "list /api/v1/pods",
+            "get /api/v1/namespaces/apps/secrets/regcred",
+            "get /api/v1/namespaces/apps/secrets/regcred",
+            "get /apis/coordination.k8s.io/v1/namespaces/pinswap/leases/someone-else",
+            "get /apis/coordination.k8s.io/v1/namespaces/apps/leases/pinswap-leader",
+            "list /api/v1/namespaces/apps/secrets",
+        ]
+    );
+}
+
 fn new_event(ns: &str, reason: &str) -> Event {
     Event {
         metadata: ObjectMeta {

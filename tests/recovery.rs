@@ -37,7 +37,7 @@ fn config(src: &TestRegistry, dst: &TestRegistry, cache: &str) -> Config {
 /// As [`config`], with more `recovery` keys (indented two spaces).
 fn config_with(src: &TestRegistry, dst: &TestRegistry, cache: &str, recovery: &str) -> Config {
     let yaml = format!(
-        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\nserver: {{admissionBudget: 8s}}\ncache: {cache}\n{FAST}{recovery}",
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\ncopyDeadline: 8s\nserver: {{admissionBudget: 8s}}\ncache: {cache}\n{FAST}{recovery}",
         dst.host(),
         src.host()
     );
@@ -72,11 +72,14 @@ impl Replica {
         }
     }
 
+    /// Starts the watcher, recovery and leader election against `api`,
+    /// which from then on allows only what the install's RBAC grants.
     fn start(&mut self, config: &Config, api: &KubeApi) {
+        api.authorize_install(config, pinswap::install::manifests::Tls::CertManager);
         self.bg = Some(Background::start(
             self.adm.mirror().clone(),
             config,
-            Some(api.client()),
+            Some(api.install_client()),
             CancellationToken::new(),
         ));
     }
@@ -408,7 +411,7 @@ async fn with_two_replicas_only_the_lease_holder_remirrors_and_the_other_takes_o
     };
     assert_eq!(leader.metric("pinswap_leader"), 1.0);
     assert_eq!(follower.metric("pinswap_leader"), 0.0);
-    let lease = api.lease("default", "pinswap-leader").expect("the Lease");
+    let lease = api.lease("pinswap", "pinswap-leader").expect("the Lease");
     assert!(lease.spec.unwrap().holder_identity.is_some());
 
     prune(&dst, &app).await;
@@ -465,7 +468,7 @@ async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
     for _ in 0..100 {
         api.fail_next(
             "GET",
-            "/apis/coordination.k8s.io/v1/namespaces/default/leases/pinswap-leader",
+            "/apis/coordination.k8s.io/v1/namespaces/pinswap/leases/pinswap-leader",
             503,
         );
     }
@@ -791,7 +794,7 @@ async fn a_lost_layer_alone_is_restored_after_a_pull_failure() {
 
 fn platform_config(src: &TestRegistry, dst: &TestRegistry) -> Config {
     yaml_config(&format!(
-        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\nplatforms: [linux/amd64]\nserver: {{admissionBudget: 8s}}\ncache: {{reverify: 0s}}\n{FAST}",
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\ncopyDeadline: 8s\nplatforms: [linux/amd64]\nserver: {{admissionBudget: 8s}}\ncache: {{reverify: 0s}}\n{FAST}",
         dst.host(),
         src.host()
     ))

@@ -476,7 +476,14 @@ fn grant(
 
 /// Least privilege for what the config turns on. Kubernetes cannot limit
 /// `create` by resourceName, so each create is confined to one namespace.
-fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
+/// The RBAC objects [`objects`] renders for `opts` (Roles, ClusterRoles
+/// and their bindings to the `pinswap` ServiceAccount in
+/// `opts.namespace`), without the checks of what a Pod can use. The tests'
+/// API server authorises requests with them.
+///
+/// # Errors
+/// [`ManifestError::Serialize`] only.
+pub fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
     let ns = opts.namespace.as_str();
     let c = &opts.config;
     let mut out = Vec::new();

@@ -17,8 +17,11 @@
 //!   JSON patch (RFC 6902, `test` ops included; a failed one gets 422).
 //!
 //! Errors are `Status` objects with the real API's reasons and messages.
+//! Pod lists page with `limit` and `continue`. Events are validated with
+//! the API server's limits (a note of at most 1 KiB; reason, action and
+//! reportingInstance of at most 128 characters), on create and on patch.
 //! What it doesn't implement (label and field selectors, `sendInitialEvents`,
-//! other verbs) is refused, never silently ignored. Every request is
+//! `resourceVersionMatch`, other verbs) is refused, never silently ignored. Every request is
 //! recorded ([`KubeApi::requests`]); [`KubeApi::fail_next`] injects failures.
 
 // Handlers answer `Result<Response, Response>`: both sides are responses.
@@ -112,7 +115,160 @@ struct Store {
     requests: Vec<ApiRequest>,
     /// (method, path, HTTP code) for the next matching requests.
     failures: Vec<(String, String, u16)>,
+    /// When set, every request is authorised against these rules, as the
+    /// API server's RBAC authoriser does for pinswap's ServiceAccount.
+    rbac: Option<Rbac>,
+    /// Requests refused by `rbac`: "verb path".
+    forbidden: Vec<String>,
 }
+
+/// RBAC rules bound to one ServiceAccount: cluster-wide ones (a ClusterRole
+/// through a ClusterRoleBinding) and per namespace (a Role or ClusterRole
+/// through a RoleBinding).
+#[derive(Debug, Clone, Default)]
+pub struct Rbac {
+    cluster: Vec<Value>,
+    namespaced: Vec<(String, Value)>,
+}
+
+/// What a request asks to do, in RBAC's terms.
+struct Attributes {
+    verb: &'static str,
+    group: String,
+    resource: String,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+impl Rbac {
+    /// The rules `objects` (rendered RBAC) bind to `system:serviceaccount:NS:NAME`.
+    pub fn for_service_account(objects: &[Value], ns: &str, name: &str) -> Rbac {
+        let role = |kind: &str, role_name: &str, role_ns: Option<&str>| -> Vec<Value> {
+            objects
+                .iter()
+                .find(|o| {
+                    o["kind"] == kind
+                        && o["metadata"]["name"] == role_name
+                        && (kind == "ClusterRole" || o["metadata"]["namespace"].as_str() == role_ns)
+                })
+                .and_then(|o| o["rules"].as_array().cloned())
+                .unwrap_or_default()
+        };
+        let mut out = Rbac::default();
+        for b in objects {
+            let kind = b["kind"].as_str().unwrap_or("");
+            if kind != "ClusterRoleBinding" && kind != "RoleBinding" {
+                continue;
+            }
+            let ours = b["subjects"].as_array().into_iter().flatten().any(|s| {
+                s["kind"] == "ServiceAccount" && s["name"] == name && s["namespace"] == ns
+            });
+            if !ours {
+                continue;
+            }
+            let (ref_kind, ref_name) = (
+                b["roleRef"]["kind"].as_str().unwrap_or(""),
+                b["roleRef"]["name"].as_str().unwrap_or(""),
+            );
+            let binding_ns = b["metadata"]["namespace"].as_str();
+            let rules = role(ref_kind, ref_name, binding_ns);
+            match (kind, binding_ns) {
+                ("ClusterRoleBinding", _) => out.cluster.extend(rules),
+                (_, Some(bns)) => out
+                    .namespaced
+                    .extend(rules.into_iter().map(|r| (bns.to_owned(), r))),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn allows(&self, a: &Attributes) -> bool {
+        let matches = |rule: &Value| {
+            let has = |field: &str, want: &str| {
+                rule[field]
+                    .as_array()
+                    .is_some_and(|xs| xs.iter().any(|x| x == want || x == "*"))
+            };
+            let names = rule["resourceNames"].as_array().filter(|n| !n.is_empty());
+            // A rule naming objects allows only requests that name one of
+            // them: never create, list or watch.
+            let named = match (names, &a.name) {
+                (None, _) => true,
+                (Some(names), Some(n)) => names.iter().any(|x| x == n.as_str()),
+                (Some(_), None) => false,
+            };
+            has("apiGroups", &a.group)
+                && has("resources", &a.resource)
+                && has("verbs", a.verb)
+                && named
+        };
+        self.cluster.iter().any(matches)
+            || a.namespace.as_deref().is_some_and(|ns| {
+                self.namespaced
+                    .iter()
+                    .any(|(rns, rule)| rns == ns && matches(rule))
+            })
+    }
+}
+
+/// RBAC attributes of a request to one of the paths this server routes.
+fn attributes(method: &str, path: &str, query: &str) -> Option<Attributes> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => (String::new(), rest),
+        ["apis", group, _version, rest @ ..] => ((*group).to_owned(), rest),
+        _ => return None,
+    };
+    let (namespace, resource, name) = match rest {
+        ["namespaces", ns, resource] => (Some(*ns), *resource, None),
+        ["namespaces", ns, resource, name] => (Some(*ns), *resource, Some(*name)),
+        [resource] => (None, *resource, None),
+        [resource, name] => (None, *resource, Some(*name)),
+        _ => return None,
+    };
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    let verb = match (method, name.is_some()) {
+        ("GET", true) => "get",
+        ("GET", false) if watch => "watch",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => return None,
+    };
+    Some(Attributes {
+        verb,
+        group,
+        resource: resource.to_owned(),
+        namespace: namespace.map(str::to_owned),
+        name: name.map(str::to_owned),
+    })
+}
+
+/// The API server's 403 for `a`, worded as its RBAC authoriser words it.
+fn forbidden(a: &Attributes, user: &str) -> Response {
+    let scope = match &a.namespace {
+        Some(ns) => format!("in the namespace \"{ns}\""),
+        None => "at the cluster scope".into(),
+    };
+    let what = match &a.name {
+        Some(n) => format!("{} \"{n}\"", a.resource),
+        None => a.resource.clone(),
+    };
+    let message = format!(
+        "{what} is forbidden: User \"{user}\" cannot {} resource \"{}\" in API group \"{}\" {scope}",
+        a.verb, a.resource, a.group
+    );
+    failure(403, "Forbidden", message)
+}
+
+/// The ServiceAccount the authorised requests come from.
+const PINSWAP_USER: (&str, &str) = ("pinswap", "pinswap");
 
 impl Store {
     /// Stores `obj` under a new resourceVersion, setting the metadata the
@@ -231,6 +387,12 @@ impl KubeApi {
         self.client_in("default")
     }
 
+    /// A client as pinswap's in-cluster one: its default namespace (where
+    /// the Lease goes) is the install's, `pinswap`.
+    pub fn install_client(&self) -> ::kube::Client {
+        self.client_in(PINSWAP_USER.0)
+    }
+
     /// A client whose default namespace is `ns`.
     pub fn client_in(&self, ns: &str) -> ::kube::Client {
         let mut config = ::kube::Config::new(self.url.parse().expect("server URL as a URI"));
@@ -336,6 +498,38 @@ impl KubeApi {
     /// Ends every open watch, as an API server restart does.
     pub fn close_watches(&self) {
         let _ = self.shared.feed.send(Feed::Close);
+    }
+
+    /// From now on, authorises every request as coming from the `pinswap`
+    /// ServiceAccount in namespace `pinswap`, with the RBAC `pinswap
+    /// manifests` renders for `config` and `tls`: a verb or resource the
+    /// install does not grant gets 403, as in a cluster.
+    pub fn authorize_install(
+        &self,
+        config: &pinswap::config::Config,
+        tls: pinswap::install::manifests::Tls,
+    ) {
+        let opts = pinswap::install::manifests::Options {
+            namespace: PINSWAP_USER.0.into(),
+            replicas: 1,
+            tls,
+            image: "registry.example/pinswap:0".into(),
+            image_pull_secrets: Vec::new(),
+            config_text: String::new(),
+            config: config.clone(),
+        };
+        let objects = pinswap::install::manifests::rbac(&opts).expect("render RBAC");
+        self.shared.lock().rbac = Some(Rbac::for_service_account(
+            &objects,
+            PINSWAP_USER.0,
+            PINSWAP_USER.1,
+        ));
+    }
+
+    /// Requests refused by [`KubeApi::authorize_install`]'s rules, as
+    /// "verb path".
+    pub fn forbidden(&self) -> Vec<String> {
+        self.shared.lock().forbidden.clone()
     }
 
     /// Every Event stored, as the API returns it (core/v1 or events.k8s.io/v1).
@@ -491,10 +685,24 @@ async fn record(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> 
         hit.map(|i| st.failures.remove(i).2)
     };
     let message = "injected by the test API server";
-    match injected {
-        Some(code) => failure(code, "InternalError", message.into()),
-        None => next.run(req).await,
+    if let Some(code) = injected {
+        return failure(code, "InternalError", message.into());
     }
+    let rbac = shared.lock().rbac.clone();
+    if let Some(rbac) = rbac {
+        let (path, query) = (req.uri().path(), req.uri().query().unwrap_or(""));
+        if let Some(a) = attributes(req.method().as_str(), path, query)
+            && !rbac.allows(&a)
+        {
+            let user = format!(
+                "system:serviceaccount:{}:{}",
+                PINSWAP_USER.0, PINSWAP_USER.1
+            );
+            shared.lock().forbidden.push(format!("{} {path}", a.verb));
+            return forbidden(&a, &user);
+        }
+    }
+    next.run(req).await
 }
 
 type ApiState = State<Arc<Shared>>;
@@ -545,7 +753,12 @@ async fn list(
 
 fn list_or_watch_pods(shared: &Shared, ns: Option<String>, q: HashMap<String, String>) -> Response {
     let param = |k: &str| q.get(k).map_or("", String::as_str);
-    for refused in ["labelSelector", "fieldSelector", "sendInitialEvents"] {
+    for refused in [
+        "labelSelector",
+        "fieldSelector",
+        "sendInitialEvents",
+        "resourceVersionMatch",
+    ] {
         if !param(refused).is_empty() {
             return bad_request(format!(
                 "{refused} is not implemented by the test API server"
@@ -560,11 +773,42 @@ fn list_or_watch_pods(shared: &Shared, ns: Option<String>, q: HashMap<String, St
         .filter(|((plural, ns, _), _)| *plural == "pods" && in_scope(ns));
     let pods = pods.map(|(_, pod)| pod.clone());
     if !matches!(param("watch"), "true" | "1") {
-        let items = pods
-            .map(|p| serde_json::from_value(p).expect("stored pod"))
+        // Pages of `limit` items; `continue` is "RV/OFFSET", the list's
+        // resourceVersion and how many items came before. Unlike etcd's
+        // snapshot, later pages read the current store; a token older than
+        // the watch history gets 410, as a compacted one does.
+        let limit = match param("limit") {
+            "" | "0" => usize::MAX,
+            n => match n.parse::<usize>() {
+                Ok(n) => n,
+                Err(_) => return bad_request(format!("invalid limit {n:?}")),
+            },
+        };
+        let (rv, offset) = match param("continue") {
+            "" => (st.rv, 0),
+            token => match token
+                .split_once('/')
+                .and_then(|(rv, off)| Some((rv.parse::<u64>().ok()?, off.parse::<usize>().ok()?)))
+            {
+                Some((rv, _)) if rv < st.oldest_watchable => {
+                    let message = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.".to_owned();
+                    return failure(410, "Expired", message);
+                }
+                Some(parsed) => parsed,
+                None => return bad_request(format!("invalid continue token {token:?}")),
+            },
+        };
+        let all: Vec<Value> = pods.collect();
+        let end = offset.saturating_add(limit).min(all.len());
+        let items = all[offset.min(end)..end]
+            .iter()
+            .map(|p| serde_json::from_value(p.clone()).expect("stored pod"))
             .collect();
+        let more = end < all.len();
         let metadata = ListMeta {
-            resource_version: Some(st.rv.to_string()),
+            resource_version: Some(rv.to_string()),
+            continue_: more.then(|| format!("{rv}/{end}")),
+            remaining_item_count: more.then(|| (all.len() - end) as i64),
             ..Default::default()
         };
         return Json(k8s_openapi::List::<Pod> { items, metadata }).into_response();
@@ -744,6 +988,33 @@ fn check_event(e: &Event, _ns: &str) -> Result<(), String> {
     if e.event_time.is_none() {
         return Err("eventTime: Required value".into());
     }
+    // The API server's limits (k8s.io/kubernetes pkg/apis/core/validation,
+    // events.go): bytes for the note, characters for the rest.
+    let limits = [
+        ("reportingInstance", &e.reporting_instance, 128),
+        ("action", &e.action, 128),
+        ("reason", &e.reason, 128),
+    ];
+    for (field, value, max) in limits {
+        let n = value.as_deref().unwrap_or("").chars().count();
+        if n > max {
+            return Err(format!(
+                "{field}: Too long: may not be more than {max} characters ({n})"
+            ));
+        }
+    }
+    let controller = e.reporting_controller.as_deref().unwrap_or("");
+    if controller.len() > 253 || controller.contains(char::is_whitespace) {
+        return Err(format!(
+            "reportingController: Invalid value: {controller:?}: a qualified name of at most 253 characters"
+        ));
+    }
+    let note = e.note.as_deref().unwrap_or("").len();
+    if note > 1024 {
+        return Err(format!(
+            "note: Too long: may not be more than 1024 bytes ({note})"
+        ));
+    }
     match e.type_.as_deref() {
         Some("Normal" | "Warning") => Ok(()),
         other => Err(format!(
@@ -753,6 +1024,24 @@ fn check_event(e: &Event, _ns: &str) -> Result<(), String> {
 }
 
 fn check_core_event(e: &CoreEvent, ns: &str) -> Result<(), String> {
+    for (field, value) in [("reason", &e.reason), ("action", &e.action)] {
+        let n = value.as_deref().unwrap_or("").chars().count();
+        if n > 128 {
+            return Err(format!(
+                "{field}: Too long: may not be more than 128 characters ({n})"
+            ));
+        }
+    }
+    let message = e.message.as_deref().unwrap_or("").len();
+    if e.reporting_component
+        .as_deref()
+        .is_some_and(|c| !c.is_empty())
+        && message > 1024
+    {
+        return Err(format!(
+            "message: Too long: may not be more than 1024 bytes ({message})"
+        ));
+    }
     match e.involved_object.namespace.as_deref() {
         Some(n) if !n.is_empty() && n != ns => Err(format!(
             "involvedObject.namespace: Invalid value: {n:?}: does not match event.namespace"
@@ -843,8 +1132,10 @@ fn secret_update_allowed(s: &Shared, ns: &str, name: &str, body: &[u8]) -> Resul
 async fn patch(State(s): ApiState, Path(p): Params, headers: HeaderMap, body: Bytes) -> Response {
     let (ns, name) = (&p["ns"], &p["name"]);
     let result = match kind_of(&p) {
-        Some(CORE_EVENTS) => patch_as::<CoreEvent>(&s, CORE_EVENTS, ns, name, &headers, &body),
-        Some(EVENTS) => patch_as::<Event>(&s, EVENTS, ns, name, &headers, &body),
+        Some(CORE_EVENTS) => {
+            patch_as::<CoreEvent>(&s, CORE_EVENTS, ns, name, &headers, &body, check_core_event)
+        }
+        Some(EVENTS) => patch_as::<Event>(&s, EVENTS, ns, name, &headers, &body, check_event),
         Some(_) => Err(unsupported()),
         None => Err(no_such_resource()),
     };
@@ -858,6 +1149,7 @@ fn patch_as<K: Resource + DeserializeOwned>(
     name: &str,
     headers: &HeaderMap,
     body: &[u8],
+    check: Check<K>,
 ) -> Result<Response, Response> {
     let mut st = s.lock();
     let key = (kind.1, ns.to_owned(), name.to_owned());
@@ -887,7 +1179,11 @@ fn patch_as<K: Resource + DeserializeOwned>(
     let patch: Value = serde_json::from_slice(body)
         .map_err(|e| bad_request(format!("decoding the patch: {e}")))?;
     json_patch::merge(&mut obj, &patch);
-    serde_json::from_value::<K>(obj.clone()).map_err(|e| invalid(kind, name, e.to_string()))?;
+    let patched =
+        serde_json::from_value::<K>(obj.clone()).map_err(|e| invalid(kind, name, e.to_string()))?;
+    // An update is validated like a create: a patch cannot bring a field
+    // past its limit.
+    check(&patched, ns).map_err(|problem| invalid(kind, name, problem))?;
     Ok(Json(st.write(kind, ns, name, obj).0).into_response())
 }
 
