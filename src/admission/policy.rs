@@ -2,11 +2,13 @@
 //! refused addresses and idempotence (docs/architecture.md §3 step 1, §5).
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::pod::Slot;
 use crate::config::Config;
+use crate::metrics::{ErrorCause, Metrics};
 use crate::reference::{MirrorTarget, Reference};
 
 /// Why a slot is not decided by the mirror.
@@ -14,8 +16,9 @@ use crate::reference::{MirrorTarget, Reference};
 pub enum Skip {
     /// Left alone on purpose.
     Keep(String),
-    /// Left alone because of an error (denies under `failurePolicy: closed`).
-    Error(String),
+    /// Left alone because of an error (denies under `failurePolicy: closed`),
+    /// with its kind.
+    Error(ErrorCause, String),
 }
 
 /// The compiled slot policy.
@@ -24,6 +27,8 @@ pub struct Policy {
     allowed: Vec<String>,
     any: bool,
     target: MirrorTarget,
+    /// Where a filter that fails at run time is counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Cloud metadata endpoints that a Pod must never make pinswap contact,
@@ -93,7 +98,15 @@ impl Policy {
             allowed,
             any,
             target,
+            metrics: None,
         })
+    }
+
+    /// Counts filters that fail at run time in
+    /// `pinswap_admission_errors_total{cause="filter"}`, once per slot.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Whether any filter is configured (filters read each container).
@@ -120,7 +133,7 @@ impl Policy {
         if let Some(pod) = pod {
             let container = jmespath::Variable::from_serializable(&slot.container)
                 .map(jmespath::Rcvar::new)
-                .map_err(|e| Skip::Error(format!("filter input: {e}")))?;
+                .map_err(|e| Skip::Error(ErrorCause::Filter, format!("filter input: {e}")))?;
             let input = jmespath::Rcvar::new(jmespath::Variable::Object(
                 [
                     ("obj".to_owned(), pod.clone()),
@@ -128,6 +141,7 @@ impl Policy {
                 ]
                 .into(),
             ));
+            let mut failed = false;
             for (text, expr) in &self.filters {
                 let mut ctx = jmespath::Context::new(text, &jmespath::DEFAULT_RUNTIME);
                 match jmespath::interpret(&input, expr.as_ast(), &mut ctx) {
@@ -136,12 +150,17 @@ impl Policy {
                     }
                     Ok(_) => {}
                     Err(e) => {
+                        failed = true;
                         tracing::warn!(filter = %text, error = %e, "filter failed; treated as not matching")
                     }
                 }
             }
+            if let (true, Some(m)) = (failed, &self.metrics) {
+                m.admission_error(ErrorCause::Filter);
+            }
         }
-        let reference = Reference::parse(&slot.image).map_err(|e| Skip::Error(e.to_string()))?;
+        let reference = Reference::parse(&slot.image)
+            .map_err(|e| Skip::Error(ErrorCause::Reference, e.to_string()))?;
         if self.target.contains(&reference) {
             return Err(Skip::Keep("already under the target".into()));
         }
@@ -245,7 +264,7 @@ mod tests {
         );
         assert!(matches!(
             p.check(pod, &slot("Bad/Image:x")),
-            Err(Skip::Error(_))
+            Err(Skip::Error(ErrorCause::Reference, _))
         ));
         let sys = p.prepare(&json!({"metadata": {"namespace": "kube-system"}}));
         assert!(

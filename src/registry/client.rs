@@ -462,13 +462,17 @@ impl Registry {
     }
 
     /// Whether the registry answers `GET /v2/` (any HTTP status) within 2 s.
-    pub async fn ping(&self) -> bool {
+    ///
+    /// # Errors
+    /// The transport error chain when it does not.
+    pub async fn ping(&self) -> std::result::Result<(), String> {
         self.http
             .get(format!("{}/v2/", self.base))
             .timeout(Duration::from_secs(2))
             .send()
             .await
-            .is_ok()
+            .map(drop)
+            .map_err(|e| chain(&e))
     }
 
     /// `scheme://host[:port]` of the registry's API.
