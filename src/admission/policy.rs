@@ -35,26 +35,16 @@ pub struct Policy {
 /// whatever the allowlist says.
 const METADATA_HOSTS: [&str; 3] = ["metadata.google.internal", "metadata", "metadata.azure.com"];
 
+/// Link-local and metadata addresses (the guard's list, but for
+/// unspecified, which is no host a Pod can name).
 fn refused_ip(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_link_local() || v4.octets() == [100, 100, 100, 200],
-        IpAddr::V6(v6) => {
-            let seg = v6.segments();
-            let embedded = std::net::Ipv4Addr::from((u32::from(seg[6]) << 16) | u32::from(seg[7]));
-            (seg[0] & 0xffc0) == 0xfe80
-                || v6 == "fd00:ec2::254".parse::<std::net::Ipv6Addr>().expect("literal")
-                // IPv4-mapped, IPv4-compatible and NAT64 (64:ff9b::/96) forms.
-                || v6.to_ipv4_mapped().is_some_and(|v4| refused_ip(IpAddr::V4(v4)))
-                || (seg[..6] == [0; 6] && refused_ip(IpAddr::V4(embedded)))
-                || (seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && refused_ip(IpAddr::V4(embedded)))
-        }
-    }
+    crate::registry::guard::refused_ip(ip).is_some_and(|why| why != "unspecified")
 }
 
 /// Whether a registry host is link-local or a known metadata address. The
 /// host is parsed as a URL parser (and so reqwest) would: decimal, hex and
 /// octal IPv4 forms such as `2852039166` or `0xa9fea9fe` count. Names are
-/// not resolved here; see README "Known limits".
+/// not resolved here: [`crate::registry::guard`] checks what they resolve to.
 pub fn is_refused_host(registry: &str) -> bool {
     let Ok(url) = url::Url::parse(&format!("http://{registry}/")) else {
         return false;

@@ -497,9 +497,19 @@ impl Mirror {
         for (registry, role, auth, path) in &auths {
             per_registry.insert((registry.clone(), *role), read_auth(auth, registry, path)?);
         }
+        // Loopback and private addresses only for the registries the config
+        // names; anything `"*"` lets in must be public (docs/architecture.md §5).
+        let named = config
+            .source
+            .registries
+            .iter()
+            .filter(|r| r.registry != "*")
+            .map(|r| normalize_registry(&r.registry))
+            .chain([normalize_registry(target.registry())]);
         let pool = Arc::new(ClientPool::new(PoolOptions {
             insecure,
             per_registry,
+            guard: crate::registry::guard::Guard::private_only_for(named),
             ..PoolOptions::default()
         }));
         let platforms = match &config.platforms {

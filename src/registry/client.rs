@@ -58,6 +58,9 @@ pub struct PoolOptions {
     pub sources: CredentialSources,
     /// Blobs above this many bytes use chunked upload; `None` for the default.
     pub chunked_threshold: Option<u64>,
+    /// Which addresses our own requests may connect to (oci-client's are
+    /// not covered: it builds its own HTTP client; docs/architecture.md §8).
+    pub guard: super::guard::Guard,
 }
 
 /// A client built at most once, however many copies ask for it at once.
@@ -89,6 +92,8 @@ pub struct Registry {
     /// Bearer tokens by scope set, with when to stop using them: one token
     /// per scope and lifetime, not one per request.
     tokens: std::sync::Mutex<HashMap<String, (http::HeaderValue, std::time::Instant)>>,
+    /// Checks the URLs the registry hands us (token realms, locations).
+    guard: super::guard::Guard,
 }
 
 impl std::fmt::Debug for Registry {
@@ -162,6 +167,8 @@ impl ClientPool {
                     .iter()
                     .filter_map(|d| reqwest::Certificate::from_der(d).ok());
                 reqwest::Client::builder()
+                    .dns_resolver(self.opts.guard.resolver())
+                    .redirect(self.opts.guard.redirect_policy())
                     .connect_timeout(Duration::from_secs(10))
                     .read_timeout(Duration::from_secs(60))
                     .user_agent(concat!("pinswap/", env!("CARGO_PKG_VERSION")))
@@ -246,6 +253,16 @@ impl ClientPool {
         } else {
             registry
         };
+        // A literal host is not resolved, so the guard checks it here; a
+        // name is checked when the probe resolves it. The probe is the first
+        // connection to a registry, so oci-client's client never reaches one
+        // the guard refuses (it may still follow redirects unchecked).
+        if let Err(e) = self.opts.guard.check_str(&format!("http://{api_host}/")) {
+            return Err(RegistryError::Unreachable {
+                registry: registry.into(),
+                reason: e.to_string(),
+            });
+        }
         let probe = self.http_client(registry).await?;
         let roots = self.roots(registry).await?;
         // Plain HTTP first on loopback, where TLS protects nothing and most
@@ -359,6 +376,7 @@ impl ClientPool {
             challenge,
             chunked_threshold: threshold,
             tokens: std::sync::Mutex::default(),
+            guard: self.opts.guard.clone(),
         })
     }
 }
@@ -478,6 +496,11 @@ impl Registry {
     /// `scheme://host[:port]` of the registry's API.
     pub(crate) fn base(&self) -> &str {
         &self.base
+    }
+
+    /// The outbound guard our requests go through.
+    pub(crate) fn guard(&self) -> &super::guard::Guard {
+        &self.guard
     }
 
     /// The HTTP client for requests oci-client does not make for us.
@@ -607,7 +630,9 @@ impl Registry {
                         true => format!("{}{loc}", self.base),
                         false => loc.to_owned(),
                     };
-                    let _ = with_auth(self.http.delete(loc)).send().await;
+                    if self.guard.check_str(&loc).is_ok() {
+                        let _ = with_auth(self.http.delete(loc)).send().await;
+                    }
                 }
                 false
             }
@@ -755,25 +780,27 @@ impl Registry {
         }
         let mut lifetime = None;
         let value = match (&self.challenge, &self.auth) {
-            (Scheme::Bearer(c), auth) => match token::fetch(&self.http, c, scopes, auth).await {
-                Ok(t) => {
-                    lifetime = Some(t.lifetime);
-                    format!("Bearer {}", t.token)
+            (Scheme::Bearer(c), auth) => {
+                match token::fetch(&self.http, &self.guard, c, scopes, auth).await {
+                    Ok(t) => {
+                        lifetime = Some(t.lifetime);
+                        format!("Bearer {}", t.token)
+                    }
+                    Err((Some(401 | 403), _)) => {
+                        return Err(RegistryError::unauthorized(
+                            self.ctx(reference, "get a token for"),
+                        ));
+                    }
+                    Err((_, message)) => {
+                        return Err(RegistryError::Other {
+                            registry: self.host.clone(),
+                            reference: reference.to_owned(),
+                            operation: "get a token for",
+                            message,
+                        });
+                    }
                 }
-                Err((Some(401 | 403), _)) => {
-                    return Err(RegistryError::unauthorized(
-                        self.ctx(reference, "get a token for"),
-                    ));
-                }
-                Err((_, message)) => {
-                    return Err(RegistryError::Other {
-                        registry: self.host.clone(),
-                        reference: reference.to_owned(),
-                        operation: "get a token for",
-                        message,
-                    });
-                }
-            },
+            }
             (_, RegistryAuth::Basic(u, p)) => {
                 use base64::Engine as _;
                 let b = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
