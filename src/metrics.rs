@@ -33,6 +33,84 @@ pub struct InvalidationLabels {
     pub cause: String,
 }
 
+/// Why an image slot could not be decided as the config says: the `cause`
+/// label of `pinswap_admission_errors_total` (docs/operations.md lists
+/// what each covers).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ErrorCause {
+    /// A registry refused or required credentials (HTTP 401), or they could
+    /// not be read.
+    Credentials,
+    /// The source registry could not answer (down, timeout, 429, 5xx, its
+    /// breaker open) and the target had no copy to stand in, or it answered
+    /// with an error (unknown manifest, bad content).
+    Source,
+    /// The target registry could not answer or refused a request.
+    Target,
+    /// Time ran out: the admission budget (`server.admissionBudget`), or
+    /// `copyDeadline` under `copyPolicy: force`.
+    Budget,
+    /// A JMESPath filter could not be evaluated for the slot.
+    Filter,
+    /// The image is not a valid reference, or its mirror path is not.
+    Reference,
+}
+
+impl ErrorCause {
+    /// Every cause, in the order the metric lists them.
+    pub const ALL: [ErrorCause; 6] = [
+        Self::Credentials,
+        Self::Source,
+        Self::Target,
+        Self::Budget,
+        Self::Filter,
+        Self::Reference,
+    ];
+
+    /// The metric label: `credentials`, `source`, `target`, `budget`,
+    /// `filter` or `reference`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Credentials => "credentials",
+            Self::Source => "source",
+            Self::Target => "target",
+            Self::Budget => "budget",
+            Self::Filter => "filter",
+            Self::Reference => "reference",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Label `cause` of `pinswap_admission_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabel {
+    /// [`ErrorCause::as_str`].
+    pub cause: String,
+}
+
+/// Labels of `pinswap_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The crate version, e.g. `0.1.0`.
+    pub version: String,
+    /// The git commit it was built from (12 hex digits), or `unknown`.
+    pub commit: String,
+}
+
+/// The git commit `build.rs` found, or `unknown`.
+pub fn build_commit() -> &'static str {
+    match env!("PINSWAP_GIT_COMMIT") {
+        "" => "unknown",
+        c => c,
+    }
+}
+
 /// Every metric pinswap exports.
 pub struct Metrics {
     registry: Registry,
@@ -40,6 +118,12 @@ pub struct Metrics {
     pub admissions: Family<OutcomeLabel, Counter>,
     /// `pinswap_admission_duration_seconds`.
     pub admission_seconds: Histogram,
+    /// `pinswap_admission_errors_total{cause}`: image slots met with an
+    /// error, by [`ErrorCause`], whether `failurePolicy` then left them
+    /// unchanged (open) or denied the Pod (closed).
+    pub admission_errors: Family<CauseLabel, Counter>,
+    /// `pinswap_build_info{version,commit}`: always 1.
+    pub build_info: Family<BuildLabels, Gauge>,
     /// `pinswap_rewrites_total`.
     pub rewrites: Family<ReasonLabel, Counter>,
     /// `pinswap_copies_started_total`.
@@ -128,7 +212,7 @@ impl Metrics {
     /// A fresh registry with every metric registered at zero.
     pub fn new() -> Self {
         let mut r = Registry::with_prefix("pinswap");
-        Self {
+        let metrics = Self {
             admissions: register(
                 &mut r,
                 "admissions",
@@ -141,6 +225,18 @@ impl Metrics {
                 "admission_duration_seconds",
                 "Time to answer one AdmissionReview",
                 Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            ),
+            admission_errors: register(
+                &mut r,
+                "admission_errors",
+                "Image slots met with an error while admitting, by cause (credentials, source, target, budget, filter, reference); failurePolicy open leaves them unchanged, closed denies the Pod",
+                Family::default(),
+            ),
+            build_info: register(
+                &mut r,
+                "build_info",
+                "Always 1; the labels say which build is running",
+                Family::default(),
             ),
             rewrites: register(
                 &mut r,
@@ -246,7 +342,34 @@ impl Metrics {
                 Family::default(),
             ),
             registry: r,
+        };
+        // Every cause at zero from the start, so a rate over it is defined
+        // before the first error.
+        for cause in ErrorCause::ALL {
+            metrics
+                .admission_errors
+                .get_or_create(&CauseLabel {
+                    cause: cause.as_str().to_owned(),
+                })
+                .inc_by(0);
         }
+        metrics
+            .build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                commit: build_commit().to_owned(),
+            })
+            .set(1);
+        metrics
+    }
+
+    /// Counts one image slot met with an error of `cause`.
+    pub fn admission_error(&self, cause: ErrorCause) {
+        self.admission_errors
+            .get_or_create(&CauseLabel {
+                cause: cause.as_str().to_owned(),
+            })
+            .inc();
     }
 
     /// Counts one rewritten slot for `reason`.

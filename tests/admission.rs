@@ -841,7 +841,7 @@ async fn every_tag_a_pod_uses_exists_at_the_target() {
     let mut r = rig().await;
     push_image(&r.src, "shop/app", Some("stable"), &r.app).await;
     let (adm, _) = r.admission("copyPolicy: immediate\npin: false\n");
-    assert!(adm.ready().await);
+    assert_eq!(adm.ready().await, Ok(()));
     let body = |tag: &str| {
         let text = String::from_utf8(r.body("pod-v1beta1.json").to_vec()).unwrap();
         bytes::Bytes::from(text.replace("shop/app:v1", &format!("shop/app:{tag}")))
@@ -861,7 +861,10 @@ async fn every_tag_a_pod_uses_exists_at_the_target() {
     }
     // Readiness follows the target.
     r.dst.kill();
-    assert!(!adm.ready().await, "not ready while the target is down");
+    assert!(
+        adm.ready().await.is_err(),
+        "not ready while the target is down"
+    );
 }
 
 /// `copyPolicy: immediate` with a copy that outlasts the admission budget:

@@ -172,12 +172,13 @@ async fn mutate_refuses_what_is_not_a_review_and_counts_it() {
 
 #[tokio::test]
 async fn health_and_readiness_follow_the_target() {
+    common::init();
     let (admission, metrics) = admission_for(&fake_target().await);
     let up = server::health_router(admission, metrics);
     let (status, _, body) = call(&up, Method::GET, "/healthz", Body::empty()).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
     let (status, _, body) = call(&up, Method::GET, "/readyz", Body::empty()).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
 
     let (admission, metrics) = offline_admission();
     let down = server::health_router(admission, metrics);
@@ -187,8 +188,9 @@ async fn health_and_readiness_follow_the_target() {
         StatusCode::OK,
         "liveness does not depend on the target"
     );
-    let (status, _, _) = call(&down, Method::GET, "/readyz", Body::empty()).await;
+    let (status, _, body) = call(&down, Method::GET, "/readyz", Body::empty()).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.starts_with("target 127.0.0.1:"), "{body}");
 }
 
 /// Writes `ca.crt`, and `tls.crt`/`tls.key` for 127.0.0.1 signed by it, into

@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::{Config, FailurePolicy};
 use crate::logsafe::{Untrusted, clip};
-use crate::metrics::Metrics;
+use crate::metrics::{ErrorCause, Metrics};
 use crate::mirror::Mirror;
 use crate::reference::Reference;
 use crate::registry::auth::Credentials;
@@ -128,8 +128,19 @@ enum Outcome {
     /// Left alone on purpose: a filter, the allowlist, already mirrored.
     Skip(String),
     Keep(String),
-    Error(String),
+    /// Left alone (or the Pod denied, `failurePolicy: closed`): why, and
+    /// the kind of failure.
+    Error(String, ErrorCause),
     Deny(String),
+}
+
+/// Why the mirror gave no decision for an image.
+#[derive(Debug)]
+enum Undecided {
+    /// `identity.collisions: deny` refused it.
+    Denied(String),
+    /// It failed: why, and the kind of failure.
+    Failed(String, ErrorCause),
 }
 
 impl Admission {
@@ -145,7 +156,7 @@ impl Admission {
     ) -> Result<Self, String> {
         Ok(Self {
             pull_secrets: None,
-            policy: Policy::new(config, mirror.target().clone())?,
+            policy: Policy::new(config, mirror.target().clone())?.with_metrics(metrics.clone()),
             mirror,
             failure: config.failure_policy,
             budget: config.server.admission_budget,
@@ -195,7 +206,10 @@ impl Admission {
     }
 
     /// Whether the webhook can serve: the target registry answers.
-    pub async fn ready(&self) -> bool {
+    ///
+    /// # Errors
+    /// Why not, in one line (see [`Mirror::target_ready`]).
+    pub async fn ready(&self) -> Result<(), String> {
         self.mirror.target_ready().await
     }
 
@@ -429,7 +443,9 @@ impl Admission {
                     format!("rewritten: {why}")
                 }
                 Outcome::Skip(why) | Outcome::Keep(why) => format!("unchanged: {why}"),
-                Outcome::Error(why) => {
+                Outcome::Error(why, cause) => {
+                    // Counted per slot whatever failurePolicy does with it.
+                    self.metrics.admission_error(cause);
                     out.errors.push(format!("{}: {why}", slot.image));
                     format!("unchanged (error): {why}")
                 }
@@ -472,7 +488,7 @@ impl Admission {
                     },
                     Outcome::Skip(why) => mutate::SlotOutcome::Skip(why),
                     Outcome::Keep(why) => mutate::SlotOutcome::Keep(why),
-                    Outcome::Error(why) | Outcome::Deny(why) => mutate::SlotOutcome::Error(why),
+                    Outcome::Error(why, _) | Outcome::Deny(why) => mutate::SlotOutcome::Error(why),
                 },
             })
             .collect()
@@ -517,13 +533,13 @@ impl Admission {
                     first.push(None);
                 }
                 Err(Skip::Keep(why)) => first.push(Some(Outcome::Skip(why))),
-                Err(Skip::Error(why)) => first.push(Some(Outcome::Error(why))),
+                Err(Skip::Error(cause, why)) => first.push(Some(Outcome::Error(why, cause))),
             }
         }
         // Distinct images are decided concurrently, but at most
         // MAX_CONCURRENT_IMAGES at a time: a Pod with hundreds of images
         // must not open hundreds of registry connections at once.
-        type Decided = Result<crate::mirror::Decision, (String, bool)>;
+        type Decided = Result<crate::mirror::Decision, Undecided>;
         let decided: HashMap<String, Decided> =
             futures::StreamExt::collect(futures::StreamExt::buffer_unordered(
                 futures::stream::iter(pending.into_iter().map(|(image, reference)| async move {
@@ -535,7 +551,10 @@ impl Admission {
                     };
                     // Images still queued at the deadline are not started.
                     if Instant::now() >= deadline {
-                        return (image, Err((exhausted(), false)));
+                        return (
+                            image,
+                            Err(Undecided::Failed(exhausted(), ErrorCause::Budget)),
+                        );
                     }
                     let creds =
                         creds.get(&crate::reference::normalize_registry(reference.registry()));
@@ -550,10 +569,13 @@ impl Admission {
                     let r = match r {
                         Ok(Ok(d)) => Ok(d),
                         Ok(Err(e @ crate::mirror::MirrorError::IdentityDenied { .. })) => {
-                            Err((e.to_string(), true))
+                            Err(Undecided::Denied(e.to_string()))
                         }
-                        Ok(Err(e)) => Err((e.to_string(), false)),
-                        Err(_) => Err((exhausted(), false)),
+                        Ok(Err(e)) => Err(Undecided::Failed(
+                            e.to_string(),
+                            self.mirror.error_cause(&e),
+                        )),
+                        Err(_) => Err(Undecided::Failed(exhausted(), ErrorCause::Budget)),
                     };
                     debug!(image = %Untrusted(&image), ?r, "decided");
                     (image, r)
@@ -580,8 +602,8 @@ impl Admission {
                         };
                         (o, d.identity.clone())
                     }
-                    Err((e, true)) => (Outcome::Deny(e.clone()), None),
-                    Err((e, false)) => (Outcome::Error(e.clone()), None),
+                    Err(Undecided::Denied(e)) => (Outcome::Deny(e.clone()), None),
+                    Err(Undecided::Failed(e, cause)) => (Outcome::Error(e.clone(), *cause), None),
                 },
             })
             .collect()

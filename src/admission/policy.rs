@@ -2,11 +2,13 @@
 //! refused addresses and idempotence (docs/architecture.md §3 step 1, §5).
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::pod::Slot;
 use crate::config::Config;
+use crate::metrics::{ErrorCause, Metrics};
 use crate::reference::{MirrorTarget, Reference};
 
 /// Why a slot is not decided by the mirror.
@@ -14,8 +16,9 @@ use crate::reference::{MirrorTarget, Reference};
 pub enum Skip {
     /// Left alone on purpose.
     Keep(String),
-    /// Left alone because of an error (denies under `failurePolicy: closed`).
-    Error(String),
+    /// Left alone because of an error (denies under `failurePolicy: closed`),
+    /// with its kind.
+    Error(ErrorCause, String),
 }
 
 /// The compiled slot policy.
@@ -24,32 +27,24 @@ pub struct Policy {
     allowed: Vec<String>,
     any: bool,
     target: MirrorTarget,
+    /// Where a filter that fails at run time is counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Cloud metadata endpoints that a Pod must never make pinswap contact,
 /// whatever the allowlist says.
 const METADATA_HOSTS: [&str; 3] = ["metadata.google.internal", "metadata", "metadata.azure.com"];
 
+/// Link-local and metadata addresses (the guard's list, but for
+/// unspecified, which is no host a Pod can name).
 fn refused_ip(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_link_local() || v4.octets() == [100, 100, 100, 200],
-        IpAddr::V6(v6) => {
-            let seg = v6.segments();
-            let embedded = std::net::Ipv4Addr::from((u32::from(seg[6]) << 16) | u32::from(seg[7]));
-            (seg[0] & 0xffc0) == 0xfe80
-                || v6 == "fd00:ec2::254".parse::<std::net::Ipv6Addr>().expect("literal")
-                // IPv4-mapped, IPv4-compatible and NAT64 (64:ff9b::/96) forms.
-                || v6.to_ipv4_mapped().is_some_and(|v4| refused_ip(IpAddr::V4(v4)))
-                || (seg[..6] == [0; 6] && refused_ip(IpAddr::V4(embedded)))
-                || (seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] && refused_ip(IpAddr::V4(embedded)))
-        }
-    }
+    crate::registry::guard::refused_ip(ip).is_some_and(|why| why != "unspecified")
 }
 
 /// Whether a registry host is link-local or a known metadata address. The
 /// host is parsed as a URL parser (and so reqwest) would: decimal, hex and
 /// octal IPv4 forms such as `2852039166` or `0xa9fea9fe` count. Names are
-/// not resolved here; see README "Known limits".
+/// not resolved here: [`crate::registry::guard`] checks what they resolve to.
 pub fn is_refused_host(registry: &str) -> bool {
     let Ok(url) = url::Url::parse(&format!("http://{registry}/")) else {
         return false;
@@ -93,7 +88,15 @@ impl Policy {
             allowed,
             any,
             target,
+            metrics: None,
         })
+    }
+
+    /// Counts filters that fail at run time in
+    /// `pinswap_admission_errors_total{cause="filter"}`, once per slot.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Whether any filter is configured (filters read each container).
@@ -120,7 +123,7 @@ impl Policy {
         if let Some(pod) = pod {
             let container = jmespath::Variable::from_serializable(&slot.container)
                 .map(jmespath::Rcvar::new)
-                .map_err(|e| Skip::Error(format!("filter input: {e}")))?;
+                .map_err(|e| Skip::Error(ErrorCause::Filter, format!("filter input: {e}")))?;
             let input = jmespath::Rcvar::new(jmespath::Variable::Object(
                 [
                     ("obj".to_owned(), pod.clone()),
@@ -128,6 +131,7 @@ impl Policy {
                 ]
                 .into(),
             ));
+            let mut failed = false;
             for (text, expr) in &self.filters {
                 let mut ctx = jmespath::Context::new(text, &jmespath::DEFAULT_RUNTIME);
                 match jmespath::interpret(&input, expr.as_ast(), &mut ctx) {
@@ -136,12 +140,17 @@ impl Policy {
                     }
                     Ok(_) => {}
                     Err(e) => {
+                        failed = true;
                         tracing::warn!(filter = %text, error = %e, "filter failed; treated as not matching")
                     }
                 }
             }
+            if let (true, Some(m)) = (failed, &self.metrics) {
+                m.admission_error(ErrorCause::Filter);
+            }
         }
-        let reference = Reference::parse(&slot.image).map_err(|e| Skip::Error(e.to_string()))?;
+        let reference = Reference::parse(&slot.image)
+            .map_err(|e| Skip::Error(ErrorCause::Reference, e.to_string()))?;
         if self.target.contains(&reference) {
             return Err(Skip::Keep("already under the target".into()));
         }
@@ -245,7 +254,7 @@ mod tests {
         );
         assert!(matches!(
             p.check(pod, &slot("Bad/Image:x")),
-            Err(Skip::Error(_))
+            Err(Skip::Error(ErrorCause::Reference, _))
         ));
         let sys = p.prepare(&json!({"metadata": {"namespace": "kube-system"}}));
         assert!(

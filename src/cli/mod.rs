@@ -314,6 +314,9 @@ impl RegistryArgs {
                 docker_config: true,
             },
             chunked_threshold: Some(self.chunked_threshold),
+            // Every registry is named by the user: private addresses are
+            // allowed, link-local and metadata ones never.
+            guard: Default::default(),
         })
     }
 }

@@ -10,6 +10,7 @@ use tracing::{debug, info, warn};
 use super::{Assessed, Mirror, MirrorError, Plan};
 use crate::config::CollisionPolicy;
 use crate::identity::{self, Finding, Repair};
+use crate::metrics::ErrorCause;
 use crate::reference::Reference;
 use crate::reference::normalize_registry;
 use crate::registry::auth::Credentials;
@@ -70,6 +71,7 @@ impl Mirror {
         );
         let (pinned, creds) = (pinned.clone(), creds.cloned());
         let breakers = self.breakers.clone();
+        let target_key = self.target_key();
         let task = tokio::spawn(async move {
             cache
                 .try_get_with(pinned.to_string(), async {
@@ -81,6 +83,7 @@ impl Mirror {
                                 registry: registry.clone(),
                                 cause: format!("circuit breaker open after {open}"),
                                 consequence: "its identity was not checked".into(),
+                                kind: ErrorCause::Source,
                             }
                         })?),
                         Role::Target => None,
@@ -107,11 +110,12 @@ impl Mirror {
                         }
                     }
                     let ins = inspected.map_err(|e| match (role, e.outage()) {
-                        (Role::Source, Some(_)) => MirrorError::SourceDown {
+                        (Role::Source, Some((o, _))) => MirrorError::SourceDown {
                             image: pinned.to_string(),
                             registry: registry.clone(),
                             cause: e.outage_cause(),
                             consequence: "its identity was not checked".into(),
+                            kind: super::outage_kind(o),
                         },
                         _ => e.into(),
                     })?;
@@ -119,6 +123,7 @@ impl Mirror {
                         identity::plan_repair(&ins).map_err(|e| MirrorError::Resolve {
                             image: pinned.to_string(),
                             reason: e.to_string(),
+                            kind: ErrorCause::Source,
                         })?;
                     Ok::<_, MirrorError>(Arc::new(Assessed {
                         images: ins
@@ -133,13 +138,14 @@ impl Mirror {
                 .await
                 .map_err(|e| match Arc::try_unwrap(e) {
                     Ok(e) => e,
-                    Err(shared) => shared.for_waiter(&pinned),
+                    Err(shared) => shared.for_waiter(&pinned, &target_key),
                 })
         });
         task.await.unwrap_or_else(|e| {
             Err(MirrorError::Resolve {
                 image: String::new(),
                 reason: format!("identity check task: {e}"),
+                kind: ErrorCause::Source,
             })
         })
     }

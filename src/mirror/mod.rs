@@ -25,7 +25,7 @@ pub use recover::Recovered;
 use crate::cache::{Caches, Purge};
 use crate::config::{Auth, CollisionPolicy, Config, CopyPolicy, Platforms, SwapPolicy};
 use crate::identity::{Facts, Record, Repair};
-use crate::metrics::Metrics;
+use crate::metrics::{ErrorCause, Metrics};
 use crate::reference::{Digest, MirrorTarget, Reference, ReferenceError, normalize_registry};
 use crate::registry::auth::{CredentialSources, Credentials};
 use crate::registry::copy::{Copier, CopyError, CopyOptions, Endpoint};
@@ -63,6 +63,8 @@ pub enum MirrorError {
         image: String,
         /// Why.
         reason: String,
+        /// The kind of failure, as [`MirrorError::cause`] gives it.
+        kind: ErrorCause,
     },
     /// The copy the policy waits for failed or ran out of time.
     #[error("copy of {image} failed: {reason}")]
@@ -71,6 +73,8 @@ pub enum MirrorError {
         image: String,
         /// Why.
         reason: String,
+        /// The kind of failure, as [`MirrorError::cause`] gives it.
+        kind: ErrorCause,
     },
     /// The source could not answer (down, timeout, 5xx, 429, refused
     /// credentials, or its circuit breaker is open) and the target holds no
@@ -85,6 +89,9 @@ pub enum MirrorError {
         cause: String,
         /// What follows for this image.
         consequence: String,
+        /// [`ErrorCause::Credentials`] when the source refused our
+        /// credentials, else [`ErrorCause::Source`].
+        kind: ErrorCause,
     },
     /// `identity.collisions: deny` and the image's image ID is not unique.
     /// Admission denies the Pod whatever `failurePolicy` says.
@@ -192,9 +199,16 @@ struct Assessed {
     unrepaired: crate::identity::Unrepaired,
 }
 
+/// Why a copy failed: the error in words and its kind.
+#[derive(Debug, Clone)]
+struct CopyFailure {
+    reason: String,
+    cause: ErrorCause,
+}
+
 /// A copy's outcome: blobs copied or mounted (what a verifying copy
-/// restored), or the error.
-type CopyHandle = Shared<BoxFuture<'static, Result<u64, String>>>;
+/// restored), or the failure.
+type CopyHandle = Shared<BoxFuture<'static, Result<u64, CopyFailure>>>;
 
 /// The mirror service. Cheap to share behind an `Arc`.
 pub struct Mirror {
@@ -268,26 +282,80 @@ fn source_outage(
     Some((outage, retry_after, r.outage_cause()))
 }
 
+/// The kind of a source outage: refused credentials, or the source.
+fn outage_kind(outage: crate::registry::Outage) -> ErrorCause {
+    match outage {
+        crate::registry::Outage::Unauthorized => ErrorCause::Credentials,
+        _ => ErrorCause::Source,
+    }
+}
+
+/// The kind of a registry error, `target` being the target registry
+/// (normalised): a 401 (or credentials that cannot be read) is about
+/// credentials whichever side answered it; anything else names the side.
+fn registry_kind(r: &RegistryError, target: &str) -> ErrorCause {
+    match r {
+        RegistryError::Unauthorized { .. }
+        | RegistryError::AuthRequired { .. }
+        | RegistryError::Auth(_) => ErrorCause::Credentials,
+        _ if r.registry().map(normalize_registry).as_deref() == Some(target) => ErrorCause::Target,
+        _ => ErrorCause::Source,
+    }
+}
+
+/// The kind of a copy error (see [`registry_kind`]); a blob that failed
+/// while streaming, or a manifest that is not the pinned one, is the
+/// source's.
+fn copy_kind(e: &CopyError, target: &str) -> ErrorCause {
+    match e {
+        CopyError::Registry(r) => registry_kind(r, target),
+        _ => ErrorCause::Source,
+    }
+}
+
 impl MirrorError {
+    /// What kind of failure this is, as the `cause` label of
+    /// `pinswap_admission_errors_total`; `target` is the target registry
+    /// (`host[:port]`, normalised).
+    pub fn cause(&self, target: &str) -> ErrorCause {
+        match self {
+            Self::Credentials { .. } => ErrorCause::Credentials,
+            Self::Reference(_) => ErrorCause::Reference,
+            Self::Registry(r) => registry_kind(r, target),
+            Self::Copy(e) => copy_kind(e, target),
+            Self::Ecr(_) => ErrorCause::Target,
+            Self::Resolve { kind, .. }
+            | Self::CopyFailed { kind, .. }
+            | Self::SourceDown { kind, .. } => *kind,
+            // A policy decision rather than a failure: admission counts it
+            // as a denial, never through this.
+            Self::IdentityDenied { .. } => ErrorCause::Source,
+        }
+    }
+
     /// This error for a caller that waited on another's lookup (moka hands
     /// the waiters one shared error): a source outage stays one, so the
-    /// waiter can fall back to the target too.
-    fn for_waiter(&self, src: &Reference) -> MirrorError {
+    /// waiter can fall back to the target too. `target` as in
+    /// [`MirrorError::cause`].
+    fn for_waiter(&self, src: &Reference, target: &str) -> MirrorError {
         match self {
             MirrorError::SourceDown {
                 registry,
                 cause,
                 consequence,
+                kind,
                 ..
             } => MirrorError::SourceDown {
                 image: src.to_string(),
                 registry: registry.clone(),
                 cause: cause.clone(),
                 consequence: consequence.clone(),
+                kind: *kind,
             },
             other => MirrorError::Resolve {
                 image: src.to_string(),
                 reason: other.to_string(),
+                kind: other.cause(target),
             },
         }
     }
@@ -429,9 +497,19 @@ impl Mirror {
         for (registry, role, auth, path) in &auths {
             per_registry.insert((registry.clone(), *role), read_auth(auth, registry, path)?);
         }
+        // Loopback and private addresses only for the registries the config
+        // names; anything `"*"` lets in must be public (docs/architecture.md §5).
+        let named = config
+            .source
+            .registries
+            .iter()
+            .filter(|r| r.registry != "*")
+            .map(|r| normalize_registry(&r.registry))
+            .chain([normalize_registry(target.registry())]);
         let pool = Arc::new(ClientPool::new(PoolOptions {
             insecure,
             per_registry,
+            guard: crate::registry::guard::Guard::private_only_for(named),
             ..PoolOptions::default()
         }));
         let platforms = match &config.platforms {
@@ -598,11 +676,36 @@ impl Mirror {
 
     /// Whether the target registry answers `GET /v2/` now (2 s at most),
     /// for `/readyz`.
-    pub async fn target_ready(&self) -> bool {
-        match self.pool.get(self.target.registry(), Role::Target).await {
-            Ok(client) => client.ping().await,
-            Err(_) => false,
-        }
+    ///
+    /// # Errors
+    /// Why not, in one line: `target HOST unreachable: ...` when it does
+    /// not answer, `target HOST: ...` when it answers with an error.
+    pub async fn target_ready(&self) -> Result<(), String> {
+        let host = self.target.registry();
+        let client = self
+            .pool
+            .get(host, Role::Target)
+            .await
+            .map_err(|e| match e {
+                RegistryError::Unreachable { reason, .. } => {
+                    format!("target {host} unreachable: {reason}")
+                }
+                other => format!("target {host}: {other}"),
+            })?;
+        client
+            .ping()
+            .await
+            .map_err(|reason| format!("target {host} unreachable: {reason}"))
+    }
+
+    /// The `cause` label of `pinswap_admission_errors_total` for `e`.
+    pub fn error_cause(&self, e: &MirrorError) -> ErrorCause {
+        e.cause(&self.target_key())
+    }
+
+    /// The target registry, normalised, as errors name it.
+    fn target_key(&self) -> String {
+        normalize_registry(self.target.registry())
     }
 
     /// The breaker key and metric label of `src`'s registry.
@@ -628,16 +731,19 @@ impl Mirror {
         work: impl Future<Output = Result<T, MirrorError>>,
     ) -> Result<T, MirrorError> {
         let registry = Self::source_key(src);
-        let down = |cause: String| MirrorError::SourceDown {
+        let down = |cause: String, kind: ErrorCause| MirrorError::SourceDown {
             image: src.to_string(),
             registry: registry.clone(),
             cause,
             consequence: "not read from it".into(),
+            kind,
         };
-        let attempt = self
-            .breakers
-            .attempt(&registry)
-            .map_err(|open| down(format!("circuit breaker open after {open}")))?;
+        let attempt = self.breakers.attempt(&registry).map_err(|open| {
+            down(
+                format!("circuit breaker open after {open}"),
+                ErrorCause::Source,
+            )
+        })?;
         let limit = match deadline {
             Some(d) => {
                 let now = Instant::now();
@@ -659,7 +765,7 @@ impl Mirror {
                 } else {
                     attempt.failed(crate::registry::Outage::Timeout, cause.clone(), None);
                 }
-                Err(down(cause))
+                Err(down(cause, ErrorCause::Source))
             }
             Ok(Ok(v)) => {
                 attempt.answered();
@@ -668,7 +774,7 @@ impl Mirror {
             Ok(Err(e)) => match source_outage(&e, &registry) {
                 Some((outage, retry_after, cause)) => {
                     attempt.failed(outage, cause.clone(), retry_after);
-                    Err(down(cause))
+                    Err(down(cause, outage_kind(outage)))
                 }
                 None => {
                     attempt.answered();
@@ -714,7 +820,7 @@ impl Mirror {
                     .await
                     .map_err(|e| match Arc::try_unwrap(e) {
                         Ok(e) => e,
-                        Err(shared) => shared.for_waiter(src),
+                        Err(shared) => shared.for_waiter(src, &self.target_key()),
                     })?;
                 if !missed {
                     self.metrics.cache(crate::cache::RESOLUTION, true);
@@ -752,6 +858,7 @@ impl Mirror {
                 image,
                 registry,
                 cause,
+                kind,
                 ..
             }) => match self.plan_stand_in(src, &cause, deadline).await? {
                 Some(plan) => Ok(plan),
@@ -760,6 +867,7 @@ impl Mirror {
                     registry,
                     cause,
                     consequence: "the target has no copy of this image yet".into(),
+                    kind,
                 }),
             },
             other => other,
@@ -1004,7 +1112,7 @@ impl Mirror {
                 .await
                 .map_err(|e| match Arc::try_unwrap(e) {
                     Ok(e) => e,
-                    Err(shared) => shared.for_waiter(src),
+                    Err(shared) => shared.for_waiter(src, &self.target_key()),
                 })?,
         };
         let assessed = self
@@ -1136,6 +1244,7 @@ impl Mirror {
         let (breakers, resumes, retry) =
             (self.breakers.clone(), self.resumes.clone(), plan.clone());
         let source_key = Self::source_key(&plan.source);
+        let target_key = self.target_key();
         let (caches, inflight_map, k) = (self.caches.clone(), self.inflight.clone(), key.clone());
         // An untagged push verifies the digest, not the tag.
         let target_ref = match plan.untagged {
@@ -1158,9 +1267,12 @@ impl Mirror {
                     resumes.failed(&k, &retry, creds.as_ref());
                     inflight_map.lock().expect("inflight lock").remove(&k);
                     debug!(source = %src, target = %k, %open, "copy waits for its source");
-                    return Err(format!(
-                        "source registry {source_key} cannot answer (circuit breaker open after {open})"
-                    ));
+                    return Err(CopyFailure {
+                        reason: format!(
+                            "source registry {source_key} cannot answer (circuit breaker open after {open})"
+                        ),
+                        cause: ErrorCause::Source,
+                    });
                 }
             };
             let res = match &repair {
@@ -1222,15 +1334,26 @@ impl Mirror {
                 Err(e) => {
                     metrics.copies_failed.inc();
                     warn!(source = %src, target = %k, error = %e, "mirror copy failed");
-                    Err(e.to_string())
+                    Err(CopyFailure {
+                        reason: e.to_string(),
+                        cause: copy_kind(&e, &target_key),
+                    })
                 }
             };
             inflight_map.lock().expect("inflight lock").remove(&k);
             out
         });
-        let handle = async move { task.await.unwrap_or_else(|e| Err(e.to_string())) }
-            .boxed()
-            .shared();
+        // A copy task that panicked failed writing the copy: the target's.
+        let handle = async move {
+            task.await.unwrap_or_else(|e| {
+                Err(CopyFailure {
+                    reason: e.to_string(),
+                    cause: ErrorCause::Target,
+                })
+            })
+        }
+        .boxed()
+        .shared();
         inflight.insert(key, handle.clone());
         handle
     }
@@ -1403,13 +1526,16 @@ impl Mirror {
                 let wait = until.saturating_duration_since(Instant::now());
                 match tokio::time::timeout_at(until.into(), handle).await {
                     Ok(Ok(_)) => Ok(rewrite("copied to the target")),
-                    Ok(Err(reason)) if self.copy_policy == CopyPolicy::Immediate && always => {
+                    Ok(Err(CopyFailure { reason, .. }))
+                        if self.copy_policy == CopyPolicy::Immediate && always =>
+                    {
                         warn!(image = %src, %reason, "copy failed; rewriting anyway (swapPolicy always)");
                         Ok(rewrite("copy failed (swapPolicy always)"))
                     }
-                    Ok(Err(reason)) => Err(MirrorError::CopyFailed {
+                    Ok(Err(CopyFailure { reason, cause })) => Err(MirrorError::CopyFailed {
                         image: src.to_string(),
                         reason,
+                        kind: cause,
                     }),
                     Err(_) if self.copy_policy == CopyPolicy::Force => {
                         Err(MirrorError::CopyFailed {
@@ -1418,6 +1544,7 @@ impl Mirror {
                                 "not done within {} (copyPolicy force)",
                                 humantime::format_duration(wait)
                             ),
+                            kind: ErrorCause::Budget,
                         })
                     }
                     Err(_) if always => Ok(rewrite("copy still running (swapPolicy always)")),

@@ -8,6 +8,7 @@ use tracing::info;
 use super::{Mirror, MirrorError, Plan, anchor_tag};
 use crate::cache::Cause;
 use crate::config::CollisionPolicy;
+use crate::metrics::ErrorCause;
 use crate::reference::Reference;
 use crate::registry::Role;
 use crate::registry::auth::Credentials;
@@ -94,6 +95,7 @@ impl Mirror {
                         "its pinswap.dev/sources (or original-images) entry {h} does not mirror to {}; refusing it",
                         target.name()
                     ),
+                    kind: ErrorCause::Source,
                 });
             }
             h => h,
@@ -124,6 +126,7 @@ impl Mirror {
                     "its source {source} now plans to {}, not the digest the Pod pins",
                     plan.target
                 ),
+                kind: ErrorCause::Source,
             });
         }
         plan.verify = verify;
@@ -173,9 +176,10 @@ impl Mirror {
         let restored =
             self.copy(&plan, creds, false)
                 .await
-                .map_err(|reason| MirrorError::CopyFailed {
+                .map_err(|f| MirrorError::CopyFailed {
                     image: plan.source.to_string(),
-                    reason,
+                    reason: f.reason,
+                    kind: f.cause,
                 })?;
         if present && restored == 0 {
             return Ok(Recovered::Present);
@@ -206,6 +210,7 @@ impl Mirror {
         let unknown = |reason: &str| MirrorError::Resolve {
             image: target.to_string(),
             reason: reason.to_owned(),
+            kind: ErrorCause::Source,
         };
         let digest = target
             .digest()

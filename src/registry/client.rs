@@ -59,6 +59,9 @@ pub struct PoolOptions {
     pub sources: CredentialSources,
     /// Blobs above this many bytes use chunked upload; `None` for the default.
     pub chunked_threshold: Option<u64>,
+    /// Which addresses our own requests may connect to (oci-client's are
+    /// not covered: it builds its own HTTP client; docs/architecture.md §8).
+    pub guard: super::guard::Guard,
 }
 
 /// A client built at most once, however many copies ask for it at once.
@@ -158,6 +161,8 @@ impl ClientPool {
                     .iter()
                     .filter_map(|d| reqwest::Certificate::from_der(d).ok());
                 reqwest::Client::builder()
+                    .dns_resolver(self.opts.guard.resolver())
+                    .redirect(self.opts.guard.redirect_policy())
                     .connect_timeout(Duration::from_secs(10))
                     .read_timeout(Duration::from_secs(60))
                     .user_agent(concat!("pinswap/", env!("CARGO_PKG_VERSION")))
@@ -242,6 +247,16 @@ impl ClientPool {
         } else {
             registry
         };
+        // A literal host is not resolved, so the guard checks it here; a
+        // name is checked when the probe resolves it. The probe is the first
+        // connection to a registry, so oci-client's client never reaches one
+        // the guard refuses (it may still follow redirects unchecked).
+        if let Err(e) = self.opts.guard.check_str(&format!("http://{api_host}/")) {
+            return Err(RegistryError::Unreachable {
+                registry: registry.into(),
+                reason: e.to_string(),
+            });
+        }
         let probe = self.http_client(registry).await?;
         let roots = self.roots(registry).await?;
         // Plain HTTP first on loopback, where TLS protects nothing and most
@@ -346,7 +361,15 @@ impl ClientPool {
         // for none (oci-client then re-pings `/v2/` per request: a known cost).
         oci.store_auth_if_needed(api_host, &auth).await;
         Ok(Registry {
-            session: Session::new(registry, scheme, api_host, probe, auth, challenge),
+            session: Session::new(
+                registry,
+                scheme,
+                api_host,
+                probe,
+                auth,
+                challenge,
+                self.opts.guard.clone(),
+            ),
             oci,
             chunked_threshold: threshold,
         })
@@ -449,14 +472,18 @@ impl Registry {
     }
 
     /// Whether the registry answers `GET /v2/` (any HTTP status) within 2 s.
-    pub async fn ping(&self) -> bool {
+    ///
+    /// # Errors
+    /// The transport error chain when it does not.
+    pub async fn ping(&self) -> std::result::Result<(), String> {
         self.session
             .http
             .get(format!("{}/v2/", self.session.base))
             .timeout(Duration::from_secs(2))
             .send()
             .await
-            .is_ok()
+            .map(drop)
+            .map_err(|e| chain(&e))
     }
 
     /// The manifest digest `r` resolves to, by `HEAD` (falling back to `GET`,
@@ -571,7 +598,9 @@ impl Registry {
                         true => format!("{}{loc}", self.session.base),
                         false => loc.to_owned(),
                     };
-                    let _ = with_auth(self.session.http.delete(loc)).send().await;
+                    if self.session.guard.check_str(&loc).is_ok() {
+                        let _ = with_auth(self.session.http.delete(loc)).send().await;
+                    }
                 }
                 false
             }

@@ -12,6 +12,7 @@ pub mod check;
 pub mod client;
 pub mod copy;
 pub mod ecr;
+pub mod guard;
 pub mod layout;
 pub mod manifest;
 pub mod pullsecrets;

@@ -29,6 +29,8 @@ pub(crate) struct Session {
     pub(crate) auth: RegistryAuth,
     /// What `GET /v2/` asked for.
     pub(crate) challenge: Scheme,
+    /// Checks the URLs the registry hands us (token realms, locations).
+    pub(crate) guard: super::guard::Guard,
     /// Bearer tokens by scope set, with when to stop using them: one token
     /// per scope and lifetime, not one per request.
     tokens: std::sync::Mutex<HashMap<String, (http::HeaderValue, std::time::Instant)>>,
@@ -43,6 +45,7 @@ impl Session {
         http: reqwest::Client,
         auth: RegistryAuth,
         challenge: Scheme,
+        guard: super::guard::Guard,
     ) -> Self {
         Self {
             host: registry.to_owned(),
@@ -51,6 +54,7 @@ impl Session {
             http,
             auth,
             challenge,
+            guard,
             tokens: std::sync::Mutex::default(),
         }
     }
@@ -73,6 +77,11 @@ impl Session {
     /// The HTTP client for requests oci-client does not make for us.
     pub(crate) fn http(&self) -> &reqwest::Client {
         &self.http
+    }
+
+    /// The outbound guard our requests go through.
+    pub(crate) fn guard(&self) -> &super::guard::Guard {
+        &self.guard
     }
 
     /// The context an error about `reference` and `operation` names.
@@ -108,25 +117,27 @@ impl Session {
         }
         let mut lifetime = None;
         let value = match (&self.challenge, &self.auth) {
-            (Scheme::Bearer(c), auth) => match token::fetch(&self.http, c, scopes, auth).await {
-                Ok(t) => {
-                    lifetime = Some(t.lifetime);
-                    format!("Bearer {}", t.token)
+            (Scheme::Bearer(c), auth) => {
+                match token::fetch(&self.http, &self.guard, c, scopes, auth).await {
+                    Ok(t) => {
+                        lifetime = Some(t.lifetime);
+                        format!("Bearer {}", t.token)
+                    }
+                    Err((Some(401 | 403), _)) => {
+                        return Err(RegistryError::unauthorized(
+                            self.ctx(reference, "get a token for"),
+                        ));
+                    }
+                    Err((_, message)) => {
+                        return Err(RegistryError::Other {
+                            registry: self.host.clone(),
+                            reference: reference.to_owned(),
+                            operation: "get a token for",
+                            message,
+                        });
+                    }
                 }
-                Err((Some(401 | 403), _)) => {
-                    return Err(RegistryError::unauthorized(
-                        self.ctx(reference, "get a token for"),
-                    ));
-                }
-                Err((_, message)) => {
-                    return Err(RegistryError::Other {
-                        registry: self.host.clone(),
-                        reference: reference.to_owned(),
-                        operation: "get a token for",
-                        message,
-                    });
-                }
-            },
+            }
             (_, RegistryAuth::Basic(u, p)) => {
                 use base64::Engine as _;
                 let b = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));

@@ -101,6 +101,7 @@ pub(crate) struct Token {
 /// or the transport error; it never contains the credentials.
 pub(crate) async fn fetch(
     http: &reqwest::Client,
+    guard: &super::guard::Guard,
     challenge: &Challenge,
     scopes: &[String],
     auth: &RegistryAuth,
@@ -109,6 +110,11 @@ pub(crate) async fn fetch(
     if let Some(s) = &challenge.service {
         query.push(("service", s));
     }
+    // The realm comes from the registry: a literal address is checked here,
+    // a name when it is resolved.
+    guard
+        .check_str(&challenge.realm)
+        .map_err(|e| (None, format!("token endpoint {}: {e}", challenge.realm)))?;
     let mut req = http.get(&challenge.realm).query(&query);
     if let RegistryAuth::Basic(u, p) = auth {
         req = req.basic_auth(u, Some(p));

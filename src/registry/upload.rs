@@ -139,7 +139,8 @@ impl Upload<'_> {
     }
 
     fn location(&self, resp: &reqwest::Response, desc: &Descriptor) -> Result<String> {
-        resp.headers()
+        let location = resp
+            .headers()
             .get(LOCATION)
             .and_then(|v| v.to_str().ok())
             .map(|l| self.absolute(l))
@@ -148,7 +149,19 @@ impl Upload<'_> {
                 reference: self.name(desc),
                 operation: "blob upload",
                 message: "the registry sent no Location header".into(),
-            })
+            })?;
+        // From the registry: a literal address is checked here, a name when
+        // it is resolved.
+        self.session
+            .guard()
+            .check_str(&location)
+            .map_err(|e| RegistryError::Other {
+                registry: self.session.host().to_owned(),
+                reference: self.name(desc),
+                operation: "blob upload",
+                message: format!("Location {location}: {e}"),
+            })?;
+        Ok(location)
     }
 
     /// Uploads `stream` as `desc` in chunks of `self.chunk` bytes.

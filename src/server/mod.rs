@@ -52,7 +52,7 @@ use axum_server::tls_rustls::RustlsConfig;
 use tokio::sync::watch;
 
 use crate::admission::{Admission, ReviewError};
-use crate::logsafe::{RateLimited, Untrusted};
+use crate::logsafe::{RateLimited, Untrusted, clip};
 use crate::metrics::Metrics;
 use budget::{BodyBudget, BodyError};
 use conn::{ConnLimits, Listener, Phase};
@@ -431,8 +431,37 @@ async fn purge(State(admission): State<Arc<Admission>>, body: Bytes) -> Response
     }
 }
 
+/// Characters kept of a not-ready reason in `/readyz`'s answer.
+const READY_REASON_CHARS: usize = 500;
+
+/// `/readyz`'s last answer, so each change between ready and not ready is
+/// logged once rather than once per probe.
+#[derive(Debug, Default)]
+struct Readiness {
+    /// `None` before the first probe.
+    last: std::sync::Mutex<Option<bool>>,
+}
+
+impl Readiness {
+    /// Records one probe's answer; logs it when it is not the last one's.
+    fn observe(&self, now: &Result<(), String>) {
+        let ready = now.is_ok();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if *last == Some(ready) {
+            return;
+        }
+        *last = Some(ready);
+        match now {
+            Ok(()) => tracing::info!("ready"),
+            Err(reason) => tracing::warn!(reason = %clip(reason, READY_REASON_CHARS), "not ready"),
+        }
+    }
+}
+
 /// The health routes: `GET /healthz` (always 200 `ok` while the process
-/// serves), `GET /readyz` (200 when [`Admission::ready`], else 503),
+/// serves), `GET /readyz` (200 `ok` when [`Admission::ready`], else 503
+/// with the reason on one plain-text line, e.g. `target HOST unreachable:
+/// ...` or `shutting down`; each change is logged once),
 /// `GET /metrics` (OpenMetrics text) and `POST /cache/purge` (see
 /// [`PurgeRequest`]; 404 unless `cache.purgeEndpoint` is on).
 pub fn health_router(admission: Arc<Admission>, metrics: Arc<Metrics>) -> Router {
@@ -449,6 +478,7 @@ fn health_routes(
 ) -> Router {
     let for_metrics = admission.clone();
     let for_purge = admission.clone();
+    let readiness = Arc::new(Readiness::default());
     Router::new()
         .route(
             "/cache/purge",
@@ -460,12 +490,17 @@ fn health_routes(
         .route(
             "/readyz",
             get(async move || {
-                if stopping.load(Ordering::Acquire) {
-                    (StatusCode::SERVICE_UNAVAILABLE, "shutting down")
-                } else if admission.ready().await {
-                    (StatusCode::OK, "ready")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                let now = match stopping.load(Ordering::Acquire) {
+                    true => Err("shutting down".to_owned()),
+                    false => admission.ready().await,
+                };
+                readiness.observe(&now);
+                match now {
+                    Ok(()) => (StatusCode::OK, "ok".to_owned()),
+                    Err(reason) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        clip(&reason, READY_REASON_CHARS),
+                    ),
                 }
             }),
         )
