@@ -598,8 +598,14 @@ impl Registry {
                         true => format!("{}{loc}", self.session.base),
                         false => loc.to_owned(),
                     };
+                    // Credentials only to the registry's own origin.
                     if self.session.guard.check_str(&loc).is_ok() {
-                        let _ = with_auth(self.session.http.delete(loc)).send().await;
+                        let req = self.session.http.delete(&loc);
+                        let req = match self.session.is_own(&loc) {
+                            true => with_auth(req),
+                            false => req,
+                        };
+                        let _ = req.send().await;
                     }
                 }
                 false

@@ -79,6 +79,15 @@ impl Session {
         &self.http
     }
 
+    /// Whether `url` is on the registry's own origin (scheme, host and
+    /// port of [`Session::base`]): the only place its credentials go.
+    pub(crate) fn is_own(&self, url: &str) -> bool {
+        match (reqwest::Url::parse(url), reqwest::Url::parse(&self.base)) {
+            (Ok(u), Ok(b)) => u.origin() == b.origin(),
+            _ => false,
+        }
+    }
+
     /// The outbound guard our requests go through.
     pub(crate) fn guard(&self) -> &super::guard::Guard {
         &self.guard
@@ -170,5 +179,37 @@ impl Session {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&scopes.join(" "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(base_host: &str, scheme: &'static str) -> Session {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Session::new(
+            base_host,
+            scheme,
+            base_host,
+            reqwest::Client::new(),
+            RegistryAuth::Basic("u".into(), "p".into()),
+            Scheme::Basic,
+            super::super::guard::Guard::default(),
+        )
+    }
+
+    #[test]
+    fn credentials_go_to_the_registrys_own_origin_only() {
+        let s = session("127.0.0.1:5000", "http");
+        assert!(s.is_own("http://127.0.0.1:5000/v2/a/blobs/uploads/x?state=1"));
+        // Another port, scheme or host is another origin.
+        assert!(!s.is_own("http://127.0.0.1:5001/v2/a/blobs/uploads/x"));
+        assert!(!s.is_own("https://127.0.0.1:5000/v2/a/blobs/uploads/x"));
+        assert!(!s.is_own("http://storage.example/upload/x"));
+        assert!(!s.is_own("not a url"));
+        let s = session("registry.example", "https");
+        assert!(s.is_own("https://registry.example:443/v2/"), "default port");
+        assert!(!s.is_own("https://registry.example.evil/v2/"));
     }
 }

@@ -84,11 +84,18 @@ impl Upload<'_> {
         format!("{}@{}", self.reference.name(), desc.digest)
     }
 
+    /// `req` to `url` with the registry's Authorization header, which goes
+    /// only to the registry's own origin: an upload Location on another
+    /// host (a storage backend) gets none, as a redirect would.
     async fn with_auth(
         &self,
         req: reqwest::RequestBuilder,
+        url: &str,
         desc: &Descriptor,
     ) -> Result<reqwest::RequestBuilder> {
+        if !self.session.is_own(url) {
+            return Ok(req);
+        }
         let scopes = [format!(
             "repository:{}:pull,push",
             self.reference.repository()
@@ -178,7 +185,7 @@ impl Upload<'_> {
             self.reference.repository()
         );
         let req = http.post(&start).header(CONTENT_LENGTH, 0);
-        let resp = self.with_auth(req, desc).await?.send().await;
+        let resp = self.with_auth(req, &start, desc).await?.send().await;
         let resp = self.check(resp, desc, "POST blob upload", 202).await?;
         let mut location = self.location(&resp, desc)?;
         let shared: Shared = Arc::new(Mutex::new((stream, None)));
@@ -187,7 +194,7 @@ impl Upload<'_> {
             let len = self.chunk.min(desc.size - offset);
             let body = reqwest::Body::wrap_stream(take(shared.clone(), len));
             let resp = self
-                .with_auth(http.patch(&location), desc)
+                .with_auth(http.patch(&location), &location, desc)
                 .await?
                 .header(CONTENT_TYPE, "application/octet-stream")
                 .header(CONTENT_LENGTH, len)
@@ -219,8 +226,9 @@ impl Upload<'_> {
             message: format!("bad Location {location:?}: {e}"),
         })?;
         url.query_pairs_mut().append_pair("digest", &desc.digest);
+        let own = url.to_string();
         let resp = self
-            .with_auth(http.put(url), desc)
+            .with_auth(http.put(url), &own, desc)
             .await?
             .header(CONTENT_LENGTH, 0)
             .send()
