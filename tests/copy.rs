@@ -1029,10 +1029,12 @@ async fn wrong_source_bytes_fail_and_push_nothing() {
         ])
         .await;
         assert_eq!(out.code, 1, "threshold {threshold}: {}", out.stderr);
+        // The same words as for a layout source: pinswap hashes both.
         let want = format!(
-            "blob {} from {}/app:v1: Invalid digest",
+            "blob {} from {}/app:v1: blob {} hashes to sha256:",
             victim.digest,
-            src.host()
+            src.host(),
+            victim.digest
         );
         assert!(
             out.stderr.contains(&want),

@@ -13,17 +13,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
 use tokio::sync::{Mutex, OnceCell};
 use tracing::debug;
 
 use super::auth::{CredentialSources, Credentials};
-use super::manifest::{ACCEPT, Descriptor, RawManifest};
+use super::manifest::Descriptor;
 use super::token::{self, Scheme, parse_challenge};
 use super::{Ctx, RegistryError, Result, chain, is_not_found};
-use crate::reference::{Digest, Reference, is_loopback_registry, normalize_registry};
+use crate::reference::{Reference, is_loopback_registry, normalize_registry};
 
 /// Blobs larger than this (bytes) are uploaded in chunks of this size
 /// (POST, PATCH..., PUT); smaller ones in one streamed PUT
@@ -63,6 +62,9 @@ pub struct PoolOptions {
 /// A client built at most once, however many copies ask for it at once.
 type Slot = Arc<OnceCell<Arc<Registry>>>;
 
+/// A registry's scheme and `/v2/` challenge, probed at most once.
+type Probe = Arc<OnceCell<(&'static str, Scheme)>>;
+
 /// Lazily built, shared clients keyed by registry and [`Role`].
 #[derive(Debug)]
 pub struct ClientPool {
@@ -73,6 +75,8 @@ pub struct ClientPool {
     http: OnceCell<reqwest::Client>,
     roots: OnceCell<Vec<Vec<u8>>>,
     entries: Mutex<HashMap<(String, Role, String), Slot>>,
+    /// What each registry's `/v2/` answered, by normalised name.
+    probes: Mutex<HashMap<String, Probe>>,
 }
 
 /// A connection to one registry. Cheap to share (`Arc`).
@@ -89,6 +93,8 @@ pub struct Registry {
     /// Bearer tokens by scope set, with when to stop using them: one token
     /// per scope and lifetime, not one per request.
     tokens: std::sync::Mutex<HashMap<String, (http::HeaderValue, std::time::Instant)>>,
+    /// Held while a token is fetched.
+    token_fetch: Mutex<()>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -113,6 +119,7 @@ impl ClientPool {
             http: OnceCell::new(),
             roots: OnceCell::new(),
             entries: Mutex::default(),
+            probes: Mutex::default(),
         }
     }
 
@@ -207,6 +214,9 @@ impl ClientPool {
         self.entries.lock().await.retain(|(r, ro, who), _| {
             !(who.is_empty() && *ro == role && normalize_registry(r) == key.0)
         });
+        // Signing in again probes again: new credentials may come with a
+        // moved token service.
+        self.probes.lock().await.remove(&key.0);
         true
     }
 
@@ -234,20 +244,25 @@ impl ClientPool {
             .cloned()
     }
 
-    async fn connect(
-        &self,
-        registry: &str,
-        role: Role,
-        creds: Option<&Credentials>,
-    ) -> Result<Registry> {
-        // Docker Hub's API lives on another host than its name.
-        let api_host = if registry == "docker.io" {
-            "index.docker.io"
-        } else {
-            registry
-        };
+    /// The scheme and auth challenge of `registry` (reached at `api_host`),
+    /// from one `GET /v2/` per scheme tried, once per registry and process:
+    /// the source and target sides and every credential set share it. A
+    /// failed probe is not kept, so the next use probes again.
+    async fn probe(&self, registry: &str, api_host: &str) -> Result<(&'static str, Scheme)> {
+        let cell = self
+            .probes
+            .lock()
+            .await
+            .entry(normalize_registry(registry))
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| self.probe_now(registry, api_host))
+            .await
+            .cloned()
+    }
+
+    async fn probe_now(&self, registry: &str, api_host: &str) -> Result<(&'static str, Scheme)> {
         let probe = self.http_client(registry).await?;
-        let roots = self.roots(registry).await?;
         // Plain HTTP first on loopback, where TLS protects nothing and most
         // registries are plain; HTTPS first elsewhere, as Docker does.
         let order: &[&'static str] = if is_loopback_registry(api_host) {
@@ -281,12 +296,27 @@ impl ClientPool {
                 Err(Ping::Failed(e)) => failures.push((scheme, e)),
             }
         }
-        let Some((scheme, challenge)) = found else {
-            return Err(RegistryError::Unreachable {
-                registry: registry.into(),
-                reason: unreachable_reason(&failures),
-            });
+        found.ok_or_else(|| RegistryError::Unreachable {
+            registry: registry.into(),
+            reason: unreachable_reason(&failures),
+        })
+    }
+
+    async fn connect(
+        &self,
+        registry: &str,
+        role: Role,
+        creds: Option<&Credentials>,
+    ) -> Result<Registry> {
+        // Docker Hub's API lives on another host than its name.
+        let api_host = if registry == "docker.io" {
+            "index.docker.io"
+        } else {
+            registry
         };
+        let probe = self.http_client(registry).await?;
+        let roots = self.roots(registry).await?;
+        let (scheme, challenge) = self.probe(registry, api_host).await?;
         let explicit = match role {
             Role::Source => self.opts.source_creds.as_ref(),
             Role::Target => self.opts.target_creds.as_ref(),
@@ -344,10 +374,10 @@ impl ClientPool {
             operation: "build client for",
             message: chain(&e),
         })?;
-        // With auth stored, oci-client authenticates each request per
-        // repository and operation (its token cache). Its manifest calls
-        // store auth anyway, so every registry gets it, even one that asks
-        // for none (oci-client then re-pings `/v2/` per request: a known cost).
+        // oci-client serves only the tag and catalog lists (rare: `check`,
+        // the repair scan); everything per image is ours (`requests.rs`),
+        // since oci-client pings `/v2/` again before each request to a
+        // registry that sends no challenge.
         oci.store_auth_if_needed(api_host, &auth).await;
         Ok(Registry {
             host: registry.to_owned(),
@@ -359,13 +389,9 @@ impl ClientPool {
             challenge,
             chunked_threshold: threshold,
             tokens: std::sync::Mutex::default(),
+            token_fetch: Mutex::default(),
         })
     }
-}
-
-/// A fetched manifest as `head_manifest_typed` answers.
-fn typed(m: RawManifest) -> Option<(Digest, Option<String>)> {
-    Some((m.digest, Some(m.media_type).filter(|t| !t.is_empty())))
 }
 
 /// Why no scheme worked: the one failure as it is, or every scheme tried
@@ -481,6 +507,11 @@ impl Registry {
         &self.http
     }
 
+    /// Whether the registry's `/v2/` challenge asked for bearer tokens.
+    pub(crate) fn is_bearer(&self) -> bool {
+        matches!(self.challenge, Scheme::Bearer(_))
+    }
+
     /// `https` or `http`, as chosen by the probe.
     pub fn scheme(&self) -> &'static str {
         self.scheme
@@ -493,71 +524,6 @@ impl Registry {
             operation,
             anonymous: self.is_anonymous(),
         }
-    }
-
-    /// The manifest digest `r` resolves to, by `HEAD` (falling back to `GET`,
-    /// as oci-client does), or `None` when the registry has no such manifest
-    /// or repository.
-    ///
-    /// # Errors
-    /// Any other registry error, naming registry, status and code.
-    pub async fn manifest_digest(&self, r: &Reference) -> Result<Option<Digest>> {
-        let name = r.to_string();
-        match self
-            .oci
-            .fetch_manifest_digest(&r.to_oci(), &RegistryAuth::Anonymous)
-            .await
-        {
-            Ok(d) => Digest::parse(&d)
-                .map(Some)
-                .map_err(|e| RegistryError::Manifest {
-                    registry: self.host.clone(),
-                    reference: name,
-                    reason: format!("registry returned an invalid digest: {e}"),
-                }),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(RegistryError::from_oci(self.ctx(&name, "HEAD manifest"), e)),
-        }
-    }
-
-    /// `GET` the manifest `r` as raw bytes with the full Accept list; the
-    /// digest is checked against `r`'s digest when it has one.
-    ///
-    /// # Errors
-    /// [`RegistryError::Http`] (404 `MANIFEST_UNKNOWN` for a missing one),
-    /// [`RegistryError::DigestMismatch`], [`RegistryError::Manifest`] for a
-    /// manifest that is not a supported type.
-    pub async fn get_manifest(&self, r: &Reference) -> Result<RawManifest> {
-        let name = r.to_string();
-        let (bytes, digest) = self
-            .oci
-            .pull_manifest_raw(&r.to_oci(), &RegistryAuth::Anonymous, ACCEPT)
-            .await
-            .map_err(|e| RegistryError::from_oci(self.ctx(&name, "GET manifest"), e))?;
-        let digest = Digest::parse(&digest).map_err(|e| RegistryError::Manifest {
-            registry: self.host.clone(),
-            reference: name.clone(),
-            reason: e.to_string(),
-        })?;
-        RawManifest::parse(bytes, digest, None).map_err(|e| RegistryError::Manifest {
-            registry: self.host.clone(),
-            reference: name,
-            reason: e.to_string(),
-        })
-    }
-
-    /// Whether the repository of `r` has blob `digest` (`HEAD`).
-    ///
-    /// # Errors
-    /// Registry errors other than 404.
-    pub async fn blob_exists(&self, r: &Reference, digest: &str) -> Result<bool> {
-        self.oci
-            .blob_exists(&r.to_oci(), digest)
-            .await
-            .map_err(|e| {
-                let name = format!("{}@{digest}", r.name());
-                RegistryError::from_oci(self.ctx(&name, "HEAD blob"), e)
-            })
     }
 
     /// Best-effort cross-repository mount of `digest` from `from_repository`
@@ -612,24 +578,6 @@ impl Registry {
                 false
             }
         }
-    }
-
-    /// Streams blob `desc` of `r`'s repository. oci-client checks the bytes
-    /// against the digest as they pass and fails the stream's last item on a
-    /// mismatch.
-    ///
-    /// # Errors
-    /// Registry errors on the initial request.
-    pub async fn pull_blob(&self, r: &Reference, desc: &Descriptor) -> Result<BlobStream> {
-        let s = self
-            .oci
-            .pull_blob_stream(&r.to_oci(), desc.digest.as_str())
-            .await
-            .map_err(|e| {
-                let name = format!("{}@{}", r.name(), desc.digest);
-                RegistryError::from_oci(self.ctx(&name, "GET blob"), e)
-            })?;
-        Ok(s.stream)
     }
 
     /// Reads blob `desc` of `r`'s repository whole, for small blobs such as
@@ -741,14 +689,28 @@ impl Registry {
         reference: &str,
     ) -> Result<Option<http::HeaderValue>> {
         let key = scopes.join(" ");
-        if let Scheme::Bearer(_) = &self.challenge {
+        let cached = || {
             let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((h, until)) = tokens.get(&key)
-                && std::time::Instant::now() < *until
-            {
-                return Ok(Some(h.clone()));
+            tokens
+                .get(&key)
+                .filter(|(_, until)| std::time::Instant::now() < *until)
+                .map(|(h, _)| h.clone())
+        };
+        // One fetch at a time: blobs copied in parallel all want the same
+        // token, and the first one fetched serves them all.
+        let _fetching = match &self.challenge {
+            Scheme::Bearer(_) => {
+                if let Some(h) = cached() {
+                    return Ok(Some(h));
+                }
+                let guard = self.token_fetch.lock().await;
+                if let Some(h) = cached() {
+                    return Ok(Some(h));
+                }
+                Some(guard)
             }
-        }
+            _ => None,
+        };
         let mut lifetime = None;
         let value = match (&self.challenge, &self.auth) {
             (Scheme::Bearer(c), auth) => match token::fetch(&self.http, c, scopes, auth).await {
@@ -797,125 +759,11 @@ impl Registry {
     }
 
     /// Drops the cached token for `scopes` (a registry refused it early).
-    fn forget_token(&self, scopes: &[String]) {
+    pub(crate) fn forget_token(&self, scopes: &[String]) {
         self.tokens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&scopes.join(" "));
-    }
-
-    /// The manifest digest `r` resolves to, by one `HEAD` of our own, or
-    /// `None` when the registry has no such manifest or repository (404).
-    ///
-    /// Our own request rather than oci-client's `fetch_manifest_digest`:
-    /// that one probes `/v2/` again and falls back to a `GET` on any answer
-    /// without a digest header, and its errors drop the headers, so a 429 or
-    /// 503 loses its `Retry-After`, which the source circuit breaker honours.
-    ///
-    /// # Errors
-    /// [`RegistryError::Unavailable`] for 429 and 5xx (with `Retry-After`
-    /// in seconds when the registry sent one); [`RegistryError::Unreachable`]
-    /// for transport failures; the auth errors of
-    /// [`RegistryError::unauthorized`] for 401; for other statuses, what a
-    /// `GET` of the manifest answers.
-    pub async fn head_manifest(&self, r: &Reference) -> Result<Option<Digest>> {
-        Ok(self.head_manifest_typed(r).await?.map(|(d, _)| d))
-    }
-
-    /// As [`Registry::head_manifest`], with the manifest's mediaType (the
-    /// `Content-Type` answered, `None` when the registry sent none).
-    ///
-    /// # Errors
-    /// As [`Registry::head_manifest`].
-    pub async fn head_manifest_typed(
-        &self,
-        r: &Reference,
-    ) -> Result<Option<(Digest, Option<String>)>> {
-        let name = r.to_string();
-        let scopes = [format!("repository:{}:pull", r.repository())];
-        let reference = match r.digest() {
-            Some(d) => d.to_string(),
-            None => r.tag().unwrap_or("latest").to_owned(),
-        };
-        let url = format!("{}/v2/{}/manifests/{reference}", self.base, r.repository());
-        let mut retried = false;
-        let resp = loop {
-            let auth = self.auth_header(&scopes, &name).await?;
-            let mut req = self
-                .http
-                .head(&url)
-                .header(reqwest::header::ACCEPT, ACCEPT.join(", "));
-            if let Some(h) = &auth {
-                req = req.header(reqwest::header::AUTHORIZATION, h.clone());
-            }
-            let resp = req.send().await.map_err(|e| RegistryError::Unreachable {
-                registry: self.host.clone(),
-                reason: chain(&e.without_url()),
-            })?;
-            // A cached token the registry no longer takes: once more with a
-            // fresh one.
-            if resp.status() == reqwest::StatusCode::UNAUTHORIZED
-                && !retried
-                && matches!(self.challenge, Scheme::Bearer(_))
-            {
-                self.forget_token(&scopes);
-                retried = true;
-                continue;
-            }
-            break resp;
-        };
-        let status = resp.status().as_u16();
-        let ctx = self.ctx(&name, "HEAD manifest");
-        match status {
-            200..=299 => {}
-            404 => return Ok(None),
-            401 => return Err(RegistryError::unauthorized(ctx)),
-            429 | 500..=599 => {
-                return Err(RegistryError::Unavailable {
-                    registry: self.host.clone(),
-                    reference: name,
-                    operation: "HEAD manifest",
-                    status,
-                    retry_after: super::retry_after(resp.headers()),
-                });
-            }
-            // Some registries refuse HEAD (405) or answer it oddly; a GET
-            // gives the digest, or the registry's own error code.
-            _ => return self.get_manifest(r).await.map(typed),
-        }
-        let media_type = resp
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|h| h.to_str().ok())
-            .filter(|m| !m.is_empty())
-            .map(str::to_owned);
-        let digest = resp
-            .headers()
-            .get("docker-content-digest")
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_owned);
-        let Some(digest) = digest else {
-            // Registries must send it (distribution-spec §Pulling manifests);
-            // without it, GET the bytes and hash them.
-            return self.get_manifest(r).await.map(typed);
-        };
-        let digest = Digest::parse(&digest).map_err(|e| RegistryError::Manifest {
-            registry: self.host.clone(),
-            reference: name.clone(),
-            reason: format!("registry returned an invalid digest: {e}"),
-        })?;
-        if let Some(want) = r.digest()
-            && *want != digest
-        {
-            return Err(RegistryError::DigestMismatch {
-                registry: self.host.clone(),
-                what: "manifest",
-                reference: name,
-                expected: want.to_string(),
-                actual: digest.to_string(),
-            });
-        }
-        Ok(Some((digest, media_type)))
     }
 
     /// Uploads `stream` as blob `desc` into `r`'s repository: one streamed
@@ -941,40 +789,7 @@ impl Registry {
             .run(desc, stream)
             .await;
         }
-        let stream = stream.map_err(oci_client::errors::OciDistributionError::IoError);
-        self.oci
-            .push_blob_stream(&r.to_oci(), stream, &desc.digest, Some(desc.size))
-            .await
-            .map(|_| ())
-            .map_err(|e| {
-                let name = format!("{}@{}", r.name(), desc.digest);
-                RegistryError::from_oci(self.ctx(&name, "PUT blob"), e)
-            })
-    }
-
-    /// `PUT` the manifest bytes unchanged, with their mediaType as
-    /// Content-Type, under `r`'s tag (or digest when it has none).
-    ///
-    /// # Errors
-    /// Registry errors (e.g. 400 `MANIFEST_BLOB_UNKNOWN` when a blob is missing).
-    pub async fn push_manifest(&self, r: &Reference, manifest: &RawManifest) -> Result<()> {
-        let name = r.to_string();
-        let target = match r.tag() {
-            Some(_) => r.without_digest(),
-            None => r.with_digest(manifest.digest.clone()),
-        };
-        let content_type = http::HeaderValue::from_str(&manifest.media_type).map_err(|e| {
-            RegistryError::Manifest {
-                registry: self.host.clone(),
-                reference: name.clone(),
-                reason: format!("mediaType is not a valid header value: {e}"),
-            }
-        })?;
-        self.oci
-            .push_manifest_raw(&target.to_oci(), manifest.bytes.clone(), content_type)
-            .await
-            .map(|_| ())
-            .map_err(|e| RegistryError::from_oci(self.ctx(&name, "PUT manifest"), e))
+        self.push_blob_whole(r, desc, stream).await
     }
 }
 

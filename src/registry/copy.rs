@@ -21,7 +21,7 @@ use tokio::sync::{Mutex, Semaphore};
 use tracing::{debug, info, warn};
 
 use super::auth::Credentials;
-use super::check::{DigestCheck, checked, sha256_digest};
+use super::check::sha256_digest;
 use super::client::{BlobStream, ClientPool, Registry, Role};
 use super::layout::Layout;
 use super::manifest::{Descriptor, ManifestKind, PlatformSpec, RawManifest, filter_index};
@@ -914,13 +914,8 @@ impl Copier {
     /// and with a [`Fault`] that records the stream's own error.
     async fn open_blob(&self, s: &Side, desc: &Descriptor) -> Result<(BlobStream, Fault)> {
         let stream = match s {
-            // oci-client verifies the digest; hashing again would cost more
-            // than it adds, so registry streams get a size bound only.
-            Side::Registry { client, reference } => checked(
-                client.pull_blob(reference, desc).await?,
-                desc.clone(),
-                DigestCheck::Upstream,
-            ),
+            // Already checked for size and digest as it streams.
+            Side::Registry { client, reference } => client.pull_blob(reference, desc).await?,
             Side::Layout { layout, .. } => layout.read_blob(desc).await?,
         };
         let bar = self.bars.as_ref().map(|bars| {
