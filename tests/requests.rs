@@ -3,11 +3,13 @@
 //! Distribution registries. Against a real registry every request is a
 //! round trip, so these are behaviour, not timing: a `/v2/` probe per
 //! registry and process, one manifest HEAD per side for an image, each
-//! blob fetched once, and a token per scope set, not per request.
+//! blob fetched once, a token per scope set, not per request, and blobs a
+//! registry already holds in another repository mounted, not streamed.
 
 mod common;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use common::front::Front;
@@ -18,21 +20,34 @@ use pinswap::config::Config;
 use pinswap::metrics::Metrics;
 use serde_json::{Value, json};
 
-/// `pinswap copy --json ARGS...`, asserting success; the first report.
+/// `pinswap copy --json ARGS...` with a cache of its own, asserting
+/// success; the first report.
 async fn copy(args: &[&str]) -> Value {
+    copy_in(common::cache_home().path(), args).await
+}
+
+/// As [`copy`], with `cache` as `XDG_CACHE_HOME`.
+async fn copy_in(cache: &Path, args: &[&str]) -> Value {
+    let (ok, report, stderr) = try_copy_in(cache, args).await;
+    assert!(ok, "copy {args:?}: {stderr}");
+    report
+}
+
+/// As [`copy_in`], success or not: (succeeded, first report, stderr).
+async fn try_copy_in(cache: &Path, args: &[&str]) -> (bool, Value, String) {
     let out = tokio::process::Command::new(pinswap_bin())
         .arg("copy")
         .arg("--json")
         .args(args)
+        .env("XDG_CACHE_HOME", cache)
         .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
         .env_remove("REGISTRY_AUTH_FILE")
         .output()
         .await
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "copy {args:?}: {stderr}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["images"][0].clone()
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.success(), v["images"][0].clone(), stderr)
 }
 
 fn show(front: &Front) -> String {
@@ -273,4 +288,108 @@ async fn tokens_are_fetched_once_per_scope_set_not_per_chunk() {
     assert_eq!(asked, sets.len(), "a scope set asked for twice: {log:?}");
     assert!(asked <= 2, "{log:?}");
     assert_eq!(tf.count_exact("GET", "/v2/"), 1, "{}", show(&tf));
+}
+
+/// The remembered locations in the CLI's cache file: (registry, digest,
+/// repository).
+fn cached_locations(cache: &Path) -> Vec<(String, String, String)> {
+    let text = std::fs::read(cache.join("pinswap/blob-locations.json")).unwrap();
+    let v: Value = serde_json::from_slice(&text).unwrap();
+    v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap().to_owned();
+            (s("registry"), s("digest"), s("repository"))
+        })
+        .collect()
+}
+
+/// 130 small layers already in repository `a` of a registry, put there by
+/// an earlier `pinswap copy`: a copy of the same image from another source
+/// into a new repository `b` mounts every blob from `a` and fetches none.
+/// A location a mount proves stale (202) is dropped from the cache file,
+/// and that blob alone is streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_locations_mount_into_a_new_repository() {
+    common::init();
+    let (one, two, reg) = (
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+        TestRegistry::plain().await,
+    );
+    let (rf, two_f) = (
+        Front::start(&reg.host()).await,
+        Front::start(&two.host()).await,
+    );
+    let img = Image::random_layers(130, 512, 7401);
+    push_image(&one, "app", Some("v1"), &img).await;
+    push_image(&two, "app", Some("v1"), &img).await;
+    let cache = common::cache_home();
+    let to = |repo: &str| format!("docker://{}/{repo}/app:v1", rf.host());
+    let r = copy_in(
+        cache.path(),
+        &[&format!("docker://{}/app:v1", one.host()), &to("a")],
+    )
+    .await;
+    assert_eq!(r["blobsCopied"], 131, "{r}");
+    rf.reset();
+
+    let from_two = format!("docker://{}/app:v1", two_f.host());
+    let r = copy_in(cache.path(), &[&from_two, &to("b")]).await;
+    assert_eq!(
+        (r["blobsMounted"].as_u64(), r["blobsCopied"].as_u64()),
+        (Some(131), Some(0)),
+        "{r}"
+    );
+    let mounts = rf
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.contains("mount=") && p.contains("from=a%2Fapp"))
+        .count();
+    assert_eq!(mounts, 131, "{}", show(&rf));
+    assert_eq!(two_f.count_method("GET", "/blobs/"), 0, "{}", show(&two_f));
+    assert_eq!(rf.count_method("PATCH", "/blobs/"), 0);
+    assert_eq!(rf.count_method("PUT", "/blobs/"), 0);
+    for b in img.blobs() {
+        let got = reg.blob("b/app", &b.digest).await;
+        assert!(got.as_deref() == Some(&b.bytes[..]), "{} in b", b.digest);
+    }
+
+    // The cache now says `b`; the registry loses the first layer there, and
+    // the source loses it too, so this copy fails after the mount from `b`
+    // was refused: the stale location is dropped all the same.
+    let gone = &img.layers[0];
+    reg.delete_blob("b/app", &gone.digest).await;
+    two.delete_blob("app", &gone.digest).await;
+    let (ok, _, stderr) = try_copy_in(cache.path(), &[&from_two, &to("c")]).await;
+    assert!(!ok, "{stderr}");
+    let refused = rf
+        .requests()
+        .iter()
+        .filter(|(m, p)| {
+            m == "POST"
+                && p.contains(&format!("mount={}", gone.digest.replace(':', "%3A")))
+                && p.contains("from=b%2Fapp")
+        })
+        .count();
+    assert_eq!(refused, 1, "{}", show(&rf));
+    let locations = cached_locations(cache.path());
+    assert!(
+        !locations.iter().any(|(_, d, _)| *d == gone.digest),
+        "the stale location stays: {locations:?}"
+    );
+    assert!(
+        locations
+            .iter()
+            .any(|(r, _, repo)| *r == rf.host() && repo == "b/app"),
+        "the others stay: {locations:?}"
+    );
+    // With the layer back at the source, it is streamed.
+    common::push_blob(&two, "app", gone).await;
+    let r = copy_in(cache.path(), &[&from_two, &to("c")]).await;
+    assert_eq!(r["blobsCopied"], 1, "{r}");
+    let got = reg.blob("c/app", &gone.digest).await;
+    assert!(got.as_deref() == Some(&gone.bytes[..]));
 }

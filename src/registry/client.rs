@@ -473,6 +473,18 @@ fn extend_page(out: &mut Vec<String>, page: Vec<String>) -> bool {
     true
 }
 
+/// What a cross-repository mount did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mount {
+    /// 201: the blob is now in the repository.
+    Done,
+    /// 202: the registry does not hold the blob in the repository mounted
+    /// from (a location that went stale).
+    Absent,
+    /// Any other answer, or no answer.
+    Failed,
+}
+
 /// A blob's bytes as they stream, each item checked by the producer.
 pub type BlobStream = futures::stream::BoxStream<'static, std::io::Result<Bytes>>;
 
@@ -527,12 +539,13 @@ impl Registry {
     }
 
     /// Best-effort cross-repository mount of `digest` from `from_repository`
-    /// into `r`'s repository. Returns whether the blob is now there. A 202
-    /// (mount refused, upload opened; the session is cancelled) or any error
-    /// is `false`: the caller streams instead (distribution-spec §Mounting a
-    /// blob). Own request rather than oci-client's `mount_blob`: the token
-    /// must carry pull on the source repository too.
-    pub async fn mount(&self, r: &Reference, from_repository: &str, digest: &str) -> bool {
+    /// into `r`'s repository (distribution-spec §Mounting a blob). A 202
+    /// (mount refused, upload opened; the session is cancelled) is
+    /// [`Mount::Absent`]: the registry does not hold the blob there. Any
+    /// other answer or error is [`Mount::Failed`]; either way the caller
+    /// streams instead. Own request rather than oci-client's `mount_blob`:
+    /// the token must carry pull on the source repository too.
+    pub async fn mount(&self, r: &Reference, from_repository: &str, digest: &str) -> Mount {
         let scopes = [
             format!("repository:{}:pull,push", r.repository()),
             format!("repository:{from_repository}:pull"),
@@ -542,7 +555,7 @@ impl Registry {
             Ok(a) => a,
             Err(e) => {
                 debug!(error = %e, "no token for mount; streaming instead");
-                return false;
+                return Mount::Failed;
             }
         };
         let with_auth = |req: reqwest::RequestBuilder| match &auth {
@@ -556,14 +569,16 @@ impl Registry {
             .query(&[("mount", digest), ("from", from_repository)])
             .header(reqwest::header::CONTENT_LENGTH, 0);
         match with_auth(req).send().await {
-            Ok(resp) if resp.status() == reqwest::StatusCode::CREATED => true,
+            Ok(resp) if resp.status() == reqwest::StatusCode::CREATED => Mount::Done,
             Ok(resp) => {
                 debug!(registry = %self.host, digest, from = from_repository, status = resp.status().as_u16(), "mount not done; streaming instead");
-                if resp.status() == reqwest::StatusCode::ACCEPTED
-                    && let Some(loc) = resp
-                        .headers()
-                        .get(reqwest::header::LOCATION)
-                        .and_then(|l| l.to_str().ok())
+                if resp.status() != reqwest::StatusCode::ACCEPTED {
+                    return Mount::Failed;
+                }
+                if let Some(loc) = resp
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|l| l.to_str().ok())
                 {
                     let loc = match loc.starts_with('/') {
                         true => format!("{}{loc}", self.base),
@@ -571,11 +586,11 @@ impl Registry {
                     };
                     let _ = with_auth(self.http.delete(loc)).send().await;
                 }
-                false
+                Mount::Absent
             }
             Err(e) => {
                 debug!(registry = %self.host, error = %chain(&e), "mount failed; streaming instead");
-                false
+                Mount::Failed
             }
         }
     }

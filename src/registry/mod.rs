@@ -14,13 +14,14 @@ pub mod client;
 pub mod copy;
 pub mod ecr;
 pub mod layout;
+pub mod locations;
 pub mod manifest;
 pub mod pullsecrets;
 mod requests;
 mod token;
 mod upload;
 
-pub use client::{ClientPool, PoolOptions, Registry, Role};
+pub use client::{ClientPool, Mount, PoolOptions, Registry, Role};
 
 use oci_client::errors::{OciDistributionError, OciErrorCode};
 

@@ -29,7 +29,8 @@ struct Shared {
     upstream: String,
     http: reqwest::Client,
     mode: Mutex<Mode>,
-    /// (method, path) of every request, in arrival order, over every mode.
+    /// (method, path with query) of every request, in arrival order, over
+    /// every mode.
     seen: Mutex<Vec<(String, String)>>,
 }
 
@@ -96,7 +97,8 @@ impl Front {
             .count() as u64
     }
 
-    /// Requests seen so far with this method whose path is exactly `path`.
+    /// Requests seen so far with this method whose path (with its query) is
+    /// exactly `path`.
     pub fn count_exact(&self, method: &str, path: &str) -> u64 {
         self.shared
             .seen
@@ -107,7 +109,7 @@ impl Front {
             .count() as u64
     }
 
-    /// Every (method, path) seen so far, in order (paths without query).
+    /// Every (method, path with query) seen so far, in order.
     pub fn requests(&self) -> Vec<(String, String)> {
         self.shared.seen.lock().unwrap().clone()
     }
@@ -138,7 +140,7 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
     s.seen
         .lock()
         .unwrap()
-        .push((req.method().to_string(), req.uri().path().to_owned()));
+        .push((req.method().to_string(), path.clone()));
     let mode = s.mode.lock().unwrap().clone();
     if let Mode::Refuse(status, retry_after) = mode {
         let code = match status {
