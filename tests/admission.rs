@@ -293,6 +293,45 @@ async fn swap_and_copy_policy_matrix() {
     }
 }
 
+/// The response's `patch` is a base64 string (the API's form for `[]byte`)
+/// that decodes to the JSONPatch: a replace of the image with the pinned
+/// mirror, and the annotations; `patchType` says JSONPatch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_patch_is_base64_of_the_json_patch() {
+    use base64::Engine as _;
+    common::init();
+    let r = rig().await;
+    let (adm, _) = r.admission("swapPolicy: always\ncopyPolicy: none\n");
+    let out = adm.review(r.body("pod-v1beta1.json")).await.unwrap();
+    let review: Value = serde_json::from_slice(&out).unwrap();
+    let response = &review["response"];
+    assert_eq!(response["patchType"], "JSONPatch");
+    let text = response["patch"].as_str().expect("patch is a string");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .expect("standard base64");
+    let ops: Vec<Value> = serde_json::from_slice(&bytes).expect("a JSON array");
+    let want = format!("{}:v1@{}", r.mirrored("shop/app"), r.app.digest);
+    assert!(
+        ops.iter().any(|op| op["op"] == "replace"
+            && op["path"] == "/spec/containers/0/image"
+            && op["value"] == want.as_str()),
+        "{ops:?}"
+    );
+    assert!(
+        ops.iter().any(|op| op["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("/metadata/annotations")),
+        "{ops:?}"
+    );
+    // The same patch through the shared decoder, applied to the Pod.
+    let request: Value = serde_json::from_slice(&r.body("pod-v1beta1.json")).unwrap();
+    let mut pod = request["request"]["object"].clone();
+    common::review::apply_patch(response, &mut pod).unwrap();
+    assert_eq!(pod["spec"]["containers"][0]["image"], want.as_str());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn source_down_admits_unchanged_within_the_budget() {
     common::init();
@@ -427,7 +466,7 @@ async fn serve_binary_end_to_end() {
     assert_eq!(resp.status(), 200);
     let review: Value = resp.json().await.unwrap();
     assert_eq!(review["response"]["allowed"], true);
-    assert!(review["response"]["patch"].is_array() || review["response"]["patch"].is_string());
+    assert!(review["response"]["patch"].is_string(), "{review}");
     let repo = format!("mirror/127.0.0.1_{}/shop/app", r.src.port());
     let (bytes, _, digest) = r
         .dst

@@ -21,8 +21,10 @@ async fn pinswap(args: &[&str]) -> Out {
 }
 
 async fn pinswap_env(args: &[&str], env: &[(&str, &str)]) -> Out {
+    let cache = common::cache_home();
     let mut cmd = tokio::process::Command::new(pinswap_bin());
     cmd.args(args)
+        .env("XDG_CACHE_HOME", cache.path())
         .env_remove("PINSWAP_SRC_CREDS")
         .env_remove("PINSWAP_DEST_CREDS")
         .env_remove("REGISTRY_AUTH_FILE")
@@ -1029,10 +1031,12 @@ async fn wrong_source_bytes_fail_and_push_nothing() {
         ])
         .await;
         assert_eq!(out.code, 1, "threshold {threshold}: {}", out.stderr);
+        // The same words as for a layout source: pinswap hashes both.
         let want = format!(
-            "blob {} from {}/app:v1: Invalid digest",
+            "blob {} from {}/app:v1: blob {} hashes to sha256:",
             victim.digest,
-            src.host()
+            src.host(),
+            victim.digest
         );
         assert!(
             out.stderr.contains(&want),
@@ -1062,8 +1066,10 @@ async fn progress_bars_on_a_terminal_and_env_credentials() {
         d(&src, "app:v1"),
         d(&dst, "app:v1")
     );
+    let cache = common::cache_home();
     let out = tokio::process::Command::new("script")
         .args(["-qec", &cmd, "/dev/null"])
+        .env("XDG_CACHE_HOME", cache.path())
         .env("PINSWAP_DEST_CREDS", "envuser:env-pw")
         .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
         .output()
@@ -1252,8 +1258,10 @@ async fn jobs_bounds_open_connections() {
         d(&src, "many:v1"),
         d(&dst, "many:v1")
     );
+    let cache = common::cache_home();
     let out = tokio::process::Command::new("sh")
         .args(["-c", &cmd])
+        .env("XDG_CACHE_HOME", cache.path())
         .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
         .output()
         .await

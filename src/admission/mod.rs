@@ -93,6 +93,41 @@ pub enum ReviewError {
     Malformed(String),
 }
 
+/// The response AdmissionReview's JSON, its `patch` as base64: the API's
+/// documented form for a `[]byte` field. kube-core writes it as an array of
+/// numbers, which the API server's decoder also takes, but which is about
+/// three times larger and which tools that follow the API docs cannot read.
+fn encode_review(mut resp: AdmissionResponse) -> Result<Vec<u8>, serde_json::Error> {
+    use base64::Engine as _;
+
+    #[derive(serde::Serialize)]
+    struct Review<'a> {
+        #[serde(flatten)]
+        types: &'a kube::core::TypeMeta,
+        response: Response<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct Response<'a> {
+        #[serde(flatten)]
+        response: &'a AdmissionResponse,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        patch: Option<String>,
+    }
+    // Taken out so kube-core's own form is not written too; `patchType`
+    // stays as `with_patch` set it.
+    let patch = resp
+        .patch
+        .take()
+        .map(|p| base64::engine::general_purpose::STANDARD.encode(p));
+    serde_json::to_vec(&Review {
+        types: &resp.types,
+        response: Response {
+            response: &resp,
+            patch,
+        },
+    })
+}
+
 /// Answers AdmissionReviews for Pods.
 pub struct Admission {
     mirror: Arc<Mirror>,
@@ -249,7 +284,7 @@ impl Admission {
         self.metrics
             .admission_seconds
             .observe(start.elapsed().as_secs_f64());
-        serde_json::to_vec(&resp.into_review()).map_err(|e| ReviewError::Malformed(e.to_string()))
+        encode_review(resp).map_err(|e| ReviewError::Malformed(e.to_string()))
     }
 
     async fn answer(

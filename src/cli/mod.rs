@@ -22,6 +22,7 @@ use serde::Serialize;
 use crate::reference::{MirrorTarget, Reference};
 use crate::registry::auth::{CredentialSources, Credentials};
 use crate::registry::copy::{Copier, CopyOptions, CopyReport, Endpoint};
+use crate::registry::locations::BlobLocations;
 use crate::registry::manifest::PlatformSpec;
 use crate::registry::{ClientPool, PoolOptions};
 
@@ -498,15 +499,24 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
     };
     let pool = Arc::new(ClientPool::new(args.registry.pool_options()?));
     let progress = !args.json && std::io::stdout().is_terminal();
-    let copier = Arc::new(Copier::new(
-        pool,
-        CopyOptions {
-            jobs: usize::from(args.jobs),
-            platforms: args.platforms.clone(),
-            progress,
-            verify_target: args.verify_target,
-        },
-    ));
+    // Where blobs live at each registry, remembered across runs so a copy
+    // into a new repository mounts what the registry already holds.
+    let locations = Arc::new(match BlobLocations::default_file() {
+        Some(file) => BlobLocations::load(file),
+        None => BlobLocations::in_memory(),
+    });
+    let copier = Arc::new(
+        Copier::new(
+            pool,
+            CopyOptions {
+                jobs: usize::from(args.jobs),
+                platforms: args.platforms.clone(),
+                progress,
+                verify_target: args.verify_target,
+            },
+        )
+        .with_locations(locations.clone()),
+    );
 
     // Images run concurrently; blob transfers across all of them share the
     // --jobs bound inside the copier.
@@ -529,6 +539,10 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
     ))
     .await;
 
+    if let Err(e) = locations.save() {
+        // Only a cache: the copies are done either way.
+        tracing::warn!(error = %e, "blob locations not saved");
+    }
     let failed = results
         .iter()
         .filter(|r| matches!(r, ImageResult::Failed { .. }))

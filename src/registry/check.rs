@@ -47,13 +47,11 @@ pub fn sha256_digest(bytes: &[u8]) -> Digest {
     Digest::parse(&h.finish()).expect("sha256 hex is a valid digest")
 }
 
-/// Who checks the digest.
+/// Who checks the digest: this stream, as it passes (layout files and
+/// registry blobs alike).
 pub(crate) enum DigestCheck {
-    /// Hash here (layout files).
+    /// Hash here.
     Here,
-    /// The inner stream checks it and reports at its end (oci-client's
-    /// verifying stream); hashing again would only cost time.
-    Upstream,
 }
 
 struct State {
@@ -76,7 +74,6 @@ pub(crate) fn checked(inner: BlobStream, desc: Descriptor, check: DigestCheck) -
                 .map(|d| Hasher::new(d.algorithm()))
                 .unwrap_or_else(|_| Hasher::new(DigestAlgorithm::Sha256)),
         ),
-        DigestCheck::Upstream => None,
     };
     let state = State {
         inner,
@@ -199,7 +196,7 @@ mod tests {
 
         let (_, err) = run(stream(&[b"abc", b"def"]), desc(b"abcde"), DigestCheck::Here).await;
         assert!(err.unwrap().contains("longer than its descriptor size 5"));
-        let (_, err) = run(stream(&[b"abc"]), desc(b"abcde"), DigestCheck::Upstream).await;
+        let (_, err) = run(stream(&[b"abc"]), desc(b"abcde"), DigestCheck::Here).await;
         assert!(err.unwrap().contains("is 3 bytes, its descriptor says 5"));
 
         let (out, err) = run(stream(&[]), desc(b""), DigestCheck::Here).await;
@@ -208,18 +205,5 @@ mod tests {
         wrong.digest = sha256_digest(b"x").to_string();
         let (_, err) = run(stream(&[]), wrong, DigestCheck::Here).await;
         assert!(err.unwrap().contains("hashes to"));
-    }
-
-    #[tokio::test]
-    async fn upstream_verdict_is_taken_before_the_last_chunk() {
-        let failing_end: BlobStream = futures::stream::iter(vec![
-            Ok(Bytes::from_static(b"abc")),
-            Ok(Bytes::from_static(b"de")),
-            Err(std::io::Error::other("digest mismatch upstream")),
-        ])
-        .boxed();
-        let (out, err) = run(failing_end, desc(b"abcde"), DigestCheck::Upstream).await;
-        assert_eq!(out, b"abc", "the last chunk is not released");
-        assert_eq!(err.as_deref(), Some("digest mismatch upstream"));
     }
 }

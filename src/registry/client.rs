@@ -13,18 +13,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
 use tokio::sync::{Mutex, OnceCell};
 use tracing::debug;
 
 use super::auth::{CredentialSources, Credentials};
-use super::manifest::{ACCEPT, Descriptor, RawManifest};
+use super::manifest::Descriptor;
 use super::session::{BlobStream, Session};
 use super::token::{Scheme, parse_challenge};
-use super::{RegistryError, Result, chain, is_not_found};
-use crate::reference::{Digest, Reference, is_loopback_registry, normalize_registry};
+use super::{Ctx, RegistryError, Result, chain, is_not_found};
+use crate::reference::{Reference, is_loopback_registry, normalize_registry};
 
 /// Blobs larger than this (bytes) are uploaded in chunks of this size
 /// (POST, PATCH..., PUT); smaller ones in one streamed PUT
@@ -59,13 +58,17 @@ pub struct PoolOptions {
     pub sources: CredentialSources,
     /// Blobs above this many bytes use chunked upload; `None` for the default.
     pub chunked_threshold: Option<u64>,
-    /// Which addresses our own requests may connect to (oci-client's are
-    /// not covered: it builds its own HTTP client; docs/architecture.md §8).
+    /// Which addresses our own requests may connect to (oci-client's tag
+    /// and catalog lists are not covered: it builds its own HTTP client;
+    /// docs/architecture.md §8).
     pub guard: super::guard::Guard,
 }
 
 /// A client built at most once, however many copies ask for it at once.
 type Slot = Arc<OnceCell<Arc<Registry>>>;
+
+/// A registry's scheme and `/v2/` challenge, probed at most once.
+type Probe = Arc<OnceCell<(&'static str, Scheme)>>;
 
 /// Lazily built, shared clients keyed by registry and [`Role`].
 #[derive(Debug)]
@@ -77,6 +80,8 @@ pub struct ClientPool {
     http: OnceCell<reqwest::Client>,
     roots: OnceCell<Vec<Vec<u8>>>,
     entries: Mutex<HashMap<(String, Role, String), Slot>>,
+    /// What each registry's `/v2/` answered, by normalised name.
+    probes: Mutex<HashMap<String, Probe>>,
 }
 
 /// A connection to one registry. Cheap to share (`Arc`).
@@ -112,6 +117,7 @@ impl ClientPool {
             http: OnceCell::new(),
             roots: OnceCell::new(),
             entries: Mutex::default(),
+            probes: Mutex::default(),
         }
     }
 
@@ -161,12 +167,12 @@ impl ClientPool {
                     .iter()
                     .filter_map(|d| reqwest::Certificate::from_der(d).ok());
                 reqwest::Client::builder()
-                    .dns_resolver(self.opts.guard.resolver())
-                    .redirect(self.opts.guard.redirect_policy())
                     .connect_timeout(Duration::from_secs(10))
                     .read_timeout(Duration::from_secs(60))
                     .user_agent(concat!("pinswap/", env!("CARGO_PKG_VERSION")))
                     .tls_certs_only(certs)
+                    .dns_resolver(self.opts.guard.resolver())
+                    .redirect(self.opts.guard.redirect_policy())
                     .build()
                     .map_err(|e| RegistryError::Other {
                         registry: registry.into(),
@@ -208,6 +214,9 @@ impl ClientPool {
         self.entries.lock().await.retain(|(r, ro, who), _| {
             !(who.is_empty() && *ro == role && normalize_registry(r) == key.0)
         });
+        // Signing in again probes again: new credentials may come with a
+        // moved token service.
+        self.probes.lock().await.remove(&key.0);
         true
     }
 
@@ -235,22 +244,26 @@ impl ClientPool {
             .cloned()
     }
 
-    async fn connect(
-        &self,
-        registry: &str,
-        role: Role,
-        creds: Option<&Credentials>,
-    ) -> Result<Registry> {
-        // Docker Hub's API lives on another host than its name.
-        let api_host = if registry == "docker.io" {
-            "index.docker.io"
-        } else {
-            registry
-        };
+    /// The scheme and auth challenge of `registry` (reached at `api_host`),
+    /// from one `GET /v2/` per scheme tried, once per registry and process:
+    /// the source and target sides and every credential set share it. A
+    /// failed probe is not kept, so the next use probes again.
+    async fn probe(&self, registry: &str, api_host: &str) -> Result<(&'static str, Scheme)> {
+        let cell = self
+            .probes
+            .lock()
+            .await
+            .entry(normalize_registry(registry))
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| self.probe_now(registry, api_host))
+            .await
+            .cloned()
+    }
+
+    async fn probe_now(&self, registry: &str, api_host: &str) -> Result<(&'static str, Scheme)> {
         // A literal host is not resolved, so the guard checks it here; a
-        // name is checked when the probe resolves it. The probe is the first
-        // connection to a registry, so oci-client's client never reaches one
-        // the guard refuses (it may still follow redirects unchecked).
+        // name is checked when the probe resolves it.
         if let Err(e) = self.opts.guard.check_str(&format!("http://{api_host}/")) {
             return Err(RegistryError::Unreachable {
                 registry: registry.into(),
@@ -258,7 +271,6 @@ impl ClientPool {
             });
         }
         let probe = self.http_client(registry).await?;
-        let roots = self.roots(registry).await?;
         // Plain HTTP first on loopback, where TLS protects nothing and most
         // registries are plain; HTTPS first elsewhere, as Docker does.
         let order: &[&'static str] = if is_loopback_registry(api_host) {
@@ -292,12 +304,27 @@ impl ClientPool {
                 Err(Ping::Failed(e)) => failures.push((scheme, e)),
             }
         }
-        let Some((scheme, challenge)) = found else {
-            return Err(RegistryError::Unreachable {
-                registry: registry.into(),
-                reason: unreachable_reason(&failures),
-            });
+        found.ok_or_else(|| RegistryError::Unreachable {
+            registry: registry.into(),
+            reason: unreachable_reason(&failures),
+        })
+    }
+
+    async fn connect(
+        &self,
+        registry: &str,
+        role: Role,
+        creds: Option<&Credentials>,
+    ) -> Result<Registry> {
+        // Docker Hub's API lives on another host than its name.
+        let api_host = if registry == "docker.io" {
+            "index.docker.io"
+        } else {
+            registry
         };
+        let probe = self.http_client(registry).await?;
+        let roots = self.roots(registry).await?;
+        let (scheme, challenge) = self.probe(registry, api_host).await?;
         let explicit = match role {
             Role::Source => self.opts.source_creds.as_ref(),
             Role::Target => self.opts.target_creds.as_ref(),
@@ -355,10 +382,10 @@ impl ClientPool {
             operation: "build client for",
             message: chain(&e),
         })?;
-        // With auth stored, oci-client authenticates each request per
-        // repository and operation (its token cache). Its manifest calls
-        // store auth anyway, so every registry gets it, even one that asks
-        // for none (oci-client then re-pings `/v2/` per request: a known cost).
+        // oci-client serves only the tag and catalog lists (rare: `check`,
+        // the repair scan); everything per image is ours (`requests.rs`),
+        // since oci-client pings `/v2/` again before each request to a
+        // registry that sends no challenge.
         oci.store_auth_if_needed(api_host, &auth).await;
         Ok(Registry {
             session: Session::new(
@@ -374,11 +401,6 @@ impl ClientPool {
             chunked_threshold: threshold,
         })
     }
-}
-
-/// A fetched manifest as `head_manifest_typed` answers.
-fn typed(m: RawManifest) -> Option<(Digest, Option<String>)> {
-    Some((m.digest, Some(m.media_type).filter(|t| !t.is_empty())))
 }
 
 /// Why no scheme worked: the one failure as it is, or every scheme tried
@@ -460,15 +482,22 @@ fn extend_page(out: &mut Vec<String>, page: Vec<String>) -> bool {
     true
 }
 
+/// What a cross-repository mount did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mount {
+    /// 201: the blob is now in the repository.
+    Done,
+    /// 202: the registry does not hold the blob in the repository mounted
+    /// from (a location that went stale).
+    Absent,
+    /// Any other answer, or no answer.
+    Failed,
+}
+
 impl Registry {
     /// `host[:port]` as given to the pool.
     pub fn host(&self) -> &str {
         &self.session.host
-    }
-
-    /// `https` or `http`, as chosen by the probe.
-    pub fn scheme(&self) -> &'static str {
-        self.session.scheme
     }
 
     /// Whether the registry answers `GET /v2/` (any HTTP status) within 2 s.
@@ -486,121 +515,84 @@ impl Registry {
             .map_err(|e| chain(&e))
     }
 
-    /// The manifest digest `r` resolves to, by `HEAD` (falling back to `GET`,
-    /// as oci-client does), or `None` when the registry has no such manifest
-    /// or repository.
-    ///
-    /// # Errors
-    /// Any other registry error, naming registry, status and code.
-    pub async fn manifest_digest(&self, r: &Reference) -> Result<Option<Digest>> {
-        let name = r.to_string();
-        match self
-            .oci
-            .fetch_manifest_digest(&r.to_oci(), &RegistryAuth::Anonymous)
-            .await
-        {
-            Ok(d) => Digest::parse(&d)
-                .map(Some)
-                .map_err(|e| RegistryError::Manifest {
-                    registry: self.session.host.clone(),
-                    reference: name,
-                    reason: format!("registry returned an invalid digest: {e}"),
-                }),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(RegistryError::from_oci(
-                self.session.ctx(&name, "HEAD manifest"),
-                e,
-            )),
-        }
+    /// `scheme://host[:port]` of the registry's API.
+    pub(crate) fn base(&self) -> &str {
+        self.session.base()
     }
 
-    /// `GET` the manifest `r` as raw bytes with the full Accept list; the
-    /// digest is checked against `r`'s digest when it has one.
-    ///
-    /// # Errors
-    /// [`RegistryError::Http`] (404 `MANIFEST_UNKNOWN` for a missing one),
-    /// [`RegistryError::DigestMismatch`], [`RegistryError::Manifest`] for a
-    /// manifest that is not a supported type.
-    pub async fn get_manifest(&self, r: &Reference) -> Result<RawManifest> {
-        let name = r.to_string();
-        let (bytes, digest) = self
-            .oci
-            .pull_manifest_raw(&r.to_oci(), &RegistryAuth::Anonymous, ACCEPT)
-            .await
-            .map_err(|e| RegistryError::from_oci(self.session.ctx(&name, "GET manifest"), e))?;
-        let digest = Digest::parse(&digest).map_err(|e| RegistryError::Manifest {
-            registry: self.session.host.clone(),
-            reference: name.clone(),
-            reason: e.to_string(),
-        })?;
-        RawManifest::parse(bytes, digest, None).map_err(|e| RegistryError::Manifest {
-            registry: self.session.host.clone(),
-            reference: name,
-            reason: e.to_string(),
-        })
+    /// The HTTP client for requests oci-client does not make for us.
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        self.session.http()
     }
 
-    /// Whether the repository of `r` has blob `digest` (`HEAD`).
-    ///
-    /// # Errors
-    /// Registry errors other than 404.
-    pub async fn blob_exists(&self, r: &Reference, digest: &str) -> Result<bool> {
-        self.oci
-            .blob_exists(&r.to_oci(), digest)
-            .await
-            .map_err(|e| {
-                let name = format!("{}@{digest}", r.name());
-                RegistryError::from_oci(self.session.ctx(&name, "HEAD blob"), e)
-            })
+    /// What our own requests to this registry share (`session.rs`).
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Whether the registry's `/v2/` challenge asked for bearer tokens.
+    pub(crate) fn is_bearer(&self) -> bool {
+        matches!(self.session.challenge, Scheme::Bearer(_))
+    }
+
+    /// `https` or `http`, as chosen by the probe.
+    pub fn scheme(&self) -> &'static str {
+        self.session.scheme
+    }
+
+    pub(crate) fn ctx<'a>(&'a self, reference: &'a str, operation: &'static str) -> Ctx<'a> {
+        self.session.ctx(reference, operation)
     }
 
     /// Best-effort cross-repository mount of `digest` from `from_repository`
-    /// into `r`'s repository. Returns whether the blob is now there. A 202
-    /// (mount refused, upload opened; the session is cancelled) or any error
-    /// is `false`: the caller streams instead (distribution-spec §Mounting a
-    /// blob). Own request rather than oci-client's `mount_blob`: the token
-    /// must carry pull on the source repository too.
-    pub async fn mount(&self, r: &Reference, from_repository: &str, digest: &str) -> bool {
+    /// into `r`'s repository (distribution-spec §Mounting a blob). A 202
+    /// (mount refused, upload opened; the session is cancelled) is
+    /// [`Mount::Absent`]: the registry does not hold the blob there. Any
+    /// other answer or error is [`Mount::Failed`]; either way the caller
+    /// streams instead. Own request rather than oci-client's `mount_blob`:
+    /// the token must carry pull on the source repository too.
+    pub async fn mount(&self, r: &Reference, from_repository: &str, digest: &str) -> Mount {
         let scopes = [
             format!("repository:{}:pull,push", r.repository()),
             format!("repository:{from_repository}:pull"),
         ];
         let name = format!("{}@{digest}", r.name());
-        let auth = match self.session.auth_header(&scopes, &name).await {
+        let auth = match self.auth_header(&scopes, &name).await {
             Ok(a) => a,
             Err(e) => {
                 debug!(error = %e, "no token for mount; streaming instead");
-                return false;
+                return Mount::Failed;
             }
         };
         let with_auth = |req: reqwest::RequestBuilder| match &auth {
             Some(h) => req.header(reqwest::header::AUTHORIZATION, h.clone()),
             None => req,
         };
-        let url = format!("{}/v2/{}/blobs/uploads/", self.session.base, r.repository());
+        let url = format!("{}/v2/{}/blobs/uploads/", self.base(), r.repository());
         let req = self
-            .session
-            .http
+            .http()
             .post(url)
             .query(&[("mount", digest), ("from", from_repository)])
             .header(reqwest::header::CONTENT_LENGTH, 0);
         match with_auth(req).send().await {
-            Ok(resp) if resp.status() == reqwest::StatusCode::CREATED => true,
+            Ok(resp) if resp.status() == reqwest::StatusCode::CREATED => Mount::Done,
             Ok(resp) => {
-                debug!(registry = %self.session.host, digest, from = from_repository, status = resp.status().as_u16(), "mount not done; streaming instead");
-                if resp.status() == reqwest::StatusCode::ACCEPTED
-                    && let Some(loc) = resp
-                        .headers()
-                        .get(reqwest::header::LOCATION)
-                        .and_then(|l| l.to_str().ok())
+                debug!(registry = %self.host(), digest, from = from_repository, status = resp.status().as_u16(), "mount not done; streaming instead");
+                if resp.status() != reqwest::StatusCode::ACCEPTED {
+                    return Mount::Failed;
+                }
+                if let Some(loc) = resp
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|l| l.to_str().ok())
                 {
                     let loc = match loc.starts_with('/') {
-                        true => format!("{}{loc}", self.session.base),
+                        true => format!("{}{loc}", self.base()),
                         false => loc.to_owned(),
                     };
                     // Credentials only to the registry's own origin.
                     if self.session.guard.check_str(&loc).is_ok() {
-                        let req = self.session.http.delete(&loc);
+                        let req = self.http().delete(&loc);
                         let req = match self.session.is_own(&loc) {
                             true => with_auth(req),
                             false => req,
@@ -608,31 +600,13 @@ impl Registry {
                         let _ = req.send().await;
                     }
                 }
-                false
+                Mount::Absent
             }
             Err(e) => {
-                debug!(registry = %self.session.host, error = %chain(&e), "mount failed; streaming instead");
-                false
+                debug!(registry = %self.host(), error = %chain(&e), "mount failed; streaming instead");
+                Mount::Failed
             }
         }
-    }
-
-    /// Streams blob `desc` of `r`'s repository. oci-client checks the bytes
-    /// against the digest as they pass and fails the stream's last item on a
-    /// mismatch.
-    ///
-    /// # Errors
-    /// Registry errors on the initial request.
-    pub async fn pull_blob(&self, r: &Reference, desc: &Descriptor) -> Result<BlobStream> {
-        let s = self
-            .oci
-            .pull_blob_stream(&r.to_oci(), desc.digest.as_str())
-            .await
-            .map_err(|e| {
-                let name = format!("{}@{}", r.name(), desc.digest);
-                RegistryError::from_oci(self.session.ctx(&name, "GET blob"), e)
-            })?;
-        Ok(s.stream)
     }
 
     /// Reads blob `desc` of `r`'s repository whole, for small blobs such as
@@ -644,7 +618,7 @@ impl Registry {
     pub async fn blob_bytes(&self, r: &Reference, desc: &Descriptor, max: u64) -> Result<Bytes> {
         let name = format!("{}@{}", r.name(), desc.digest);
         let too_big = || RegistryError::Other {
-            registry: self.session.host.clone(),
+            registry: self.host().to_owned(),
             reference: name.clone(),
             operation: "read",
             message: format!("blob is larger than {max} bytes"),
@@ -656,7 +630,7 @@ impl Registry {
         let mut out = bytes::BytesMut::with_capacity(desc.size as usize);
         while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
             let chunk = chunk.map_err(|e| RegistryError::Other {
-                registry: self.session.host.clone(),
+                registry: self.host().to_owned(),
                 reference: name.clone(),
                 operation: "read",
                 message: e.to_string(),
@@ -692,7 +666,7 @@ impl Registry {
                 Err(e) if is_not_found(&e) => return Ok(out),
                 Err(e) => {
                     return Err(RegistryError::from_oci(
-                        self.session.ctx(&r.name(), "list tags of"),
+                        self.ctx(&r.name(), "list tags of"),
                         e,
                     ));
                 }
@@ -723,10 +697,7 @@ impl Registry {
                 )
                 .await
                 .map_err(|e| {
-                    RegistryError::from_oci(
-                        self.session.ctx("/v2/_catalog", "list the repositories of"),
-                        e,
-                    )
+                    RegistryError::from_oci(self.ctx("/v2/_catalog", "list the repositories of"), e)
                 })?;
             if !extend_page(&mut out, page.repositories) {
                 return Ok(out);
@@ -734,123 +705,22 @@ impl Registry {
         }
     }
 
-    /// The manifest digest `r` resolves to, by one `HEAD` of our own, or
-    /// `None` when the registry has no such manifest or repository (404).
-    ///
-    /// Our own request rather than oci-client's `fetch_manifest_digest`:
-    /// that one probes `/v2/` again and falls back to a `GET` on any answer
-    /// without a digest header, and its errors drop the headers, so a 429 or
-    /// 503 loses its `Retry-After`, which the source circuit breaker honours.
+    /// The Authorization header for our own requests with these token
+    /// `scopes` ([`Session::auth_header`]).
     ///
     /// # Errors
-    /// [`RegistryError::Unavailable`] for 429 and 5xx (with `Retry-After`
-    /// in seconds when the registry sent one); [`RegistryError::Unreachable`]
-    /// for transport failures; the auth errors of
-    /// [`RegistryError::unauthorized`] for 401; for other statuses, what a
-    /// `GET` of the manifest answers.
-    pub async fn head_manifest(&self, r: &Reference) -> Result<Option<Digest>> {
-        Ok(self.head_manifest_typed(r).await?.map(|(d, _)| d))
+    /// As [`Session::auth_header`].
+    pub(crate) async fn auth_header(
+        &self,
+        scopes: &[String],
+        reference: &str,
+    ) -> Result<Option<http::HeaderValue>> {
+        self.session.auth_header(scopes, reference).await
     }
 
-    /// As [`Registry::head_manifest`], with the manifest's mediaType (the
-    /// `Content-Type` answered, `None` when the registry sent none).
-    ///
-    /// # Errors
-    /// As [`Registry::head_manifest`].
-    pub async fn head_manifest_typed(
-        &self,
-        r: &Reference,
-    ) -> Result<Option<(Digest, Option<String>)>> {
-        let name = r.to_string();
-        let scopes = [format!("repository:{}:pull", r.repository())];
-        let reference = match r.digest() {
-            Some(d) => d.to_string(),
-            None => r.tag().unwrap_or("latest").to_owned(),
-        };
-        let url = format!(
-            "{}/v2/{}/manifests/{reference}",
-            self.session.base,
-            r.repository()
-        );
-        let mut retried = false;
-        let resp = loop {
-            let auth = self.session.auth_header(&scopes, &name).await?;
-            let mut req = self
-                .session
-                .http
-                .head(&url)
-                .header(reqwest::header::ACCEPT, ACCEPT.join(", "));
-            if let Some(h) = &auth {
-                req = req.header(reqwest::header::AUTHORIZATION, h.clone());
-            }
-            let resp = req.send().await.map_err(|e| RegistryError::Unreachable {
-                registry: self.session.host.clone(),
-                reason: chain(&e.without_url()),
-            })?;
-            // A cached token the registry no longer takes: once more with a
-            // fresh one.
-            if resp.status() == reqwest::StatusCode::UNAUTHORIZED
-                && !retried
-                && matches!(self.session.challenge, Scheme::Bearer(_))
-            {
-                self.session.forget_token(&scopes);
-                retried = true;
-                continue;
-            }
-            break resp;
-        };
-        let status = resp.status().as_u16();
-        let ctx = self.session.ctx(&name, "HEAD manifest");
-        match status {
-            200..=299 => {}
-            404 => return Ok(None),
-            401 => return Err(RegistryError::unauthorized(ctx)),
-            429 | 500..=599 => {
-                return Err(RegistryError::Unavailable {
-                    registry: self.session.host.clone(),
-                    reference: name,
-                    operation: "HEAD manifest",
-                    status,
-                    retry_after: super::retry_after(resp.headers()),
-                });
-            }
-            // Some registries refuse HEAD (405) or answer it oddly; a GET
-            // gives the digest, or the registry's own error code.
-            _ => return self.get_manifest(r).await.map(typed),
-        }
-        let media_type = resp
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|h| h.to_str().ok())
-            .filter(|m| !m.is_empty())
-            .map(str::to_owned);
-        let digest = resp
-            .headers()
-            .get("docker-content-digest")
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_owned);
-        let Some(digest) = digest else {
-            // Registries must send it (distribution-spec §Pulling manifests);
-            // without it, GET the bytes and hash them.
-            return self.get_manifest(r).await.map(typed);
-        };
-        let digest = Digest::parse(&digest).map_err(|e| RegistryError::Manifest {
-            registry: self.session.host.clone(),
-            reference: name.clone(),
-            reason: format!("registry returned an invalid digest: {e}"),
-        })?;
-        if let Some(want) = r.digest()
-            && *want != digest
-        {
-            return Err(RegistryError::DigestMismatch {
-                registry: self.session.host.clone(),
-                what: "manifest",
-                reference: name,
-                expected: want.to_string(),
-                actual: digest.to_string(),
-            });
-        }
-        Ok(Some((digest, media_type)))
+    /// Drops the cached token for `scopes` (a registry refused it early).
+    pub(crate) fn forget_token(&self, scopes: &[String]) {
+        self.session.forget_token(scopes)
     }
 
     /// Uploads `stream` as blob `desc` into `r`'s repository: one streamed
@@ -876,40 +746,7 @@ impl Registry {
             .run(desc, stream)
             .await;
         }
-        let stream = stream.map_err(oci_client::errors::OciDistributionError::IoError);
-        self.oci
-            .push_blob_stream(&r.to_oci(), stream, &desc.digest, Some(desc.size))
-            .await
-            .map(|_| ())
-            .map_err(|e| {
-                let name = format!("{}@{}", r.name(), desc.digest);
-                RegistryError::from_oci(self.session.ctx(&name, "PUT blob"), e)
-            })
-    }
-
-    /// `PUT` the manifest bytes unchanged, with their mediaType as
-    /// Content-Type, under `r`'s tag (or digest when it has none).
-    ///
-    /// # Errors
-    /// Registry errors (e.g. 400 `MANIFEST_BLOB_UNKNOWN` when a blob is missing).
-    pub async fn push_manifest(&self, r: &Reference, manifest: &RawManifest) -> Result<()> {
-        let name = r.to_string();
-        let target = match r.tag() {
-            Some(_) => r.without_digest(),
-            None => r.with_digest(manifest.digest.clone()),
-        };
-        let content_type = http::HeaderValue::from_str(&manifest.media_type).map_err(|e| {
-            RegistryError::Manifest {
-                registry: self.session.host.clone(),
-                reference: name.clone(),
-                reason: format!("mediaType is not a valid header value: {e}"),
-            }
-        })?;
-        self.oci
-            .push_manifest_raw(&target.to_oci(), manifest.bytes.clone(), content_type)
-            .await
-            .map(|_| ())
-            .map_err(|e| RegistryError::from_oci(self.session.ctx(&name, "PUT manifest"), e))
+        self.push_blob_whole(r, desc, stream).await
     }
 }
 

@@ -21,9 +21,10 @@ use tokio::sync::{Mutex, Semaphore};
 use tracing::{debug, info, warn};
 
 use super::auth::Credentials;
-use super::check::{DigestCheck, checked, sha256_digest};
-use super::client::{ClientPool, Registry, Role};
+use super::check::sha256_digest;
+use super::client::{ClientPool, Mount, Registry, Role};
 use super::layout::Layout;
+use super::locations::BlobLocations;
 use super::manifest::{Descriptor, ManifestKind, PlatformSpec, RawManifest, filter_index};
 use super::session::BlobStream;
 use super::{RegistryError, Result};
@@ -370,6 +371,9 @@ pub struct Copier {
     /// (target registry, digest) → repository that has it. The mutex also
     /// makes concurrent copies of one blob wait for the first.
     ledger: Mutex<HashMap<(String, String), Holder>>,
+    /// Where blobs live at each target registry, across copies (and, for
+    /// the CLI, across processes): mounts come from here.
+    locations: Arc<BlobLocations>,
     /// Manifest PUTs in progress, by `host/repository@digest`.
     manifest_puts: KeyedLocks,
     layouts: Mutex<HashMap<PathBuf, Arc<Layout>>>,
@@ -387,10 +391,18 @@ impl Copier {
             bars: opts.progress.then(MultiProgress::new),
             opts,
             ledger: Mutex::default(),
+            locations: Arc::new(BlobLocations::in_memory()),
             manifest_puts: KeyedLocks::default(),
             layouts: Mutex::default(),
             before_push: None,
         }
+    }
+
+    /// This copier, mounting from and recording into `locations` (the
+    /// CLI's on-disk cache) instead of a map of its own.
+    pub fn with_locations(mut self, locations: Arc<BlobLocations>) -> Self {
+        self.locations = locations;
+        self
     }
 
     /// This copier, calling `hook` before pushing into a registry
@@ -876,34 +888,52 @@ impl Copier {
                 // a re-mirror after a prune must not skip a collected blob.
                 // Every request, HEADs included, runs under a --jobs slot.
                 let _permit = self.slots.acquire().await.expect("semaphore never closed");
+                let host = client.host();
+                let held = |holder: &mut Option<String>| {
+                    *holder = Some(repo.to_owned());
+                    self.locations.record(host, &desc.digest, repo);
+                };
                 if client.blob_exists(reference, &desc.digest).await? {
                     stats.skipped.fetch_add(1, Ordering::Relaxed);
-                    *holder = Some(repo.to_owned());
+                    held(&mut holder);
                     return Ok(());
                 }
-                // Mount from a repository this run already filled, else from
-                // the source when it is the same registry.
+                // Mount from a repository this run already filled, else one
+                // remembered from earlier runs, else the source when it is
+                // the same registry.
                 let mut from: Vec<String> = holder.iter().filter(|h| *h != repo).cloned().collect();
+                if let Some(known) = self.locations.get(host, &desc.digest)
+                    && known != repo
+                    && !from.contains(&known)
+                {
+                    from.push(known);
+                }
                 if let Side::Registry {
                     client: sc,
                     reference: sr,
                 } = s
-                    && sc.host() == client.host()
+                    && sc.host() == host
                     && sr.repository() != repo
+                    && !from.iter().any(|f| f == sr.repository())
                 {
                     from.push(sr.repository().to_owned());
                 }
                 for f in &from {
-                    if client.mount(reference, f, &desc.digest).await {
-                        stats.mounted.fetch_add(1, Ordering::Relaxed);
-                        *holder = Some(repo.to_owned());
-                        return Ok(());
+                    match client.mount(reference, f, &desc.digest).await {
+                        Mount::Done => {
+                            stats.mounted.fetch_add(1, Ordering::Relaxed);
+                            held(&mut holder);
+                            return Ok(());
+                        }
+                        // The registry no longer holds it there.
+                        Mount::Absent => self.locations.forget(host, &desc.digest, f),
+                        Mount::Failed => {}
                     }
                 }
                 let (stream, fault) = self.open_blob(s, &desc).await?;
                 let res = client.push_blob(reference, &desc, stream).await;
                 res.map_err(|e| blob_error(s, &desc, &fault, e))?;
-                *holder = Some(repo.to_owned());
+                held(&mut holder);
             }
         }
         stats.copied.fetch_add(1, Ordering::Relaxed);
@@ -915,13 +945,8 @@ impl Copier {
     /// and with a [`Fault`] that records the stream's own error.
     async fn open_blob(&self, s: &Side, desc: &Descriptor) -> Result<(BlobStream, Fault)> {
         let stream = match s {
-            // oci-client verifies the digest; hashing again would cost more
-            // than it adds, so registry streams get a size bound only.
-            Side::Registry { client, reference } => checked(
-                client.pull_blob(reference, desc).await?,
-                desc.clone(),
-                DigestCheck::Upstream,
-            ),
+            // Already checked for size and digest as it streams.
+            Side::Registry { client, reference } => client.pull_blob(reference, desc).await?,
             Side::Layout { layout, .. } => layout.read_blob(desc).await?,
         };
         let bar = self.bars.as_ref().map(|bars| {

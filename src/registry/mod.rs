@@ -1,11 +1,12 @@
 //! Registry access: a pool of per-registry clients with auth, the manifest
 //! model, the OCI layout transport and the copy engine.
 //!
-//! The distribution protocol itself is oci-client's. What lives here is what
-//! oci-client leaves to its callers: picking HTTPS or plain HTTP per registry,
-//! choosing credentials per registry, and turning its errors into messages
-//! that name the reference, the registry, the HTTP status and the registry's
-//! error code (distribution-spec §Error Codes).
+//! Picking HTTPS or plain HTTP per registry, choosing credentials per
+//! registry, the manifest and blob requests (`requests.rs`, ours rather
+//! than oci-client's, which pings `/v2/` before each one), and errors that
+//! name the reference, the registry, the HTTP status and the registry's
+//! error code (distribution-spec §Error Codes). oci-client serves the tag
+//! and catalog lists.
 
 pub mod auth;
 pub mod check;
@@ -14,13 +15,15 @@ pub mod copy;
 pub mod ecr;
 pub mod guard;
 pub mod layout;
+pub mod locations;
 pub mod manifest;
 pub mod pullsecrets;
+mod requests;
 pub mod session;
 mod token;
 mod upload;
 
-pub use client::{ClientPool, PoolOptions, Registry, Role};
+pub use client::{ClientPool, Mount, PoolOptions, Registry, Role};
 
 use oci_client::errors::{OciDistributionError, OciErrorCode};
 

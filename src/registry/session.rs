@@ -34,6 +34,8 @@ pub(crate) struct Session {
     /// Bearer tokens by scope set, with when to stop using them: one token
     /// per scope and lifetime, not one per request.
     tokens: std::sync::Mutex<HashMap<String, (http::HeaderValue, std::time::Instant)>>,
+    /// Held while a token is fetched.
+    token_fetch: tokio::sync::Mutex<()>,
 }
 
 impl Session {
@@ -56,6 +58,7 @@ impl Session {
             challenge,
             guard,
             tokens: std::sync::Mutex::default(),
+            token_fetch: tokio::sync::Mutex::default(),
         }
     }
 
@@ -116,14 +119,28 @@ impl Session {
         reference: &str,
     ) -> Result<Option<http::HeaderValue>> {
         let key = scopes.join(" ");
-        if let Scheme::Bearer(_) = &self.challenge {
+        let cached = || {
             let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((h, until)) = tokens.get(&key)
-                && std::time::Instant::now() < *until
-            {
-                return Ok(Some(h.clone()));
+            tokens
+                .get(&key)
+                .filter(|(_, until)| std::time::Instant::now() < *until)
+                .map(|(h, _)| h.clone())
+        };
+        // One fetch at a time: blobs copied in parallel all want the same
+        // token, and the first one fetched serves them all.
+        let _fetching = match &self.challenge {
+            Scheme::Bearer(_) => {
+                if let Some(h) = cached() {
+                    return Ok(Some(h));
+                }
+                let guard = self.token_fetch.lock().await;
+                if let Some(h) = cached() {
+                    return Ok(Some(h));
+                }
+                Some(guard)
             }
-        }
+            _ => None,
+        };
         let mut lifetime = None;
         let value = match (&self.challenge, &self.auth) {
             (Scheme::Bearer(c), auth) => {

@@ -6,9 +6,11 @@
 //! memory and waits for each PATCH before reading the next, so a 512 MiB
 //! layer took twice as long as skopeo's upload and memory grew with the
 //! chunk pipeline. Here each PATCH body streams straight from the source, so
-//! memory stays flat whatever the blob or chunk size. The Authorization
-//! header is fetched afresh for each request, so a token cannot expire in
-//! the middle of a long upload.
+//! memory stays flat whatever the blob or chunk size. Each request asks
+//! for its Authorization header, which comes from the token cache (one
+//! token per scope set, reused until shortly before it expires), so a
+//! token cannot expire in the middle of a long upload and no chunk costs
+//! a token fetch.
 
 use std::sync::Arc;
 

@@ -1,10 +1,13 @@
 //! An HTTP front for a registry: it passes every request through, or
 //! answers all of them with one status (429 with `Retry-After`, 503), as a
-//! rate-limited or failing registry does, and counts the requests that
-//! reached it by method and path. The registry behind it is a real
-//! Distribution process; only the refusals are the front's own.
+//! rate-limited or failing registry does, and records the method and path
+//! of each request that reached it, in order. The registry behind it is a
+//! real Distribution process; only the refusals are the front's own.
+//!
+//! Passing through is transparent: the client's `Host` goes upstream
+//! unchanged, so the upload `Location`s the registry writes point at the
+//! front and every request of an upload is seen too.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -26,8 +29,9 @@ struct Shared {
     upstream: String,
     http: reqwest::Client,
     mode: Mutex<Mode>,
-    /// (method, path) → count, over every mode.
-    seen: Mutex<HashMap<(String, String), u64>>,
+    /// (method, path with query) of every request, in arrival order, over
+    /// every mode.
+    seen: Mutex<Vec<(String, String)>>,
 }
 
 /// The running front; stops when dropped.
@@ -78,14 +82,41 @@ impl Front {
             .lock()
             .unwrap()
             .iter()
-            .filter(|((_, p), _)| p.contains(part))
-            .map(|(_, n)| n)
-            .sum()
+            .filter(|(_, p)| p.contains(part))
+            .count() as u64
+    }
+
+    /// Requests seen so far with this method whose path contains `part`.
+    pub fn count_method(&self, method: &str, part: &str) -> u64 {
+        self.shared
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, p)| m == method && p.contains(part))
+            .count() as u64
+    }
+
+    /// Requests seen so far with this method whose path (with its query) is
+    /// exactly `path`.
+    pub fn count_exact(&self, method: &str, path: &str) -> u64 {
+        self.shared
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, p)| m == method && p == path)
+            .count() as u64
+    }
+
+    /// Every (method, path with query) seen so far, in order.
+    pub fn requests(&self) -> Vec<(String, String)> {
+        self.shared.seen.lock().unwrap().clone()
     }
 
     /// Every request seen so far.
     pub fn total(&self) -> u64 {
-        self.shared.seen.lock().unwrap().values().sum()
+        self.shared.seen.lock().unwrap().len() as u64
     }
 
     /// Forgets the counts.
@@ -106,11 +137,10 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         .path_and_query()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_default();
-    *s.seen
+    s.seen
         .lock()
         .unwrap()
-        .entry((req.method().to_string(), req.uri().path().to_owned()))
-        .or_default() += 1;
+        .push((req.method().to_string(), path.clone()));
     let mode = s.mode.lock().unwrap().clone();
     if let Mode::Refuse(status, retry_after) = mode {
         let code = match status {
@@ -134,10 +164,10 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         .http
         .request(parts.method, format!("http://{}{path}", s.upstream))
         .body(reqwest::Body::wrap_stream(body.into_data_stream()));
+    // Every header, `Host` included: the registry then writes URLs (upload
+    // `Location`s) that lead back through the front.
     for (k, v) in &parts.headers {
-        if k != "host" {
-            fwd = fwd.header(k, v);
-        }
+        fwd = fwd.header(k, v);
     }
     match fwd.send().await {
         Ok(up) => {

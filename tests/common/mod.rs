@@ -71,11 +71,23 @@ pub fn pinswap_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pinswap"))
 }
 
+/// A fresh, empty cache directory for one `pinswap` run, given as
+/// `XDG_CACHE_HOME`: remembered blob locations from other tests (whose
+/// registries may have had the same port) never change what a test sees.
+pub fn cache_home() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("pinswap-cache-")
+        .tempdir()
+        .unwrap()
+}
+
 /// Runs the `pinswap` binary with `args` to completion (async, so servers
 /// in the test process keep answering): (exit code, stdout, stderr).
 pub async fn run_pinswap(args: &[&str]) -> (i32, String, String) {
+    let cache = cache_home();
     let out = tokio::process::Command::new(pinswap_bin())
         .args(args)
+        .env("XDG_CACHE_HOME", cache.path())
         .output()
         .await
         .unwrap();

@@ -5,17 +5,19 @@
 use pinswap::admission::Admission;
 use serde_json::{Value, json};
 
-/// Decodes `response.patch` (base64 string, or kube-core's JSON array of
-/// numbers, which the API server's Go decoder also accepts as `[]byte`)
-/// and applies it to `pod`. Returns the patch, or `None` when there is none.
+/// Decodes `response.patch`, which must be a base64 string (the API's
+/// documented form for `[]byte`), and applies it to `pod` as the API server
+/// does. Returns the patch, or `None` when there is none.
 pub fn apply_patch(response: &Value, pod: &mut Value) -> Option<json_patch::Patch> {
     let bytes: Vec<u8> = match &response["patch"] {
         Value::String(p) => {
             use base64::Engine as _;
-            base64::engine::general_purpose::STANDARD.decode(p).unwrap()
+            base64::engine::general_purpose::STANDARD
+                .decode(p)
+                .expect("patch is standard base64")
         }
-        Value::Array(a) => a.iter().map(|n| n.as_u64().unwrap() as u8).collect(),
-        _ => return None,
+        Value::Null => return None,
+        other => panic!("patch is not a base64 string: {other}"),
     };
     let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
     json_patch::patch(pod, &patch).unwrap();

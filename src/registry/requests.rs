@@ -1,0 +1,441 @@
+//! The distribution-spec requests we make ourselves rather than through
+//! oci-client: manifest HEAD, GET and PUT, blob HEAD, GET and monolithic
+//! upload (docs/architecture.md §8 "Our own resolution HEAD").
+//!
+//! Why: oci-client authenticates each request through its token cache, and
+//! on a registry that sends no challenge (most plain and loopback ones) it
+//! caches nothing, so it sends `GET /v2/` again before every request; it
+//! also answers a HEAD without a digest header (a 404 among them) with a
+//! GET. Against a real registry each of those is a round trip. Here every
+//! request carries the header [`Registry::auth_header`] chose from the
+//! pool's one `/v2/` probe, with bearer tokens reused for their lifetime.
+
+use bytes::Bytes;
+use futures::StreamExt;
+use reqwest::header::{ACCEPT as ACCEPT_HEADER, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+
+use super::check::{DigestCheck, Hasher, checked};
+use super::client::Registry;
+use super::manifest::{ACCEPT, Descriptor, RawManifest};
+use super::session::BlobStream;
+use super::{RegistryError, Result, chain};
+use crate::reference::{Digest, Reference};
+
+/// The largest manifest read (bytes); Distribution refuses larger ones on
+/// PUT (4 MiB), so anything bigger is not a manifest we could copy.
+const MAX_MANIFEST_BYTES: usize = 4 * 1024 * 1024;
+
+fn pull(r: &Reference) -> [String; 1] {
+    [format!("repository:{}:pull", r.repository())]
+}
+
+fn push(r: &Reference) -> [String; 1] {
+    [format!("repository:{}:pull,push", r.repository())]
+}
+
+/// The path component naming `r` in a manifest URL: its digest when it has
+/// one, else its tag (`latest` by default).
+fn manifest_ref(r: &Reference) -> String {
+    match r.digest() {
+        Some(d) => d.to_string(),
+        None => r.tag().unwrap_or("latest").to_owned(),
+    }
+}
+
+impl Registry {
+    /// Sends the request `build` makes, with the Authorization header for
+    /// `scopes`. A 401 to a cached bearer token is retried once with a fresh
+    /// token (the registry may have revoked it early). `build` is called once
+    /// per attempt, so its body must be replayable (none, or bytes).
+    ///
+    /// # Errors
+    /// [`RegistryError::Unreachable`] for transport failures; auth errors.
+    pub(crate) async fn send(
+        &self,
+        scopes: &[String],
+        name: &str,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response> {
+        let mut retried = false;
+        loop {
+            let mut req = build();
+            if let Some(h) = self.auth_header(scopes, name).await? {
+                req = req.header(AUTHORIZATION, h);
+            }
+            let resp = req.send().await.map_err(|e| self.transport(e))?;
+            if resp.status() == reqwest::StatusCode::UNAUTHORIZED && !retried && self.is_bearer() {
+                self.forget_token(scopes);
+                retried = true;
+                continue;
+            }
+            return Ok(resp);
+        }
+    }
+
+    /// A transport error, without the URL: upload URLs carry session state.
+    pub(crate) fn transport(&self, e: reqwest::Error) -> RegistryError {
+        RegistryError::Unreachable {
+            registry: self.host().to_owned(),
+            reason: chain(&e.without_url()),
+        }
+    }
+
+    /// The error for an answer that is not the one expected: 401 as an auth
+    /// error, 429 and 5xx as [`RegistryError::Unavailable`] with their
+    /// `Retry-After`, anything else as [`RegistryError::Http`] with the
+    /// registry's error code and message.
+    pub(crate) async fn refusal(
+        &self,
+        resp: reqwest::Response,
+        name: &str,
+        operation: &'static str,
+    ) -> RegistryError {
+        let status = resp.status().as_u16();
+        match status {
+            401 => RegistryError::unauthorized(self.ctx(name, operation)),
+            429 | 500..=599 => RegistryError::Unavailable {
+                registry: self.host().to_owned(),
+                reference: name.to_owned(),
+                operation,
+                status,
+                retry_after: super::retry_after(resp.headers()),
+            },
+            _ => {
+                let body = resp.text().await.unwrap_or_default();
+                let (code, message) = super::describe_body(&body);
+                RegistryError::Http {
+                    registry: self.host().to_owned(),
+                    reference: name.to_owned(),
+                    operation,
+                    status,
+                    code,
+                    message,
+                }
+            }
+        }
+    }
+
+    /// The manifest digest `r` resolves to, or `None` when the registry has
+    /// no such manifest or repository (404): one `HEAD`.
+    ///
+    /// # Errors
+    /// As [`Registry::head_manifest`].
+    pub async fn manifest_digest(&self, r: &Reference) -> Result<Option<Digest>> {
+        self.head_manifest(r).await
+    }
+
+    /// The manifest digest `r` resolves to, by one `HEAD`, or `None` when
+    /// the registry has no such manifest or repository (404).
+    ///
+    /// # Errors
+    /// [`RegistryError::Unavailable`] for 429 and 5xx (with `Retry-After`
+    /// in seconds when the registry sent one); [`RegistryError::Unreachable`]
+    /// for transport failures; the auth errors of
+    /// [`RegistryError::unauthorized`] for 401; for other statuses, what a
+    /// `GET` of the manifest answers.
+    pub async fn head_manifest(&self, r: &Reference) -> Result<Option<Digest>> {
+        Ok(self.head_manifest_typed(r).await?.map(|(d, _)| d))
+    }
+
+    /// As [`Registry::head_manifest`], with the manifest's mediaType (the
+    /// `Content-Type` answered, `None` when the registry sent none).
+    ///
+    /// # Errors
+    /// As [`Registry::head_manifest`].
+    pub async fn head_manifest_typed(
+        &self,
+        r: &Reference,
+    ) -> Result<Option<(Digest, Option<String>)>> {
+        let name = r.to_string();
+        let url = format!(
+            "{}/v2/{}/manifests/{}",
+            self.base(),
+            r.repository(),
+            manifest_ref(r)
+        );
+        let accept = ACCEPT.join(", ");
+        let resp = self
+            .send(&pull(r), &name, || {
+                self.http().head(&url).header(ACCEPT_HEADER, &accept)
+            })
+            .await?;
+        match resp.status().as_u16() {
+            200..=299 => {}
+            404 => return Ok(None),
+            401 | 429 | 500..=599 => return Err(self.refusal(resp, &name, "HEAD manifest").await),
+            // Some registries refuse HEAD (405) or answer it oddly; a GET
+            // gives the digest, or the registry's own error code.
+            _ => return self.get_manifest(r).await.map(typed),
+        }
+        let media_type = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|h| h.to_str().ok())
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned);
+        let digest = resp
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned);
+        let Some(digest) = digest else {
+            // Registries must send it (distribution-spec §Pulling manifests);
+            // without it, GET the bytes and hash them.
+            return self.get_manifest(r).await.map(typed);
+        };
+        let digest = Digest::parse(&digest).map_err(|e| RegistryError::Manifest {
+            registry: self.host().to_owned(),
+            reference: name.clone(),
+            reason: format!("registry returned an invalid digest: {e}"),
+        })?;
+        if let Some(want) = r.digest()
+            && *want != digest
+        {
+            return Err(RegistryError::DigestMismatch {
+                registry: self.host().to_owned(),
+                what: "manifest",
+                reference: name,
+                expected: want.to_string(),
+                actual: digest.to_string(),
+            });
+        }
+        Ok(Some((digest, media_type)))
+    }
+
+    /// `GET` the manifest `r` as raw bytes with the full Accept list; the
+    /// bytes are hashed here and checked against `r`'s digest when it has
+    /// one (else against the `Docker-Content-Digest` the registry sent).
+    ///
+    /// # Errors
+    /// [`RegistryError::Http`] (404 `MANIFEST_UNKNOWN` for a missing one),
+    /// [`RegistryError::DigestMismatch`], [`RegistryError::Manifest`] for a
+    /// manifest that is not a supported type or larger than 4 MiB.
+    pub async fn get_manifest(&self, r: &Reference) -> Result<RawManifest> {
+        let name = r.to_string();
+        let url = format!(
+            "{}/v2/{}/manifests/{}",
+            self.base(),
+            r.repository(),
+            manifest_ref(r)
+        );
+        let accept = ACCEPT.join(", ");
+        let resp = self
+            .send(&pull(r), &name, || {
+                self.http().get(&url).header(ACCEPT_HEADER, &accept)
+            })
+            .await?;
+        if !resp.status().is_success() {
+            return Err(self.refusal(resp, &name, "GET manifest").await);
+        }
+        let sent = resp
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|h| h.to_str().ok())
+            .and_then(|d| Digest::parse(d).ok());
+        let bad = |reason: String| RegistryError::Manifest {
+            registry: self.host().to_owned(),
+            reference: name.clone(),
+            reason,
+        };
+        let mut body = Vec::new();
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.transport(e))?;
+            if body.len() + chunk.len() > MAX_MANIFEST_BYTES {
+                return Err(bad(format!(
+                    "larger than {MAX_MANIFEST_BYTES} bytes, more than a registry accepts"
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        // The digest the bytes must hash to, in its algorithm: the
+        // reference's, else the registry's, else sha256.
+        let want = r.digest().cloned().or(sent);
+        let mut h = Hasher::new(
+            want.as_ref()
+                .map(Digest::algorithm)
+                .unwrap_or(crate::reference::DigestAlgorithm::Sha256),
+        );
+        h.update(&body);
+        let actual = Digest::parse(&h.finish()).expect("a hasher's output is a valid digest");
+        if let Some(want) = want
+            && want != actual
+        {
+            return Err(RegistryError::DigestMismatch {
+                registry: self.host().to_owned(),
+                what: "manifest",
+                reference: name,
+                expected: want.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+        RawManifest::parse(Bytes::from(body), actual, None).map_err(|e| bad(e.to_string()))
+    }
+
+    /// `PUT` the manifest bytes unchanged, with their mediaType as
+    /// Content-Type, under `r`'s tag (or digest when it has none).
+    ///
+    /// # Errors
+    /// Registry errors (e.g. 400 `MANIFEST_BLOB_UNKNOWN` when a blob is missing).
+    pub async fn push_manifest(&self, r: &Reference, manifest: &RawManifest) -> Result<()> {
+        let name = r.to_string();
+        let reference = match r.tag() {
+            Some(t) => t.to_owned(),
+            None => manifest.digest.to_string(),
+        };
+        let content_type = http::HeaderValue::from_str(&manifest.media_type).map_err(|e| {
+            RegistryError::Manifest {
+                registry: self.host().to_owned(),
+                reference: name.clone(),
+                reason: format!("mediaType is not a valid header value: {e}"),
+            }
+        })?;
+        let url = format!(
+            "{}/v2/{}/manifests/{reference}",
+            self.base(),
+            r.repository()
+        );
+        let resp = self
+            .send(&push(r), &name, || {
+                self.http()
+                    .put(&url)
+                    .header(CONTENT_TYPE, content_type.clone())
+                    .body(manifest.bytes.clone())
+            })
+            .await?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(()),
+            _ => Err(self.refusal(resp, &name, "PUT manifest").await),
+        }
+    }
+
+    /// Whether the repository of `r` has blob `digest` (`HEAD`).
+    ///
+    /// # Errors
+    /// Registry errors other than 404.
+    pub async fn blob_exists(&self, r: &Reference, digest: &str) -> Result<bool> {
+        let name = format!("{}@{digest}", r.name());
+        let url = format!("{}/v2/{}/blobs/{digest}", self.base(), r.repository());
+        let resp = self
+            .send(&pull(r), &name, || self.http().head(&url))
+            .await?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(true),
+            404 => Ok(false),
+            _ => Err(self.refusal(resp, &name, "HEAD blob").await),
+        }
+    }
+
+    /// Streams blob `desc` of `r`'s repository, following the registry's
+    /// redirect (reqwest drops the Authorization header when it leaves the
+    /// registry's host). The bytes are hashed as they pass: the stream fails
+    /// unless they match `desc`'s size and digest, and the last chunk comes
+    /// only after that verdict.
+    ///
+    /// # Errors
+    /// Registry errors on the initial request.
+    pub async fn pull_blob(&self, r: &Reference, desc: &Descriptor) -> Result<BlobStream> {
+        let name = format!("{}@{}", r.name(), desc.digest);
+        let url = format!(
+            "{}/v2/{}/blobs/{}",
+            self.base(),
+            r.repository(),
+            desc.digest
+        );
+        let resp = self.send(&pull(r), &name, || self.http().get(&url)).await?;
+        if !resp.status().is_success() {
+            return Err(self.refusal(resp, &name, "GET blob").await);
+        }
+        let stream = resp
+            .bytes_stream()
+            .map(|r| r.map_err(std::io::Error::other))
+            .boxed();
+        Ok(checked(stream, desc.clone(), DigestCheck::Here))
+    }
+
+    /// One streamed upload of `stream` as blob `desc` (distribution-spec
+    /// §Pushing a blob monolithically: `POST` to open a session, then `PUT
+    /// ?digest=` with the bytes). The registry verifies the digest on the
+    /// PUT; a stream error aborts the body, so nothing is committed.
+    ///
+    /// # Errors
+    /// Registry errors, or the stream's own error.
+    pub(crate) async fn push_blob_whole(
+        &self,
+        r: &Reference,
+        desc: &Descriptor,
+        stream: BlobStream,
+    ) -> Result<()> {
+        let name = format!("{}@{}", r.name(), desc.digest);
+        let start = format!("{}/v2/{}/blobs/uploads/", self.base(), r.repository());
+        let resp = self
+            .send(&push(r), &name, || {
+                self.http().post(&start).header(CONTENT_LENGTH, 0)
+            })
+            .await?;
+        if resp.status() != reqwest::StatusCode::ACCEPTED {
+            return Err(self.refusal(resp, &name, "POST blob upload").await);
+        }
+        let location = self.upload_location(&resp, &name)?;
+        let mut url = reqwest::Url::parse(&location).map_err(|e| RegistryError::Other {
+            registry: self.host().to_owned(),
+            reference: name.clone(),
+            operation: "blob upload",
+            message: format!("bad Location: {e}"),
+        })?;
+        url.query_pairs_mut().append_pair("digest", &desc.digest);
+        // The body streams once, so no retry: the token was just used.
+        let mut req = self
+            .http()
+            .put(url)
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .header(CONTENT_LENGTH, desc.size)
+            .body(reqwest::Body::wrap_stream(stream));
+        // Credentials only to the registry's own origin.
+        if self.session().is_own(&location)
+            && let Some(h) = self.auth_header(&push(r), &name).await?
+        {
+            req = req.header(AUTHORIZATION, h);
+        }
+        let resp = req.send().await.map_err(|e| self.transport(e))?;
+        match resp.status().as_u16() {
+            201 => Ok(()),
+            _ => Err(self.refusal(resp, &name, "PUT blob").await),
+        }
+    }
+
+    /// The absolute upload URL a `Location` header names.
+    pub(crate) fn upload_location(&self, resp: &reqwest::Response, name: &str) -> Result<String> {
+        let loc = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| RegistryError::Other {
+                registry: self.host().to_owned(),
+                reference: name.to_owned(),
+                operation: "blob upload",
+                message: "the registry sent no Location header".into(),
+            })?;
+        let location = match loc.starts_with('/') {
+            true => format!("{}{loc}", self.base()),
+            false => loc.to_owned(),
+        };
+        // From the registry: a literal address is checked here, a name when
+        // it is resolved.
+        self.session()
+            .guard()
+            .check_str(&location)
+            .map_err(|e| RegistryError::Other {
+                registry: self.host().to_owned(),
+                reference: name.to_owned(),
+                operation: "blob upload",
+                message: format!("Location {location}: {e}"),
+            })?;
+        Ok(location)
+    }
+}
+
+/// A fetched manifest as `head_manifest_typed` answers.
+fn typed(m: RawManifest) -> Option<(Digest, Option<String>)> {
+    Some((m.digest, Some(m.media_type).filter(|t| !t.is_empty())))
+}
