@@ -534,6 +534,22 @@ async fn a_restart_does_not_forget_a_collision() {
     );
 }
 
+/// The watcher and recovery, talking to `api` as an install does: with the
+/// install's RBAC and its namespace.
+fn watch_as_installed(
+    api: &common::kube::KubeApi,
+    adm: &Admission,
+    cfg: &Config,
+) -> pinswap::watch::Background {
+    api.authorize_install(cfg, pinswap::install::manifests::Tls::CertManager);
+    pinswap::watch::Background::start(
+        adm.mirror().clone(),
+        cfg,
+        Some(api.install_client()),
+        tokio_util::sync::CancellationToken::new(),
+    )
+}
+
 #[tokio::test]
 async fn the_watcher_records_one_event_for_a_pod_with_an_identity_finding() {
     use k8s_openapi::api::core::v1::Pod;
@@ -547,13 +563,7 @@ async fn the_watcher_records_one_event_for_a_pod_with_an_identity_finding() {
     let (adm, _) = admission(&cfg);
     let (patched, _) = admit(&adm, &spin_pod(&s, "apps")).await;
     api.apply_pod(serde_json::from_value::<Pod>(patched.clone()).unwrap());
-    api.authorize_install(&cfg, pinswap::install::manifests::Tls::CertManager);
-    let bg = pinswap::watch::Background::start(
-        adm.mirror().clone(),
-        &cfg,
-        Some(api.install_client()),
-        tokio_util::sync::CancellationToken::new(),
-    );
+    let bg = watch_as_installed(&api, &adm, &cfg);
     let found = || {
         api.events()
             .into_iter()
@@ -623,13 +633,7 @@ async fn the_longest_identity_note_is_cut_to_the_api_servers_limit() {
         whole.len()
     );
     api.apply_pod(serde_json::from_value::<Pod>(patched).unwrap());
-    api.authorize_install(&cfg, pinswap::install::manifests::Tls::CertManager);
-    let bg = pinswap::watch::Background::start(
-        adm.mirror().clone(),
-        &cfg,
-        Some(api.install_client()),
-        tokio_util::sync::CancellationToken::new(),
-    );
+    let bg = watch_as_installed(&api, &adm, &cfg);
     let start = std::time::Instant::now();
     let event = loop {
         let found = api

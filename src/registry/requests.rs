@@ -137,6 +137,27 @@ impl Registry {
         Ok(self.head_manifest_typed(r).await?.map(|(d, _)| d))
     }
 
+    /// `method` (HEAD or GET) of manifest `r` with the full Accept list.
+    async fn manifest_request(
+        &self,
+        r: &Reference,
+        method: reqwest::Method,
+    ) -> Result<reqwest::Response> {
+        let url = format!(
+            "{}/v2/{}/manifests/{}",
+            self.base(),
+            r.repository(),
+            manifest_ref(r)
+        );
+        let accept = ACCEPT.join(", ");
+        self.send(&pull(r), &r.to_string(), || {
+            self.http()
+                .request(method.clone(), &url)
+                .header(ACCEPT_HEADER, &accept)
+        })
+        .await
+    }
+
     /// As [`Registry::head_manifest`], with the manifest's mediaType (the
     /// `Content-Type` answered, `None` when the registry sent none).
     ///
@@ -147,18 +168,7 @@ impl Registry {
         r: &Reference,
     ) -> Result<Option<(Digest, Option<String>)>> {
         let name = r.to_string();
-        let url = format!(
-            "{}/v2/{}/manifests/{}",
-            self.base(),
-            r.repository(),
-            manifest_ref(r)
-        );
-        let accept = ACCEPT.join(", ");
-        let resp = self
-            .send(&pull(r), &name, || {
-                self.http().head(&url).header(ACCEPT_HEADER, &accept)
-            })
-            .await?;
+        let resp = self.manifest_request(r, reqwest::Method::HEAD).await?;
         match resp.status().as_u16() {
             200..=299 => {}
             404 => return Ok(None),
@@ -212,18 +222,7 @@ impl Registry {
     /// manifest that is not a supported type or larger than 4 MiB.
     pub async fn get_manifest(&self, r: &Reference) -> Result<RawManifest> {
         let name = r.to_string();
-        let url = format!(
-            "{}/v2/{}/manifests/{}",
-            self.base(),
-            r.repository(),
-            manifest_ref(r)
-        );
-        let accept = ACCEPT.join(", ");
-        let resp = self
-            .send(&pull(r), &name, || {
-                self.http().get(&url).header(ACCEPT_HEADER, &accept)
-            })
-            .await?;
+        let resp = self.manifest_request(r, reqwest::Method::GET).await?;
         if !resp.status().is_success() {
             return Err(self.refusal(resp, &name, "GET manifest").await);
         }
