@@ -201,10 +201,13 @@ async fn every_slot_kind_and_reference_form() {
     // tag (a manifest push, blobs already there) and debug; bytes counted
     // once each.
     let text = metrics.encode();
-    assert!(text.contains("pinswap_copies_started_total 3"), "{text}");
+    assert!(
+        common::metrics::sample(&text, "pinswap_copies_started_total", &[]) == Some(3.0),
+        "{text}"
+    );
     let bytes: u64 = r.app.blobs().chain(r.debug.blobs()).map(|b| b.size()).sum();
     assert!(
-        text.contains(&format!("pinswap_copy_bytes_total {bytes}")),
+        common::metrics::sample(&text, "pinswap_copy_bytes_total", &[]) == Some(bytes as f64),
         "{text}"
     );
     use common::metrics::sample;
@@ -218,7 +221,13 @@ async fn every_slot_kind_and_reference_form() {
         5.0,
         "{text}"
     );
-    assert!(text.contains("pinswap_admissions_total{outcome=\"rewritten\"} 1"));
+    assert!(
+        common::metrics::sample(
+            &text,
+            "pinswap_admissions_total",
+            &[("outcome", "rewritten")]
+        ) == Some(1.0)
+    );
 
     // Reinvocation: nothing left to do, and the originals stay.
     let again_body = {
@@ -484,7 +493,11 @@ async fn serve_binary_end_to_end() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("pinswap_admissions_total{outcome=\"rewritten\"} 1"),
+        common::metrics::sample(
+            &metrics,
+            "pinswap_admissions_total",
+            &[("outcome", "rewritten")]
+        ) == Some(1.0),
         "{metrics}"
     );
     // Oversized and malformed bodies.
@@ -625,7 +638,10 @@ async fn dry_run_requests_rewrite_without_copying() {
         r.dst.catalog().await.is_empty(),
         "no side effect on dry run"
     );
-    assert!(metrics.encode().contains("pinswap_copies_started_total 0"));
+    assert!(
+        common::metrics::sample(&metrics.encode(), "pinswap_copies_started_total", &[])
+            == Some(0.0)
+    );
 }
 
 /// `source.imagePullSecrets`: a private (bearer-token) source is read with

@@ -106,7 +106,8 @@ async fn mutate_answers_a_review_with_its_uid_and_observes_it_once() {
     assert_eq!(response_uid(&body), POD_CREATE_UID);
     let text = metrics.encode();
     assert!(
-        text.contains("pinswap_admission_duration_seconds_count 1"),
+        common::metrics::sample(&text, "pinswap_admission_duration_seconds_count", &[])
+            == Some(1.0),
         "{text}"
     );
 }
@@ -120,7 +121,8 @@ async fn mutate_refuses_a_body_over_4_mib() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     let text = metrics.encode();
     assert!(
-        text.contains("pinswap_admissions_total{outcome=\"invalid\"} 1"),
+        common::metrics::sample(&text, "pinswap_admissions_total", &[("outcome", "invalid")])
+            == Some(1.0),
         "{text}"
     );
 }
@@ -160,11 +162,13 @@ async fn mutate_refuses_what_is_not_a_review_and_counts_it() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(content_type, server::OPENMETRICS_CONTENT_TYPE);
     assert!(
-        text.contains("pinswap_admissions_total{outcome=\"invalid\"} 5"),
+        common::metrics::sample(&text, "pinswap_admissions_total", &[("outcome", "invalid")])
+            == Some(5.0),
         "{text}"
     );
     assert!(
-        text.contains("pinswap_admission_duration_seconds_count 5"),
+        common::metrics::sample(&text, "pinswap_admission_duration_seconds_count", &[])
+            == Some(5.0),
         "{text}"
     );
     assert!(text.ends_with("# EOF\n"), "{text}");
@@ -473,7 +477,8 @@ async fn cache_purge_selects_entries_and_refuses_bad_requests() {
     let (status, _, text) = call(&health, Method::GET, "/metrics", Body::empty()).await;
     assert_eq!(status, StatusCode::OK);
     assert!(
-        text.contains("pinswap_cache_entries{cache=\"existence\"} 3"),
+        common::metrics::sample(&text, "pinswap_cache_entries", &[("cache", "existence")])
+            == Some(3.0),
         "{text}"
     );
 
@@ -491,11 +496,16 @@ async fn cache_purge_selects_entries_and_refuses_bad_requests() {
     assert!(admission.mirror().caches().existence_entries().is_empty());
     let (_, _, text) = call(&health, Method::GET, "/metrics", Body::empty()).await;
     assert!(
-        text.contains("pinswap_cache_invalidations_total{cache=\"existence\",cause=\"purge\"} 3"),
+        common::metrics::sample(
+            &text,
+            "pinswap_cache_invalidations_total",
+            &[("cache", "existence"), ("cause", "purge")]
+        ) == Some(3.0),
         "{text}"
     );
     assert!(
-        text.contains("pinswap_cache_entries{cache=\"existence\"} 0"),
+        common::metrics::sample(&text, "pinswap_cache_entries", &[("cache", "existence")])
+            == Some(0.0),
         "{text}"
     );
 
