@@ -918,23 +918,37 @@ async fn a_partitioned_leader_stops_before_the_next_one_leads() {
         renew(&api) != first
     })
     .await;
+    let holder = |api: &KubeApi| {
+        api.lease("default", "pinswap-leader")
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    let a_holder = holder(&api).expect("A holds the Lease");
     proxy.cut();
     let start = Instant::now();
     let mut both = None;
+    let mut b_led = false;
     while start.elapsed() < Duration::from_secs(6) {
         if a.is_leader() && b.is_leader() {
             both = Some(start.elapsed());
             break;
         }
+        b_led |= b.is_leader();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (a_leads, b_leads) = (a.is_leader(), b.is_leader());
+    let b_holder = holder(&api);
     b.stop().await;
     drop(a);
     assert!(
         both.is_none(),
         "two leaders at once, {:?} after A was cut off (A {a_leads}, B {b_leads})",
         both
+    );
+    // And the other one does lead: B took the Lease over from A.
+    assert!(b_led, "B never led after A was cut off");
+    assert!(
+        b_holder.as_ref().is_some_and(|h| *h != a_holder),
+        "the Lease still names {a_holder} ({b_holder:?})"
     );
 }
 
