@@ -360,6 +360,14 @@ async fn chunked_upload_is_byte_exact() {
     .await;
     assert_eq!(r["blobsCopied"], 3);
     assert_image(&dst, "big", "v1", &img).await;
+    // Chunked for real: each layer took four PATCHes (3 MiB and 17 bytes in
+    // 1 MiB chunks); the small config went up in one PUT.
+    let patches = dst
+        .log()
+        .lines()
+        .filter(|l| l.contains("\"PATCH /v2/big/blobs/uploads/"))
+        .count();
+    assert_eq!(patches, 8, "{}", dst.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
