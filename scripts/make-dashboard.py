@@ -41,6 +41,10 @@ line([
  ("Images rewritten by reason",[(rate("pinswap_rewrites_total","reason"),"{{reason}}")],"ops","present, copied, always; source_down: the source could not answer and the target's copy stood in."),
  ("Admission latency",[(q(0.5,"pinswap_admission_duration_seconds"),"p50"),(q(0.99,"pinswap_admission_duration_seconds"),"p99")],"s","Keep p99 well under server.admissionBudget (2 s by default)."),
 ])
+line([
+ ("Admission errors by cause",[(rate("pinswap_admission_errors_total","cause"),"{{cause}}")],"ops","Image slots that failed (left unchanged, or denied under failurePolicy: closed): credentials, source, target, budget, filter, reference."),
+ ("Replicas by version",[(f"count by (version, commit) (pinswap_build_info{S})","{{version}} {{commit}}")],"short","pinswap_build_info: two lines during a rollout, one after it."),
+])
 row("Copies")
 line([
  ("Copies",[(rate("pinswap_copies_started_total"),"started"),(rate("pinswap_copies_succeeded_total"),"succeeded"),(rate("pinswap_copies_failed_total"),"failed")],"ops"),
