@@ -270,6 +270,14 @@ async fn swap_and_copy_policy_matrix() {
         let got = a.image("containers", 0);
         let want_image = pinned.replace(&r.dst.host(), &dst.host());
         assert_eq!(got == want_image, rewritten, "{swap}/{copy}: got {got}");
+        if !rewritten {
+            // Not rewritten means the Pod's own image, byte for byte.
+            let sent: Value = serde_json::from_slice(&r.body("pod-v1beta1.json")).unwrap();
+            let original = sent["request"]["object"]["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap();
+            assert_eq!(got, original, "{swap}/{copy}: left as sent");
+        }
         let present = dst.head_manifest(&repo, &r.app.digest).await.is_some();
         if copied_now {
             assert!(present, "{swap}/{copy}: copied before the answer");
