@@ -1084,7 +1084,11 @@ impl Config {
         }
         // Headers, body and the admission all happen inside one call of the
         // API server, which gives up after the webhook's timeoutSeconds.
-        let request = s.header_read_timeout + s.body_timeout + s.admission_budget;
+        // Saturating: each is a humantime duration of up to u64::MAX seconds.
+        let request = s
+            .header_read_timeout
+            .saturating_add(s.body_timeout)
+            .saturating_add(s.admission_budget);
         if request > WEBHOOK_TIMEOUT_MAX {
             bad(
                 "server.bodyTimeout".into(),
@@ -1382,6 +1386,18 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
             panic!("platform list expected")
         };
         assert_eq!(p[1].variant.as_deref(), Some("v8"));
+    }
+
+    /// Two timeouts near u64::MAX seconds: their sum overflowed `Duration`
+    /// and validation panicked instead of naming the key.
+    #[test]
+    fn huge_server_timeouts_are_refused_not_a_panic() {
+        let e = parse(
+            "target: {registry: m.example.com}\nserver: {headerReadTimeout: 400000000000years, bodyTimeout: 400000000000years}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("server.bodyTimeout: headerReadTimeout"), "{e}");
     }
 
     #[test]

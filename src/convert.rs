@@ -479,7 +479,11 @@ fn parse_go_duration(s: &str) -> std::result::Result<Duration, String> {
         let frac = &frac[..frac.len().min(18)];
         if !frac.is_empty() {
             let digits: u128 = frac.parse().map_err(|_| too_long())?;
-            nanos += digits * unit / 10u128.pow(frac.len() as u32);
+            // digits < 10^18 and unit <= 3.6e12, so the product fits; the
+            // sum may not when the whole part is already near u128::MAX.
+            nanos = nanos
+                .checked_add(digits * unit / 10u128.pow(frac.len() as u32))
+                .ok_or_else(too_long)?;
         }
     }
     if negative && nanos > 0 {
@@ -1630,6 +1634,10 @@ mod tests {
             " 8s ",
             "9223372036854775808ns",
             "2562048h",
+            // The whole part ends within 3.6e12 ns of u128::MAX, so adding
+            // the fraction overflowed (a panic in debug builds, a wrapped
+            // and accepted duration in release builds).
+            "94522879700260684295381835.999999999999999999h",
         ] {
             assert!(parse_go_duration(s).is_err(), "{s} should be refused");
         }

@@ -402,6 +402,9 @@ fn read_auth(auth: &Auth, registry: &str, path: &str) -> Result<Credentials, Mir
     Ok(Credentials::new(user, password))
 }
 
+/// The longest a held tag is kept, whatever `cache.ttl` says.
+const HELD_TAGS_TTL_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 impl Mirror {
     /// Builds the service from a validated config: reads referenced
     /// credentials now, so a missing secret fails at startup.
@@ -562,7 +565,14 @@ impl Mirror {
             inflight: Arc::default(),
             copy_slots: Arc::new(Semaphore::new(4)),
             held_tags: Cache::builder()
-                .time_to_live(config.cache.ttl.max(Duration::from_secs(1)))
+                // moka panics on a TTL over 1000 years; cache.ttl has no
+                // upper bound, and a century is as good as forever here.
+                .time_to_live(
+                    config
+                        .cache
+                        .ttl
+                        .clamp(Duration::from_secs(1), HELD_TAGS_TTL_MAX),
+                )
                 .max_capacity(100_000)
                 .build(),
             breakers: Arc::new(health::Breakers::new(
@@ -1558,6 +1568,19 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `cache.ttl` accepts any duration; moka's builder panics beyond 1000
+    /// years, which made `Mirror::from_config` panic on a valid config.
+    #[tokio::test]
+    async fn a_cache_ttl_of_two_thousand_years_builds() {
+        let config = Config::from_yaml(
+            "target: {registry: \"127.0.0.1:9/mirror\"}\ncache: {ttl: 2000years}\n",
+            "test.yaml",
+        )
+        .unwrap();
+        assert_eq!(config.cache.ttl, Duration::from_secs(2000 * 31_557_600));
+        Mirror::from_config(&config, Arc::new(Metrics::new())).unwrap();
+    }
 
     #[test]
     fn anchor_tags_are_valid_and_not_the_referrers_form() {
