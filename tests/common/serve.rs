@@ -30,6 +30,24 @@ impl Served {
     /// YAML, e.g. `bodyMemory: 64Mi, bodyTimeout: 3s`) and `top` keys at the
     /// top level, under `prlimit --nofile=N:N` when `nofile` is given.
     pub async fn start(server: &str, top: &str, nofile: Option<u64>) -> Self {
+        let body = format!(
+            "target: {{registry: \"127.0.0.1:{}\", insecure: true}}\n\
+             source: {{registries: [{{registry: registry.invalid}}]}}\n\
+             recovery: {{enabled: false}}\n\
+             {top}\n",
+            free_port(),
+        );
+        Self::start_with(&body, server, &[], nofile).await
+    }
+
+    /// Starts it with the config `body` (every top-level key but `server`),
+    /// `server` keys added to the `server` mapping, and `env` set.
+    pub async fn start_with(
+        body: &str,
+        server: &str,
+        env: &[(&str, &str)],
+        nofile: Option<u64>,
+    ) -> Self {
         super::init();
         let dir = tempfile::tempdir().unwrap();
         let pki = super::tls::pki("serve", &["127.0.0.1"]);
@@ -39,12 +57,7 @@ impl Served {
         let health = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let sep = if server.is_empty() { "" } else { ", " };
         let config = format!(
-            "target: {{registry: \"127.0.0.1:{}\", insecure: true}}\n\
-             source: {{registries: [{{registry: registry.invalid}}]}}\n\
-             recovery: {{enabled: false}}\n\
-             {top}\n\
-             server: {{listen: \"{webhook}\", healthListen: \"{health}\", tlsCert: {}, tlsKey: {}{sep}{server}}}\n",
-            free_port(),
+            "{body}\nserver: {{listen: \"{webhook}\", healthListen: \"{health}\", tlsCert: {}, tlsKey: {}{sep}{server}}}\n",
             dir.path().join("tls.crt").display(),
             dir.path().join("tls.key").display(),
         );
@@ -64,6 +77,8 @@ impl Served {
         let child = cmd
             .args(["serve", "--config", cfg.to_str().unwrap()])
             .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::null())
             .stderr(stderr)
             .kill_on_drop(true)
