@@ -74,12 +74,18 @@ fn registry(path: &str, cdn: u16, sink: u16) -> Response {
         "/v2/literal/app/manifests/v1" => redirect(format!("http://0.0.0.0:{sink}/literal")),
         "/v2/named/app/manifests/v1" => redirect(format!("http://zero.test:{sink}/named")),
         "/v2/private/app/manifests/v1" => redirect(format!("http://inside.test:{sink}/private")),
+        "/v2/shop/app/tags/list" => redirect(format!("http://cdn.test:{cdn}/lists/tags")),
+        "/v2/named/app/tags/list" => redirect(format!("http://zero.test:{sink}/tags")),
+        "/v2/_catalog" => redirect(format!("http://inside.test:{sink}/catalog")),
         _ => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
-/// The CDN: every path is the manifest.
-fn cdn(_: &str, _: u16, _: u16) -> Response {
+/// The CDN: a tag list under `/lists/`, else the manifest.
+fn cdn(path: &str, _: u16, _: u16) -> Response {
+    if path.starts_with("/lists/") {
+        return r#"{"name": "shop/app", "tags": ["v1", "v2"]}"#.into_response();
+    }
     (
         [
             ("docker-content-digest", DIGEST),
@@ -241,6 +247,63 @@ async fn redirects_are_checked_and_drop_the_registry_credentials() {
             .to_string();
         assert!(e.contains(want), "{repo}: {e}");
     }
+    assert!(
+        sunk.lock().unwrap().is_empty(),
+        "{:?}",
+        sunk.lock().unwrap()
+    );
+}
+
+/// The tag and catalog lists are our own requests too: a redirect is
+/// followed to an allowed host without the credentials, and refused to an
+/// unspecified or a private address the config does not name.
+#[tokio::test]
+async fn tag_and_catalog_lists_are_checked_on_redirect() {
+    common::init();
+    let (reg_port, reg_listener) = bind().await;
+    let (cdn_port, cdn_listener) = bind().await;
+    let (sink_port, sink_listener) = bind().await;
+    let asked = serve(reg_listener, registry, (cdn_port, sink_port));
+    let fetched = serve(cdn_listener, cdn, (0, 0));
+    let sunk = serve(sink_listener, sink, (0, 0));
+    let registry_host = format!("registry.test:{reg_port}");
+    let guard =
+        Guard::private_only_for([registry_host.clone(), "cdn.test".into()]).with_hosts(hosts(&[
+            ("registry.test", loopback()),
+            ("cdn.test", loopback()),
+            ("inside.test", loopback()),
+            ("zero.test", vec!["0.0.0.0".parse().unwrap()]),
+        ]));
+    let p = pool(guard, std::slice::from_ref(&registry_host));
+    let client = p.get(&registry_host, Role::Source).await.unwrap();
+    let r = |repo: &str| Reference::parse(&format!("{registry_host}/{repo}:v1")).unwrap();
+
+    assert_eq!(client.tags(&r("shop/app")).await.unwrap(), ["v1", "v2"]);
+    assert!(
+        asked
+            .lock()
+            .unwrap()
+            .contains(&("/v2/shop/app/tags/list".to_owned(), true)),
+        "{:?}",
+        asked.lock().unwrap()
+    );
+    // Two pages: the second (`last=v2`) repeats the first, which ends it.
+    assert_eq!(
+        *fetched.lock().unwrap(),
+        vec![("/lists/tags".to_owned(), false); 2],
+        "the CDN got no credentials"
+    );
+
+    let e = client.tags(&r("named/app")).await.unwrap_err().to_string();
+    assert!(
+        e.contains("zero.test resolves to 0.0.0.0, unspecified"),
+        "{e}"
+    );
+    let e = client.catalog().await.unwrap_err().to_string();
+    assert!(
+        e.contains("inside.test resolves to 127.0.0.1, a loopback or private address"),
+        "{e}"
+    );
     assert!(
         sunk.lock().unwrap().is_empty(),
         "{:?}",

@@ -283,11 +283,10 @@ impl Mirror {
     /// Errors on single tags are logged and skipped.
     pub async fn rebuild_identity(&self, rate: u32) -> Result<usize, MirrorError> {
         let client = self.pool.get(self.target.registry(), Role::Target).await?;
-        let any = Reference::parse(&format!("{}/pinswap/scan", self.target.registry()))?;
         let prefix = self.target.prefix().map(|p| format!("{p}/"));
         let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
         let mut read = 0;
-        for repo in client.catalog(&any).await? {
+        for repo in client.catalog().await? {
             if prefix
                 .as_ref()
                 .is_some_and(|p| !repo.starts_with(p.as_str()))

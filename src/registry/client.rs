@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
 use tokio::sync::{Mutex, OnceCell};
 use tracing::debug;
@@ -22,7 +21,7 @@ use super::auth::{CredentialSources, Credentials};
 use super::manifest::Descriptor;
 use super::session::{BlobStream, Session};
 use super::token::{Scheme, parse_challenge};
-use super::{Ctx, RegistryError, Result, chain, is_not_found};
+use super::{Ctx, RegistryError, Result, chain};
 use crate::reference::{Reference, is_loopback_registry, normalize_registry};
 
 /// Blobs larger than this (bytes) are uploaded in chunks of this size
@@ -87,7 +86,6 @@ pub struct ClientPool {
 /// A connection to one registry. Cheap to share (`Arc`).
 pub struct Registry {
     session: Session,
-    oci: oci_client::Client,
     chunked_threshold: u64,
 }
 
@@ -323,7 +321,6 @@ impl ClientPool {
             registry
         };
         let probe = self.http_client(registry).await?;
-        let roots = self.roots(registry).await?;
         let (scheme, challenge) = self.probe(registry, api_host).await?;
         let explicit = match role {
             Role::Source => self.opts.source_creds.as_ref(),
@@ -357,36 +354,6 @@ impl ClientPool {
             .opts
             .chunked_threshold
             .unwrap_or(DEFAULT_CHUNKED_THRESHOLD);
-        let oci = oci_client::Client::try_from(ClientConfig {
-            protocol: if scheme == "http" {
-                ClientProtocol::Http
-            } else {
-                ClientProtocol::Https
-            },
-            use_monolithic_push: true,
-            tls_certs_only: roots
-                .iter()
-                .map(|d| Certificate {
-                    encoding: CertificateEncoding::Der,
-                    data: d.clone(),
-                })
-                .collect(),
-            connect_timeout: Some(Duration::from_secs(10)),
-            read_timeout: Some(Duration::from_secs(60)),
-            user_agent: concat!("pinswap/", env!("CARGO_PKG_VERSION")),
-            ..ClientConfig::default()
-        })
-        .map_err(|e| RegistryError::Other {
-            registry: registry.into(),
-            reference: "/v2/".into(),
-            operation: "build client for",
-            message: chain(&e),
-        })?;
-        // oci-client serves only the tag and catalog lists (rare: `check`,
-        // the repair scan); everything per image is ours (`requests.rs`),
-        // since oci-client pings `/v2/` again before each request to a
-        // registry that sends no challenge.
-        oci.store_auth_if_needed(api_host, &auth).await;
         Ok(Registry {
             session: Session::new(
                 registry,
@@ -397,7 +364,6 @@ impl ClientPool {
                 challenge,
                 self.opts.guard.clone(),
             ),
-            oci,
             chunked_threshold: threshold,
         })
     }
@@ -472,7 +438,7 @@ async fn ping(
 /// 2.8 ignores `last` on `tags/list` and answers the whole list again. So
 /// paging goes on while pages bring entries not seen yet, and stops at an
 /// empty page or one that repeats.
-fn extend_page(out: &mut Vec<String>, page: Vec<String>) -> bool {
+pub(crate) fn extend_page(out: &mut Vec<String>, page: Vec<String>) -> bool {
     let seen: std::collections::HashSet<&String> = out.iter().collect();
     let fresh: Vec<String> = page.into_iter().filter(|p| !seen.contains(p)).collect();
     if fresh.is_empty() {
@@ -641,68 +607,6 @@ impl Registry {
             out.extend_from_slice(&chunk);
         }
         Ok(out.freeze())
-    }
-
-    /// Every tag of `r`'s repository (`GET /v2/<name>/tags/list`, pages of
-    /// up to 1000 followed with `last`; see [`extend_page`]), in the
-    /// registry's order; empty for an unknown repository.
-    ///
-    /// # Errors
-    /// Registry errors other than 404.
-    pub async fn tags(&self, r: &Reference) -> Result<Vec<String>> {
-        let mut out: Vec<String> = Vec::new();
-        loop {
-            let page = self
-                .oci
-                .list_tags(
-                    &r.to_oci(),
-                    &RegistryAuth::Anonymous,
-                    Some(1000),
-                    out.last().map(String::as_str),
-                )
-                .await;
-            let page = match page {
-                Ok(p) => p.tags,
-                Err(e) if is_not_found(&e) => return Ok(out),
-                Err(e) => {
-                    return Err(RegistryError::from_oci(
-                        self.ctx(&r.name(), "list tags of"),
-                        e,
-                    ));
-                }
-            };
-            if !extend_page(&mut out, page) {
-                return Ok(out);
-            }
-        }
-    }
-
-    /// Every repository of the registry (`GET /v2/_catalog`, pages of up to
-    /// 1000 followed with `last`; see [`extend_page`]). `any` is any reference on this registry (oci-client
-    /// authenticates the request with its scope).
-    ///
-    /// # Errors
-    /// Registry errors, e.g. 401/403 when the credentials may not list the
-    /// catalog, or 404 when the registry does not serve it.
-    pub async fn catalog(&self, any: &Reference) -> Result<Vec<String>> {
-        let mut out: Vec<String> = Vec::new();
-        loop {
-            let page = self
-                .oci
-                .catalog(
-                    &any.to_oci(),
-                    &RegistryAuth::Anonymous,
-                    Some(1000),
-                    out.last().map(String::as_str),
-                )
-                .await
-                .map_err(|e| {
-                    RegistryError::from_oci(self.ctx("/v2/_catalog", "list the repositories of"), e)
-                })?;
-            if !extend_page(&mut out, page.repositories) {
-                return Ok(out);
-            }
-        }
     }
 
     /// The Authorization header for our own requests with these token

@@ -25,7 +25,7 @@ mod upload;
 
 pub use client::{ClientPool, Mount, PoolOptions, Registry, Role};
 
-use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::errors::OciErrorCode;
 
 /// Errors from talking to a registry. Every variant names the registry; none
 /// ever carries a credential.
@@ -306,24 +306,6 @@ pub(crate) struct Ctx<'a> {
     pub anonymous: bool,
 }
 
-/// Canonical HTTP status of a distribution-spec error code, for errors that
-/// oci-client reports without the status (its `RegistryError` variant).
-fn status_of(code: &OciErrorCode) -> u16 {
-    match code {
-        OciErrorCode::BlobUnknown
-        | OciErrorCode::BlobUploadUnknown
-        | OciErrorCode::ManifestUnknown
-        | OciErrorCode::NameUnknown
-        | OciErrorCode::NotFound
-        | OciErrorCode::ManifestBlobUnknown => 404,
-        OciErrorCode::Unauthorized => 401,
-        OciErrorCode::Denied => 403,
-        OciErrorCode::Toomanyrequests => 429,
-        OciErrorCode::Unsupported => 405,
-        _ => 400,
-    }
-}
-
 fn code_name(code: &OciErrorCode) -> String {
     match code {
         OciErrorCode::Other(s) => s.clone(),
@@ -331,18 +313,6 @@ fn code_name(code: &OciErrorCode) -> String {
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_else(|| format!("{other:?}")),
-    }
-}
-
-/// Whether an oci-client error means "no such manifest/blob/repository".
-pub(crate) fn is_not_found(err: &OciDistributionError) -> bool {
-    match err {
-        OciDistributionError::RegistryError { envelope, .. } => {
-            envelope.errors.iter().any(|e| status_of(&e.code) == 404)
-        }
-        OciDistributionError::ServerError { code, .. } => *code == 404,
-        OciDistributionError::ImageManifestNotFoundError(_) => true,
-        _ => false,
     }
 }
 
@@ -425,83 +395,6 @@ impl RegistryError {
                 reference,
                 operation,
             }
-        }
-    }
-
-    /// Maps an oci-client error into one that names registry, reference,
-    /// status and code.
-    pub(crate) fn from_oci(ctx: Ctx<'_>, err: OciDistributionError) -> Self {
-        let Ctx {
-            registry,
-            reference,
-            operation,
-            ..
-        } = ctx;
-        let (registry, reference) = (registry.to_owned(), reference.to_owned());
-        match err {
-            OciDistributionError::UnauthorizedError { .. }
-            | OciDistributionError::AuthenticationFailure(_) => Self::unauthorized(ctx),
-            OciDistributionError::RegistryError { envelope, .. } => {
-                let first = envelope.errors.first();
-                let status = first.map(|e| status_of(&e.code)).unwrap_or(400);
-                if status == 401 {
-                    return Self::unauthorized(ctx);
-                }
-                let (code, message) = describe_envelope(&envelope);
-                Self::Http {
-                    registry,
-                    reference,
-                    operation,
-                    status,
-                    code,
-                    message,
-                }
-            }
-            OciDistributionError::ServerError { code, message, .. } => {
-                if code == 401 {
-                    return Self::unauthorized(ctx);
-                }
-                let (ecode, msg) = describe_body(&message);
-                Self::Http {
-                    registry,
-                    reference,
-                    operation,
-                    status: code,
-                    code: ecode,
-                    message: msg,
-                }
-            }
-            OciDistributionError::DigestError(e) => Self::DigestMismatch {
-                registry,
-                what: "content",
-                reference,
-                expected: "the digest in the reference".into(),
-                actual: e.to_string(),
-            },
-            // Without the URL: upload URLs carry session state (`_state=`,
-            // signatures) that has no place in an error message.
-            // A connection that breaks while sending or reading is the
-            // registry's outage too, not a fault of the request.
-            OciDistributionError::RequestError(e)
-                if e.is_connect() || e.is_timeout() || e.is_request() || e.is_body() =>
-            {
-                Self::Unreachable {
-                    registry,
-                    reason: chain(&e.without_url()),
-                }
-            }
-            OciDistributionError::RequestError(e) => Self::Other {
-                registry,
-                reference,
-                operation,
-                message: chain(&e.without_url()),
-            },
-            other => Self::Other {
-                registry,
-                reference,
-                operation,
-                message: chain(&other),
-            },
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The distribution-spec requests we make ourselves rather than through
 //! oci-client: manifest HEAD, GET and PUT, blob HEAD, GET and monolithic
-//! upload (docs/architecture.md §8 "Our own resolution HEAD").
+//! upload, the tag and catalog lists (docs/architecture.md §8 "Our own
+//! resolution HEAD").
 //!
 //! Why: oci-client authenticates each request through its token cache, and
 //! on a registry that sends no challenge (most plain and loopback ones) it
@@ -9,6 +10,8 @@
 //! GET. Against a real registry each of those is a round trip. Here every
 //! request carries the header [`Registry::auth_header`] chose from the
 //! pool's one `/v2/` probe, with bearer tokens reused for their lifetime.
+//! And every connection goes through the outbound guard, which oci-client's
+//! own HTTP client cannot (it takes no resolver, connector or client).
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -32,6 +35,11 @@ fn pull(r: &Reference) -> [String; 1] {
 fn push(r: &Reference) -> [String; 1] {
     [format!("repository:{}:pull,push", r.repository())]
 }
+
+/// The largest page of a tag or catalog list read (bytes): 1000 names of
+/// the longest length a registry allows are about 256 KiB, and Distribution
+/// ignores `n` on `tags/list` and answers every tag at once.
+const MAX_LIST_BYTES: usize = 16 * 1024 * 1024;
 
 /// The path component naming `r` in a manifest URL: its digest when it has
 /// one, else its tag (`latest` by default).
@@ -437,4 +445,109 @@ impl Registry {
 /// A fetched manifest as `head_manifest_typed` answers.
 fn typed(m: RawManifest) -> Option<(Digest, Option<String>)> {
     Some((m.digest, Some(m.media_type).filter(|t| !t.is_empty())))
+}
+
+impl Registry {
+    /// Every tag of `r`'s repository (`GET /v2/<name>/tags/list`, pages of
+    /// up to 1000 followed with `last`; see [`extend_page`]), in the
+    /// registry's order; empty for an unknown repository (404).
+    ///
+    /// # Errors
+    /// As [`Registry::refusal`] for other statuses; [`RegistryError::Other`]
+    /// for a body that is not a tag list or is larger than 16 MiB.
+    ///
+    /// [`extend_page`]: super::client::extend_page
+    pub async fn tags(&self, r: &Reference) -> Result<Vec<String>> {
+        let path = format!("/v2/{}/tags/list", r.repository());
+        let name = r.name();
+        let scopes = pull(r);
+        let page = self.list(&scopes, &path, &name, "list tags of", "tags");
+        Ok(page.await?.unwrap_or_default())
+    }
+
+    /// Every repository of the registry (`GET /v2/_catalog`, pages of up to
+    /// 1000 followed with `last`), with a token for `registry:catalog:*`.
+    ///
+    /// # Errors
+    /// As [`Registry::tags`]; 404 (a registry that does not serve the
+    /// catalog) and 401/403 (credentials that may not list it) are errors.
+    pub async fn catalog(&self) -> Result<Vec<String>> {
+        let scopes = ["registry:catalog:*".to_owned()];
+        let page = self.list(
+            &scopes,
+            "/v2/_catalog",
+            "/v2/_catalog",
+            "list the repositories of",
+            "repositories",
+        );
+        match page.await? {
+            Some(all) => Ok(all),
+            None => Err(RegistryError::Http {
+                registry: self.host().to_owned(),
+                reference: "/v2/_catalog".into(),
+                operation: "list the repositories of",
+                status: 404,
+                code: None,
+                message: "the registry does not serve its catalog".into(),
+            }),
+        }
+    }
+
+    /// The names under `key` of every page of the list at `path`; `None`
+    /// when the first page is 404.
+    async fn list(
+        &self,
+        scopes: &[String],
+        path: &str,
+        name: &str,
+        operation: &'static str,
+        key: &str,
+    ) -> Result<Option<Vec<String>>> {
+        let mut out: Vec<String> = Vec::new();
+        loop {
+            let mut url = format!("{}{path}?n=1000", self.base());
+            if let Some(last) = out.last() {
+                url.push_str("&last=");
+                url.extend(url::form_urlencoded::byte_serialize(last.as_bytes()));
+            }
+            let resp = self.send(scopes, name, || self.http().get(&url)).await?;
+            if resp.status() == reqwest::StatusCode::NOT_FOUND && out.is_empty() {
+                return Ok(None);
+            }
+            if !resp.status().is_success() {
+                return Err(self.refusal(resp, name, operation).await);
+            }
+            let bad = |message: String| RegistryError::Other {
+                registry: self.host().to_owned(),
+                reference: name.to_owned(),
+                operation,
+                message,
+            };
+            let mut body = Vec::new();
+            let mut stream = resp.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| self.transport(e))?;
+                if body.len() + chunk.len() > MAX_LIST_BYTES {
+                    return Err(bad(format!("a page larger than {MAX_LIST_BYTES} bytes")));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            let page: serde_json::Value = serde_json::from_slice(&body)
+                .map_err(|e| bad(format!("the answer is not JSON: {e}")))?;
+            // `"tags": null` is how Distribution answers a repository whose
+            // tags were all deleted.
+            let names = match &page[key] {
+                serde_json::Value::Null => Vec::new(),
+                serde_json::Value::Array(a) => a
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_owned))
+                    .collect::<Option<Vec<String>>>()
+                    .ok_or_else(|| bad(format!("`{key}` holds something other than strings")))?,
+                _ => return Err(bad(format!("`{key}` is not a list"))),
+            };
+            if !super::client::extend_page(&mut out, names) {
+                return Ok(Some(out));
+            }
+        }
+    }
 }
