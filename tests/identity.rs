@@ -579,10 +579,24 @@ async fn the_watcher_records_one_event_for_a_pod_with_an_identity_finding() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    // A later status update of the same Pod adds no second Event.
+    // A later status update of the same Pod adds no second Event. The
+    // watch delivers in order, so once a Pod stored after that update has
+    // its Event, the update has been seen.
     api.apply_pod(serde_json::from_value::<Pod>(patched).unwrap());
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let events = found();
+    let (later, _) = admit(&adm, &spin_pod(&s, "apps-later")).await;
+    api.apply_pod(serde_json::from_value::<Pod>(later).unwrap());
+    let start = std::time::Instant::now();
+    while !found()
+        .iter()
+        .any(|e| e["regarding"]["name"] == "apps-later")
+    {
+        assert!(start.elapsed().as_secs() < 10, "no Event for the later Pod");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let events: Vec<Value> = found()
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == "apps")
+        .collect();
     assert_eq!(events.len(), 1, "one Event per Pod: {events:?}");
     assert_eq!(events[0]["type"], "Warning");
     assert_eq!(events[0]["regarding"]["name"], "apps");

@@ -62,9 +62,15 @@ async fn stalled_http1_bodies_stay_within_the_body_budget() {
     let s = Served::start("bodyMemory: 64Mi, bodyTimeout: 4s", "", None).await;
     let before = s.status_kib("VmRSS");
     let outcomes = Arc::new(Outcomes::default());
-    let mut tasks = Vec::new();
+    // Every connection is up before any body starts, so the 130 bodies
+    // arrive together, well inside the body timeout, however slow the
+    // handshakes are on a loaded machine.
+    let mut streams = Vec::new();
     for _ in 0..130 {
-        let stream = s.tls(b"http/1.1").await;
+        streams.push(s.tls(b"http/1.1").await);
+    }
+    let mut tasks = Vec::new();
+    for stream in streams {
         let outcomes = outcomes.clone();
         tasks.push(tokio::spawn(async move {
             let (mut rd, mut wr) = tokio::io::split(stream);
@@ -78,8 +84,9 @@ async fn stalled_http1_bodies_stay_within_the_body_budget() {
             drop(writer);
         }));
     }
-    // While the bodies stall, the webhook still answers a usual review.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // While the bodies stall (the budget is full: refusals have begun),
+    // the webhook still answers a usual review.
+    s.wait_for_body_refusals().await;
     let client = s.client();
     let t = Instant::now();
     assert_eq!(s.post(&client, POD_CREATE).await.unwrap(), 200);
@@ -180,7 +187,7 @@ async fn stalled_http2_streams_stay_within_the_body_budget() {
             sender.abort();
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    s.wait_for_body_refusals().await;
     assert_eq!(s.post(&s.client(), POD_CREATE).await.unwrap(), 200);
     let peak = s.status_kib("VmHWM");
     for t in tasks {
@@ -415,9 +422,12 @@ async fn request_values_cannot_forge_log_lines_and_denials_stay_short() {
     let message = answer["response"]["status"]["message"].as_str().unwrap();
     assert!(message.len() < 8 * 1024, "{} bytes", message.len());
     assert!(!message.contains('\u{1b}'), "{message}");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    while !s.log_text().contains("denied") {
+        assert!(t.elapsed() < Duration::from_secs(10), "no denial logged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let log = s.log_text();
-    assert!(log.contains("denied"), "{log}");
     assert!(!log.contains('\u{1b}'), "an escape reached the log");
     assert!(
         !log.lines().any(|l| l.starts_with("FORGED")),
@@ -453,13 +463,45 @@ async fn sigterm_under_load_answers_every_request_sent_during_the_delay() {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both streams answered before the signal.
+    let answered = |results: &std::sync::Mutex<Vec<(Instant, Result<u16, String>)>>| {
+        results
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, r)| r == &Ok(200))
+            .count()
+    };
+    let t = Instant::now();
+    while answered(&results) < 10 {
+        assert!(t.elapsed() < Duration::from_secs(10), "no steady stream");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let term = Instant::now();
     s.sigterm();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Readiness fails as soon as the signal is handled; liveness holds.
+    while s.health_get("/readyz").await.0 != 503 {
+        assert!(term.elapsed() < delay, "readiness still passes");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(s.health_get("/readyz").await, (503, "shutting down".into()));
     assert!(s.healthz().await, "liveness holds during the delay");
-    tokio::time::sleep(delay + Duration::from_millis(500)).await;
+    // The streams run until the listener is gone (a request fails) or a
+    // request sent after the delay was answered.
+    let past = |results: &std::sync::Mutex<Vec<(Instant, Result<u16, String>)>>| {
+        results
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(sent, r)| r.is_err() || *sent > term + delay)
+    };
+    while !past(&results) {
+        assert!(
+            term.elapsed() < delay * 4,
+            "neither closed nor answered after the delay"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     for t in streams {
         t.await.unwrap();

@@ -346,12 +346,15 @@ async fn shutdown_finishes_the_review_in_flight() {
     // then waits out the rest of the 1.5 s budget, and the Pod is admitted
     // unchanged (fail open).
     let mut holes = Vec::new();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for _ in 0..2 {
         let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         holes.push(black_hole.local_addr().unwrap());
+        let accepted = accepted.clone();
         tokio::spawn(async move {
             let mut held = Vec::new();
             while let Ok((stream, _)) = black_hole.accept().await {
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 held.push(stream);
             }
         });
@@ -371,13 +374,15 @@ async fn shutdown_finishes_the_review_in_flight() {
     let ca = dir.path().join("only-ca.crt");
     let started = Instant::now();
     let in_flight = tokio::spawn(async move { post_review(&url, &ca, &review).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The review is in flight once it has reached the source.
+    while accepted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the review never reached the source"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let (sent, task) = server.shut_down();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        !in_flight.is_finished(),
-        "the review should still be running"
-    );
     let readyz = healthz_url.replace("/healthz", "/readyz");
     let ready = common::registry::http_client(None)
         .get(&readyz)
@@ -393,6 +398,10 @@ async fn shutdown_finishes_the_review_in_flight() {
     assert!(
         Running::healthy(&healthz_url).await,
         "liveness holds during the delay"
+    );
+    assert!(
+        !in_flight.is_finished(),
+        "the review should still be running"
     );
 
     let response = in_flight

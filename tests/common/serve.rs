@@ -158,6 +158,28 @@ impl Served {
         (r.status().as_u16(), r.text().await.unwrap())
     }
 
+    /// Waits (up to 20 s) until `/metrics` counts a request refused for the
+    /// body budget, i.e. the budget is full.
+    pub async fn wait_for_body_refusals(&self) {
+        let t = Instant::now();
+        loop {
+            let (_, text) = self.health_get("/metrics").await;
+            let refused = super::metrics::sample(
+                &text,
+                "pinswap_requests_refused_total",
+                &[("reason", "body_memory")],
+            );
+            if refused.is_some_and(|n| n > 0.0) {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the body budget never filled"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// A reqwest client trusting the server's CA (HTTP/1.1).
     pub fn client(&self) -> reqwest::Client {
         reqwest::Client::builder()
