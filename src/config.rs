@@ -1050,7 +1050,8 @@ impl Config {
                 "tlsCert and tlsKey go together: set both or neither".into(),
             );
         }
-        if self.server.listen == self.server.health_listen {
+        // Port 0 asks for any free port, so two of them never clash.
+        if self.server.listen == self.server.health_listen && self.server.listen.port() != 0 {
             bad(
                 "server.healthListen".into(),
                 format!(
@@ -1398,6 +1399,26 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
         .unwrap_err()
         .to_string();
         assert!(e.contains("server.bodyTimeout: headerReadTimeout"), "{e}");
+    }
+
+    /// Port 0 (any free port) on both listeners is two ports, not one.
+    #[test]
+    fn both_listeners_may_ask_for_port_zero_but_not_share_a_port() {
+        let listen = |a: &str, b: &str| {
+            parse(&format!(
+                "target: {{registry: m.example.com}}\nserver: {{listen: \"{a}\", healthListen: \"{b}\"}}\n"
+            ))
+        };
+        assert!(listen("127.0.0.1:0", "127.0.0.1:0").is_ok());
+        let e = listen("127.0.0.1:8443", "127.0.0.1:8443")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "server.healthListen: found 127.0.0.1:8443, the same address as server.listen"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

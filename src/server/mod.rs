@@ -561,6 +561,13 @@ pub async fn serve(
         })?;
     let webhook_tcp = bind("webhook", opts.listen)?;
     let health_tcp = bind("health", opts.health_listen)?;
+    // The bound addresses, so a listen port of 0 is logged as the one taken.
+    let bound =
+        |tcp: &tokio::net::TcpListener, asked: SocketAddr| tcp.local_addr().unwrap_or(asked);
+    let (webhook_addr, health_addr) = (
+        bound(&webhook_tcp, opts.listen),
+        bound(&health_tcp, opts.health_listen),
+    );
     let limits = &opts.limits;
     let mut max_connections = limits.max_connections;
     if let Some(fds) = raise_fd_limit() {
@@ -609,7 +616,7 @@ pub async fn serve(
         },
         metrics,
     };
-    tracing::info!(webhook = %opts.listen, health = %opts.health_listen, max_connections, body_memory = limits.body_memory, "serving");
+    tracing::info!(webhook = %webhook_addr, health = %health_addr, max_connections, body_memory = limits.body_memory, "serving");
 
     let watcher = reload::CertWatcher::new(tls, opts.tls_cert, opts.tls_key);
     let reload = tokio::spawn(watcher.run(opts.reload_interval));

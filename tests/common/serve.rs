@@ -53,11 +53,10 @@ impl Served {
         let pki = super::tls::pki("serve", &["127.0.0.1"]);
         std::fs::write(dir.path().join("tls.crt"), &pki.cert_pem).unwrap();
         std::fs::write(dir.path().join("tls.key"), &pki.key_pem).unwrap();
-        let webhook = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let health = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        // Port 0: the ports taken are read back from the "serving" line.
         let sep = if server.is_empty() { "" } else { ", " };
         let config = format!(
-            "{body}\nserver: {{listen: \"{webhook}\", healthListen: \"{health}\", tlsCert: {}, tlsKey: {}{sep}{server}}}\n",
+            "{body}\nserver: {{listen: \"127.0.0.1:0\", healthListen: \"127.0.0.1:0\", tlsCert: {}, tlsKey: {}{sep}{server}}}\n",
             dir.path().join("tls.crt").display(),
             dir.path().join("tls.key").display(),
         );
@@ -74,7 +73,7 @@ impl Served {
             }
             None => tokio::process::Command::new(bin),
         };
-        let child = cmd
+        let mut child = cmd
             .args(["serve", "--config", cfg.to_str().unwrap()])
             .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
             .env_remove("KUBERNETES_SERVICE_HOST")
@@ -84,6 +83,21 @@ impl Served {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
+        let t = Instant::now();
+        let (webhook, health) = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(addrs) = text.lines().find_map(serving_addresses) {
+                break addrs;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "serve never bound its ports: {text}"
+            );
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("serve exited with {status}: {text}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         let served = Self {
             child,
             webhook,
@@ -92,7 +106,6 @@ impl Served {
             log,
             dir,
         };
-        let t = Instant::now();
         while !served.healthz().await {
             assert!(
                 t.elapsed() < Duration::from_secs(20),
@@ -242,6 +255,20 @@ impl Served {
             .unwrap();
         assert!(status.success());
     }
+}
+
+/// The webhook and health addresses of `serve`'s "serving" log line
+/// (`… serving webhook=127.0.0.1:P health=127.0.0.1:Q …`).
+fn serving_addresses(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+    if !line.contains("serving") {
+        return None;
+    }
+    let field = |key: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+    };
+    Some((field("webhook=")?, field("health=")?))
 }
 
 /// Reads from `stream` until EOF, an error or `within`; returns what was
