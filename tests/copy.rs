@@ -1385,3 +1385,78 @@ async fn concurrent_copies_of_one_index_under_two_tags_both_succeed() {
         }
     }
 }
+
+/// `--src-creds` and `--dest-creds` stay on their sides: the source's
+/// credentials never reach the target, whose recording front sees every
+/// request's `Authorization`. Both registries are htpasswd over plain HTTP,
+/// so a header names its owner. A second image sharing the first one's
+/// layers goes to another target repository: its blobs are mounted there,
+/// with the target's credentials too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_credentials_never_reach_the_target() {
+    use base64::Engine as _;
+    use common::front::Front;
+    let src = TestRegistry::plain_auth("puller", "Source-Secret-1").await;
+    let dst = TestRegistry::plain_auth("mirror", "Target-Secret-3").await;
+    let (sf, tf) = (
+        Front::start(&src.host()).await,
+        Front::start(&dst.host()).await,
+    );
+    let first = Image::oci(2, 971);
+    let second = image_of(first.layers.clone(), 972);
+    push_image(&src, "shop/app", Some("v1"), &first).await;
+    push_image(&src, "shop/web", Some("v1"), &second).await;
+    // One run, so the second image's layers are mounted from the first's
+    // repository at the target.
+    let list = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        list.path(),
+        format!("{0}/shop/app:v1\n{0}/shop/web:v1\n", sf.host()),
+    )
+    .unwrap();
+    let to = format!("docker://{}/mirror", tf.host());
+    let out = pinswap(&[
+        "copy",
+        "--json",
+        "--jobs",
+        "1",
+        "--src-creds",
+        "puller:Source-Secret-1",
+        "--dest-creds",
+        "mirror:Target-Secret-3",
+        "--from-file",
+        list.path().to_str().unwrap(),
+        "--to",
+        &to,
+    ])
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let comp = sf.host().replace(':', "_");
+    for (repo, img) in [("shop/app", &first), ("shop/web", &second)] {
+        assert_image(&dst, &format!("mirror/{comp}/{repo}"), "v1", img).await;
+    }
+    let basic = |user: &str, password: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    };
+    let sent = |f: &Front| -> Vec<String> {
+        let mut v: Vec<String> = f
+            .authorizations()
+            .into_iter()
+            .filter_map(|(_, _, a)| a)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    assert_eq!(sent(&sf), [basic("puller", "Source-Secret-1")]);
+    assert_eq!(sent(&tf), [basic("mirror", "Target-Secret-3")]);
+    let mounts = tf
+        .authorizations()
+        .into_iter()
+        .filter(|(m, p, a)| m == "POST" && p.contains("mount=") && a.is_some())
+        .count();
+    assert!(mounts >= 1, "{:?}", tf.authorizations());
+}
