@@ -1313,3 +1313,80 @@ async fn source_and_pull_secret_credentials_never_reach_the_target() {
         .count();
     assert_eq!(pushes, 2, "{:?}", tf.authorizations());
 }
+
+/// A `copyDeadline` shorter than the budget bounds the wait for a copy
+/// (here a layer stalled at the source): `immediate` leaves the image
+/// unchanged while the copy runs on; `force` is an error naming that
+/// deadline, not the budget, counted as `budget`, and `failurePolicy:
+/// closed` denies the Pod with it. The copies finish in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_deadline_shorter_than_the_budget_bounds_the_wait() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let proxy = common::TcpCutProxy::start(&src.host()).await;
+    let image = Image::random_layers(1, 1 << 20, 1011);
+    push_image(&src, "slow/app", Some("v1"), &image).await;
+    let source = format!("{}/slow/app:v1", proxy.host());
+    let pod = common::review::pod("apps", "slow", &[("app", &source)]);
+    let body =
+        || bytes::Bytes::from(serde_json::to_vec(&common::review::create_review(&pod)).unwrap());
+    let admission = |extra: &str| {
+        let metrics = Arc::new(Metrics::new());
+        let c = config(
+            &proxy.host(),
+            &dst.host(),
+            &format!("copyDeadline: 1s\nserver: {{admissionBudget: 8s}}\n{extra}"),
+        );
+        (
+            Admission::from_config(&c, metrics.clone()).unwrap(),
+            metrics,
+        )
+    };
+    // Manifests and configs pass; the layer stalls.
+    proxy.stall_after(256 * 1024);
+
+    let (adm, _) = admission("copyPolicy: immediate\n");
+    let a = review(&adm, body()).await;
+    assert!(a.allowed());
+    assert_eq!(a.image("containers", 0), source);
+    assert_eq!(
+        a.annotation("pinswap.dev/decisions")["containers/app"],
+        "unchanged: copy still running; not at the target yet"
+    );
+
+    let failed = format!("copy of {source} failed: not done within 1s (copyPolicy force)");
+    let (adm, metrics) = admission("copyPolicy: force\n");
+    let a = review(&adm, body()).await;
+    assert!(a.allowed(), "fails open");
+    assert_eq!(a.image("containers", 0), source);
+    assert_eq!(
+        a.annotation("pinswap.dev/decisions")["containers/app"],
+        format!("unchanged (error): {failed}")
+    );
+    assert_eq!(
+        common::metrics::sample(
+            &metrics.encode(),
+            "pinswap_admission_errors_total",
+            &[("cause", "budget")]
+        ),
+        Some(1.0)
+    );
+
+    let (adm, _) = admission("copyPolicy: force\nfailurePolicy: closed\n");
+    let a = review(&adm, body()).await;
+    assert_eq!(a.response["allowed"], false, "{}", a.response);
+    let msg = a.response["status"]["message"].as_str().unwrap();
+    assert!(msg.contains(&failed), "{msg}");
+
+    // Nothing is at the target while the layer is held; then every copy ends.
+    let repo = format!("mirror/{}/slow/app", proxy.host().replace(':', "_"));
+    assert_eq!(dst.head_manifest(&repo, "v1").await, None);
+    proxy.release();
+    let start = Instant::now();
+    while dst.head_manifest(&repo, "v1").await.as_deref() != Some(image.digest.as_str()) {
+        assert!(start.elapsed() < Duration::from_secs(20), "never copied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (bytes, _, _) = dst.get_manifest(&repo, "v1").await.unwrap();
+    assert!(bytes == image.manifest);
+}
