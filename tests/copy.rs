@@ -1460,3 +1460,62 @@ async fn source_credentials_never_reach_the_target() {
         .count();
     assert!(mounts >= 1, "{:?}", tf.authorizations());
 }
+
+/// A mount the registry refuses by starting an upload instead (HTTP 202:
+/// Distribution does so when the `from` repository lacks the blob) falls
+/// back to streaming that blob from the source in the same copy, and the
+/// copy is byte-exact. Here the CLI's remembered location is stale: the
+/// first copy's repository lost a layer since. The upload the refused
+/// mount started is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_mount_falls_back_to_streaming() {
+    use common::front::Front;
+    let (src, reg) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let rf = Front::start(&reg.host()).await;
+    let img = Image::oci(3, 1021);
+    push_image(&src, "app", Some("v1"), &img).await;
+    let cache = common::cache_home();
+    let copy = |to: String| {
+        let cache = cache.path().to_owned();
+        let from = d(&src, "app:v1");
+        async move {
+            let out = tokio::process::Command::new(pinswap_bin())
+                .args(["copy", "--json", &from, &to])
+                .env("XDG_CACHE_HOME", &cache)
+                .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
+                .env_remove("REGISTRY_AUTH_FILE")
+                .output()
+                .await
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "{stderr}");
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            v["images"][0].clone()
+        }
+    };
+    copy(format!("docker://{}/a/app:v1", rf.host())).await;
+    let lost = &img.layers[1];
+    reg.delete_blob("a/app", &lost.digest).await;
+    rf.reset();
+
+    let r = copy(format!("docker://{}/b/app:v1", rf.host())).await;
+    assert_eq!(
+        (r["blobsMounted"].as_u64(), r["blobsCopied"].as_u64()),
+        (Some(3), Some(1)),
+        "{r}"
+    );
+    let requests = rf.requests();
+    let mount = format!("mount={}", lost.digest.replace(':', "%3A"));
+    let refused: Vec<_> = requests
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.contains(&mount) && p.contains("from=a%2Fapp"))
+        .collect();
+    assert_eq!(refused.len(), 1, "{requests:?}");
+    assert!(
+        requests
+            .iter()
+            .any(|(m, p)| m == "DELETE" && p.starts_with("/v2/b/app/blobs/uploads/")),
+        "the started upload is cancelled: {requests:?}"
+    );
+    assert_image(&reg, "b/app", "v1", &img).await;
+}
