@@ -1519,3 +1519,63 @@ async fn a_refused_mount_falls_back_to_streaming() {
     );
     assert_image(&reg, "b/app", "v1", &img).await;
 }
+
+/// SIGTERM to `pinswap copy` while its layers are held by a stalled source
+/// leaves no manifest at the target: a registry has no tag and no manifest
+/// of the image, an OCI layout no `index.json` entry and no manifest blob.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_copy_leaves_no_manifest_at_the_target() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let proxy = TcpCutProxy::start(&src.host()).await;
+    let img = Image::random_layers(2, 1 << 20, 1041);
+    push_image(&src, "app", Some("v1"), &img).await;
+    // Manifests and the config pass; the layers stall.
+    proxy.stall_after(256 * 1024);
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("layout");
+    let via = format!("docker://{}/app:v1", proxy.host());
+    let cache = common::cache_home();
+    for to in [d(&dst, "app:v1"), format!("oci:{}:v1", layout.display())] {
+        let before = proxy.bytes_down();
+        let mut child = tokio::process::Command::new(pinswap_bin())
+            .args(["copy", &via, &to])
+            .env("XDG_CACHE_HOME", cache.path())
+            .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // In flight: both layers have reached the stall.
+        let start = std::time::Instant::now();
+        while proxy.bytes_down() < before + 2 * 256 * 1024 {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(20),
+                "{to}: the copy never reached the layers"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let pid = child.id().unwrap();
+        let killed = std::process::Command::new("sh")
+            .args(["-c", &format!("kill -TERM {pid}")])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().await.unwrap();
+        assert!(!status.success(), "{to}: {status}");
+    }
+    proxy.release();
+    assert!(dst.tags("app").await.is_empty());
+    assert_eq!(dst.head_manifest("app", &img.digest).await, None);
+    let index = std::fs::read(layout.join("index.json")).unwrap_or_default();
+    let entries = serde_json::from_slice::<Value>(&index)
+        .ok()
+        .and_then(|v| v["manifests"].as_array().map(Vec::len))
+        .unwrap_or(0);
+    assert_eq!(entries, 0, "{}", String::from_utf8_lossy(&index));
+    let hex = img.digest.strip_prefix("sha256:").unwrap();
+    assert!(
+        !layout.join("blobs/sha256").join(hex).exists(),
+        "the manifest blob is in the layout"
+    );
+}

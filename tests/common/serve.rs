@@ -30,6 +30,18 @@ impl Served {
     /// YAML, e.g. `bodyMemory: 64Mi, bodyTimeout: 3s`) and `top` keys at the
     /// top level, under `prlimit --nofile=N:N` when `nofile` is given.
     pub async fn start(server: &str, top: &str, nofile: Option<u64>) -> Self {
+        let head = format!(
+            "target: {{registry: \"127.0.0.1:{}\", insecure: true}}\n\
+             source: {{registries: [{{registry: registry.invalid}}]}}\n\
+             recovery: {{enabled: false}}\n",
+            free_port()
+        );
+        Self::start_with(&head, server, top, nofile).await
+    }
+
+    /// As [`Served::start`], with `head` (top-level YAML: `target`,
+    /// `source`, ...) in place of the down target and `registry.invalid`.
+    pub async fn start_with(head: &str, server: &str, top: &str, nofile: Option<u64>) -> Self {
         super::init();
         let dir = tempfile::tempdir().unwrap();
         let pki = super::tls::pki("serve", &["127.0.0.1"]);
@@ -39,12 +51,9 @@ impl Served {
         let health = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let sep = if server.is_empty() { "" } else { ", " };
         let config = format!(
-            "target: {{registry: \"127.0.0.1:{}\", insecure: true}}\n\
-             source: {{registries: [{{registry: registry.invalid}}]}}\n\
-             recovery: {{enabled: false}}\n\
+            "{head}\
              {top}\n\
              server: {{listen: \"{webhook}\", healthListen: \"{health}\", tlsCert: {}, tlsKey: {}{sep}{server}}}\n",
-            free_port(),
             dir.path().join("tls.crt").display(),
             dir.path().join("tls.key").display(),
         );
