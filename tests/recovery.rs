@@ -1129,6 +1129,18 @@ async fn a_pull_failure_recovery_does_not_rewind_a_tag_that_names_newer_content(
 /// the watcher no longer counts it a user of its image.
 #[tokio::test]
 async fn pods_joining_a_recovery_get_its_event_and_a_deleted_one_is_forgotten_after_a_relist() {
+    joined_recovery_with_a_deleted_pod(true).await;
+}
+
+/// As above, the deletion seen as it happens (a DELETED watch event).
+#[tokio::test]
+async fn a_pod_deleted_while_its_recovery_runs_gets_no_event() {
+    joined_recovery_with_a_deleted_pod(false).await;
+}
+
+/// Three Pods join one recovery; "deleted" goes before it ends, `unseen`
+/// (found out by a re-list) or through a DELETED event.
+async fn joined_recovery_with_a_deleted_pod(unseen: bool) {
     let (src, dst, api) = rig().await;
     let proxy = common::TcpCutProxy::start(&src.host()).await;
     let image = Image::random_layers(1, 1 << 20, 991);
@@ -1201,18 +1213,26 @@ async fn pods_joining_a_recovery_get_its_event_and_a_deleted_one_is_forgotten_af
             .map(|(i, _)| i)
     };
     let before = lists(&api);
-    api.delete_pod_unseen("shop", "deleted");
-    // A watch opened after a new list: the list's end was handled.
-    eventually("a re-list", Duration::from_secs(20), || async {
-        let requests = api.requests();
-        lists(&api).is_some_and(|l| {
-            Some(l) != before
-                && requests[l..]
-                    .iter()
-                    .any(|q| q.path == "/api/v1/pods" && q.query.contains("watch=true"))
+    if unseen {
+        api.delete_pod_unseen("shop", "deleted");
+        // A watch opened after a new list: the list's end was handled.
+        eventually("a re-list", Duration::from_secs(20), || async {
+            let requests = api.requests();
+            lists(&api).is_some_and(|l| {
+                Some(l) != before
+                    && requests[l..]
+                        .iter()
+                        .any(|q| q.path == "/api/v1/pods" && q.query.contains("watch=true"))
+            })
         })
-    })
-    .await;
+        .await;
+    } else {
+        api.delete_pod("shop", "deleted");
+        eventually("the deletion seen", Duration::from_secs(10), || async {
+            recovery.user_of(&alone_target).is_none()
+        })
+        .await;
+    }
     assert!(
         recovery.user_of(&alone_target).is_none(),
         "the deleted Pod is still counted a user of its image"
