@@ -1193,3 +1193,200 @@ async fn thousands_of_containers_are_admitted_within_the_budget_with_annotations
         "{d:?}"
     );
 }
+
+/// Credentials are kept to their side: the configured source credentials
+/// and those of a Pod's pull secret (which also names the target, with
+/// someone else's credentials) reach their sources only. Every registry is
+/// htpasswd over plain HTTP behind a recording front, so each request's
+/// `Authorization` says whose credentials it carries: at the target, only
+/// the target's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_and_pull_secret_credentials_never_reach_the_target() {
+    use base64::Engine as _;
+    use common::front::Front;
+    common::init();
+    let (src, private, dst) = (
+        TestRegistry::plain_auth("puller", "Source-Secret-1").await,
+        TestRegistry::plain_auth("secret-user", "Pull-Secret-2").await,
+        TestRegistry::plain_auth("mirror", "Target-Secret-3").await,
+    );
+    let (sf, pf, tf) = (
+        Front::start(&src.host()).await,
+        Front::start(&private.host()).await,
+        Front::start(&dst.host()).await,
+    );
+    let (app, own) = (Image::oci(2, 961), Image::oci(2, 962));
+    push_image(&src, "shop/app", Some("v1"), &app).await;
+    push_image(&private, "private/app", Some("v1"), &own).await;
+    let basic = |user: &str, password: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    };
+    let kube = common::kube::KubeApi::start().await;
+    // The Pod's pull secret: the private source, and the target too.
+    let auths = serde_json::json!({"auths": {
+        pf.host(): {"username": "secret-user", "password": "Pull-Secret-2"},
+        tf.host(): {"username": "intruder", "password": "Pull-Secret-4"},
+    }});
+    let mut secret =
+        common::kube::dockerconfigjson_secret("regcred", &pf.host(), "secret-user", "x");
+    secret.data = Some(
+        [(
+            ".dockerconfigjson".to_owned(),
+            k8s_openapi::ByteString(auths.to_string().into_bytes()),
+        )]
+        .into(),
+    );
+    kube.put_secret("shop", secret);
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let c = Config::from_yaml(
+        &format!(
+            "target: {{registry: \"{}/mirror\", auth: {{username: mirror, passwordFile: {}}}}}\n\
+             source:\n  registries:\n  - {{registry: \"{}\", auth: {{username: puller, passwordFile: {}}}}}\n  \
+             - {{registry: \"{}\"}}\n  imagePullSecrets: true\n\
+             copyPolicy: immediate\ncopyDeadline: 8s\nserver: {{admissionBudget: 8s}}\nrecovery: {{enabled: false}}\n",
+            tf.host(),
+            file("target-password", "Target-Secret-3\n"),
+            sf.host(),
+            file("source-password", "Source-Secret-1\n"),
+            pf.host(),
+        ),
+        "test.yaml",
+    )
+    .unwrap();
+    kube.authorize_install(&c, pinswap::install::manifests::Tls::CertManager);
+    let adm = Admission::from_config(&c, Arc::new(Metrics::new()))
+        .unwrap()
+        .with_pull_secrets(kube.client());
+    let mut pod = common::review::pod(
+        "shop",
+        "web",
+        &[
+            ("app", &format!("{}/shop/app:v1", sf.host())),
+            ("own", &format!("{}/private/app:v1", pf.host())),
+        ],
+    );
+    pod["spec"]["imagePullSecrets"] = serde_json::json!([{"name": "regcred"}]);
+    let (patched, _) = common::review::admit(&adm, &pod).await;
+    for (i, (front, repo, img)) in [(&sf, "shop/app", &app), (&pf, "private/app", &own)]
+        .into_iter()
+        .enumerate()
+    {
+        let mirrored = format!("mirror/{}/{repo}", front.host().replace(':', "_"));
+        assert_eq!(
+            patched["spec"]["containers"][i]["image"],
+            format!("{}/{mirrored}:v1@{}", tf.host(), img.digest),
+            "{patched}"
+        );
+        let (bytes, _, _) = dst.get_manifest(&mirrored, "v1").await.expect("copied");
+        assert!(bytes == img.manifest, "{repo}");
+    }
+
+    // Each source was read with its own credentials (else this test would
+    // prove nothing about them)...
+    let sent = |f: &Front| -> Vec<String> {
+        let mut v: Vec<String> = f
+            .authorizations()
+            .into_iter()
+            .filter_map(|(_, _, a)| a)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    assert_eq!(sent(&sf), [basic("puller", "Source-Secret-1")]);
+    assert_eq!(sent(&pf), [basic("secret-user", "Pull-Secret-2")]);
+    // ...and the target saw only its own, on every request that carried any,
+    // the pushes among them.
+    assert_eq!(sent(&tf), [basic("mirror", "Target-Secret-3")]);
+    let pushes = tf
+        .authorizations()
+        .into_iter()
+        .filter(|(m, p, a)| m == "PUT" && p.contains("/manifests/") && a.is_some())
+        .count();
+    assert_eq!(pushes, 2, "{:?}", tf.authorizations());
+}
+
+/// A `copyDeadline` shorter than the budget bounds the wait for a copy
+/// (here a layer stalled at the source): `immediate` leaves the image
+/// unchanged while the copy runs on; `force` is an error naming that
+/// deadline, not the budget, counted as `budget`, and `failurePolicy:
+/// closed` denies the Pod with it. The copies finish in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_deadline_shorter_than_the_budget_bounds_the_wait() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let proxy = common::TcpCutProxy::start(&src.host()).await;
+    let image = Image::random_layers(1, 1 << 20, 1011);
+    push_image(&src, "slow/app", Some("v1"), &image).await;
+    let source = format!("{}/slow/app:v1", proxy.host());
+    let pod = common::review::pod("apps", "slow", &[("app", &source)]);
+    let body =
+        || bytes::Bytes::from(serde_json::to_vec(&common::review::create_review(&pod)).unwrap());
+    let admission = |extra: &str| {
+        let metrics = Arc::new(Metrics::new());
+        let c = config(
+            &proxy.host(),
+            &dst.host(),
+            &format!("copyDeadline: 1s\nserver: {{admissionBudget: 8s}}\n{extra}"),
+        );
+        (
+            Admission::from_config(&c, metrics.clone()).unwrap(),
+            metrics,
+        )
+    };
+    // Manifests and configs pass; the layer stalls.
+    proxy.stall_after(256 * 1024);
+
+    let (adm, _) = admission("copyPolicy: immediate\n");
+    let a = review(&adm, body()).await;
+    assert!(a.allowed());
+    assert_eq!(a.image("containers", 0), source);
+    assert_eq!(
+        a.annotation("pinswap.dev/decisions")["containers/app"],
+        "unchanged: copy still running; not at the target yet"
+    );
+
+    let failed = format!("copy of {source} failed: not done within 1s (copyPolicy force)");
+    let (adm, metrics) = admission("copyPolicy: force\n");
+    let a = review(&adm, body()).await;
+    assert!(a.allowed(), "fails open");
+    assert_eq!(a.image("containers", 0), source);
+    assert_eq!(
+        a.annotation("pinswap.dev/decisions")["containers/app"],
+        format!("unchanged (error): {failed}")
+    );
+    assert_eq!(
+        common::metrics::sample(
+            &metrics.encode(),
+            "pinswap_admission_errors_total",
+            &[("cause", "budget")]
+        ),
+        Some(1.0)
+    );
+
+    let (adm, _) = admission("copyPolicy: force\nfailurePolicy: closed\n");
+    let a = review(&adm, body()).await;
+    assert_eq!(a.response["allowed"], false, "{}", a.response);
+    let msg = a.response["status"]["message"].as_str().unwrap();
+    assert!(msg.contains(&failed), "{msg}");
+
+    // Nothing is at the target while the layer is held; then every copy ends.
+    let repo = format!("mirror/{}/slow/app", proxy.host().replace(':', "_"));
+    assert_eq!(dst.head_manifest(&repo, "v1").await, None);
+    proxy.release();
+    let start = Instant::now();
+    while dst.head_manifest(&repo, "v1").await.as_deref() != Some(image.digest.as_str()) {
+        assert!(start.elapsed() < Duration::from_secs(20), "never copied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (bytes, _, _) = dst.get_manifest(&repo, "v1").await.unwrap();
+    assert!(bytes == image.manifest);
+}

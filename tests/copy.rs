@@ -1385,3 +1385,197 @@ async fn concurrent_copies_of_one_index_under_two_tags_both_succeed() {
         }
     }
 }
+
+/// `--src-creds` and `--dest-creds` stay on their sides: the source's
+/// credentials never reach the target, whose recording front sees every
+/// request's `Authorization`. Both registries are htpasswd over plain HTTP,
+/// so a header names its owner. A second image sharing the first one's
+/// layers goes to another target repository: its blobs are mounted there,
+/// with the target's credentials too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_credentials_never_reach_the_target() {
+    use base64::Engine as _;
+    use common::front::Front;
+    let src = TestRegistry::plain_auth("puller", "Source-Secret-1").await;
+    let dst = TestRegistry::plain_auth("mirror", "Target-Secret-3").await;
+    let (sf, tf) = (
+        Front::start(&src.host()).await,
+        Front::start(&dst.host()).await,
+    );
+    let first = Image::oci(2, 971);
+    let second = image_of(first.layers.clone(), 972);
+    push_image(&src, "shop/app", Some("v1"), &first).await;
+    push_image(&src, "shop/web", Some("v1"), &second).await;
+    // One run, so the second image's layers are mounted from the first's
+    // repository at the target.
+    let list = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        list.path(),
+        format!("{0}/shop/app:v1\n{0}/shop/web:v1\n", sf.host()),
+    )
+    .unwrap();
+    let to = format!("docker://{}/mirror", tf.host());
+    let out = pinswap(&[
+        "copy",
+        "--json",
+        "--jobs",
+        "1",
+        "--src-creds",
+        "puller:Source-Secret-1",
+        "--dest-creds",
+        "mirror:Target-Secret-3",
+        "--from-file",
+        list.path().to_str().unwrap(),
+        "--to",
+        &to,
+    ])
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let comp = sf.host().replace(':', "_");
+    for (repo, img) in [("shop/app", &first), ("shop/web", &second)] {
+        assert_image(&dst, &format!("mirror/{comp}/{repo}"), "v1", img).await;
+    }
+    let basic = |user: &str, password: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    };
+    let sent = |f: &Front| -> Vec<String> {
+        let mut v: Vec<String> = f
+            .authorizations()
+            .into_iter()
+            .filter_map(|(_, _, a)| a)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    assert_eq!(sent(&sf), [basic("puller", "Source-Secret-1")]);
+    assert_eq!(sent(&tf), [basic("mirror", "Target-Secret-3")]);
+    let mounts = tf
+        .authorizations()
+        .into_iter()
+        .filter(|(m, p, a)| m == "POST" && p.contains("mount=") && a.is_some())
+        .count();
+    assert!(mounts >= 1, "{:?}", tf.authorizations());
+}
+
+/// A mount the registry refuses by starting an upload instead (HTTP 202:
+/// Distribution does so when the `from` repository lacks the blob) falls
+/// back to streaming that blob from the source in the same copy, and the
+/// copy is byte-exact. Here the CLI's remembered location is stale: the
+/// first copy's repository lost a layer since. The upload the refused
+/// mount started is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_mount_falls_back_to_streaming() {
+    use common::front::Front;
+    let (src, reg) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let rf = Front::start(&reg.host()).await;
+    let img = Image::oci(3, 1021);
+    push_image(&src, "app", Some("v1"), &img).await;
+    let cache = common::cache_home();
+    let copy = |to: String| {
+        let cache = cache.path().to_owned();
+        let from = d(&src, "app:v1");
+        async move {
+            let out = tokio::process::Command::new(pinswap_bin())
+                .args(["copy", "--json", &from, &to])
+                .env("XDG_CACHE_HOME", &cache)
+                .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
+                .env_remove("REGISTRY_AUTH_FILE")
+                .output()
+                .await
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "{stderr}");
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            v["images"][0].clone()
+        }
+    };
+    copy(format!("docker://{}/a/app:v1", rf.host())).await;
+    let lost = &img.layers[1];
+    reg.delete_blob("a/app", &lost.digest).await;
+    rf.reset();
+
+    let r = copy(format!("docker://{}/b/app:v1", rf.host())).await;
+    assert_eq!(
+        (r["blobsMounted"].as_u64(), r["blobsCopied"].as_u64()),
+        (Some(3), Some(1)),
+        "{r}"
+    );
+    let requests = rf.requests();
+    let mount = format!("mount={}", lost.digest.replace(':', "%3A"));
+    let refused: Vec<_> = requests
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.contains(&mount) && p.contains("from=a%2Fapp"))
+        .collect();
+    assert_eq!(refused.len(), 1, "{requests:?}");
+    assert!(
+        requests
+            .iter()
+            .any(|(m, p)| m == "DELETE" && p.starts_with("/v2/b/app/blobs/uploads/")),
+        "the started upload is cancelled: {requests:?}"
+    );
+    assert_image(&reg, "b/app", "v1", &img).await;
+}
+
+/// SIGTERM to `pinswap copy` while its layers are held by a stalled source
+/// leaves no manifest at the target: a registry has no tag and no manifest
+/// of the image, an OCI layout no `index.json` entry and no manifest blob.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_copy_leaves_no_manifest_at_the_target() {
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let proxy = TcpCutProxy::start(&src.host()).await;
+    let img = Image::random_layers(2, 1 << 20, 1041);
+    push_image(&src, "app", Some("v1"), &img).await;
+    // Manifests and the config pass; the layers stall.
+    proxy.stall_after(256 * 1024);
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("layout");
+    let via = format!("docker://{}/app:v1", proxy.host());
+    let cache = common::cache_home();
+    for to in [d(&dst, "app:v1"), format!("oci:{}:v1", layout.display())] {
+        let before = proxy.bytes_down();
+        let mut child = tokio::process::Command::new(pinswap_bin())
+            .args(["copy", &via, &to])
+            .env("XDG_CACHE_HOME", cache.path())
+            .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // In flight: both layers have reached the stall.
+        let start = std::time::Instant::now();
+        while proxy.bytes_down() < before + 2 * 256 * 1024 {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(20),
+                "{to}: the copy never reached the layers"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let pid = child.id().unwrap();
+        let killed = std::process::Command::new("sh")
+            .args(["-c", &format!("kill -TERM {pid}")])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().await.unwrap();
+        assert!(!status.success(), "{to}: {status}");
+    }
+    proxy.release();
+    assert!(dst.tags("app").await.is_empty());
+    assert_eq!(dst.head_manifest("app", &img.digest).await, None);
+    let index = std::fs::read(layout.join("index.json")).unwrap_or_default();
+    let entries = serde_json::from_slice::<Value>(&index)
+        .ok()
+        .and_then(|v| v["manifests"].as_array().map(Vec::len))
+        .unwrap_or(0);
+    assert_eq!(entries, 0, "{}", String::from_utf8_lossy(&index));
+    let hex = img.digest.strip_prefix("sha256:").unwrap();
+    assert!(
+        !layout.join("blobs/sha256").join(hex).exists(),
+        "the manifest blob is in the layout"
+    );
+}

@@ -1079,3 +1079,286 @@ async fn a_pull_failure_in_the_cooldown_still_invalidates_the_existence_entry() 
     );
     r.stop().await;
 }
+
+/// The source tag moved after mirroring and a newer Pod moved the target's
+/// tag with it; then the older content is lost and its Pod fails to pull.
+/// Recovery mirrors the digest that Pod pins again, by digest: the target's
+/// tag keeps naming the newer content.
+#[tokio::test]
+async fn a_pull_failure_recovery_does_not_rewind_a_tag_that_names_newer_content() {
+    let (src, dst, api) = rig().await;
+    let old = push(&src, "app", 981).await;
+    let cfg = config(&src, &dst, "{reverify: 0s, resolutionTtl: 0s}");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "old", &old, &dst).await;
+    let new = push_this(&src, "app", Image::oci(2, 982)).await;
+    admit_and_store(&r, &api, "new", &new, &dst).await;
+    assert_eq!(
+        dst.head_manifest(&new.repo, "v1").await.as_deref(),
+        Some(new.image.digest.as_str()),
+        "the second admission moved the target's tag"
+    );
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    // The older content is lost; the tag names the newer and stays.
+    dst.delete_manifest(&old.repo, &old.image.digest).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    eventually(
+        "an ImageRemirrored Event",
+        Duration::from_secs(20),
+        || async { !events_for(&api, "old", "ImageRemirrored").is_empty() },
+    )
+    .await;
+    let (bytes, _, digest) = dst
+        .get_manifest(&old.repo, &old.image.digest)
+        .await
+        .expect("the pinned digest is back");
+    assert_eq!(digest, old.image.digest);
+    assert!(bytes == old.image.manifest, "byte for byte");
+    assert_eq!(
+        dst.head_manifest(&new.repo, "v1").await.as_deref(),
+        Some(new.image.digest.as_str()),
+        "recovery rewound the target's tag to the older content"
+    );
+    r.stop().await;
+}
+
+/// Pods of one image fail while its recovery runs (the copy held by a
+/// stalled source): each joins it and gets its Event, except a Pod deleted
+/// while the watch was down, which the re-list forgets: it gets none, and
+/// the watcher no longer counts it a user of its image.
+#[tokio::test]
+async fn pods_joining_a_recovery_get_its_event_and_a_deleted_one_is_forgotten_after_a_relist() {
+    joined_recovery_with_a_deleted_pod(true).await;
+}
+
+/// As above, the deletion seen as it happens (a DELETED watch event).
+#[tokio::test]
+async fn a_pod_deleted_while_its_recovery_runs_gets_no_event() {
+    joined_recovery_with_a_deleted_pod(false).await;
+}
+
+/// Three Pods join one recovery; "deleted" goes before it ends, `unseen`
+/// (found out by a re-list) or through a DELETED event.
+async fn joined_recovery_with_a_deleted_pod(unseen: bool) {
+    let (src, dst, api) = rig().await;
+    let proxy = common::TcpCutProxy::start(&src.host()).await;
+    let image = Image::random_layers(1, 1 << 20, 991);
+    push_image(&src, "shop/app", Some("v1"), &image).await;
+    let alone = Image::oci(1, 992);
+    push_image(&src, "shop/alone", Some("v1"), &alone).await;
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\ncopyDeadline: 8s\nserver: {{admissionBudget: 8s}}\ncache: {{reverify: 0s}}\n{FAST}",
+        dst.host(),
+        proxy.host()
+    );
+    let cfg = yaml_config(&yaml);
+    let mut r = Replica::new(&cfg);
+    let repo = format!("mirror/{}/shop/app", proxy.host().replace(':', "_"));
+    let source = format!("{}/shop/app:v1", proxy.host());
+    let mut pods = Vec::new();
+    for name in ["first", "deleted", "last"] {
+        let mut containers = vec![("app", source.as_str())];
+        let other = format!("{}/shop/alone:v1", proxy.host());
+        if name == "deleted" {
+            containers.push(("alone", other.as_str()));
+        }
+        let (p, _) = admit(&r.adm, &pod("shop", name, &containers)).await;
+        assert!(
+            p["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{}/{repo}:v1@", dst.host())),
+            "{p}"
+        );
+        store(&api, &p);
+        pods.push(p);
+    }
+    let target = |p: &Value, i: usize| {
+        pinswap::reference::Reference::parse(p["spec"]["containers"][i]["image"].as_str().unwrap())
+            .unwrap()
+    };
+    let alone_target = target(&pods[1], 1);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    let recovery = r.bg.as_ref().unwrap().recovery().unwrap().clone();
+    eventually("the Pods listed", Duration::from_secs(10), || async {
+        recovery.user_of(&alone_target).is_some()
+    })
+    .await;
+
+    // The layer is lost; its copy from the source will stall.
+    dst.delete_manifest(&repo, &image.digest).await;
+    dst.delete_blob(&repo, &image.layers[0].digest).await;
+    proxy.stall_after(64 * 1024);
+    // One at a time, so the joins come in this order.
+    for (i, p) in pods.iter().enumerate() {
+        store(&api, &pull_failing(p, "app", "ErrImagePull"));
+        eventually("the failure seen", Duration::from_secs(10), || async {
+            r.metric("pinswap_pull_failures_total") == (i + 1) as f64
+        })
+        .await;
+    }
+    assert_eq!(
+        r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        0.0
+    );
+
+    // "deleted" goes while the watch is down; the watcher lists again.
+    let lists = |api: &KubeApi| {
+        api.requests()
+            .iter()
+            .enumerate()
+            .rfind(|(_, q)| q.path == "/api/v1/pods" && !q.query.contains("watch=true"))
+            .map(|(i, _)| i)
+    };
+    let before = lists(&api);
+    if unseen {
+        api.delete_pod_unseen("shop", "deleted");
+        // A watch opened after a new list: the list's end was handled.
+        eventually("a re-list", Duration::from_secs(20), || async {
+            let requests = api.requests();
+            lists(&api).is_some_and(|l| {
+                Some(l) != before
+                    && requests[l..]
+                        .iter()
+                        .any(|q| q.path == "/api/v1/pods" && q.query.contains("watch=true"))
+            })
+        })
+        .await;
+    } else {
+        api.delete_pod("shop", "deleted");
+        eventually("the deletion seen", Duration::from_secs(10), || async {
+            recovery.user_of(&alone_target).is_none()
+        })
+        .await;
+    }
+    assert!(
+        recovery.user_of(&alone_target).is_none(),
+        "the deleted Pod is still counted a user of its image"
+    );
+
+    proxy.release();
+    eventually("the last Pod's Event", Duration::from_secs(20), || async {
+        !events_for(&api, "last", "ImageRemirrored").is_empty()
+    })
+    .await;
+    assert_eq!(events_for(&api, "first", "ImageRemirrored").len(), 1);
+    assert_eq!(events_for(&api, "last", "ImageRemirrored").len(), 1);
+    // Published in join order: its Event, had it one, would be there already.
+    assert!(
+        events_for(&api, "deleted", "ImageRemirrored").is_empty(),
+        "an Event for a Pod deleted and forgotten: {:?}",
+        api.events()
+    );
+    assert_eq!(
+        r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        1.0
+    );
+    let (bytes, _, _) = dst.get_manifest(&repo, "v1").await.unwrap();
+    assert!(bytes == image.manifest);
+    assert!(
+        dst.blob(&repo, &image.layers[0].digest).await.as_deref()
+            == Some(&image.layers[0].bytes[..])
+    );
+    r.stop().await;
+}
+
+/// `pod` with the kubelet's pull-failure status on the `kind` container
+/// `name` (`initContainers`, `ephemeralContainers`).
+fn failing_in(pod: &Value, kind: &str, name: &str, reason: &str) -> Value {
+    let mut pod = pod.clone();
+    let image = pod["spec"][kind]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap()["image"]
+        .clone();
+    let field = match kind {
+        "initContainers" => "initContainerStatuses",
+        "ephemeralContainers" => "ephemeralContainerStatuses",
+        _ => "containerStatuses",
+    };
+    pod["status"] = serde_json::json!({
+        "phase": "Pending",
+        field: [{
+            "name": name, "image": image, "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": reason, "message": "failed to pull"}}
+        }]
+    });
+    pod
+}
+
+/// Pull failures of an init container and of an ephemeral container (added
+/// by `kubectl debug` through the `ephemeralcontainers` subresource) are
+/// recovered like those of a container.
+#[tokio::test]
+async fn pull_failures_of_init_and_ephemeral_containers_recover() {
+    let (src, dst, api) = rig().await;
+    let (init, app, debug) = (
+        push(&src, "init", 1001).await,
+        push(&src, "app", 1002).await,
+        push(&src, "debug", 1003).await,
+    );
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let mut p = pod("shop", "web", &[("app", &app.source)]);
+    p["spec"]["initContainers"] = serde_json::json!([{"name": "init", "image": init.source}]);
+    let (created, _) = admit(&r.adm, &p).await;
+    let pinned = |img: &Pushed| format!("{}/{}:v1@{}", dst.host(), img.repo, img.image.digest);
+    assert_eq!(created["spec"]["initContainers"][0]["image"], pinned(&init));
+    store(&api, &created);
+    // kubectl debug: an UPDATE of the ephemeralcontainers subresource.
+    let mut debugged = created.clone();
+    debugged["spec"]["ephemeralContainers"] =
+        serde_json::json!([{"name": "dbg", "image": debug.source}]);
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u-2", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "ephemeralcontainers",
+            "name": "web", "namespace": "shop", "operation": "UPDATE",
+            "userInfo": {"username": "a"}, "object": debugged, "oldObject": created,
+            "dryRun": false}
+    });
+    let out = r
+        .adm
+        .review(serde_json::to_vec(&review).unwrap().into())
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&out).unwrap();
+    common::review::apply_patch(&answer["response"], &mut debugged).expect("a patch");
+    assert_eq!(
+        debugged["spec"]["ephemeralContainers"][0]["image"],
+        pinned(&debug)
+    );
+    store(&api, &debugged);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+
+    for (img, kind, name) in [
+        (&init, "initContainers", "init"),
+        (&debug, "ephemeralContainers", "dbg"),
+    ] {
+        prune(&dst, img).await;
+        store(&api, &failing_in(&debugged, kind, name, "ErrImagePull"));
+        eventually(
+            &format!("{kind} image served again"),
+            Duration::from_secs(20),
+            || served_again(&dst, img),
+        )
+        .await;
+    }
+    assert_eq!(
+        r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        2.0
+    );
+    assert_eq!(r.metric("pinswap_remirrors_total{outcome=\"failed\"}"), 0.0);
+    // One Event, its series counting both (the Recorder's).
+    eventually("the Pod's Event", Duration::from_secs(10), || async {
+        !events_for(&api, "web", "ImageRemirrored").is_empty()
+    })
+    .await;
+    r.stop().await;
+}

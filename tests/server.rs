@@ -591,3 +591,73 @@ async fn the_cache_purge_command_talks_to_the_health_port() {
         "{stderr}"
     );
 }
+
+/// SIGTERM to `pinswap serve` while a background copy runs (its layers
+/// held by a stalled source): the process stops, and the target holds no
+/// manifest of the image, by tag or by digest; the released source then
+/// completes nothing either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_copy_in_flight_leaves_no_manifest_at_the_target() {
+    use common::fixtures::Image;
+    common::init();
+    let (src, dst) = (
+        common::TestRegistry::plain().await,
+        common::TestRegistry::plain().await,
+    );
+    let proxy = common::TcpCutProxy::start(&src.host()).await;
+    let image = Image::random_layers(2, 1 << 20, 1031);
+    common::push_image(&src, "slow/app", Some("v1"), &image).await;
+    // Manifests and the config pass; the layers stall.
+    proxy.stall_after(256 * 1024);
+    let head = format!(
+        "target: {{registry: \"{}/mirror\"}}\n\
+         source: {{registries: [{{registry: \"{}\"}}]}}\n\
+         copyPolicy: delayed\nrecovery: {{enabled: false}}\n",
+        dst.host(),
+        proxy.host()
+    );
+    let mut s =
+        common::serve::Served::start_with(&head, "shutdownDelay: 0s, drainTimeout: 2s", &[], None)
+            .await;
+    let source = format!("{}/slow/app:v1", proxy.host());
+    let pod = common::review::pod("apps", "slow", &[("app", &source)]);
+    let review = serde_json::to_string(&common::review::create_review(&pod)).unwrap();
+    let answer: Value = s
+        .send(&s.client(), &review)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    // The copy is in flight: both layers have reached the stall.
+    let start = Instant::now();
+    while proxy.bytes_down() < 2 * 256 * 1024 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the copy never reached the layers: {}",
+            s.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let repo = format!("mirror/{}/slow/app", proxy.host().replace(':', "_"));
+    assert_eq!(dst.head_manifest(&repo, &image.digest).await, None);
+
+    s.sigterm();
+    let status = tokio::time::timeout(Duration::from_secs(20), s.child.wait())
+        .await
+        .expect("serve exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status}: {}", s.log_text());
+    proxy.release();
+    assert!(
+        dst.tags(&repo).await.is_empty(),
+        "{:?}",
+        dst.tags(&repo).await
+    );
+    assert_eq!(dst.head_manifest(&repo, "v1").await, None);
+    assert_eq!(dst.head_manifest(&repo, &image.digest).await, None);
+    for layer in &image.layers {
+        assert!(!dst.blob_exists(&repo, &layer.digest).await, "a held layer");
+    }
+}

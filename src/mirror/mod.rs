@@ -1532,8 +1532,11 @@ impl Mirror {
                 // until that same instant, not a duration computed a moment
                 // later, lets this wait answer ("copy still running") rather
                 // than the admission's ("budget exhausted", an error).
-                let until = (Instant::now() + self.copy_deadline).min(deadline);
-                let wait = until.saturating_duration_since(Instant::now());
+                // One `now` for both, so a binding copyDeadline is named
+                // as configured ("1s", not "999ms 999us 871ns").
+                let now = Instant::now();
+                let until = (now + self.copy_deadline).min(deadline);
+                let wait = until.saturating_duration_since(now);
                 match tokio::time::timeout_at(until.into(), handle).await {
                     Ok(Ok(_)) => Ok(rewrite("copied to the target")),
                     Ok(Err(CopyFailure { reason, .. }))
@@ -1552,7 +1555,9 @@ impl Mirror {
                             image: src.to_string(),
                             reason: format!(
                                 "not done within {} (copyPolicy force)",
-                                humantime::format_duration(wait)
+                                humantime::format_duration(Duration::from_millis(
+                                    wait.as_millis() as u64
+                                ))
                             ),
                             kind: ErrorCause::Budget,
                         })

@@ -135,10 +135,20 @@ impl Recovery {
         }
     }
 
-    /// Forgets a deleted Pod.
+    /// Forgets a deleted Pod, also where it waits for a recovery's Event.
     pub fn pod_deleted(&self, key: &str) {
         self.pods.lock().expect("pods lock").remove(key);
         self.identity_noted.lock().expect("noted lock").remove(key);
+        self.forget_joined(|k| k != key);
+    }
+
+    /// Keeps only the Pods `keep` accepts among those waiting for a
+    /// recovery's Event: a deleted Pod gets none.
+    fn forget_joined(&self, keep: impl Fn(&str) -> bool) {
+        let mut images = self.images.lock().expect("images lock");
+        for st in images.values_mut() {
+            st.pods.retain(|o| keep(&object_key(o)));
+        }
     }
 
     /// Records one Event per Pod for its `pinswap.dev/identity`
@@ -195,13 +205,15 @@ impl Recovery {
     }
 
     /// Keeps only the Pods whose keys `keep` accepts (after a re-list, to
-    /// drop Pods deleted while the watch was down).
+    /// drop Pods deleted while the watch was down), in the index and among
+    /// those waiting for a recovery's Event.
     pub fn retain_pods(&self, keep: impl Fn(&str) -> bool) {
         self.pods.lock().expect("pods lock").retain(|k, _| keep(k));
         self.identity_noted
             .lock()
             .expect("noted lock")
             .retain(|k, _| keep(k));
+        self.forget_joined(keep);
     }
 
     /// Forgets everything and aborts recoveries and retries in flight
@@ -421,6 +433,15 @@ impl Recovery {
             });
         }
     }
+}
+
+/// `namespace/name` of a Pod's reference, as [`PodImages::key`] gives it.
+fn object_key(o: &ObjectReference) -> String {
+    format!(
+        "{}/{}",
+        o.namespace.as_deref().unwrap_or("default"),
+        o.name.as_deref().unwrap_or_default()
+    )
 }
 
 /// The per-image key: target `repository@digest` (or the reference itself

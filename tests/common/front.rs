@@ -1,7 +1,8 @@
 //! An HTTP front for a registry: it passes every request through, or
 //! answers all of them with one status (429 with `Retry-After`, 503), as a
 //! rate-limited or failing registry does, and records the method and path
-//! of each request that reached it, in order. The registry behind it is a
+//! of each request that reached it, in order, with its `Authorization`
+//! header. The registry behind it is a
 //! real Distribution process; only the refusals are the front's own.
 //!
 //! Passing through is transparent: the client's `Host` goes upstream
@@ -32,6 +33,9 @@ struct Shared {
     /// (method, path with query) of every request, in arrival order, over
     /// every mode.
     seen: Mutex<Vec<(String, String)>>,
+    /// (method, path with query, `Authorization` value) of every request,
+    /// in arrival order.
+    authorizations: Mutex<Vec<(String, String, Option<String>)>>,
 }
 
 /// The running front; stops when dropped.
@@ -55,6 +59,7 @@ impl Front {
                 .unwrap(),
             mode: Mutex::new(Mode::Pass),
             seen: Mutex::default(),
+            authorizations: Mutex::default(),
         });
         let app = axum::Router::new()
             .fallback(handle)
@@ -114,6 +119,12 @@ impl Front {
         self.shared.seen.lock().unwrap().clone()
     }
 
+    /// (method, path with query, `Authorization` header) of every request
+    /// seen so far, in order; `None` for a request without one.
+    pub fn authorizations(&self) -> Vec<(String, String, Option<String>)> {
+        self.shared.authorizations.lock().unwrap().clone()
+    }
+
     /// Every request seen so far.
     pub fn total(&self) -> u64 {
         self.shared.seen.lock().unwrap().len() as u64
@@ -122,6 +133,7 @@ impl Front {
     /// Forgets the counts.
     pub fn reset(&self) {
         self.shared.seen.lock().unwrap().clear();
+        self.shared.authorizations.lock().unwrap().clear();
     }
 }
 
@@ -141,6 +153,14 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         .lock()
         .unwrap()
         .push((req.method().to_string(), path.clone()));
+    let authorization = req
+        .headers()
+        .get("authorization")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    s.authorizations
+        .lock()
+        .unwrap()
+        .push((req.method().to_string(), path.clone(), authorization));
     let mode = s.mode.lock().unwrap().clone();
     if let Mode::Refuse(status, retry_after) = mode {
         let code = match status {

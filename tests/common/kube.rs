@@ -479,6 +479,22 @@ impl KubeApi {
         serde_json::from_value(pod).expect("stored pod")
     }
 
+    /// Deletes a Pod unseen, as while every watch was down and the history
+    /// was compacted: no DELETED goes out, the history is forgotten and
+    /// open watches end, so a watcher learns of it only by listing again.
+    pub fn delete_pod_unseen(&self, ns: &str, name: &str) {
+        {
+            let mut st = self.shared.lock();
+            let key = (PODS.1, ns.to_owned(), name.to_owned());
+            st.objects
+                .remove(&key)
+                .unwrap_or_else(|| panic!("delete_pod_unseen: no pod {ns}/{name}"));
+            st.rv += 1;
+        }
+        self.expire_history();
+        self.close_watches();
+    }
+
     /// Sends a BOOKMARK at the current resourceVersion to the watches that
     /// allowed bookmarks, and returns that resourceVersion.
     pub fn bookmark(&self) -> String {

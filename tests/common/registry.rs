@@ -45,6 +45,12 @@ impl TestRegistry {
         Self::start(true, Some((user.to_owned(), password.to_owned())), None).await
     }
 
+    /// Plain HTTP with htpasswd (bcrypt) basic auth: the credentials cross
+    /// the wire readable, so a [`super::front::Front`] can see whose they are.
+    pub async fn plain_auth(user: &str, password: &str) -> TestRegistry {
+        Self::start(false, Some((user.to_owned(), password.to_owned())), None).await
+    }
+
     /// Plain HTTP with `auth: token:`: bearer tokens from an in-process
     /// [`TokenServer`] that issues them to `user` with `password`.
     pub async fn token_auth(user: &str, password: &str) -> TestRegistry {
