@@ -346,6 +346,14 @@ async fn expired_resource_version_gets_410() {
         e => panic!("want ERROR 410, got {e:?}"),
     }
     assert!(stale.next().await.is_none(), "an expired watch ends");
+    // The server says whom it answered 410: that watch, and no one else.
+    let expired = api.expired();
+    assert_eq!(expired.len(), 1, "{expired:?}");
+    assert_eq!(expired[0].path, "/api/v1/pods");
+    let q = &expired[0].query;
+    for part in ["watch=true", &format!("resourceVersion={old}")] {
+        assert!(q.split('&').any(|p| p == part), "{part} missing from {q}");
+    }
 
     // Re-listing gives a resourceVersion that can be watched again.
     let list = pods.list(&ListParams::default()).await.unwrap();
@@ -358,6 +366,40 @@ async fn expired_resource_version_gets_410() {
         .boxed();
     api.apply_pod(pod("apps", "c"));
     assert!(matches!(next(&mut fresh).await, WatchEvent::Added(p) if name_rv(&p).0 == "c"));
+    // Recorded in order: the 410, the re-list, the watch from its version.
+    let requests = api.requests();
+    let gone = requests.iter().position(|r| *r == expired[0]).unwrap();
+    let after: Vec<&str> = requests[gone + 1..]
+        .iter()
+        .map(|r| {
+            if r.query.contains("watch=true") {
+                "watch"
+            } else {
+                "list"
+            }
+        })
+        .collect();
+    assert_eq!(after, ["list", "watch"], "{requests:?}");
+    assert!(
+        requests[gone + 2]
+            .query
+            .split('&')
+            .any(|p| p == format!("resourceVersion={rv}")),
+        "{requests:?}"
+    );
+    // A list whose `continue` token predates the compaction gets 410 too.
+    api.apply_pod(pod("apps", "d"));
+    let page = pods.list(&ListParams::default().limit(1)).await.unwrap();
+    let token = page.metadata.continue_.expect("a continue token");
+    api.apply_pod(pod("apps", "e"));
+    api.expire_history();
+    let stale = pods
+        .list(&ListParams::default().limit(1).continue_token(&token))
+        .await;
+    assert_eq!(api_error(stale).code, 410);
+    let expired = api.expired();
+    assert_eq!(expired.len(), 2, "{expired:?}");
+    assert!(expired[1].query.contains("continue="), "{expired:?}");
 }
 
 #[tokio::test]
