@@ -1139,11 +1139,32 @@ async fn a_platform_filtered_tag_and_digest_image_survives_a_moved_tag() {
     platform_filtered_recovery_by_another_replica(Some("v1"), 941).await;
 }
 
+/// How leader A loses the API server.
+#[derive(Clone, Copy, Debug)]
+enum Partition {
+    /// Connections reset, new ones refused.
+    Reset,
+    /// Connections stay open and new ones are accepted, but nothing is
+    /// answered (a black hole).
+    Hang,
+}
+
 /// A valid Lease config (retryPeriod < renewDeadline < duration) with
 /// renewDeadline + retryPeriod > duration: a partitioned leader must still
 /// stop before its Lease expires and another replica leads.
 #[tokio::test]
 async fn a_partitioned_leader_stops_before_the_next_one_leads() {
+    partitioned_leader_stops_before_the_next_one_leads(Partition::Reset).await;
+}
+
+/// As above, with a partition that answers nothing rather than resetting:
+/// A's renewals hang, and A must step down on its own clock.
+#[tokio::test]
+async fn a_leader_behind_a_black_hole_stops_before_the_next_one_leads() {
+    partitioned_leader_stops_before_the_next_one_leads(Partition::Hang).await;
+}
+
+async fn partitioned_leader_stops_before_the_next_one_leads(partition: Partition) {
     let (src, dst, api) = rig().await;
     let lease = "recovery:\n  lease: {duration: 2s, renewDeadline: 1900ms, retryPeriod: 1800ms}\n";
     let yaml = |lease: &str| {
@@ -1196,7 +1217,10 @@ async fn a_partitioned_leader_stops_before_the_next_one_leads() {
             .and_then(|l| l.spec?.holder_identity)
     };
     let a_holder = holder(&api).expect("A holds the Lease");
-    proxy.cut();
+    match partition {
+        Partition::Reset => proxy.cut(),
+        Partition::Hang => proxy.black_hole(true),
+    }
     let start = Instant::now();
     let mut both = None;
     let mut b_led = false;
@@ -1214,8 +1238,12 @@ async fn a_partitioned_leader_stops_before_the_next_one_leads() {
     drop(a);
     assert!(
         both.is_none(),
-        "two leaders at once, {:?} after A was cut off (A {a_leads}, B {b_leads})",
+        "two leaders at once, {:?} after A was cut off ({partition:?}; A {a_leads}, B {b_leads})",
         both
+    );
+    assert!(
+        !a_leads,
+        "A still leads 6 s into the partition ({partition:?})"
     );
     // And the other one does lead: B took the Lease over from A.
     assert!(b_led, "B never led after A was cut off");
