@@ -403,6 +403,78 @@ async fn expired_resource_version_gets_410() {
 }
 
 #[tokio::test]
+async fn periodic_bookmarks_carry_the_latest_resource_version() {
+    common::init();
+    let api = KubeApi::start().await;
+    let pods: Api<Pod> = Api::all(api.client());
+    let rv = api.resource_version();
+    let mut watch = pods
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    api.bookmark_every(Duration::from_millis(50));
+    let a = name_rv(&api.apply_pod(pod("apps", "a"))).1;
+    assert!(matches!(next(&mut watch).await, WatchEvent::Added(p) if name_rv(&p).0 == "a"));
+    // A write that is no Pod event moves the resourceVersion on; a later
+    // bookmark carries it, and only bookmarks come meanwhile.
+    let secret = Secret {
+        metadata: meta("apps", "s"),
+        ..Default::default()
+    };
+    let later: u64 = api
+        .put_secret("apps", secret)
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(later > a);
+    let mut marks = Vec::new();
+    while marks.last().is_none_or(|rv| *rv < later) {
+        match next(&mut watch).await {
+            WatchEvent::Bookmark(b) => {
+                marks.push(b.metadata.resource_version.parse::<u64>().unwrap())
+            }
+            e => panic!("want only BOOKMARKs, got {e:?}"),
+        }
+    }
+    assert!(marks.iter().all(|rv| *rv >= a), "{marks:?}");
+    assert!(marks.is_sorted(), "{marks:?}");
+    assert!(api.last_bookmark().unwrap().parse::<u64>().unwrap() >= later);
+}
+
+#[tokio::test]
+async fn a_black_hole_answers_nothing_until_lifted() {
+    common::init();
+    let api = KubeApi::start().await;
+    let pods: Api<Pod> = Api::all(api.client());
+    let mut watch = pods
+        .watch(&WatchParams::default(), &api.resource_version())
+        .await
+        .expect("watch")
+        .boxed();
+    while api.open_watches() == 0 {
+        tokio::task::yield_now().await;
+    }
+    api.black_hole(true);
+    let secrets: Api<Secret> = Api::namespaced(api.client(), "apps");
+    let get = tokio::spawn(async move { secrets.get_opt("s").await });
+    let path = "/api/v1/namespaces/apps/secrets/s";
+    while !api.requests().iter().any(|r| r.path == path) {
+        tokio::task::yield_now().await;
+    }
+    api.apply_pod(pod("apps", "a"));
+    // Recorded, but neither the request nor the open watch is answered.
+    let quiet = tokio::time::timeout(Duration::from_millis(500), watch.next()).await;
+    assert!(quiet.is_err(), "the watch delivered {quiet:?}");
+    assert!(!get.is_finished(), "the GET was answered");
+    api.black_hole(false);
+    assert!(get.await.unwrap().unwrap().is_none());
+    assert!(matches!(next(&mut watch).await, WatchEvent::Added(p) if name_rv(&p).0 == "a"));
+}
+
+#[tokio::test]
 async fn watches_end_on_timeout_and_on_close() {
     common::init();
     let api = KubeApi::start().await;
