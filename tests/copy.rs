@@ -1246,9 +1246,17 @@ async fn verify_target_restores_what_the_target_lost() {
     check_index(&src, &dst, &idx, "multi").await;
 }
 
+/// `--jobs 4` keeps at most four blob requests in flight at each registry,
+/// counted at recording fronts (from a request's arrival to the end of its
+/// response body), and so bounds the open connections: it copies under a
+/// descriptor limit that one connection per blob would exceed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_bounds_open_connections() {
     let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let (src_front, dst_front) = (
+        common::front::Front::start(&src.host()).await,
+        common::front::Front::start(&dst.host()).await,
+    );
     // 300 tiny layers: one connection per blob would need 300+ descriptors.
     let layers: Vec<Blob> = (0..300u32)
         .map(|i| {
@@ -1261,10 +1269,10 @@ async fn jobs_bounds_open_connections() {
     let img = image_of(layers, 7);
     push_image(&src, "many", Some("v1"), &img).await;
     let cmd = format!(
-        "ulimit -n 64 && exec {} copy --jobs 4 {} {}",
+        "ulimit -n 64 && exec {} copy --jobs 4 docker://{}/many:v1 docker://{}/many:v1",
         pinswap_bin().display(),
-        d(&src, "many:v1"),
-        d(&dst, "many:v1")
+        src_front.host(),
+        dst_front.host()
     );
     let cache = common::cache_home();
     let out = tokio::process::Command::new("sh")
@@ -1280,6 +1288,17 @@ async fn jobs_bounds_open_connections() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_image(&dst, "many", "v1", &img).await;
+    // Every layer and the config went through the fronts.
+    assert_eq!(src_front.count_method("GET", "/blobs/"), 301);
+    let (reads, writes) = (
+        src_front.max_concurrent("GET", "/blobs/"),
+        dst_front.max_concurrent("*", "/blobs/"),
+    );
+    assert!(
+        reads <= 4 && writes <= 4,
+        "--jobs 4, yet at once: {reads} blob GETs at the source, {writes} blob requests at the target"
+    );
+    assert!(reads >= 2, "the blobs were copied one at a time: {reads}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

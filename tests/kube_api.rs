@@ -346,6 +346,14 @@ async fn expired_resource_version_gets_410() {
         e => panic!("want ERROR 410, got {e:?}"),
     }
     assert!(stale.next().await.is_none(), "an expired watch ends");
+    // The server says whom it answered 410: that watch, and no one else.
+    let expired = api.expired();
+    assert_eq!(expired.len(), 1, "{expired:?}");
+    assert_eq!(expired[0].path, "/api/v1/pods");
+    let q = &expired[0].query;
+    for part in ["watch=true", &format!("resourceVersion={old}")] {
+        assert!(q.split('&').any(|p| p == part), "{part} missing from {q}");
+    }
 
     // Re-listing gives a resourceVersion that can be watched again.
     let list = pods.list(&ListParams::default()).await.unwrap();
@@ -358,6 +366,112 @@ async fn expired_resource_version_gets_410() {
         .boxed();
     api.apply_pod(pod("apps", "c"));
     assert!(matches!(next(&mut fresh).await, WatchEvent::Added(p) if name_rv(&p).0 == "c"));
+    // Recorded in order: the 410, the re-list, the watch from its version.
+    let requests = api.requests();
+    let gone = requests.iter().position(|r| *r == expired[0]).unwrap();
+    let after: Vec<&str> = requests[gone + 1..]
+        .iter()
+        .map(|r| {
+            if r.query.contains("watch=true") {
+                "watch"
+            } else {
+                "list"
+            }
+        })
+        .collect();
+    assert_eq!(after, ["list", "watch"], "{requests:?}");
+    assert!(
+        requests[gone + 2]
+            .query
+            .split('&')
+            .any(|p| p == format!("resourceVersion={rv}")),
+        "{requests:?}"
+    );
+    // A list whose `continue` token predates the compaction gets 410 too.
+    api.apply_pod(pod("apps", "d"));
+    let page = pods.list(&ListParams::default().limit(1)).await.unwrap();
+    let token = page.metadata.continue_.expect("a continue token");
+    api.apply_pod(pod("apps", "e"));
+    api.expire_history();
+    let stale = pods
+        .list(&ListParams::default().limit(1).continue_token(&token))
+        .await;
+    assert_eq!(api_error(stale).code, 410);
+    let expired = api.expired();
+    assert_eq!(expired.len(), 2, "{expired:?}");
+    assert!(expired[1].query.contains("continue="), "{expired:?}");
+}
+
+#[tokio::test]
+async fn periodic_bookmarks_carry_the_latest_resource_version() {
+    common::init();
+    let api = KubeApi::start().await;
+    let pods: Api<Pod> = Api::all(api.client());
+    let rv = api.resource_version();
+    let mut watch = pods
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    api.bookmark_every(Duration::from_millis(50));
+    let a = name_rv(&api.apply_pod(pod("apps", "a"))).1;
+    assert!(matches!(next(&mut watch).await, WatchEvent::Added(p) if name_rv(&p).0 == "a"));
+    // A write that is no Pod event moves the resourceVersion on; a later
+    // bookmark carries it, and only bookmarks come meanwhile.
+    let secret = Secret {
+        metadata: meta("apps", "s"),
+        ..Default::default()
+    };
+    let later: u64 = api
+        .put_secret("apps", secret)
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(later > a);
+    let mut marks = Vec::new();
+    while marks.last().is_none_or(|rv| *rv < later) {
+        match next(&mut watch).await {
+            WatchEvent::Bookmark(b) => {
+                marks.push(b.metadata.resource_version.parse::<u64>().unwrap())
+            }
+            e => panic!("want only BOOKMARKs, got {e:?}"),
+        }
+    }
+    assert!(marks.iter().all(|rv| *rv >= a), "{marks:?}");
+    assert!(marks.is_sorted(), "{marks:?}");
+    assert!(api.last_bookmark().unwrap().parse::<u64>().unwrap() >= later);
+}
+
+#[tokio::test]
+async fn a_black_hole_answers_nothing_until_lifted() {
+    common::init();
+    let api = KubeApi::start().await;
+    let pods: Api<Pod> = Api::all(api.client());
+    let mut watch = pods
+        .watch(&WatchParams::default(), &api.resource_version())
+        .await
+        .expect("watch")
+        .boxed();
+    while api.open_watches() == 0 {
+        tokio::task::yield_now().await;
+    }
+    api.black_hole(true);
+    let secrets: Api<Secret> = Api::namespaced(api.client(), "apps");
+    let get = tokio::spawn(async move { secrets.get_opt("s").await });
+    let path = "/api/v1/namespaces/apps/secrets/s";
+    while !api.requests().iter().any(|r| r.path == path) {
+        tokio::task::yield_now().await;
+    }
+    api.apply_pod(pod("apps", "a"));
+    // Recorded, but neither the request nor the open watch is answered.
+    let quiet = tokio::time::timeout(Duration::from_millis(500), watch.next()).await;
+    assert!(quiet.is_err(), "the watch delivered {quiet:?}");
+    assert!(!get.is_finished(), "the GET was answered");
+    api.black_hole(false);
+    assert!(get.await.unwrap().unwrap().is_none());
+    assert!(matches!(next(&mut watch).await, WatchEvent::Added(p) if name_rv(&p).0 == "a"));
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! `pinswap mutate` through the binary, against real registries: only the
 //! image scalars and pinswap's annotations change (byte for byte elsewhere),
-//! a rerun changes nothing, exit codes tell pinned from not, directories and
+//! a rerun changes nothing, every template kind it names is rewritten
+//! where the API puts its pod template, exit codes tell pinned from not, directories and
 //! `--in-place` work on a real manifest tree (git diff), and the KRM function
 //! contract holds, directly and through `kubectl kustomize`.
 
@@ -832,5 +833,170 @@ async fn kpt_runs_it_as_an_exec_function() {
     assert_eq!(
         std::fs::read_to_string(pkg.join("web.yaml")).unwrap(),
         after
+    );
+}
+
+/// Every kind `pinswap mutate` names (src/admission/mutate/), each with its
+/// pod template where the API puts it: (apiVersion, kind, the lines between
+/// the object's `metadata` and its template, the template's indentation,
+/// JSON pointer to the template).
+const KINDS: [(&str, &str, &str, usize, &str); 9] = [
+    ("v1", "Pod", "", 0, ""),
+    ("v1", "PodTemplate", "template:\n", 2, "/template"),
+    (
+        "apps/v1",
+        "Deployment",
+        "spec:\n  selector: {matchLabels: {app: x}}\n  template:\n",
+        4,
+        "/spec/template",
+    ),
+    (
+        "apps/v1",
+        "StatefulSet",
+        "spec:\n  serviceName: x  # headless\n  selector: {matchLabels: {app: x}}\n  template:\n",
+        4,
+        "/spec/template",
+    ),
+    (
+        "apps/v1",
+        "DaemonSet",
+        "spec:\n  selector:\n    matchLabels: {app: x}\n  template:\n",
+        4,
+        "/spec/template",
+    ),
+    (
+        "apps/v1",
+        "ReplicaSet",
+        "spec:\n  replicas: 3\n  selector: {matchLabels: {app: x}}\n  template:\n",
+        4,
+        "/spec/template",
+    ),
+    (
+        "batch/v1",
+        "Job",
+        "spec:\n  backoffLimit: 2\n  template:\n",
+        4,
+        "/spec/template",
+    ),
+    (
+        "v1",
+        "ReplicationController",
+        "spec:\n  replicas: 1\n  selector: {app: x}\n  template:\n",
+        4,
+        "/spec/template",
+    ),
+    (
+        "batch/v1",
+        "CronJob",
+        "spec:\n  schedule: \"*/5 * * * *\"\n  jobTemplate:\n    spec:\n      template:\n",
+        8,
+        "/spec/jobTemplate/spec/template",
+    ),
+];
+
+/// One document of `kind` whose template (for a Pod, the Pod) runs `image`
+/// in container `main`, with a comment, flow and block style, and both
+/// quoting styles. With `annotations` (pinswap's two, as `mutate` writes
+/// them), they lead the template's metadata.
+fn kind_doc(
+    (api, kind, head, indent, _): (&str, &str, &str, usize, &str),
+    image: &str,
+    annotations: Option<(&str, &str)>,
+) -> String {
+    let pad = " ".repeat(indent);
+    let notes = annotations.map_or(String::new(), |(original, source)| {
+        format!(
+            "{pad}  annotations:\n{pad}    pinswap.dev/original-images: '{{\"containers/main\":\"{original}\"}}'\n{pad}    pinswap.dev/sources: '{{\"containers/main\":\"{source}\"}}'\n"
+        )
+    });
+    let name = kind.to_lowercase();
+    let (top, template) = match kind {
+        "Pod" => (format!("metadata:\n{notes}  name: {name}\n"), String::new()),
+        _ => (
+            format!("metadata:\n  name: {name}\n"),
+            format!("{pad}metadata:\n{notes}{pad}  labels: {{app: x}}   # selected\n"),
+        ),
+    };
+    format!(
+        "apiVersion: {api}\nkind: {kind}\n{top}{head}{template}{pad}spec:\n{pad}  restartPolicy: Always\n{pad}  containers:\n{pad}  - name: main\n{pad}    image: \"{image}\"\n{pad}    args: [--port, '8080']\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_template_kind_is_rewritten_and_nothing_else_changes() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let app = Image::oci(1, 431);
+    push_image(&src, "shop/app", Some("v1"), &app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &src, &dst, "");
+    let image = format!("{}/shop/app:v1", src.host());
+    let source = format!("{image}@{}", app.digest);
+    let pinned = format!("{}/shop/app:v1@{}", mirror(&src, &dst), app.digest);
+    let docs = |image: &str, notes: Option<(&str, &str)>| {
+        KINDS
+            .iter()
+            .map(|k| kind_doc(*k, image, notes))
+            .collect::<Vec<_>>()
+            .join("---\n")
+    };
+    let input = docs(&image, None);
+    let expected = docs(&pinned, Some((&image, &source)));
+
+    let out = mutate(&["-c", &cfg], &input).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("9 rewritten, 0 skipped, 0 not pinned, 0 failed"),
+        "{}",
+        out.stderr
+    );
+    // Byte for byte: only the image scalar and the two annotations differ.
+    assert_eq!(out.stdout, expected);
+    // Each document reads back as its kind, with the image pinned in its
+    // pod template and the annotations where the API reads them.
+    let decoded: Vec<Value> = yaml_serde::Deserializer::from_str(&out.stdout)
+        .map(|d| serde::Deserialize::deserialize(d).expect("a YAML document"))
+        .collect();
+    assert_eq!(decoded.len(), KINDS.len());
+    for ((api, kind, _, _, template), doc) in KINDS.iter().zip(&decoded) {
+        assert_eq!(
+            (doc["apiVersion"].as_str(), doc["kind"].as_str()),
+            (Some(*api), Some(*kind))
+        );
+        let t = doc
+            .pointer(template)
+            .unwrap_or_else(|| panic!("{kind}: no template"));
+        assert_eq!(
+            t["spec"]["containers"][0]["image"],
+            pinned.as_str(),
+            "{kind}"
+        );
+        assert_eq!(
+            t["spec"]["containers"][0]["args"],
+            json!(["--port", "8080"]),
+            "{kind}"
+        );
+        let note = |key: &str| -> Value {
+            serde_json::from_str(t["metadata"]["annotations"][key].as_str().unwrap()).unwrap()
+        };
+        assert_eq!(
+            note("pinswap.dev/original-images"),
+            json!({"containers/main": image}),
+            "{kind}"
+        );
+        assert_eq!(
+            note("pinswap.dev/sources"),
+            json!({"containers/main": source}),
+            "{kind}"
+        );
+    }
+    // Stable: a rerun changes no byte.
+    let again = mutate(&["-c", &cfg], &out.stdout).await;
+    assert_eq!(
+        (again.code, again.stdout.as_str()),
+        (0, expected.as_str()),
+        "{}",
+        again.stderr
     );
 }

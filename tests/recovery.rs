@@ -487,6 +487,66 @@ async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
     r.stop().await;
 }
 
+/// A black-hole partition: the API server accepts connections but never
+/// answers (no reset, no 503). The leader must still step down on its own
+/// clock, admission must go on as before, and once the API server answers
+/// again the replica leads again and catches up on what it missed.
+#[tokio::test]
+async fn a_leader_facing_a_hanging_api_server_steps_down_and_admission_goes_on() {
+    let (src, dst, api) = rig().await;
+    let app = push(&src, "app", 445).await;
+    let later = push(&src, "later", 446).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "web", &app, &dst).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    eventually("the watcher watches", Duration::from_secs(10), || async {
+        api.open_watches() == 1
+    })
+    .await;
+    let lease_path = "/apis/coordination.k8s.io/v1/namespaces/pinswap/leases/pinswap-leader";
+    let lease_reads = |api: &KubeApi| {
+        api.requests()
+            .iter()
+            .filter(|q| q.method == "GET" && q.path == lease_path)
+            .count()
+    };
+
+    api.black_hole(true);
+    let before = lease_reads(&api);
+    // Stepped down while its renewal attempts hang unanswered.
+    eventually("stepped down", Duration::from_secs(10), || async {
+        !r.leading()
+    })
+    .await;
+    assert!(
+        lease_reads(&api) > before,
+        "the leader did not try to renew during the partition"
+    );
+    assert_eq!(r.metric("pinswap_leader"), 0.0);
+    // Admission needs no API server: a new image is mirrored and pinned.
+    admit_and_store(&r, &api, "new", &later, &dst).await;
+    assert!(served_again(&dst, &later).await);
+    // A pull failure while partitioned: the watch delivers nothing now.
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+
+    api.black_hole(false);
+    wait_leader(&r).await;
+    eventually(
+        "re-mirrored once the API server answers",
+        Duration::from_secs(20),
+        || served_again(&dst, &app),
+    )
+    .await;
+    assert_eq!(
+        r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        1.0
+    );
+    r.stop().await;
+}
+
 #[tokio::test]
 async fn a_source_down_during_recovery_gives_remirror_failed_then_retries_until_it_works() {
     let (mut src, dst, api) = rig().await;
@@ -539,6 +599,22 @@ async fn a_source_down_during_recovery_gives_remirror_failed_then_retries_until_
     r.stop().await;
 }
 
+/// Cluster-wide Pod watch requests (`watch=true`) so far.
+fn pod_watches(api: &KubeApi) -> Vec<common::kube::ApiRequest> {
+    api.requests()
+        .into_iter()
+        .filter(|q| q.path == "/api/v1/pods" && q.query.contains("watch=true"))
+        .collect()
+}
+
+/// The value of `key` in a recorded request's query.
+fn query_param(q: &common::kube::ApiRequest, key: &str) -> Option<String> {
+    q.query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_owned)
+}
+
 #[tokio::test]
 async fn the_watcher_survives_expired_history_and_closed_watches() {
     let (src, dst, api) = rig().await;
@@ -548,7 +624,22 @@ async fn the_watcher_survives_expired_history_and_closed_watches() {
     let p = admit_and_store(&r, &api, "web", &app, &dst).await;
     r.start(&cfg, &api);
     wait_leader(&r).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually("the watcher watches", Duration::from_secs(10), || async {
+        api.open_watches() == 1
+    })
+    .await;
+    // The history moves past what the watch has seen (Lease renewals; no
+    // Pod changes), so resuming from its resourceVersion needs that history.
+    let watched: u64 = query_param(&pod_watches(&api)[0], "resourceVersion")
+        .unwrap()
+        .parse()
+        .unwrap();
+    eventually(
+        "a newer resourceVersion",
+        Duration::from_secs(10),
+        || async { api.resource_version().parse::<u64>().unwrap() > watched },
+    )
+    .await;
     // etcd compaction and an API server restart: the watch gets 410 Gone on
     // its resume, and must list again.
     api.expire_history();
@@ -561,13 +652,95 @@ async fn the_watcher_survives_expired_history_and_closed_watches() {
         || served_again(&dst, &app),
     )
     .await;
-    let watches = api
+    r.stop().await;
+    // The resumed watch was answered 410, and a list followed it.
+    let expired = api.expired();
+    assert!(
+        expired
+            .iter()
+            .any(|q| q.path == "/api/v1/pods" && q.query.contains("watch=true")),
+        "no watch was answered 410 Expired: {:?}",
+        pod_watches(&api)
+    );
+    let requests = api.requests();
+    let gone = requests
+        .iter()
+        .position(|q| *q == expired[0])
+        .expect("the expired request was recorded");
+    let relisted = requests[gone + 1..]
+        .iter()
+        .any(|q| q.path == "/api/v1/pods" && !q.query.contains("watch=true"));
+    assert!(relisted, "no list after the 410: {:?}", &requests[gone..]);
+}
+
+/// With periodic bookmarks (as from a real API server), a closed watch is
+/// resumed from the latest bookmark's resourceVersion, not the older one of
+/// the list, and with no re-list; pull failures are still seen after it.
+#[tokio::test]
+async fn the_watcher_resumes_from_a_bookmark() {
+    let (src, dst, api) = rig().await;
+    api.bookmark_every(Duration::from_millis(100));
+    let app = push(&src, "app", 455).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "web", &app, &dst).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    eventually("the watcher watches", Duration::from_secs(10), || async {
+        api.open_watches() == 1
+    })
+    .await;
+    let first = pod_watches(&api)[0].clone();
+    assert_eq!(
+        query_param(&first, "allowWatchBookmarks").as_deref(),
+        Some("true")
+    );
+    let listed: u64 = query_param(&first, "resourceVersion")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Lease renewals move the global resourceVersion on (no Pod changes),
+    // and a periodic bookmark carries it. Sent before the close, it is
+    // delivered before the close too.
+    let bookmarked = || {
+        api.last_bookmark()
+            .map_or(0, |rv| rv.parse::<u64>().unwrap())
+    };
+    eventually(
+        "a bookmark past the list",
+        Duration::from_secs(10),
+        || async { bookmarked() > listed },
+    )
+    .await;
+    let marked = bookmarked();
+    api.close_watches();
+    eventually("the watch resumed", Duration::from_secs(10), || async {
+        pod_watches(&api).len() >= 2
+    })
+    .await;
+    let resumed = pod_watches(&api)[1].clone();
+    let from: u64 = query_param(&resumed, "resourceVersion")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        from >= marked && from > listed,
+        "resumed from {from}, not the bookmark's {marked} (the list's was {listed})"
+    );
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    eventually("re-mirrored", Duration::from_secs(20), || {
+        served_again(&dst, &app)
+    })
+    .await;
+    r.stop().await;
+    let lists = api
         .requests()
         .iter()
-        .filter(|q| q.path == "/api/v1/pods" && q.query.contains("watch=true"))
+        .filter(|q| q.path == "/api/v1/pods" && !q.query.contains("watch=true"))
         .count();
-    assert!(watches >= 2, "the watch was resumed");
-    r.stop().await;
+    assert_eq!(lists, 1, "no re-list: {:?}", api.requests());
+    assert!(api.expired().is_empty(), "{:?}", api.expired());
 }
 
 #[tokio::test]
@@ -674,10 +847,23 @@ fn yaml_config(yaml: &str) -> Config {
 }
 
 /// The `pinswap.dev/original-images` annotation is the Pod author's to
-/// write: a source outside source.registries, or one that maps to another
-/// repository, must not be copied into the target.
-#[tokio::test]
-async fn a_forged_original_images_annotation_cannot_redirect_a_remirror() {
+/// write. Recovery refuses it twice over, and each guard alone must hold:
+/// a source outside source.registries (even one that maps to the Pod's
+/// target repository), and a source in an allowed registry that maps to
+/// another repository. Either way the forged digest never reaches the
+/// target and the Pod gets a `RemirrorFailed` Event.
+#[derive(Clone, Copy, PartialEq)]
+enum Forgery {
+    /// The annotation names a registry outside source.registries; the
+    /// Pod's image is that source's own mirror path, so only the allowlist
+    /// stands in the way.
+    OutsideTheAllowlist,
+    /// The annotation names an allowed registry but another repository
+    /// than the one the Pod's image is under.
+    AnotherRepository,
+}
+
+async fn a_forged_annotation_is_refused(forgery: Forgery, seed: u64) {
     common::init();
     let (src, evil, dst, api) = (
         TestRegistry::plain().await,
@@ -685,43 +871,94 @@ async fn a_forged_original_images_annotation_cannot_redirect_a_remirror() {
         TestRegistry::plain().await,
         KubeApi::start().await,
     );
-    let app = push(&src, "app", 901).await;
+    let app = push(&src, "app", seed).await;
     let cfg = config(&src, &dst, "{reverify: 0s}");
     let mut r = Replica::new(&cfg);
     // A legitimate Pod mirrors shop/app:v1.
     admit_and_store(&r, &api, "victim", &app, &dst).await;
-    // The attacker's image lives in a registry that is NOT allowed.
-    let bad = Image::oci(1, 902);
-    push_image(&evil, "x/evil", Some("v1"), &bad).await;
+    let bad = Image::oci(1, seed + 1);
+    let (forged_source, repo) = match forgery {
+        Forgery::OutsideTheAllowlist => {
+            push_image(&evil, "x/evil", Some("v1"), &bad).await;
+            (
+                format!("{}/x/evil:v1", evil.host()),
+                format!("mirror/127.0.0.1_{}/x/evil", evil.port()),
+            )
+        }
+        Forgery::AnotherRepository => {
+            push_image(&src, "x/evil", Some("v1"), &bad).await;
+            (format!("{}/x/evil:v1", src.host()), app.repo.clone())
+        }
+    };
     // Attacker Pod: an image already under the target (so admission leaves
     // it alone), pinned to the attacker's digest, with a forged annotation.
     let mut p = pod(
         "attackers",
         "evil",
-        &[(
-            "app",
-            &format!("{}/{}:v1@{}", dst.host(), app.repo, bad.digest),
-        )],
+        &[("app", &format!("{}/{repo}:v1@{}", dst.host(), bad.digest))],
     );
     p["metadata"]["annotations"] = serde_json::json!({
         "pinswap.dev/original-images":
-            serde_json::json!({"containers/app": format!("{}/x/evil:v1", evil.host())}).to_string()
+            serde_json::json!({"containers/app": forged_source}).to_string()
     });
     let (p, _) = admit(&r.adm, &p).await;
     store(&api, &p);
     r.start(&cfg, &api);
     wait_leader(&r).await;
     store(&api, &pull_failing(&p, "app", "ErrImagePull"));
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    eventually("the recovery's Event", Duration::from_secs(20), || async {
+        !events_for(&api, "evil", "RemirrorFailed").is_empty()
+            || !events_for(&api, "evil", "ImageRemirrored").is_empty()
+    })
+    .await;
+    // Absent by digest from every repository of the target: the Pod's, and
+    // the forged source's own mirror path among them.
+    let mut repos = dst.catalog().await;
+    if !repos.contains(&repo) {
+        repos.push(repo.clone());
+    }
+    let mut holders = Vec::new();
+    for repo in repos {
+        if dst.head_manifest(&repo, &bad.digest).await.is_some()
+            || dst.blob_exists(&repo, &bad.layers[0].digest).await
+        {
+            holders.push(repo);
+        }
+    }
     let tag_now = dst.head_manifest(&app.repo, "v1").await;
     r.stop().await;
+    assert!(
+        holders.is_empty(),
+        "the forged image {} from {forged_source} was copied into the target at {holders:?} (the Pod names {repo})",
+        bad.digest
+    );
     assert_eq!(
         tag_now.as_deref(),
         Some(app.image.digest.as_str()),
-        "target tag shop/app:v1 was overwritten with content from a registry outside source.registries \
-         (evil digest {})",
-        bad.digest
+        "target tag shop/app:v1 moved"
     );
+    let failed = events_for(&api, "evil", "RemirrorFailed");
+    assert_eq!(failed.len(), 1, "{:?}", api.events());
+    assert_eq!(failed[0]["type"], "Warning");
+    let note = failed[0]["note"].as_str().unwrap();
+    assert!(note.contains(&bad.digest), "{note}");
+    if forgery == Forgery::AnotherRepository {
+        assert!(
+            note.contains(&forged_source) && note.contains("does not mirror to"),
+            "{note}"
+        );
+    }
+    assert!(events_for(&api, "evil", "ImageRemirrored").is_empty());
+}
+
+#[tokio::test]
+async fn a_forged_original_images_annotation_cannot_redirect_a_remirror() {
+    a_forged_annotation_is_refused(Forgery::OutsideTheAllowlist, 901).await;
+}
+
+#[tokio::test]
+async fn a_forged_original_images_annotation_cannot_name_another_repository() {
+    a_forged_annotation_is_refused(Forgery::AnotherRepository, 903).await;
 }
 
 /// A source tag that moved leaves two digests in use under one target tag;
@@ -741,10 +978,31 @@ async fn a_moved_source_tag_does_not_make_reverification_flip_the_target_tag() {
     let new = push_this(&src, "app", Image::oci(2, 912)).await;
     admit_and_store(&r, &api, "new", &new, &dst).await;
     let copies_before = r.metric("pinswap_copies_started_total");
+    let reverified = |r: &Replica| {
+        let text = r.metrics.encode();
+        let n = |outcome| {
+            common::metrics::sample(
+                &text,
+                "pinswap_reverifications_total",
+                &[("outcome", outcome)],
+            )
+            .unwrap_or(0.0)
+        };
+        (n("present"), n("missing"), n("error"))
+    };
+    let (present_before, _, _) = reverified(&r);
     let mut seen = std::collections::BTreeSet::new();
     let mut flips = 0;
     let mut last = None;
-    for _ in 0..70 {
+    // Watch the tag for two whole rounds: each HEADs both digests (and the
+    // tag, for each), so four more "present" answers.
+    let start = Instant::now();
+    while reverified(&r).0 < present_before + 4.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "two re-verification rounds did not run: {:?} (present, missing, error)",
+            reverified(&r)
+        );
         if let Some(d) = dst.head_manifest(&new.repo, "v1").await {
             if last.as_ref().is_some_and(|l| *l != d) {
                 flips += 1;
@@ -754,13 +1012,28 @@ async fn a_moved_source_tag_does_not_make_reverification_flip_the_target_tag() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-
+    let (_, missing, errors) = reverified(&r);
+    let entries = r.adm.mirror().caches().existence_entries();
     let copies = r.metric("pinswap_copies_started_total") - copies_before;
     let remirrored = r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}");
     r.stop().await;
     assert!(
-        copies == 0.0 && seen.len() == 1,
-        "nothing was lost, yet in 7 s (reverify 2s): {copies} re-mirror copies, {remirrored} remirrored, {flips} tag flips between {seen:?}"
+        copies == 0.0 && seen.len() == 1 && seen.contains(&new.image.digest),
+        "nothing was lost, yet over two re-verification rounds: {copies} re-mirror copies, {remirrored} remirrored, {flips} tag flips between {seen:?}"
+    );
+    assert_eq!((missing, errors), (0.0, 0.0), "both digests are present");
+    // The rounds looked at the tag too: the older digest no longer claims it.
+    let tags_of = |digest: &str| {
+        entries
+            .iter()
+            .find(|e| e.target.digest().map(|d| d.as_str()) == Some(digest))
+            .map(|e| e.tags.clone())
+    };
+    assert_eq!(tags_of(&old.image.digest), Some(vec![]), "{entries:?}");
+    assert_eq!(
+        tags_of(&new.image.digest),
+        Some(vec!["v1".to_owned()]),
+        "{entries:?}"
     );
 }
 
@@ -866,11 +1139,32 @@ async fn a_platform_filtered_tag_and_digest_image_survives_a_moved_tag() {
     platform_filtered_recovery_by_another_replica(Some("v1"), 941).await;
 }
 
+/// How leader A loses the API server.
+#[derive(Clone, Copy, Debug)]
+enum Partition {
+    /// Connections reset, new ones refused.
+    Reset,
+    /// Connections stay open and new ones are accepted, but nothing is
+    /// answered (a black hole).
+    Hang,
+}
+
 /// A valid Lease config (retryPeriod < renewDeadline < duration) with
 /// renewDeadline + retryPeriod > duration: a partitioned leader must still
 /// stop before its Lease expires and another replica leads.
 #[tokio::test]
 async fn a_partitioned_leader_stops_before_the_next_one_leads() {
+    partitioned_leader_stops_before_the_next_one_leads(Partition::Reset).await;
+}
+
+/// As above, with a partition that answers nothing rather than resetting:
+/// A's renewals hang, and A must step down on its own clock.
+#[tokio::test]
+async fn a_leader_behind_a_black_hole_stops_before_the_next_one_leads() {
+    partitioned_leader_stops_before_the_next_one_leads(Partition::Hang).await;
+}
+
+async fn partitioned_leader_stops_before_the_next_one_leads(partition: Partition) {
     let (src, dst, api) = rig().await;
     let lease = "recovery:\n  lease: {duration: 2s, renewDeadline: 1900ms, retryPeriod: 1800ms}\n";
     let yaml = |lease: &str| {
@@ -923,7 +1217,10 @@ async fn a_partitioned_leader_stops_before_the_next_one_leads() {
             .and_then(|l| l.spec?.holder_identity)
     };
     let a_holder = holder(&api).expect("A holds the Lease");
-    proxy.cut();
+    match partition {
+        Partition::Reset => proxy.cut(),
+        Partition::Hang => proxy.black_hole(true),
+    }
     let start = Instant::now();
     let mut both = None;
     let mut b_led = false;
@@ -941,8 +1238,12 @@ async fn a_partitioned_leader_stops_before_the_next_one_leads() {
     drop(a);
     assert!(
         both.is_none(),
-        "two leaders at once, {:?} after A was cut off (A {a_leads}, B {b_leads})",
+        "two leaders at once, {:?} after A was cut off ({partition:?}; A {a_leads}, B {b_leads})",
         both
+    );
+    assert!(
+        !a_leads,
+        "A still leads 6 s into the partition ({partition:?})"
     );
     // And the other one does lead: B took the Lease over from A.
     assert!(b_led, "B never led after A was cut off");

@@ -498,6 +498,47 @@ async fn proxy_forwards_then_cuts() {
 }
 
 #[tokio::test]
+async fn front_counts_requests_in_flight_until_their_bodies_end() {
+    let reg = TestRegistry::plain().await;
+    let img = Image::oci(1, 32);
+    push_image(&reg, "app", Some("v1"), &img).await;
+    let layer = img.layers[0].clone();
+    let front = common::front::Front::start(&reg.host()).await;
+    let client = common::registry::http_client(None);
+    let url = format!("http://{}/v2/app/blobs/{}", front.host(), layer.digest);
+    let get = |client: reqwest::Client, url: String| async move {
+        client.get(url).send().await.unwrap().bytes().await.unwrap()
+    };
+    // One after another: never two at once.
+    for _ in 0..3 {
+        assert_bytes_eq(
+            &get(client.clone(), url.clone()).await,
+            &layer.bytes,
+            "blob",
+        );
+    }
+    assert_eq!(front.max_concurrent("GET", "/blobs/"), 1);
+    // Three held by a frozen registry are in flight together.
+    reg.freeze();
+    let held: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(get(client.clone(), url.clone())))
+        .collect();
+    while front.count_method("GET", "/blobs/") < 6 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(front.max_concurrent("GET", "/blobs/"), 3);
+    assert_eq!(front.max_concurrent("HEAD", "/blobs/"), 0);
+    reg.thaw();
+    for h in held {
+        assert_bytes_eq(&h.await.unwrap(), &layer.bytes, "held blob");
+    }
+    // Once they ended, one more does not overlap them.
+    get(client.clone(), url.clone()).await;
+    assert_eq!(front.max_concurrent("GET", "/blobs/"), 3);
+    assert_eq!(front.max_concurrent("*", "/blobs/"), 3);
+}
+
+#[tokio::test]
 async fn kill_and_restart_keep_content_and_port() {
     let mut reg = TestRegistry::plain().await;
     let img = Image::docker(1, 41);

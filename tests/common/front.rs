@@ -8,9 +8,14 @@
 //! Passing through is transparent: the client's `Host` goes upstream
 //! unchanged, so the upload `Location`s the registry writes point at the
 //! front and every request of an upload is seen too.
+//!
+//! Each request is also timed from its arrival until its response body has
+//! been sent (or dropped), so [`Front::max_concurrent`] tells how many were
+//! in flight at once.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -36,6 +41,25 @@ struct Shared {
     /// (method, path with query, `Authorization` value) of every request,
     /// in arrival order.
     authorizations: Mutex<Vec<(String, String, Option<String>)>>,
+    /// (method, path with query, arrival, end of the response body) of
+    /// every request, in arrival order; no end while the body streams.
+    spans: Mutex<Vec<Span>>,
+}
+
+type Span = (String, String, Instant, Option<Instant>);
+
+/// Marks its request's span ended when dropped: with the response body.
+struct Ends {
+    shared: Arc<Shared>,
+    index: usize,
+}
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        if let Some(span) = self.shared.spans.lock().unwrap().get_mut(self.index) {
+            span.3 = Some(Instant::now());
+        }
+    }
 }
 
 /// The running front; stops when dropped.
@@ -60,6 +84,7 @@ impl Front {
             mode: Mutex::new(Mode::Pass),
             seen: Mutex::default(),
             authorizations: Mutex::default(),
+            spans: Mutex::default(),
         });
         let app = axum::Router::new()
             .fallback(handle)
@@ -134,6 +159,30 @@ impl Front {
     pub fn reset(&self) {
         self.shared.seen.lock().unwrap().clear();
         self.shared.authorizations.lock().unwrap().clear();
+        self.shared.spans.lock().unwrap().clear();
+    }
+
+    /// The most requests with this method (`*`: any) whose path contains
+    /// `part` that were in flight at once (from arrival to the end of the
+    /// response body), over every request so far.
+    pub fn max_concurrent(&self, method: &str, part: &str) -> usize {
+        let spans = self.shared.spans.lock().unwrap();
+        let mut edges: Vec<(Instant, i32)> = Vec::new();
+        for (m, p, start, end) in spans.iter() {
+            if (method == "*" || m == method) && p.contains(part) {
+                edges.push((*start, 1));
+                // Still streaming: in flight until now.
+                edges.push((end.unwrap_or_else(Instant::now), -1));
+            }
+        }
+        // At one instant, ends before starts: back-to-back is not overlap.
+        edges.sort();
+        let (mut now, mut most) = (0i32, 0i32);
+        for (_, delta) in edges {
+            now += delta;
+            most = most.max(now);
+        }
+        most as usize
     }
 }
 
@@ -161,6 +210,14 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         .lock()
         .unwrap()
         .push((req.method().to_string(), path.clone(), authorization));
+    let ends = {
+        let mut spans = s.spans.lock().unwrap();
+        spans.push((req.method().to_string(), path.clone(), Instant::now(), None));
+        Ends {
+            shared: s.clone(),
+            index: spans.len() - 1,
+        }
+    };
     let mode = s.mode.lock().unwrap().clone();
     if let Mode::Refuse(status, retry_after) = mode {
         let code = match status {
@@ -195,7 +252,16 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
             for (k, v) in up.headers() {
                 resp = resp.header(k, v);
             }
-            resp.body(Body::from_stream(up.bytes_stream())).unwrap()
+            // `ends` goes with the body: dropped once it is sent or dropped.
+            let body = futures::stream::unfold(
+                (Box::pin(up.bytes_stream()), ends),
+                |(mut chunks, ends)| async move {
+                    use futures::StreamExt as _;
+                    let chunk = chunks.next().await?;
+                    Some((chunk, (chunks, ends)))
+                },
+            );
+            resp.body(Body::from_stream(body)).unwrap()
         }
         Err(_) => {
             let mut r = Response::new(Body::empty());

@@ -22,7 +22,13 @@
 //! reportingInstance of at most 128 characters), on create and on patch.
 //! What it doesn't implement (label and field selectors, `sendInitialEvents`,
 //! `resourceVersionMatch`, other verbs) is refused, never silently ignored. Every request is
-//! recorded ([`KubeApi::requests`]); [`KubeApi::fail_next`] injects failures.
+//! recorded ([`KubeApi::requests`]), and those answered 410 Expired too
+//! ([`KubeApi::expired`]); [`KubeApi::fail_next`] injects failures.
+//! Watches that allow bookmarks get a BOOKMARK at the latest
+//! resourceVersion every [`BOOKMARK_PERIOD`] (the real API's watch cache
+//! sends one about every minute), or as [`KubeApi::bookmark_every`] says.
+//! [`KubeApi::black_hole`] partitions it the hard way: requests are
+//! accepted and recorded but never answered, and open watches go silent.
 
 // Handlers answer `Result<Response, Response>`: both sides are responses.
 #![allow(clippy::result_large_err)]
@@ -113,6 +119,11 @@ struct Store {
     /// A watch from an older resourceVersion gets 410 Expired.
     oldest_watchable: u64,
     requests: Vec<ApiRequest>,
+    /// Requests answered 410 Expired (a watch's ERROR event, or a list's
+    /// stale `continue`).
+    expired: Vec<ApiRequest>,
+    /// The resourceVersion of the last BOOKMARK sent.
+    last_bookmark: Option<u64>,
     /// (method, path, HTTP code) for the next matching requests.
     failures: Vec<(String, String, u16)>,
     /// When set, every request is authorised against these rules, as the
@@ -316,7 +327,16 @@ impl Store {
 struct Shared {
     store: Mutex<Store>,
     feed: broadcast::Sender<Feed>,
+    /// Time between periodic bookmarks.
+    bookmark_period: tokio::sync::watch::Sender<Duration>,
+    /// While true, nothing is answered (see [`KubeApi::black_hole`]).
+    black_hole: tokio::sync::watch::Sender<bool>,
 }
+
+/// How often watches that allow bookmarks get one, unless
+/// [`KubeApi::bookmark_every`] says otherwise: about as often as the real
+/// API server's watch cache sends them.
+pub const BOOKMARK_PERIOD: Duration = Duration::from_secs(60);
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Store> {
@@ -329,6 +349,7 @@ pub struct KubeApi {
     url: String,
     shared: Arc<Shared>,
     task: JoinHandle<()>,
+    bookmarks: JoinHandle<()>,
 }
 
 impl KubeApi {
@@ -342,6 +363,8 @@ impl KubeApi {
         let shared = Arc::new(Shared {
             store,
             feed: broadcast::channel(4096).0,
+            bookmark_period: tokio::sync::watch::channel(BOOKMARK_PERIOD).0,
+            black_hole: tokio::sync::watch::channel(false).0,
         });
         let core = "/api/v1/namespaces/{ns}/{plural}";
         let grouped = "/apis/{group}/v1/namespaces/{ns}/{plural}";
@@ -374,7 +397,13 @@ impl KubeApi {
                 .await
                 .expect("test Kubernetes API server");
         });
-        KubeApi { url, shared, task }
+        let bookmarks = tokio::spawn(periodic_bookmarks(shared.clone()));
+        KubeApi {
+            url,
+            shared,
+            task,
+            bookmarks,
+        }
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -498,9 +527,20 @@ impl KubeApi {
     /// Sends a BOOKMARK at the current resourceVersion to the watches that
     /// allowed bookmarks, and returns that resourceVersion.
     pub fn bookmark(&self) -> String {
-        let rv = self.shared.lock().rv;
-        let _ = self.shared.feed.send(Feed::Bookmark(rv));
-        rv.to_string()
+        send_bookmark(&self.shared).to_string()
+    }
+
+    /// From now on, sends the periodic BOOKMARK every `period` (first one
+    /// `period` from now).
+    pub fn bookmark_every(&self, period: Duration) {
+        self.shared.bookmark_period.send_replace(period);
+    }
+
+    /// With `on`, requests are accepted and recorded but not answered, and
+    /// open watches deliver nothing, until `black_hole(false)` (then they go
+    /// on, as TCP does once a partition heals, unless the client gave up).
+    pub fn black_hole(&self, on: bool) {
+        self.shared.black_hole.send_replace(on);
     }
 
     /// Forgets the Pod event history, as etcd compaction does: a watch from
@@ -509,6 +549,11 @@ impl KubeApi {
         let mut st = self.shared.lock();
         st.oldest_watchable = st.rv;
         st.pod_history.clear();
+    }
+
+    /// How many watches are open (live: past their replayed history).
+    pub fn open_watches(&self) -> usize {
+        self.shared.feed.receiver_count()
     }
 
     /// Ends every open watch, as an API server restart does.
@@ -563,6 +608,16 @@ impl KubeApi {
         self.shared.lock().requests.clone()
     }
 
+    /// The resourceVersion of the last BOOKMARK sent, periodic or not.
+    pub fn last_bookmark(&self) -> Option<String> {
+        self.shared.lock().last_bookmark.map(|rv| rv.to_string())
+    }
+
+    /// Every request answered 410 Expired so far, in order.
+    pub fn expired(&self) -> Vec<ApiRequest> {
+        self.shared.lock().expired.clone()
+    }
+
     /// The next `method` request to exactly `path` fails with `code` and a
     /// `Status` body. Calls queue up.
     pub fn fail_next(&self, method: &str, path: &str, code: u16) {
@@ -611,6 +666,30 @@ impl Drop for KubeApi {
     fn drop(&mut self) {
         let _ = self.shared.feed.send(Feed::Close);
         self.task.abort();
+        self.bookmarks.abort();
+    }
+}
+
+/// Sends a BOOKMARK at the current resourceVersion, under the store's lock
+/// so it follows every Pod event at or before it; returns that version.
+fn send_bookmark(shared: &Shared) -> u64 {
+    let mut st = shared.lock();
+    let _ = shared.feed.send(Feed::Bookmark(st.rv));
+    st.last_bookmark = Some(st.rv);
+    st.rv
+}
+
+/// A BOOKMARK every `bookmark_period`, restarting the wait when it changes.
+async fn periodic_bookmarks(shared: Arc<Shared>) {
+    let mut period = shared.bookmark_period.subscribe();
+    loop {
+        let wait = *period.borrow_and_update();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {
+                send_bookmark(&shared);
+            }
+            changed = period.changed() => if changed.is_err() { return },
+        }
     }
 }
 
@@ -700,6 +779,8 @@ async fn record(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> 
         st.requests.push(seen);
         hit.map(|i| st.failures.remove(i).2)
     };
+    let mut hole = shared.black_hole.subscribe();
+    let _ = hole.wait_for(|on| !*on).await;
     let message = "injected by the test API server";
     if let Some(code) = injected {
         return failure(code, "InternalError", message.into());
@@ -751,23 +832,38 @@ async fn read(State(s): ApiState, Path(p): Params) -> Response {
     }
 }
 
-async fn all_pods(State(s): ApiState, Query(q): Query<HashMap<String, String>>) -> Response {
-    list_or_watch_pods(&s, None, q)
+async fn all_pods(
+    State(s): ApiState,
+    uri: axum::http::Uri,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    list_or_watch_pods(&s, &uri, None, q)
 }
 
 async fn list(
     State(s): ApiState,
     Path(p): Params,
+    uri: axum::http::Uri,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     match kind_of(&p) {
-        Some(PODS) => list_or_watch_pods(&s, Some(p["ns"].clone()), q),
+        Some(PODS) => list_or_watch_pods(&s, &uri, Some(p["ns"].clone()), q),
         Some(_) => unsupported(),
         None => no_such_resource(),
     }
 }
 
-fn list_or_watch_pods(shared: &Shared, ns: Option<String>, q: HashMap<String, String>) -> Response {
+fn list_or_watch_pods(
+    shared: &Shared,
+    uri: &axum::http::Uri,
+    ns: Option<String>,
+    q: HashMap<String, String>,
+) -> Response {
+    let expired = || ApiRequest {
+        method: "GET".into(),
+        path: uri.path().into(),
+        query: uri.query().unwrap_or("").into(),
+    };
     let param = |k: &str| q.get(k).map_or("", String::as_str);
     for refused in [
         "labelSelector",
@@ -782,12 +878,13 @@ fn list_or_watch_pods(shared: &Shared, ns: Option<String>, q: HashMap<String, St
         }
     }
     let in_scope = move |pod_ns: &str| ns.as_deref().is_none_or(|n| n == pod_ns);
-    let st = shared.lock();
-    let pods = st
+    let mut st = shared.lock();
+    let pods: Vec<Value> = st
         .objects
         .iter()
-        .filter(|((plural, ns, _), _)| *plural == "pods" && in_scope(ns));
-    let pods = pods.map(|(_, pod)| pod.clone());
+        .filter(|((plural, ns, _), _)| *plural == "pods" && in_scope(ns))
+        .map(|(_, pod)| pod.clone())
+        .collect();
     if !matches!(param("watch"), "true" | "1") {
         // Pages of `limit` items; `continue` is "RV/OFFSET", the list's
         // resourceVersion and how many items came before. Unlike etcd's
@@ -807,6 +904,7 @@ fn list_or_watch_pods(shared: &Shared, ns: Option<String>, q: HashMap<String, St
                 .and_then(|(rv, off)| Some((rv.parse::<u64>().ok()?, off.parse::<usize>().ok()?)))
             {
                 Some((rv, _)) if rv < st.oldest_watchable => {
+                    st.expired.push(expired());
                     let message = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.".to_owned();
                     return failure(410, "Expired", message);
                 }
@@ -814,7 +912,7 @@ fn list_or_watch_pods(shared: &Shared, ns: Option<String>, q: HashMap<String, St
                 None => return bad_request(format!("invalid continue token {token:?}")),
             },
         };
-        let all: Vec<Value> = pods.collect();
+        let all = pods;
         let end = offset.saturating_add(limit).min(all.len());
         let items = all[offset.min(end)..end]
             .iter()
@@ -835,11 +933,13 @@ fn list_or_watch_pods(shared: &Shared, ns: Option<String>, q: HashMap<String, St
         // "" and "0": from now, with a synthetic ADDED for every Pod.
         "" | "0" => (
             st.rv,
-            pods.map(|p| json!({"type": "ADDED", "object": p}).to_string().into())
+            pods.iter()
+                .map(|p| json!({"type": "ADDED", "object": p}).to_string().into())
                 .collect(),
         ),
         rv => match rv.parse::<u64>() {
             Ok(rv) if rv < st.oldest_watchable => {
+                st.expired.push(expired());
                 let message = format!("too old resource version: {rv} ({})", st.oldest_watchable);
                 let status = status(410, "Expired", message, None);
                 let line = json!({"type": "ERROR", "object": status}).to_string();
@@ -857,9 +957,10 @@ fn list_or_watch_pods(shared: &Shared, ns: Option<String>, q: HashMap<String, St
     };
     let bookmarks = param("allowWatchBookmarks") == "true";
     let rx = shared.feed.subscribe();
+    let hole = shared.black_hole.subscribe();
     drop(st);
 
-    let live = stream::unfold(rx, move |mut rx| {
+    let live = stream::unfold((rx, hole), move |(mut rx, mut hole)| {
         let in_scope = in_scope.clone();
         async move {
             loop {
@@ -877,7 +978,9 @@ fn list_or_watch_pods(shared: &Shared, ns: Option<String>, q: HashMap<String, St
                     // Closed, or lagging too far behind: the API ends such watches too.
                     Ok(Feed::Close) | Err(_) => return None,
                 };
-                return Some((line, rx));
+                // Partitioned: nothing more arrives until it heals.
+                let _ = hole.wait_for(|on| !*on).await;
+                return Some((line, (rx, hole)));
             }
         }
     });

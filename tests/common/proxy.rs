@@ -13,6 +13,10 @@
 //! manifest) until [`TcpCutProxy::release`]: a copy that is still running.
 //! The count restarts with each request a connection sends, so small
 //! responses on a reused (keep-alive) connection are never held.
+//!
+//! [`TcpCutProxy::black_hole`] is a partition that neither resets nor
+//! refuses: connections are accepted and kept open, but no byte is
+//! forwarded either way until it is lifted.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,6 +44,8 @@ struct Shared {
     stall: AtomicU64,
     /// Whether held connections may go on.
     released: watch::Sender<bool>,
+    /// While true, nothing is forwarded either way.
+    hole: watch::Sender<bool>,
 }
 
 impl TcpCutProxy {
@@ -55,6 +61,7 @@ impl TcpCutProxy {
             limit: AtomicU64::new(u64::MAX),
             stall: AtomicU64::new(u64::MAX),
             released: watch::channel(false).0,
+            hole: watch::channel(false).0,
         });
         let s = shared.clone();
         let mut cut = shared.cut.subscribe();
@@ -111,6 +118,12 @@ impl TcpCutProxy {
         self.shared.released.send_replace(true);
     }
 
+    /// With `on`, forwards nothing either way (connections stay open and
+    /// new ones are accepted) until `black_hole(false)`.
+    pub fn black_hole(&self, on: bool) {
+        self.shared.hole.send_replace(on);
+    }
+
     /// Bytes forwarded server→client so far.
     pub fn bytes_down(&self) -> u64 {
         self.shared.down.load(Ordering::SeqCst)
@@ -152,6 +165,7 @@ async fn pump(
 ) {
     let mut cut = s.cut.subscribe();
     let mut released = s.released.subscribe();
+    let mut hole = s.hole.subscribe();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         if downstream && response.load(Ordering::SeqCst) >= s.stall.load(Ordering::SeqCst) {
@@ -176,6 +190,11 @@ async fn pump(
                 s.down.store(limit, Ordering::SeqCst);
                 trip = true;
             }
+        }
+        // Read before the partition, or during it: held until it lifts.
+        tokio::select! {
+            _ = hole.wait_for(|h| !*h) => {}
+            _ = cut.wait_for(|c| *c) => return reset(&to),
         }
         // A stalled reader must not keep the connection alive past a cut.
         let written = tokio::select! {
