@@ -942,11 +942,18 @@ async fn a_forged_annotation_is_refused(forgery: Forgery, seed: u64) {
     assert_eq!(failed[0]["type"], "Warning");
     let note = failed[0]["note"].as_str().unwrap();
     assert!(note.contains(&bad.digest), "{note}");
-    if forgery == Forgery::AnotherRepository {
-        assert!(
+    match forgery {
+        Forgery::AnotherRepository => assert!(
             note.contains(&forged_source) && note.contains("does not mirror to"),
             "{note}"
-        );
+        ),
+        // The note says the entry was ignored, not that there was none.
+        Forgery::OutsideTheAllowlist => assert!(
+            note.contains(&format!(
+                "the Pod's pinswap.dev/original-images entry {forged_source} was ignored"
+            )),
+            "{note}"
+        ),
     }
     assert!(events_for(&api, "evil", "ImageRemirrored").is_empty());
 }

@@ -322,10 +322,16 @@ impl Recovery {
         // The annotation is the Pod author's to write: its source must pass
         // the same allowlist as an admission (the mirror also checks that it
         // maps to the image's own repository).
+        let mut ignored = None;
         if let Some(orig) = &img.original
             && let Err(why) = self.policy.source_allowed(orig)
         {
             warn!(image = %img.image, original = %orig, %why, "ignoring the Pod's original-images entry");
+            // Said in the Event, so "no source known" is not read as "no
+            // annotation given".
+            ignored = Some(format!(
+                "the Pod's pinswap.dev/original-images entry {orig} was ignored: {why}"
+            ));
             img.original = None;
         }
         let creds = match (&self.pull_secrets, &pod, &img.original) {
@@ -394,6 +400,10 @@ impl Recovery {
                 Metrics::outcome(&self.metrics.remirrors, "failed");
                 let wait = retry.unwrap_or_default();
                 warn!(image = %img.image, error = %e, retry_in = ?wait, "re-mirror failed");
+                let e = match &ignored {
+                    Some(why) => format!("{e} ({why})"),
+                    None => e.to_string(),
+                };
                 Some(Event {
                     type_: EventType::Warning,
                     reason: REMIRROR_FAILED.into(),
