@@ -194,6 +194,14 @@ fn events_for(api: &KubeApi, pod: &str, reason: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Waits until the Pod watch is open: the watcher has listed the Pods.
+async fn wait_watching(api: &KubeApi) {
+    eventually("the Pod watch is open", Duration::from_secs(10), || async {
+        api.open_watches() > 0
+    })
+    .await;
+}
+
 async fn wait_leader(r: &Replica) {
     eventually("leadership", Duration::from_secs(10), || async {
         r.leading()
@@ -299,7 +307,7 @@ async fn reverification_restores_images_in_use_and_evicts_the_rest() {
     r.start(&cfg, &api);
     wait_leader(&r).await;
     // The watcher has listed the Pod before the prune.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_watching(&api).await;
     prune(&dst, &used).await;
     prune(&dst, &unused).await;
 
@@ -402,7 +410,19 @@ async fn with_two_replicas_only_the_lease_holder_remirrors_and_the_other_takes_o
         a.leading() || b.leading()
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Both have read the Lease since one took it: three more Lease
+    // requests (retryPeriod 200ms) include a try by each.
+    let lease_requests = || {
+        api.requests()
+            .iter()
+            .filter(|q| q.path.ends_with("/leases/pinswap-leader"))
+            .count()
+    };
+    let seen = lease_requests();
+    eventually("two more tries", Duration::from_secs(10), || async {
+        lease_requests() >= seen + 3
+    })
+    .await;
     assert!(a.leading() != b.leading(), "exactly one leader");
     let (leader, follower) = if a.leading() {
         (&mut a, &mut b)
@@ -815,7 +835,7 @@ async fn recovery_latency_figures() {
     }
     r.start(&cfg, &api);
     wait_leader(&r).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_watching(&api).await;
     let mut times = Vec::new();
     for (p, img) in &runs {
         prune(&dst, img).await;
@@ -1271,7 +1291,7 @@ async fn a_failed_reverification_remirror_is_retried_while_the_image_is_in_use()
     admit_and_store(&r, &api, "web", &app, &dst).await; // running fine
     r.start(&cfg, &api);
     wait_leader(&r).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_watching(&api).await;
     src.kill();
     prune(&dst, &app).await;
     eventually("re-mirror failed", Duration::from_secs(10), || async {
@@ -1279,7 +1299,11 @@ async fn a_failed_reverification_remirror_is_retried_while_the_image_is_in_use()
     })
     .await;
     src.restart().await;
-    tokio::time::sleep(Duration::from_secs(8)).await; // retryMax is 2s here
+    // retryMax is 2s here: a retry comes within a few seconds.
+    let t = Instant::now();
+    while !served_again(&dst, &app).await && t.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let ok = served_again(&dst, &app).await;
     let failed = r.metric("pinswap_remirrors_total{outcome=\"failed\"}");
     let entries = r.adm.mirror().caches().existence_entries().len();
