@@ -266,7 +266,7 @@ impl Recovery {
                 let now = Instant::now();
                 images.retain(|_, st| {
                     st.running
-                        || st.retry_at.is_some()
+                        || st.retry_at.is_some_and(|t| now < t)
                         || st.done.is_some_and(|d| now < d + COOLDOWN)
                 });
             }
@@ -432,6 +432,14 @@ impl Recovery {
                 // re-verification (its Pods run fine; nothing else will
                 // notice), while a Pod still uses the image.
                 let users = this.users(&key, cause == Cause::PullFailure);
+                if users.is_empty() {
+                    // Nobody needs it now: forget its failures, so a later
+                    // loss starts from the first backoff step.
+                    let mut images = this.images.lock().expect("images lock");
+                    if images.get(&key).is_some_and(|st| !st.running) {
+                        images.remove(&key);
+                    }
+                }
                 if let Some((first, image)) = users.first().cloned() {
                     for (p, i) in users {
                         this.trigger(i, Some(p), cause);
