@@ -708,3 +708,29 @@ async fn token_registry_roundtrips_and_enforces_token_scopes() {
     );
     assert_eq!(Access::parse("repository:nope"), None);
 }
+
+/// A restart whose port is briefly held by someone else (another test's
+/// free-port probe) retries, as a first start does, and keeps the storage.
+#[tokio::test]
+async fn a_restart_waits_out_a_port_held_for_a_moment() {
+    let mut reg = TestRegistry::plain().await;
+    let img = Image::oci(1, 3301);
+    push_image(&reg, "held/app", Some("v1"), &img).await;
+    reg.kill();
+    let holder = std::net::TcpListener::bind(("127.0.0.1", reg.port())).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(400));
+        drop(holder);
+    });
+    reg.restart().await;
+    release.join().unwrap();
+    assert!(
+        reg.log().contains("address already in use"),
+        "the first try met the held port: {}",
+        reg.log()
+    );
+    assert_eq!(
+        reg.head_manifest("held/app", "v1").await.as_deref(),
+        Some(img.digest.as_str())
+    );
+}

@@ -209,11 +209,19 @@ impl TestRegistry {
         assert!(ok, "kill {sig} {pid}");
     }
 
-    /// Start again on the same port with the same storage.
+    /// Start again on the same port with the same storage. As at the first
+    /// start, "address already in use" is retried: another test's
+    /// [`free_port`] probe may hold the port for a moment.
     pub async fn restart(&mut self) {
         self.kill();
-        if let Err(e) = self.spawn_and_wait().await {
-            panic!("restart: {e}");
+        for attempt in 1..=10 {
+            match self.spawn_and_wait().await {
+                Ok(()) => return,
+                Err(e) if attempt < 10 && e.contains("address already in use") => {
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+                Err(e) => panic!("restart: {e}"),
+            }
         }
     }
 
