@@ -12,6 +12,7 @@ pub mod mutate;
 pub mod notes;
 pub mod pod;
 pub mod policy;
+mod review;
 pub mod yaml;
 
 use std::collections::{BTreeMap, HashMap};
@@ -19,8 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::admission::{AdmissionResponse, Operation};
 use tracing::{debug, info, warn};
 
 use crate::config::{Config, FailurePolicy};
@@ -65,67 +65,12 @@ fn denial(prefix: &str, errors: &[String]) -> String {
     format!("{prefix}: {}", listed.join("; "))
 }
 
-/// The object as JSON, moved rather than copied: a review's Pod can be
-/// megabytes of small objects.
-fn into_value(obj: DynamicObject) -> Result<serde_json::Value, serde_json::Error> {
-    let DynamicObject {
-        types,
-        metadata,
-        data,
-    } = obj;
-    let mut map = match data {
-        serde_json::Value::Object(m) => m,
-        _ => serde_json::Map::new(),
-    };
-    map.insert("metadata".into(), serde_json::to_value(metadata)?);
-    if let Some(t) = types {
-        map.insert("apiVersion".into(), t.api_version.into());
-        map.insert("kind".into(), t.kind.into());
-    }
-    Ok(serde_json::Value::Object(map))
-}
-
 /// Why a request body is not an AdmissionReview; the server answers 400.
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
     /// Not JSON, or not an AdmissionReview with a request.
     #[error("malformed AdmissionReview: {0}")]
     Malformed(String),
-}
-
-/// The response AdmissionReview's JSON, its `patch` as base64: the API's
-/// documented form for a `[]byte` field. kube-core writes it as an array of
-/// numbers, which the API server's decoder also takes, but which is about
-/// three times larger and which tools that follow the API docs cannot read.
-fn encode_review(mut resp: AdmissionResponse) -> Result<Vec<u8>, serde_json::Error> {
-    use base64::Engine as _;
-
-    #[derive(serde::Serialize)]
-    struct Review<'a> {
-        #[serde(flatten)]
-        types: &'a kube::core::TypeMeta,
-        response: Response<'a>,
-    }
-    #[derive(serde::Serialize)]
-    struct Response<'a> {
-        #[serde(flatten)]
-        response: &'a AdmissionResponse,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        patch: Option<String>,
-    }
-    // Taken out so kube-core's own form is not written too; `patchType`
-    // stays as `with_patch` set it.
-    let patch = resp
-        .patch
-        .take()
-        .map(|p| base64::engine::general_purpose::STANDARD.encode(p));
-    serde_json::to_vec(&Review {
-        types: &resp.types,
-        response: Response {
-            response: &resp,
-            patch,
-        },
-    })
 }
 
 /// Answers AdmissionReviews for Pods.
@@ -263,38 +208,48 @@ impl Admission {
         // Decisions stop a little early: patching, annotating and encoding
         // the answer take time proportional to the slots.
         let deadline = start + self.budget - self.budget / 10;
-        let review: AdmissionReview<DynamicObject> =
+        let review: review::ReviewIn =
             serde_json::from_slice(&body).map_err(|e| ReviewError::Malformed(e.to_string()))?;
         drop(body);
-        if !REVIEW_VERSIONS.contains(&review.types.api_version.as_str())
-            || review.types.kind != "AdmissionReview"
+        if !REVIEW_VERSIONS.contains(&review.api_version.as_str())
+            || review.kind != "AdmissionReview"
         {
             return Err(ReviewError::Malformed(format!(
                 "found apiVersion {:?} kind {:?}, expected an AdmissionReview of admission.k8s.io/v1 or admission.k8s.io/v1beta1",
-                clip(&review.types.api_version, 64),
-                clip(&review.types.kind, 64),
+                clip(&review.api_version, 64),
+                clip(&review.kind, 64),
             )));
         }
-        let mut req: AdmissionRequest<DynamicObject> = review
-            .try_into()
-            .map_err(|_| ReviewError::Malformed("the AdmissionReview has no request".into()))?;
+        let Some(mut req) = review.request else {
+            return Err(ReviewError::Malformed(
+                "the AdmissionReview has no request".into(),
+            ));
+        };
         let object = req.object.take();
-        let (resp, outcome) = self.answer(&req, object, deadline).await;
+        if object.as_ref().is_some_and(|o| !o.is_object()) {
+            return Err(ReviewError::Malformed(
+                "request.object is not a JSON object".into(),
+            ));
+        }
+        let (resp, outcome) = self
+            .answer(&req, &review.api_version, object, deadline)
+            .await;
         self.metrics.admission(outcome);
         self.metrics
             .admission_seconds
             .observe(start.elapsed().as_secs_f64());
-        encode_review(resp).map_err(|e| ReviewError::Malformed(e.to_string()))
+        review::encode(resp).map_err(|e| ReviewError::Malformed(e.to_string()))
     }
 
     async fn answer(
         &self,
-        req: &AdmissionRequest<DynamicObject>,
-        object: Option<DynamicObject>,
+        req: &review::Request,
+        api_version: &str,
+        object: Option<serde_json::Value>,
         deadline: Instant,
     ) -> (AdmissionResponse, &'static str) {
         let uid = Untrusted(&req.uid);
-        let allow = AdmissionResponse::from(req);
+        let allow = req.allow(api_version);
         let is_pod = req.kind.group.is_empty() && req.kind.kind == "Pod";
         if !is_pod || !matches!(req.operation, Operation::Create | Operation::Update) {
             return (allow, "skipped");
@@ -306,15 +261,8 @@ impl Admission {
             Some("ephemeralcontainers") => true,
             Some(_) => return (allow, "skipped"),
         };
-        let Some(obj) = object else {
+        let Some(mut pod) = object else {
             return (allow, "skipped");
-        };
-        let mut pod = match into_value(obj) {
-            Ok(v) => v,
-            Err(e) => {
-                warn!(%uid, error = %e, "Pod object unreadable; allowed unchanged");
-                return (allow, "unchanged");
-            }
         };
         let mut slots = pod::slots_for(
             pod.get("spec").unwrap_or(&serde_json::Value::Null),
@@ -326,12 +274,13 @@ impl Admission {
         // On UPDATE only images this update changes are considered: a running
         // container whose image changed would be restarted by the kubelet.
         if req.operation == Operation::Update {
-            let old = req
-                .old_object
-                .as_ref()
-                .and_then(|o| serde_json::to_value(o).ok())
-                .unwrap_or_default();
-            let before = pod::slots_for(old.get("spec").unwrap_or(&serde_json::Value::Null), false);
+            let before = pod::slots_for(
+                req.old_object
+                    .as_ref()
+                    .and_then(|o| o.get("spec"))
+                    .unwrap_or(&serde_json::Value::Null),
+                false,
+            );
             let before: std::collections::HashSet<(&str, &str, &str)> = before
                 .iter()
                 .map(|b| (b.kind, b.name.as_str(), b.image.as_str()))
@@ -393,7 +342,7 @@ impl Admission {
             denials,
         } = self
             // A dry-run request must have no side effects: plan, don't copy.
-            .decide_spec(&pod, &slots, deadline, req.dry_run, &creds)
+            .decide_spec(&pod, &slots, deadline, req.is_dry_run(), &creds)
             .await;
         let name = Untrusted(
             pod.pointer("/metadata/name")
@@ -551,15 +500,17 @@ impl Admission {
         let mut pending: HashMap<String, Reference> = HashMap::new();
         let mut first: Vec<Option<Outcome>> = Vec::with_capacity(slots.len());
         let prepared = self.policy.prepare(pod);
-        let over = format!(
-            "not decided: more than server.maxImages ({}) distinct images in one review",
-            self.max_images
-        );
+        let over = || {
+            format!(
+                "not decided: more than server.maxImages ({}) distinct images in one review",
+                self.max_images
+            )
+        };
         for slot in slots {
             // Work per review stays bounded by the image limit, however
             // many containers the Pod lists.
             if pending.len() >= self.max_images && !pending.contains_key(&slot.image) {
-                first.push(Some(Outcome::Keep(over.clone())));
+                first.push(Some(Outcome::Keep(over())));
                 continue;
             }
             match self.policy.check(prepared.as_ref(), slot) {
