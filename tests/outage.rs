@@ -388,6 +388,61 @@ async fn the_breaker_bounds_requests_to_a_failing_source() {
     );
 }
 
+/// While the breaker is half-open one admission probes the source and waits
+/// out `source.timeout`; others asking for the same tag meanwhile do not
+/// wait on that probe's lookup (the resolution cache would make them join
+/// it) but are answered from the target's copy at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_do_not_wait_for_the_breakers_probe() {
+    let (src, dst, i, front) = rig().await;
+    let host = front.host();
+    let (adm, _) = admission(
+        &host,
+        &dst.host(),
+        "{failures: 1, backoff: 1s}",
+        "copyPolicy: immediate\ncache: {resolutionTtl: 1s}\n",
+    );
+    let adm = Arc::new(adm);
+    let tag = format!("{host}/shop/app:v1");
+    let want = mirrored(&dst.host(), &host, &i)["tag"].clone();
+    let the_pod = pod("shop", "p", &[("tag", tag.as_str())]);
+    let (patched, _) = admit(&adm, &the_pod).await;
+    assert_eq!(images(&patched)["tag"], want);
+
+    src.freeze();
+    // The resolution expires, then one admission's lookup opens the breaker.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (patched, _) = admit(&adm, &the_pod).await;
+    assert_eq!(images(&patched)["tag"], want, "stood in after the failure");
+    // The breaker's window (1s) ends: the next lookup is the probe.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let seen = front.count("/manifests/");
+    let probe = tokio::spawn({
+        let (adm, the_pod) = (adm.clone(), the_pod.clone());
+        async move { admit(&adm, &the_pod).await }
+    });
+    common::wait_until(
+        "the probe reaches the source",
+        Duration::from_secs(5),
+        || front.count("/manifests/") > seen,
+    )
+    .await;
+    let (patched, _) = admit(&adm, &the_pod).await;
+    assert!(
+        !probe.is_finished(),
+        "an admission during the probe waited for it"
+    );
+    assert_eq!(images(&patched)["tag"], want, "stood in during the probe");
+    let note = &decisions(&patched)["containers/tag"];
+    assert!(
+        note.starts_with("rewritten: source unreachable (circuit breaker open"),
+        "{note}"
+    );
+    let (patched, _) = probe.await.unwrap();
+    assert_eq!(images(&patched)["tag"], want, "the probe stood in too");
+    src.thaw();
+}
+
 /// A `delayed` copy asked for while the source cannot answer waits, and
 /// completes once the source answers again; meanwhile the Pod is left
 /// unchanged with a note that says so.

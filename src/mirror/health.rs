@@ -131,6 +131,13 @@ impl Breakers {
         })
     }
 
+    /// Whether `registry`'s breaker is closed: not open, and no half-open
+    /// probe in flight.
+    pub fn is_closed(&self, registry: &str) -> bool {
+        let states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        states.get(registry).is_none_or(|s| s.open_until.is_none())
+    }
+
     /// How long until `registry` may be asked again (zero when closed).
     pub fn retry_in(&self, registry: &str) -> Duration {
         let states = self.states.lock().unwrap_or_else(|e| e.into_inner());

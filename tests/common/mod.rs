@@ -122,3 +122,17 @@ pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
         show(want)
     );
 }
+
+/// Polls `cond` every 10 ms until it holds; panics naming `what` after
+/// `timeout`.
+#[allow(dead_code)]
+pub async fn wait_until(what: &str, timeout: std::time::Duration, mut cond: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
