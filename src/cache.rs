@@ -185,15 +185,21 @@ impl Caches {
     /// or `repository@digest`): the digest, and the tag among those verified.
     /// Counts a hit or a miss. A reference without a digest always misses.
     pub async fn has(&self, target: &Reference) -> bool {
-        let hit = match (&self.existence, target.digest()) {
+        let hit = self.vouches(target).await;
+        self.metrics.cache(EXISTENCE, hit);
+        hit
+    }
+
+    /// [`Caches::has`] without counting: for deciding whether a request
+    /// will be needed, not for answering.
+    pub async fn vouches(&self, target: &Reference) -> bool {
+        match (&self.existence, target.digest()) {
             (Some(c), Some(d)) => c
                 .get(&existence_key(&target.name(), d))
                 .await
                 .is_some_and(|v| target.tag().is_none_or(|t| v.tags.contains(t))),
             _ => false,
-        };
-        self.metrics.cache(EXISTENCE, hit);
-        hit
+        }
     }
 
     /// Records that the target has `target` now, merging its tag into the

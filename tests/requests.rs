@@ -106,6 +106,57 @@ async fn uncached_admission_heads_each_side_once() {
     assert_eq!(tf.total(), 1, "target:\n{}", show(&tf));
 }
 
+/// An uncached admission of an image the target holds asks both sides at
+/// once: with the source frozen, the target's HEAD arrives while the
+/// source's is unanswered. Still one HEAD per side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncached_admission_asks_both_sides_at_once() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let (sf, tf) = (
+        Front::start(&src.host()).await,
+        Front::start(&dst.host()).await,
+    );
+    push_image(&src, "shop/app", Some("v1"), &Image::oci(1, 7003)).await;
+    // Neither cache vouches for anything; the source may take its time.
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\n  timeout: 8s\ncopyPolicy: immediate\ncache: {{ttl: 0s, resolutionTtl: 0s}}\nserver: {{admissionBudget: 20s}}\n",
+        tf.host(),
+        sf.host()
+    );
+    let config = Config::from_yaml(&yaml, "test.yaml").unwrap();
+    let adm = Arc::new(Admission::from_config(&config, Arc::new(Metrics::new())).unwrap());
+    let image = format!("{}/shop/app:v1", sf.host());
+    let the_pod = pod("shop", "app", &[("app", &image)]);
+    let (copied, _) = admit(&adm, &the_pod).await;
+    let mirrored = copied["spec"]["containers"][0]["image"].clone();
+    assert!(
+        mirrored.as_str().unwrap().starts_with(&tf.host()),
+        "{copied}"
+    );
+    sf.reset();
+    tf.reset();
+
+    src.freeze();
+    let admission = tokio::spawn({
+        let (adm, the_pod) = (adm.clone(), the_pod.clone());
+        async move { admit(&adm, &the_pod).await }
+    });
+    common::wait_until(
+        "the target's HEAD while the source is frozen",
+        std::time::Duration::from_secs(5),
+        || tf.count_method("HEAD", "/manifests/") == 1,
+    )
+    .await;
+    assert_eq!(sf.count_method("HEAD", "/manifests/"), 1, "{}", show(&sf));
+    assert!(!admission.is_finished(), "answered before the source did");
+    src.thaw();
+    let (patched, _) = admission.await.unwrap();
+    assert_eq!(patched["spec"]["containers"][0]["image"], mirrored);
+    assert_eq!(sf.count_method("HEAD", "/manifests/"), 1, "{}", show(&sf));
+    assert_eq!(tf.total(), 1, "target:\n{}", show(&tf));
+}
+
 /// A warm `pinswap copy` (the target already has the image under its tag):
 /// one manifest HEAD per side and at most one `/v2/` probe per registry,
 /// also when source and target are one registry.
