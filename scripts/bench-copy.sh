@@ -5,6 +5,10 @@
 #   (c) (b) again, warm (destination already has it)
 #   (d) 50 images sharing one 50 MiB base layer: `pinswap copy --from-file`
 #       against a bash loop of `skopeo copy` into the same mirror paths.
+#   (e) 130 small layers into a new repository of a target that already
+#       holds them in another repository, which each tool copied there
+#       itself: skopeo mounts from its blob-info cache, pinswap from its
+#       blob location cache. Every run copies into a repository never used.
 # Wall time comes from hyperfine (both tools in one invocation per case),
 # peak RSS from `/usr/bin/time -v`. Every cold run starts from an empty
 # target registry and an empty skopeo blob-info cache.
@@ -65,11 +69,16 @@ reset_target() {
   stop_registry dst
   rm -rf "$BENCH_WORK/dst/storage"
   rm -rf "$HOME/.local/share/containers/cache" /var/lib/containers/cache 2>/dev/null || true
+  rm -rf "$XDG_CACHE_HOME/pinswap"
   sync
   start_registry dst "$BENCH_DST_PORT"
 }
 
+# The hyperfine --prepare for (e): a repository name no run has used.
+next_repo() { echo "new-$(date +%s%N)" >"$BENCH_WORK/e-repo"; }
+
 if [[ ${1:-} == __reset-target ]]; then reset_target; exit 0; fi
+if [[ ${1:-} == __next-repo ]]; then next_repo; exit 0; fi
 
 # ---------------------------------------------------------------- options
 SCALE=${BENCH_SCALE:-1} RUNS=${BENCH_RUNS:-5} IMAGES=${BENCH_IMAGES:-50} QUICK=0
@@ -87,6 +96,7 @@ WARM_RUNS=$((RUNS * 4 > 5 ? RUNS * 4 : 5))
 MIB=$((1024 * 1024))
 A_SIZE=$((512 * MIB / SCALE)) B_SIZE=$((20 * MIB / SCALE))
 D_BASE=$((50 * MIB / SCALE)) D_UNIQUE=$((256 * 1024 / SCALE)) BIG_SIZE=$((2048 * MIB))
+E_LAYERS=130 E_SIZE=$((256 * 1024 / SCALE))
 mib() { awk -v b="$1" 'BEGIN { printf "%g MiB", b / 1048576 }'; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -120,7 +130,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 BENCH_SRC_PORT=$(free_port) BENCH_DST_PORT=$(free_port)
-export BENCH_WORK BENCH_DST_PORT
+# pinswap's blob location cache lives here, so that runs start from none.
+XDG_CACHE_HOME=$BENCH_WORK/cache
+export BENCH_WORK BENCH_DST_PORT XDG_CACHE_HOME
 SRC=127.0.0.1:$BENCH_SRC_PORT DST=127.0.0.1:$BENCH_DST_PORT
 mkdir -p "$OUT"
 : >"$BENCH_WORK/rss.tsv"
@@ -139,12 +151,14 @@ log "fixtures: layouts, then seeding $SRC"
 start_registry src "$BENCH_SRC_PORT"
 start_registry dst "$BENCH_DST_PORT"
 LAYOUT=$BENCH_WORK/layout
-specs=("a=$A_SIZE" "b=$(printf "$B_SIZE,%.0s" $(seq 10) | sed 's/,$//')")
+specs=("a=$A_SIZE" "b=$(printf "$B_SIZE,%.0s" $(seq 10) | sed 's/,$//')"
+  "e=$(printf "$E_SIZE,%.0s" $(seq "$E_LAYERS") | sed 's/,$//')")
 for i in $(seq "$IMAGES"); do specs+=("d$i=$D_BASE@base,$D_UNIQUE"); done
 ((QUICK)) || specs+=("big=$BIG_SIZE")
 python3 "$HERE/make-layout.py" "$LAYOUT" "${specs[@]}" 2>/dev/null
 $PINSWAP "oci:$LAYOUT:a" "docker://$SRC/bench/a:v1" >/dev/null
 $PINSWAP "oci:$LAYOUT:b" "docker://$SRC/bench/b:v1" >/dev/null
+$PINSWAP "oci:$LAYOUT:e" "docker://$SRC/bench/e:v1" >/dev/null
 ((QUICK)) || $PINSWAP "oci:$LAYOUT:big" "docker://$SRC/bench/big:v1" >/dev/null
 LIST=$BENCH_WORK/list.txt
 : >"$LIST"
@@ -175,7 +189,7 @@ verify_list() { while read -r ref; do verify "$ref" "$MIRROR/${ref#*/}"; done <"
 rss() { # case tool command...: one run under /usr/bin/time -v, records peak RSS in KiB
   local case=$1 tool=$2
   shift 2
-  /usr/bin/time -v -o "$BENCH_WORK/time.txt" "$@" >/dev/null
+  /usr/bin/time -v -o "$BENCH_WORK/time.txt" "$@" >"$BENCH_WORK/out-$case-$tool.txt"
   echo "$case $tool $(awk -F': ' '/Maximum resident set size/ { print $2 }' "$BENCH_WORK/time.txt")" \
     >>"$BENCH_WORK/rss.tsv"
 }
@@ -215,6 +229,22 @@ bench d --warmup 0 --runs "$RUNS" --prepare "$PREPARE" -- \
 reset_target; rss d pinswap $PINSWAP --from-file "$LIST" --to "docker://$DST/mirror"; verify_list
 reset_target; rss d skopeo bash "$BENCH_WORK/skopeo-loop.sh"; verify_list
 
+log "(e) $E_LAYERS layers the target holds in another repository"
+reset_target
+$PINSWAP "docker://$SRC/bench/e:v1" "docker://$DST/held-pinswap/e:v1" >/dev/null
+$SKOPEO "docker://$SRC/bench/e:v1" "docker://$DST/held-skopeo/e:v1"
+NEW_P="$PINSWAP docker://$SRC/bench/e:v1 docker://$DST/e-pinswap/\$(cat $BENCH_WORK/e-repo):v1"
+NEW_S="$SKOPEO docker://$SRC/bench/e:v1 docker://$DST/e-skopeo/\$(cat $BENCH_WORK/e-repo):v1"
+bench e --warmup 1 --runs "$WARM_RUNS" --prepare "$SELF __next-repo" -- "$NEW_P" "$NEW_S"
+for tool in pinswap skopeo; do
+  next_repo
+  new=$DST/e-$tool/$(<"$BENCH_WORK/e-repo"):v1
+  if [[ $tool == pinswap ]]; then cmd=$PINSWAP; else cmd=$SKOPEO; fi
+  rss e $tool $cmd "docker://$SRC/bench/e:v1" "docker://$new"
+  verify "$SRC/bench/e:v1" "$new"
+done
+E_MOUNTED=$(sed -n 's/.* \([0-9]*\) mounted.*/\1/p' "$BENCH_WORK/out-e-pinswap.txt")
+
 if ((!QUICK)); then
   log "pinswap peak RSS on one 2 GiB layer"
   reset_target
@@ -239,7 +269,8 @@ for line in open(rss_file):
 cases = [("a", "(a) 1 × $(mib $A_SIZE) layer, cold"),
          ("b", "(b) 10 × $(mib $B_SIZE) layers, cold"),
          ("c", "(c) warm copy of (b)"),
-         ("d", "(d) $IMAGES images sharing a $(mib $D_BASE) base, --from-file vs skopeo loop")]
+         ("d", "(d) $IMAGES images sharing a $(mib $D_BASE) base, --from-file vs skopeo loop"),
+         ("e", "(e) $E_LAYERS × $(mib $E_SIZE) layers the target holds elsewhere, into a new repository")]
 print("| case | pinswap s | skopeo s | time ratio | pinswap RSS MiB | skopeo RSS MiB | RSS ratio |")
 print("|---|---|---|---|---|---|---|")
 for key, label in cases:
@@ -255,6 +286,8 @@ if ("big", "pinswap") in rss:
           f"(vs {rss['a', 'pinswap']:.1f} MiB on (a))")
 else:
     print("pinswap peak RSS on a 2 GiB layer: skipped (--quick)")
+print()
+print("(e): pinswap mounted ${E_MOUNTED:-?} of the image's $((E_LAYERS + 1)) blobs.")
 print()
 print("Runs: $RUNS cold (empty target registry and skopeo blob-info cache before each), "
       "$WARM_RUNS warm. Defaults: pinswap --jobs 4, skopeo 6 parallel blobs; "
