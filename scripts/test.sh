@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README): unit tests and integration tests against real
-# Distribution registries and skopeo, which must be installed (see .ci/run).
+# Distribution registries and skopeo, which must be installed (see .ci/run),
+# and the cluster suite against a real kube-apiserver (needs Go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in docker-registry skopeo; do
@@ -9,4 +10,10 @@ for tool in docker-registry skopeo; do
     exit 1
   }
 done
+command -v go >/dev/null || {
+  echo "error: Go 1.26 or later is needed for the cluster suite (tests/cluster)" >&2
+  exit 1
+}
+# tests/cluster_*.rs run against kube-apiserver built by this script.
+scripts/build-cluster.sh >/dev/null
 exec cargo test --locked "$@"

@@ -25,6 +25,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod fixtures;
+pub mod cluster;
 pub mod front;
 pub mod kube;
 pub mod metrics;

@@ -46,6 +46,8 @@ struct Shared {
     released: watch::Sender<bool>,
     /// While true, nothing is forwarded either way.
     hole: watch::Sender<bool>,
+    /// Bumped to close every live connection while still accepting new ones.
+    resets: watch::Sender<u64>,
 }
 
 impl TcpCutProxy {
@@ -62,6 +64,7 @@ impl TcpCutProxy {
             stall: AtomicU64::new(u64::MAX),
             released: watch::channel(false).0,
             hole: watch::channel(false).0,
+            resets: watch::channel(0).0,
         });
         let s = shared.clone();
         let mut cut = shared.cut.subscribe();
@@ -129,6 +132,12 @@ impl TcpCutProxy {
         self.shared.down.load(Ordering::SeqCst)
     }
 
+    /// Closes every live connection, as a load balancer or a node's
+    /// conntrack does; new connections are still accepted.
+    pub fn reset_connections(&self) {
+        self.shared.resets.send_modify(|g| *g += 1);
+    }
+
     pub fn is_cut(&self) -> bool {
         *self.shared.cut.borrow()
     }
@@ -149,9 +158,13 @@ async fn forward(client: TcpStream, s: Arc<Shared>) {
     // Bytes of the current response; the client side resets it when it
     // sends the next request (HTTP/1.1 answers in order).
     let response = Arc::new(AtomicU64::new(0));
+    let mut resets = s.resets.subscribe();
     let up = tokio::spawn(pump(cr, sw, s.clone(), false, response.clone()));
-    pump(sr, cw, s, true, response).await;
-    let _ = up.await;
+    tokio::select! {
+        _ = pump(sr, cw, s, true, response) => drop(up.await),
+        // Dropping both halves of both sockets closes the connection.
+        _ = resets.changed() => up.abort(),
+    }
 }
 
 /// Copy `from` → `to` until EOF, error or cut. `downstream` counts bytes

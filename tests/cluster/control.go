@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+)
+
+// serveControl answers the suite's requests for faults a real cluster has
+// but a client cannot cause: compaction and an API server restart.
+func serveControl(cp *controlPlane, store *etcdStore) (*http.Server, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	post := func(path string, f func(ctx context.Context) (string, error)) {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodPost {
+				http.Error(w, "POST only", http.StatusMethodNotAllowed)
+				return
+			}
+			ctx, cancel := context.WithTimeout(r.Context(), 3*time.Minute)
+			defer cancel()
+			out, err := f(ctx)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			fmt.Fprintln(w, out)
+		})
+	}
+	post("/compact", func(ctx context.Context) (string, error) {
+		rev, err := store.Compact(ctx)
+		return fmt.Sprint(rev), err
+	})
+	post("/apiserver/restart", func(ctx context.Context) (string, error) {
+		return "restarted", cp.restartAPIServer(ctx)
+	})
+	post("/apiserver/stop", func(context.Context) (string, error) {
+		cp.stopAPIServer()
+		return "stopped", nil
+	})
+	post("/apiserver/start", func(ctx context.Context) (string, error) {
+		return "started", cp.startAPIServer(ctx)
+	})
+	mux.HandleFunc("/revision", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, store.Revision())
+	})
+	srv := &http.Server{Addr: l.Addr().String(), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	return srv, nil
+}

@@ -1,0 +1,154 @@
+// Command cluster runs a Kubernetes control plane on loopback for pinswap's
+// cluster suite: embedded etcd, kube-apiserver and kube-controller-manager,
+// each built from the published Kubernetes modules (see go.mod for the
+// release).
+//
+//	cluster [-dir DIR]
+//
+// The supervisor keeps etcd in its own process and runs the API server and
+// the controller manager as children (this binary again, with the
+// subcommands "apiserver" and "controller-manager"), so the API server can
+// be restarted under running clients. When ready it prints
+//
+//	kube-apiserver vX.Y.Z
+//	kubeconfig DIR/admin.kubeconfig
+//	control http://127.0.0.1:PORT
+//	ca DIR/pki/ca.crt
+//	sidecar https://127.0.0.1:PORT/inject
+//	dir DIR
+//
+// (the last is where the logs and the audit log are; sidecar is a second
+// mutating webhook, see sidecar.go).
+// The control address answers POST /compact (compact etcd at its current
+// revision), POST /apiserver/restart, POST /apiserver/stop,
+// POST /apiserver/start and GET /revision. On SIGTERM or SIGINT everything
+// stops and DIR is removed (unless -keep).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	kubeapiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	kcm "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/component-base/version"
+)
+
+func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "apiserver":
+			cmd := kubeapiserver.NewAPIServerCommand()
+			cmd.SetArgs(os.Args[2:])
+			os.Exit(cli.Run(cmd))
+		case "controller-manager":
+			cmd := kcm.NewControllerManagerCommand()
+			cmd.SetArgs(os.Args[2:])
+			os.Exit(cli.Run(cmd))
+		}
+	}
+	dir := flag.String("dir", "", "working directory (default: a new temporary one)")
+	keep := flag.Bool("keep", false, "keep the working directory on exit")
+	showVersion := flag.Bool("version", false, "print the kube-apiserver version this binary runs, and exit")
+	stdinEOF := flag.Bool("exit-on-stdin-eof", false, "stop when standard input closes (a test process that started it has exited)")
+	flag.Parse()
+	if *showVersion {
+		fmt.Printf("kube-apiserver %s\n", version.Get().GitVersion)
+		return
+	}
+	if err := run(*dir, *keep, *stdinEOF); err != nil {
+		fmt.Fprintf(os.Stderr, "cluster: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(dir string, keep, stdinEOF bool) error {
+	if dir == "" {
+		d, err := os.MkdirTemp("", "pinswap-cluster-")
+		if err != nil {
+			return err
+		}
+		dir = d
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	dir, _ = filepath.Abs(dir)
+	if !keep {
+		defer os.RemoveAll(dir)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if stdinEOF {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		go func() {
+			_, _ = io.Copy(io.Discard, os.Stdin)
+			cancel()
+		}()
+	}
+
+	pki, err := newPKI(dir)
+	if err != nil {
+		return fmt.Errorf("certificates: %w", err)
+	}
+	store, err := startEtcd(dir)
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	defer store.Close()
+
+	cp, err := newControlPlane(dir, pki, store.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer cp.stopAll()
+	if err := cp.startAPIServer(ctx); err != nil {
+		return err
+	}
+	served, err := cp.version(ctx)
+	if err != nil {
+		return err
+	}
+	if err := cp.startControllerManager(); err != nil {
+		return err
+	}
+	control, err := serveControl(cp, store)
+	if err != nil {
+		return err
+	}
+	defer control.Close()
+	sidecar, sidecarServer, err := serveSidecar(pki)
+	if err != nil {
+		return err
+	}
+	defer sidecarServer.Close()
+
+	fmt.Printf("kube-apiserver %s\n", served)
+	fmt.Printf("kubeconfig %s\n", cp.adminKubeconfig)
+	fmt.Printf("control http://%s\n", control.Addr)
+	fmt.Printf("ca %s\n", pki.caCert)
+	fmt.Printf("sidecar %s\n", sidecar)
+	fmt.Printf("dir %s\n", dir)
+
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-cp.failed:
+		if errors.Is(err, context.Canceled) {
+			return nil
+		}
+		return err
+	case err := <-store.Err():
+		return fmt.Errorf("etcd stopped: %w", err)
+	}
+}
