@@ -47,7 +47,8 @@ async fn a_pod_created_through_the_api_is_stored_rewritten_and_pinned() {
     );
     let originals: Value =
         serde_json::from_str(&annotation(&stored, "pinswap.dev/original-images").unwrap()).unwrap();
-    assert_eq!(originals["app"], rig.source(IMAGE));
+    assert_eq!(originals["containers/app"], rig.source(IMAGE));
+    assert_eq!(originals["initContainers/setup"], rig.source("tool:1.0"));
     assert!(annotation(&stored, "pinswap.dev/decisions").is_some());
     // The target holds the exact manifest the source serves.
     let (bytes, _, _) = rig
@@ -302,7 +303,7 @@ async fn pull_secrets_of_the_pod_and_its_service_account_are_read_from_real_secr
     let cluster = Cluster::get();
     let _g = cluster.lock().await;
     let src = common::TestRegistry::plain_auth("team", "s3cret").await;
-    let rig = Rig::start_with(cluster, "secrets", "source: {imagePullSecrets: true}", src).await;
+    let rig = Rig::start_with(cluster, "secrets", "", "  imagePullSecrets: true", src).await;
     // The config's source entry has no auth, so only the Pod's secrets
     // open the source.
     let img = Image::oci(1, 30);
@@ -318,8 +319,8 @@ async fn pull_secrets_of_the_pod_and_its_service_account_are_read_from_real_secr
     let stored = rig.create(p).await.unwrap();
     let want = format!("{}:v1@{}", rig.mirrored("private"), img.digest);
     assert_eq!(images(&stored, "containers"), [want.clone()]);
-    // A Pod whose ServiceAccount names one: the ServiceAccount admission
-    // plugin copies it onto the Pod, and pinswap reads the ServiceAccount too.
+    // A Pod whose ServiceAccount names one (the ServiceAccount admission
+    // plugin, which runs before webhooks, copies it onto the Pod).
     let sas: Api<ServiceAccount> = Api::namespaced(rig.client.clone(), &rig.ns);
     let sa: ServiceAccount = serde_json::from_value(json!({
         "metadata": {"name": "builder"},

@@ -463,21 +463,23 @@ pub const IMAGE: &str = "app:v1";
 impl Rig {
     /// `extra` is added to the config's top level.
     pub async fn start(cluster: &Cluster, name: &str, extra: &str) -> Rig {
-        Self::start_with(cluster, name, extra, super::TestRegistry::plain().await).await
+        Self::start_with(cluster, name, extra, "", super::TestRegistry::plain().await).await
     }
 
-    /// As [`Rig::start`], mirroring from `src`.
+    /// As [`Rig::start`], mirroring from `src`, with `source_keys` added to
+    /// the `source` mapping (block YAML indented two spaces).
     pub async fn start_with(
         cluster: &Cluster,
         name: &str,
         extra: &str,
+        source_keys: &str,
         src: super::TestRegistry,
     ) -> Rig {
         let dst = super::TestRegistry::plain().await;
         let client = cluster.admin().await;
         remove_webhooks(&client).await;
         let config = format!(
-            "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\ncopyDeadline: 8s\n{extra}\n",
+            "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\n{source_keys}\ncopyPolicy: immediate\ncopyDeadline: 8s\n{extra}\n",
             dst.host(),
             src.host()
         );
