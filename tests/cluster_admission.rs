@@ -89,16 +89,27 @@ async fn a_deployments_pods_made_by_the_controller_manager_are_rewritten() {
     // The ReplicaSet controller creates the Pods; each passes admission.
     let t = Instant::now();
     let pods = loop {
-        let pods = rig.pods().list(&ListParams::default().labels("app=web")).await.unwrap();
+        let pods = rig
+            .pods()
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap();
         if pods.items.len() == 2 {
             break pods.items;
         }
-        assert!(t.elapsed() < Duration::from_secs(60), "the controller-manager made {} Pods", pods.items.len());
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the controller-manager made {} Pods",
+            pods.items.len()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     for p in &pods {
         assert!(
-            p.metadata.owner_references.as_ref().is_some_and(|o| o[0].kind == "ReplicaSet"),
+            p.metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| o[0].kind == "ReplicaSet"),
             "{:?} is not the ReplicaSet's",
             p.metadata.name
         );
@@ -117,7 +128,9 @@ async fn an_ephemeral_container_added_through_its_subresource_is_rewritten() {
     let rig = Rig::start(cluster, "debug", "").await;
     rig.push("app", "v1", 4).await;
     let shell = rig.push("shell", "1", 5).await;
-    rig.create(pod("target", &[("app", &rig.source(IMAGE))], &[])).await.unwrap();
+    rig.create(pod("target", &[("app", &rig.source(IMAGE))], &[]))
+        .await
+        .unwrap();
     // What `kubectl debug` sends: a patch of pods/ephemeralcontainers.
     let patch = json!({"spec": {"ephemeralContainers": [
         {"name": "debugger", "image": rig.source("shell:1"), "targetContainerName": "app"}
@@ -149,13 +162,30 @@ async fn a_server_side_dry_run_is_answered_and_copies_nothing() {
     let p: Pod = serde_json::from_value(pod("dry", &[("app", &rig.source(IMAGE))], &[])).unwrap();
     let answered = rig
         .pods()
-        .create(&PostParams { dry_run: true, ..Default::default() }, &p)
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &p,
+        )
         .await
         .unwrap();
-    assert_eq!(images(&answered, "containers"), [rig.source(IMAGE)], "nothing was mirrored, so nothing to rewrite to");
-    assert!(rig.pods().get_opt("dry").await.unwrap().is_none(), "a dry run stores nothing");
+    assert_eq!(
+        images(&answered, "containers"),
+        [rig.source(IMAGE)],
+        "nothing was mirrored, so nothing to rewrite to"
+    );
+    assert!(
+        rig.pods().get_opt("dry").await.unwrap().is_none(),
+        "a dry run stores nothing"
+    );
     let repo = format!("mirror/127.0.0.1_{}/app", rig.src.port());
-    assert_eq!(rig.dst.head_manifest(&repo, &app.digest).await, None, "a dry run copied the image");
+    assert_eq!(
+        rig.dst.head_manifest(&repo, &app.digest).await,
+        None,
+        "a dry run copied the image"
+    );
     // The review did reach pinswap: its decision is on the answer.
     let decisions = annotation(&answered, "pinswap.dev/decisions").unwrap_or_default();
     assert!(decisions.contains("dry run"), "decisions: {decisions}");
@@ -230,12 +260,26 @@ async fn the_rendered_selectors_keep_pinswaps_namespace_kube_system_and_opted_ou
     let stored = rig.create(opted_out).await.unwrap();
     assert_eq!(images(&stored, "containers"), [image.clone()]);
     // And a namespace labelled so.
-    cluster::namespace(&rig.client, "selectors-out", json!({"pinswap.dev/ignore": "true"})).await;
+    cluster::namespace(
+        &rig.client,
+        "selectors-out",
+        json!({"pinswap.dev/ignore": "true"}),
+    )
+    .await;
     let api: Api<Pod> = Api::namespaced(rig.client.clone(), "selectors-out");
     let p: Pod = serde_json::from_value(pod("p", &[("app", &image)], &[])).unwrap();
-    assert_eq!(images(&api.create(&PostParams::default(), &p).await.unwrap(), "containers"), [image.clone()]);
+    assert_eq!(
+        images(
+            &api.create(&PostParams::default(), &p).await.unwrap(),
+            "containers"
+        ),
+        [image.clone()]
+    );
     // The webhook still mutates everywhere else.
-    let stored = rig.create(pod("mutated", &[("app", &image)], &[])).await.unwrap();
+    let stored = rig
+        .create(pod("mutated", &[("app", &image)], &[]))
+        .await
+        .unwrap();
     assert_eq!(
         images(&stored, "containers"),
         [format!("{}:v1@{}", rig.mirrored("app"), app.digest)]
@@ -255,8 +299,15 @@ async fn with_pinswap_stopped_ignore_admits_unchanged_and_fail_refuses() {
     rig.push("app", "v1", 10).await;
     drop(rig.served.take());
     let t = Instant::now();
-    let stored = rig.create(pod("while-down", &[("app", &rig.source(IMAGE))], &[])).await.unwrap();
-    assert!(t.elapsed() < Duration::from_secs(timeout), "took {:?}", t.elapsed());
+    let stored = rig
+        .create(pod("while-down", &[("app", &rig.source(IMAGE))], &[]))
+        .await
+        .unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(timeout),
+        "took {:?}",
+        t.elapsed()
+    );
     assert_eq!(images(&stored, "containers"), [rig.source(IMAGE)]);
 
     // failurePolicy: closed renders Fail: the API server refuses the Pod,
@@ -271,7 +322,11 @@ async fn with_pinswap_stopped_ignore_admits_unchanged_and_fail_refuses() {
         .create(pod("while-down", &[("app", &rig.source(IMAGE))], &[]))
         .await
         .unwrap_err();
-    assert!(t.elapsed() < Duration::from_secs(timeout), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(timeout),
+        "took {:?}",
+        t.elapsed()
+    );
     let text = err.to_string();
     assert!(text.contains(webhook["name"].as_str().unwrap()), "{text}");
     assert!(rig.pods().get_opt("while-down").await.unwrap().is_none());

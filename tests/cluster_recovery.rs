@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use common::TcpCutProxy;
 use common::cluster::{Cluster, IMAGE, Rig, images, no_forbidden, pod};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Event as CoreEvent;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// Short Lease and retry timings so leadership plays out in seconds.
@@ -88,8 +88,13 @@ async fn lose_and_fail(rig: &Rig, name: &str, seed: u64) -> common::fixtures::Im
         images(&stored, "containers"),
         [format!("{}:v1@{}", rig.mirrored("app"), app.digest)]
     );
-    rig.dst.delete_manifest(&repo(rig, "app"), &app.digest).await;
-    assert_eq!(rig.dst.head_manifest(&repo(rig, "app"), &app.digest).await, None);
+    rig.dst
+        .delete_manifest(&repo(rig, "app"), &app.digest)
+        .await;
+    assert_eq!(
+        rig.dst.head_manifest(&repo(rig, "app"), &app.digest).await,
+        None
+    );
     report_pull_failure(rig, name, "app", "ErrImagePull").await;
     app
 }
@@ -106,11 +111,21 @@ async fn a_pull_failure_reported_through_pods_status_is_remirrored_with_an_event
     .await;
     let app = lose_and_fail(&rig, "stuck", 20).await;
     let dst = &rig.dst;
-    until("the image is served again", Duration::from_secs(30), || async {
-        dst.head_manifest(&repo(&rig, "app"), &app.digest).await.as_deref() == Some(&*app.digest)
-    })
+    until(
+        "the image is served again",
+        Duration::from_secs(30),
+        || async {
+            dst.head_manifest(&repo(&rig, "app"), &app.digest)
+                .await
+                .as_deref()
+                == Some(&*app.digest)
+        },
+    )
     .await;
-    let (bytes, _, _) = dst.get_manifest(&repo(&rig, "app"), &app.digest).await.unwrap();
+    let (bytes, _, _) = dst
+        .get_manifest(&repo(&rig, "app"), &app.digest)
+        .await
+        .unwrap();
     assert_eq!(bytes, app.manifest, "the same bytes as the source's");
 
     // The Event, through events.k8s.io/v1 and as `kubectl get events`
@@ -119,10 +134,16 @@ async fn a_pull_failure_reported_through_pods_status_is_remirrored_with_an_event
     let t = Instant::now();
     let ev = loop {
         let listed = events.list(&ListParams::default()).await.unwrap().items;
-        if let Some(e) = listed.into_iter().find(|e| e.reason.as_deref() == Some("ImageRemirrored")) {
+        if let Some(e) = listed
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("ImageRemirrored"))
+        {
             break e;
         }
-        assert!(t.elapsed() < Duration::from_secs(20), "no ImageRemirrored Event after 20 s");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no ImageRemirrored Event after 20 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let regarding = ev.regarding.unwrap();
@@ -150,7 +171,9 @@ async fn killing_the_leader_hands_the_lease_and_the_recovery_to_the_other_replic
     let _g = cluster.lock().await;
     let mut rig = Rig::start(cluster, "leader", FAST).await;
     until("replica 0 leads", Duration::from_secs(30), || async {
-        lease_holder(&rig).await.is_some_and(|h| h.starts_with("leader-0"))
+        lease_holder(&rig)
+            .await
+            .is_some_and(|h| h.starts_with("leader-0"))
     })
     .await;
     let second = rig.install.serve(cluster, "leader-1").await;
@@ -158,9 +181,15 @@ async fn killing_the_leader_hands_the_lease_and_the_recovery_to_the_other_replic
     let mut first = rig.served.take().unwrap();
     first.child.start_kill().unwrap();
     first.child.wait().await.unwrap();
-    until("replica 1 takes the Lease", Duration::from_secs(30), || async {
-        lease_holder(&rig).await.is_some_and(|h| h.starts_with("leader-1"))
-    })
+    until(
+        "replica 1 takes the Lease",
+        Duration::from_secs(30),
+        || async {
+            lease_holder(&rig)
+                .await
+                .is_some_and(|h| h.starts_with("leader-1"))
+        },
+    )
     .await;
     until("replica 1 watches", Duration::from_secs(10), || async {
         second.log_text().contains("leading: watching Pods")
@@ -171,11 +200,21 @@ async fn killing_the_leader_hands_the_lease_and_the_recovery_to_the_other_replic
     rig.served = Some(second);
     let app = lose_and_fail(&rig, "after-handover", 21).await;
     let dst = &rig.dst;
-    until("the new leader mirrors it again", Duration::from_secs(30), || async {
-        dst.head_manifest(&repo(&rig, "app"), &app.digest).await.is_some()
-    })
+    until(
+        "the new leader mirrors it again",
+        Duration::from_secs(30),
+        || async {
+            dst.head_manifest(&repo(&rig, "app"), &app.digest)
+                .await
+                .is_some()
+        },
+    )
     .await;
-    assert!(rig.served().log_text().contains("pull failure on a target image"));
+    assert!(
+        rig.served()
+            .log_text()
+            .contains("pull failure on a target image")
+    );
     no_forbidden(cluster, &rig);
 }
 
@@ -219,22 +258,34 @@ async fn the_watch_relists_after_a_compaction_and_reconnects_after_a_restart() {
     // watch is from a version the server no longer has.
     cluster.compact().await;
     cluster.restart_apiserver().await;
-    until("a list after the restart", Duration::from_secs(60), || async {
-        pod_requests(cluster, &rig)[before..].iter().any(|(w, _)| !*w)
-    })
+    until(
+        "a list after the restart",
+        Duration::from_secs(60),
+        || async {
+            pod_requests(cluster, &rig)[before..]
+                .iter()
+                .any(|(w, _)| !*w)
+        },
+    )
     .await;
-    until("a watch after that list", Duration::from_secs(60), || async {
-        let after = &pod_requests(cluster, &rig)[before..];
-        let list = after.iter().position(|(w, _)| !*w);
-        list.is_some_and(|i| after[i + 1..].iter().any(|(w, rv)| *w && !rv.is_empty()))
-    })
+    until(
+        "a watch after that list",
+        Duration::from_secs(60),
+        || async {
+            let after = &pod_requests(cluster, &rig)[before..];
+            let list = after.iter().position(|(w, _)| !*w);
+            list.is_some_and(|i| after[i + 1..].iter().any(|(w, rv)| *w && !rv.is_empty()))
+        },
+    )
     .await;
     // The watch it runs now is live: a pull failure reported after the
     // restart is recovered.
     let app = lose_and_fail(&rig, "after-restart", 22).await;
     let dst = &rig.dst;
     until("mirrored again", Duration::from_secs(30), || async {
-        dst.head_manifest(&repo(&rig, "app"), &app.digest).await.is_some()
+        dst.head_manifest(&repo(&rig, "app"), &app.digest)
+            .await
+            .is_some()
     })
     .await;
     assert!(served.log_text().contains("pull failure on a target image"));
@@ -245,45 +296,79 @@ async fn the_watch_relists_after_a_compaction_and_reconnects_after_a_restart() {
 async fn a_cut_watch_resumes_from_the_servers_own_bookmark_without_listing_again() {
     let cluster = Cluster::get();
     let _g = cluster.lock().await;
-    let mut rig = Rig::start(cluster, "bookmarks", FAST).await;
+    // Watching one namespace: Pod changes elsewhere move the Pods'
+    // resourceVersion on without an event for this watch, so only the
+    // server's bookmarks can tell the watcher the newer version.
+    let recovery = format!("{FAST}  namespaces: [bookmarks]\n");
+    let mut rig = Rig::start(cluster, "bookmarks", &recovery).await;
     // This replica reaches the API server through a proxy that can close
     // its connections, as a load balancer's idle timeout does.
     drop(rig.served.take());
     let upstream = cluster.server.trim_start_matches("https://");
     let proxy = TcpCutProxy::start(upstream).await;
+    let before = pod_requests(cluster, &rig).len();
     let served = rig
         .install
         .serve_via(cluster, "bookmarks-1", &format!("https://{}", proxy.host()))
         .await;
     rig.install.register(&rig.client, &served).await;
     rig.served = Some(served);
-    let before = pod_requests(cluster, &rig).len();
     until("the replica watches", Duration::from_secs(30), || async {
-        pod_requests(cluster, &rig)[before..].iter().any(|(w, _)| *w)
+        pod_requests(cluster, &rig)[before..]
+            .iter()
+            .any(|(w, _)| *w)
     })
     .await;
     let ours = pod_requests(cluster, &rig)[before..].to_vec();
     let watched_from: u64 = ours.iter().find(|(w, _)| *w).unwrap().1.parse().unwrap();
-    // No Pod changes while the Lease renewals move the cluster's
-    // resourceVersion on: only a bookmark can tell the watcher a newer one.
-    // kube-apiserver sends one about once a minute on each watch.
-    tokio::time::sleep(Duration::from_secs(70)).await;
+    // kube-apiserver sends a bookmark about once a minute on each watch.
+    let elsewhere: Api<Pod> = Api::namespaced(rig.client.clone(), "kube-system");
+    let t = Instant::now();
+    let mut i = 0;
+    while t.elapsed() < Duration::from_secs(70) {
+        let p: Pod = serde_json::from_value(pod(
+            &format!("noise-{i}"),
+            &[("c", "registry.invalid/x")],
+            &[],
+        ))
+        .unwrap();
+        elsewhere.create(&PostParams::default(), &p).await.unwrap();
+        elsewhere
+            .delete(&format!("noise-{i}"), &Default::default())
+            .await
+            .unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
     proxy.reset_connections();
-    until("a watch from a newer version", Duration::from_secs(30), || async {
-        pod_requests(cluster, &rig)[before..]
+    let t = Instant::now();
+    loop {
+        let ours = pod_requests(cluster, &rig)[before..].to_vec();
+        let resumed = ours
             .iter()
             .filter(|(w, _)| *w)
-            .any(|(_, rv)| rv.parse::<u64>().is_ok_and(|v| v > watched_from))
-    })
-    .await;
-    let ours = pod_requests(cluster, &rig)[before..].to_vec();
-    let lists = ours.iter().filter(|(w, _)| !*w).count();
-    assert_eq!(lists, 1, "resumed from the bookmark without listing again: {ours:?}");
+            .any(|(_, rv)| rv.parse::<u64>().is_ok_and(|v| v > watched_from));
+        if resumed {
+            let lists = ours.iter().filter(|(w, _)| !*w).count();
+            assert_eq!(
+                lists, 1,
+                "resumed from the bookmark without listing again: {ours:?}"
+            );
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no watch from a version newer than {watched_from}: {ours:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // And the resumed watch delivers: a pull failure is recovered.
     let app = lose_and_fail(&rig, "after-cut", 23).await;
     let dst = &rig.dst;
     until("mirrored again", Duration::from_secs(30), || async {
-        dst.head_manifest(&repo(&rig, "app"), &app.digest).await.is_some()
+        dst.head_manifest(&repo(&rig, "app"), &app.digest)
+            .await
+            .is_some()
     })
     .await;
     no_forbidden(cluster, &rig);

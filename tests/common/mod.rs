@@ -24,8 +24,8 @@
 //! Each test binary uses a subset, hence the `allow` below.
 #![allow(dead_code, unused_imports)]
 
-pub mod fixtures;
 pub mod cluster;
+pub mod fixtures;
 pub mod front;
 pub mod kube;
 pub mod metrics;
