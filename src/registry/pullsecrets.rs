@@ -133,9 +133,12 @@ impl PodCredentials {
 pub struct PullSecrets {
     client: kube::Client,
     metrics: Arc<Metrics>,
-    secrets: moka::future::Cache<(String, String), Read<Vec<(String, Credentials)>>>,
+    secrets: moka::future::Cache<(String, String), Read<SecretCredentials>>,
     accounts: moka::future::Cache<(String, String), Read<Vec<String>>>,
 }
+
+/// (registry, credentials) pairs of one Secret, in its order.
+type SecretCredentials = Vec<(String, Credentials)>;
 
 /// A cached read: the value, or why there is none.
 type Read<T> = Result<Arc<T>, PullSecretError>;
@@ -193,7 +196,7 @@ fn credentials_of(registry: &str, entry: &Value) -> Result<Credentials, PullSecr
 /// # Errors
 /// [`PullSecretError::Malformed`] saying what is wrong with its shape
 /// (never quoting its content).
-pub fn parse_secret(secret: &Secret) -> Result<Vec<(String, Credentials)>, PullSecretError> {
+pub fn parse_secret(secret: &Secret) -> Result<SecretCredentials, PullSecretError> {
     let bad = |why: String| PullSecretError::Malformed(why);
     let data = secret.data.as_ref();
     let (key, wrapped) = match secret.type_.as_deref() {
@@ -274,7 +277,7 @@ impl PullSecrets {
         );
     }
 
-    async fn secret(&self, namespace: &str, name: &str) -> Read<Vec<(String, Credentials)>> {
+    async fn secret(&self, namespace: &str, name: &str) -> Read<SecretCredentials> {
         let key = (namespace.to_owned(), name.to_owned());
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         self.secrets
