@@ -442,3 +442,49 @@ async fn a_recovery_of_a_private_image_uses_a_proven_pods_secret() {
     assert!(denials(&metrics, "no_credentials") >= 1.0);
     bg.stop().await;
 }
+
+/// Pull secrets that cannot be used are skipped, as the kubelet does, and
+/// counted by reason: a malformed one, a missing one, and reads the
+/// install's RBAC refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_pull_secrets_are_counted_by_reason() {
+    let r = Rig::start().await;
+    let api = KubeApi::start().await;
+    r.tenants(&api).await;
+    let mut broken =
+        common::kube::dockerconfigjson_secret("broken", &r.private.host(), USER, PASSWORD);
+    broken.data = Some(
+        [(
+            ".dockerconfigjson".to_owned(),
+            k8s_openapi::ByteString(b"{not json".to_vec()),
+        )]
+        .into(),
+    );
+    api.put_secret("team-a", broken);
+    let errors = |m: &Metrics, reason: &str| {
+        common::metrics::sample(
+            &m.encode(),
+            "pinswap_pull_secret_errors_total",
+            &[("reason", reason)],
+        )
+        .unwrap_or(0.0)
+    };
+    let (adm, metrics) = handler(&r.config("", ""), api.client());
+    let secrets = ["broken", "missing", "regcred"];
+    let a = admitted(&adm, &pod("team-a", "a", &r.app(), &secrets, None)).await;
+    assert_eq!(
+        image(&a),
+        r.app_mirrored(),
+        "the usable secret still counts"
+    );
+    assert_eq!(errors(&metrics, "malformed"), 1.0);
+    assert_eq!(errors(&metrics, "missing"), 1.0);
+    // An install whose RBAC has no access to Secrets.
+    let mut no_secrets = r.config("", "");
+    no_secrets.source.image_pull_secrets = false;
+    api.authorize_install(&no_secrets, pinswap::install::manifests::Tls::CertManager);
+    let (adm, metrics) = handler(&r.config("", ""), api.client());
+    let a = admitted(&adm, &pod("team-a", "a", &r.app(), &["regcred"], None)).await;
+    assert_eq!(image(&a), r.app(), "{}", decision(&a));
+    assert!(errors(&metrics, "forbidden") >= 1.0);
+}
