@@ -176,6 +176,30 @@ pub struct SourceRegistry {
     /// Credentials for this source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<Auth>,
+    /// Which of its images the mirror shares (docs/security.md).
+    #[serde(default, skip_serializing_if = "Visibility::is_auto")]
+    pub visibility: Visibility,
+}
+
+/// Which images of a source registry every Pod may be given from the
+/// mirror (docs/security.md). An image that needs a Pod's own pull secret
+/// is private under either setting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Visibility {
+    /// Public images (served anonymously) and images the registry's `auth`
+    /// reads are shared.
+    #[default]
+    Auto,
+    /// Only public images are shared; every other image is rewritten only
+    /// for Pods whose own pull secrets read it at the source.
+    Private,
+}
+
+impl Visibility {
+    fn is_auto(&self) -> bool {
+        *self == Self::Auto
+    }
 }
 
 /// A JMESPath filter; `true` skips the container (as in k8s-image-swapper).
@@ -201,6 +225,14 @@ pub struct Source {
     /// and serviceaccounts).
     #[serde(default)]
     pub image_pull_secrets: bool,
+    /// How long a private image's proof (a Pod's pull secret read the
+    /// digest at the source) counts, and a public verdict too.
+    #[serde(default = "d_10m", with = "duration")]
+    pub proof_ttl: Duration,
+    /// While the source cannot answer, a proof or public verdict no older
+    /// than this still counts.
+    #[serde(default = "d_24h", with = "duration")]
+    pub proof_grace: Duration,
     /// How long an admission waits for a source to resolve a tag before it
     /// uses the target's copy instead (at most half the time left in the
     /// admission budget).
@@ -249,6 +281,7 @@ fn default_registries() -> Vec<SourceRegistry> {
         registry: "docker.io".into(),
         insecure: false,
         auth: None,
+        visibility: Visibility::Auto,
     }]
 }
 
@@ -258,6 +291,8 @@ impl Default for Source {
             registries: default_registries(),
             filters: Vec::new(),
             image_pull_secrets: false,
+            proof_ttl: d_10m(),
+            proof_grace: d_24h(),
             timeout: d_1s(),
             breaker: Breaker::default(),
         }
@@ -700,6 +735,9 @@ fn d_5m() -> Duration {
 fn d_30s() -> Duration {
     Duration::from_secs(30)
 }
+fn d_24h() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
 fn d_10m() -> Duration {
     Duration::from_secs(600)
 }
@@ -913,6 +951,31 @@ impl Config {
                     "has no effect on \"*\"; add an entry for the registry itself (e.g. {registry: registry.example.com, insecure: true})".into(),
                 );
             }
+        }
+        for (i, r) in self.source.registries.iter().enumerate() {
+            if r.visibility == Visibility::Private && !self.source.image_pull_secrets {
+                bad(
+                    format!("source.registries[{i}].visibility"),
+                    "private needs source.imagePullSecrets: true: without a Pod's own pull secrets no Pod can prove access, and only public images would ever be rewritten".into(),
+                );
+            }
+        }
+        let (ttl, grace) = (self.source.proof_ttl, self.source.proof_grace);
+        if ttl.is_zero() {
+            bad(
+                "source.proofTtl".into(),
+                "found 0s, expected a duration of at least 1s, e.g. 10m".into(),
+            );
+        }
+        if grace < ttl {
+            bad(
+                "source.proofGrace".into(),
+                format!(
+                    "found {}, expected at least source.proofTtl ({})",
+                    humantime::format_duration(grace),
+                    humantime::format_duration(ttl)
+                ),
+            );
         }
         for (i, f) in self.source.filters.iter().enumerate() {
             if let Err(e) = jmespath::compile(&f.jmespath) {
@@ -1217,12 +1280,22 @@ source:
   # "*" allows any (link-local and metadata addresses stay refused).
   registries:
     - registry: docker.io
+      # With imagePullSecrets, images a Pod's own pull secret reads are
+      # private; `visibility: private` makes images this entry's auth reads
+      # private too (only public images are shared then).
+      # visibility: auto
   # JMESPath over {"obj": <Pod>, "container": <container>}; true skips the container.
   filters: []
   #  - jmespath: "obj.metadata.namespace == 'kube-system'"
   # Authenticate to sources with the Pod's imagePullSecrets (and its
-  # ServiceAccount's), read through the Kubernetes API.
+  # ServiceAccount's), read through the Kubernetes API. An image that needs
+  # them is private: a Pod gets the mirror's copy only when its own pull
+  # secrets read that digest at the source (docs/security.md).
   imagePullSecrets: false
+  # How long such a proof counts, and how long it still counts while the
+  # source cannot answer.
+  proofTtl: 10m
+  proofGrace: 24h
 
 # exists: rewrite only when the target has the image; always: rewrite regardless.
 swapPolicy: exists

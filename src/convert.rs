@@ -1504,7 +1504,7 @@ impl Cx<'_> {
             self.item(
                 ItemKind::Note,
                 "secretReader.enabled",
-                "written as source.imagePullSecrets: true; pinswap then reads Pods' and ServiceAccounts' imagePullSecrets, so its RBAC needs get on secrets and serviceaccounts",
+                "written as source.imagePullSecrets: true; pinswap then reads Pods' and ServiceAccounts' imagePullSecrets, so its RBAC needs get on secrets and serviceaccounts. Unlike k8s-image-swapper, which rewrote every Pod to an image the target held, pinswap gives an image that needs a Pod's own pull secret only to Pods whose pull secrets read it at the source (docs/security.md); public images and those the config's auth reads stay shared",
             );
         } else {
             self.item(

@@ -164,6 +164,14 @@ pub struct Metrics {
     pub source_failures: Family<SourceLabels, Counter>,
     /// `pinswap_source_breaker_open{registry}`.
     pub source_breaker_open: Family<RegistryLabel, Gauge>,
+    /// `pinswap_private_image_denials_total{reason}`: image slots left
+    /// unchanged because the image is private and the Pod did not prove
+    /// access (`no_credentials`, `refused`, `unverified`).
+    pub private_denials: Family<ReasonLabel, Counter>,
+    /// `pinswap_pull_secret_errors_total{reason}`: pull secrets (and
+    /// ServiceAccounts) that could not be used (`forbidden`, `missing`,
+    /// `malformed`, `unreadable`).
+    pub pull_secret_errors: Family<ReasonLabel, Counter>,
 }
 
 /// Label `reason`: why a slot was rewritten (`present`, `copied`,
@@ -341,6 +349,18 @@ impl Metrics {
                 "1 while a source registry's circuit breaker is open (admissions use the target's copies)",
                 Family::default(),
             ),
+            private_denials: register(
+                &mut r,
+                "private_image_denials",
+                "Image slots left unchanged because the image is private (it needs a Pod's own pull secret) and the Pod did not prove access at the source, by reason (no_credentials, refused, unverified: the source could not answer and no recent proof)",
+                Family::default(),
+            ),
+            pull_secret_errors: register(
+                &mut r,
+                "pull_secret_errors",
+                "Pull secrets or ServiceAccounts that could not be used, by reason (forbidden, missing, malformed, unreadable)",
+                Family::default(),
+            ),
             registry: r,
         };
         // Every cause at zero from the start, so a rate over it is defined
@@ -375,6 +395,24 @@ impl Metrics {
     /// Counts one rewritten slot for `reason`.
     pub fn rewrite(&self, reason: &str) {
         self.rewrites
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a private image left unchanged for a Pod, by reason.
+    pub fn private_denial(&self, reason: &str) {
+        self.private_denials
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a pull secret that could not be used, by reason.
+    pub fn pull_secret_error(&self, reason: &str) {
+        self.pull_secret_errors
             .get_or_create(&ReasonLabel {
                 reason: reason.to_owned(),
             })

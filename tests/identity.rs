@@ -892,7 +892,7 @@ async fn a_repaired_image_is_recovered_by_another_replica_after_the_tag_moved() 
         let hint = Reference::parse(&pinned_source).unwrap();
         let r = other
             .mirror()
-            .recover(&target, Some(&hint), Cause::PullFailure, None)
+            .recover(&target, Some(&hint), Cause::PullFailure, &[])
             .await;
         assert!(
             r.is_ok() && dst.head_manifest(repo, digest).await.is_some(),

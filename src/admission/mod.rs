@@ -28,7 +28,7 @@ use crate::logsafe::{Untrusted, clip};
 use crate::metrics::{ErrorCause, Metrics};
 use crate::mirror::Mirror;
 use crate::reference::Reference;
-use crate::registry::auth::Credentials;
+use crate::registry::pullsecrets::PodCredentials;
 use policy::{Policy, Skip};
 
 /// Bounds an annotation value, so many slots cannot push the Pod past the
@@ -171,7 +171,10 @@ impl Admission {
     /// Reads source credentials from each Pod's imagePullSecrets through
     /// `client` (`source.imagePullSecrets: true`).
     pub fn with_pull_secrets(mut self, client: kube::Client) -> Self {
-        self.pull_secrets = Some(crate::registry::pullsecrets::PullSecrets::new(client));
+        self.pull_secrets = Some(crate::registry::pullsecrets::PullSecrets::new(
+            client,
+            self.metrics.clone(),
+        ));
         self
     }
 
@@ -325,12 +328,13 @@ impl Admission {
                 match tokio::time::timeout_at(deadline.into(), ps.for_pod(ns, &pod)).await {
                     Ok(c) => c,
                     Err(_) => {
+                        // Private images are then left unchanged for it.
                         warn!(%uid, "pull secrets not read within the admission budget");
-                        HashMap::new()
+                        PodCredentials::new(ns, [])
                     }
                 }
             }
-            _ => HashMap::new(),
+            _ => PodCredentials::none(),
         };
         let Decided {
             rewrites,
@@ -399,7 +403,7 @@ impl Admission {
         slots: &'a [pod::Slot],
         deadline: Instant,
         dry_run: bool,
-        creds: &HashMap<String, Credentials>,
+        creds: &PodCredentials,
     ) -> Decided<'a> {
         let outcomes = self
             .decide_slots(obj, slots, deadline, dry_run, creds)
@@ -456,7 +460,7 @@ impl Admission {
         let slots = pod::slots(template.get("spec").unwrap_or(&serde_json::Value::Null));
         let deadline = Instant::now() + self.budget;
         let outcomes = self
-            .decide_slots(obj, &slots, deadline, dry_run, &HashMap::new())
+            .decide_slots(obj, &slots, deadline, dry_run, &PodCredentials::none())
             .await;
         slots
             .into_iter()
@@ -495,7 +499,7 @@ impl Admission {
         slots: &[pod::Slot],
         deadline: Instant,
         dry_run: bool,
-        creds: &HashMap<String, Credentials>,
+        creds: &PodCredentials,
     ) -> Vec<(Outcome, Option<String>)> {
         let mut pending: HashMap<String, Reference> = HashMap::new();
         let mut first: Vec<Option<Outcome>> = Vec::with_capacity(slots.len());
@@ -542,8 +546,6 @@ impl Admission {
                             Err(Undecided::Failed(exhausted(), ErrorCause::Budget)),
                         );
                     }
-                    let creds =
-                        creds.get(&crate::reference::normalize_registry(reference.registry()));
                     let decide = async {
                         if dry_run {
                             self.mirror.decide_dry(&reference, creds).await

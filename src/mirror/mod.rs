@@ -2,6 +2,7 @@
 //! queue deduplicated by source digest, and the swap and copy policies. The
 //! webhook and `pinswap mutate` both decide through [`Mirror::decide`].
 //!
+//! - `access`: who may be given a private image (docs/security.md);
 //! - `identity_check`: identity facts, findings and the repaired copy;
 //! - `recover`: re-verification and restoring a lost image.
 
@@ -15,6 +16,7 @@ use moka::future::Cache;
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
+mod access;
 pub mod health;
 mod identity_check;
 mod recover;
@@ -31,6 +33,7 @@ use crate::registry::auth::{CredentialSources, Credentials};
 use crate::registry::copy::{Copier, CopyError, CopyOptions, Endpoint};
 use crate::registry::ecr::Ecr;
 use crate::registry::manifest::PlatformSpec;
+use crate::registry::pullsecrets::PodCredentials;
 use crate::registry::{ClientPool, PoolOptions, RegistryError, Role};
 
 /// Errors deciding about one image. Each names the image.
@@ -92,6 +95,15 @@ pub enum MirrorError {
         /// [`ErrorCause::Credentials`] when the source refused our
         /// credentials, else [`ErrorCause::Source`].
         kind: ErrorCause,
+    },
+    /// A private image (it needs a Pod's own pull secret at the source), and
+    /// no Pod it was asked for proves access.
+    #[error("{image}: {reason}")]
+    Private {
+        /// The pinned source.
+        image: String,
+        /// Why, in words (never a credential).
+        reason: String,
     },
     /// `identity.collisions: deny` and the image's image ID is not unique.
     /// Admission denies the Pod whatever `failurePolicy` says.
@@ -254,6 +266,8 @@ pub struct Mirror {
     resumes: Arc<resume::Resumes>,
     /// The ECR target (`target.aws`): its registry token and repositories.
     ecr: Option<Arc<Ecr>>,
+    /// Who may be given a private image: settings and proofs.
+    access: access::Access,
 }
 
 /// The tag a digest-only source gets at the target, so "delete untagged"
@@ -319,7 +333,7 @@ impl MirrorError {
     /// (`host[:port]`, normalised).
     pub fn cause(&self, target: &str) -> ErrorCause {
         match self {
-            Self::Credentials { .. } => ErrorCause::Credentials,
+            Self::Credentials { .. } | Self::Private { .. } => ErrorCause::Credentials,
             Self::Reference(_) => ErrorCause::Reference,
             Self::Registry(r) => registry_kind(r, target),
             Self::Copy(e) => copy_kind(e, target),
@@ -582,6 +596,7 @@ impl Mirror {
             source_timeout: config.source.timeout,
             resumes: Arc::new(resume::Resumes::new(config.source.breaker.clone())),
             ecr,
+            access: access::Access::new(config),
         })
     }
 
@@ -1470,6 +1485,20 @@ impl Mirror {
         handle
     }
 
+    /// The decision for a Pod denied a private image: unchanged, counted,
+    /// and no identity facts about an image it may not have.
+    fn denied(&self, src: &Reference, pod: &PodCredentials, d: access::Denial) -> Decision {
+        self.metrics.private_denial(d.reason);
+        debug!(image = %src, namespace = pod.namespace(), reason = d.reason, note = %d.note, "private image not given");
+        Decision {
+            image: None,
+            reason: d.note,
+            identity: None,
+            source: String::new(),
+            cause: "",
+        }
+    }
+
     /// The image a Pod gets for `plan`: `target:tag@digest` when pinned, the
     /// tag alone when not; a digest-only source stays digest-only.
     fn rewritten(&self, plan: &Plan) -> String {
@@ -1537,9 +1566,14 @@ impl Mirror {
     pub async fn decide_dry(
         &self,
         src: &Reference,
-        creds: Option<&Credentials>,
+        pod: &PodCredentials,
     ) -> Result<Decision, MirrorError> {
-        let plan = self.plan(src, creds, None).await?;
+        let plan = self.plan(src, pod.first(src.registry()), None).await?;
+        if let access::Verdict::Denied(d) =
+            Box::pin(self.access(&plan.source, plan.source_known, pod, None)).await
+        {
+            return Ok(self.denied(src, pod, d));
+        }
         let image = self.rewritten(&plan);
         let identity = self.identity_note(&plan, src, true)?;
         let (image, reason, cause) = if self.target_has(&plan).await? {
@@ -1562,8 +1596,11 @@ impl Mirror {
         })
     }
 
-    /// Decides what `src` becomes, reading the source with `creds` (a Pod's
-    /// imagePullSecrets) when given, under the swap and copy policies
+    /// Decides what `src` becomes for a Pod with `pod`'s credentials (its
+    /// imagePullSecrets; the first for the source's registry reads it),
+    /// under the access rule (a private image only for a Pod whose own
+    /// credentials read it at the source, docs/security.md) and the swap
+    /// and copy policies
     /// (docs/architecture.md §2), without passing `deadline`:
     ///
     /// | at target | copyPolicy | result |
@@ -1581,9 +1618,20 @@ impl Mirror {
         &self,
         src: &Reference,
         deadline: Instant,
-        creds: Option<&Credentials>,
+        pod: &PodCredentials,
     ) -> Result<Decision, MirrorError> {
+        let creds = pod.first(src.registry());
         let plan = self.plan(src, creds, Some(deadline)).await?;
+        // Boxed, as in `resolve`: the check's requests are large futures.
+        let proven =
+            match Box::pin(self.access(&plan.source, plan.source_known, pod, Some(deadline))).await
+            {
+                access::Verdict::Shared => None,
+                access::Verdict::Proven(c) => Some(c),
+                access::Verdict::Denied(d) => return Ok(self.denied(src, pod, d)),
+            };
+        // Copies use the credentials that proved access.
+        let creds = proven.as_ref().or(creds);
         let image = self.rewritten(&plan);
         let identity = self.identity_note(&plan, src, false)?;
         let source = plan.source_note();
@@ -1718,7 +1766,8 @@ mod future_size {
             Config::from_yaml("target: {registry: \"127.0.0.1:9/mirror\"}\n", "t.yaml").unwrap();
         let m = Mirror::from_config(&config, Arc::new(Metrics::new())).unwrap();
         let r = Reference::parse("127.0.0.1:9/a:b").unwrap();
-        let decide = std::mem::size_of_val(&m.decide(&r, Instant::now(), None));
+        let pod = PodCredentials::none();
+        let decide = std::mem::size_of_val(&m.decide(&r, Instant::now(), &pod));
         let resolve = std::mem::size_of_val(&m.resolve(&r, None, None));
         assert!(decide <= 6 * 1024, "decide's future is {decide} bytes");
         assert!(resolve <= 2 * 1024, "resolve's future is {resolve} bytes");

@@ -12,6 +12,7 @@ use crate::metrics::ErrorCause;
 use crate::reference::Reference;
 use crate::registry::Role;
 use crate::registry::auth::Credentials;
+use crate::registry::pullsecrets::PodCredentials;
 
 /// What [`Mirror::recover`] found.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +69,10 @@ impl Mirror {
     /// `pinswap.dev/original-images` annotation), used when this process
     /// did not plan the image itself.
     ///
+    /// `pods` are the credentials of Pods that use the image (the failing
+    /// one first): a private image is copied only with credentials of one
+    /// of them that read it at the source (docs/security.md).
+    ///
     /// Steps: invalidate the existence entry under `cause`; HEAD the target;
     /// when missing, copy the source pinned to the digest the Pod pins, and
     /// wait for it. Concurrent calls for one image share one copy (the copy
@@ -76,13 +81,14 @@ impl Mirror {
     /// # Errors
     /// [`MirrorError::Resolve`] when no source can be found for the digest
     /// (see [`Mirror::source_for`]); registry errors from the HEAD;
-    /// [`MirrorError::CopyFailed`] when the copy fails.
+    /// [`MirrorError::CopyFailed`] when the copy fails;
+    /// [`MirrorError::Private`] when no Pod of `pods` may have the image.
     pub async fn recover(
         &self,
         target: &Reference,
         source_hint: Option<&Reference>,
         cause: Cause,
-        creds: Option<&Credentials>,
+        pods: &[PodCredentials],
     ) -> Result<Recovered, MirrorError> {
         self.caches.invalidate(target, cause).await;
         // A hint comes from a Pod annotation, which the Pod's author writes:
@@ -101,6 +107,7 @@ impl Mirror {
             h => h,
         };
         let verify = cause == Cause::PullFailure;
+        let creds = hint.and_then(|h| pods.iter().find_map(|p| p.first(h.registry())));
         if target.digest().is_none()
             && let Some(hint) = hint
         {
@@ -108,7 +115,7 @@ impl Mirror {
             // source tag's current content is what the kubelet wants.
             let mut plan = self.plan(&hint.without_digest(), creds, None).await?;
             plan.verify = verify;
-            return self.restore(plan, creds).await;
+            return self.restore(plan, pods).await;
         }
         let source = self.source_for(target, hint, creds).await?;
         let tag = match (target.tag(), source.digest()) {
@@ -130,7 +137,7 @@ impl Mirror {
             });
         }
         plan.verify = verify;
-        self.restore(plan, creds).await
+        self.restore(plan, pods).await
     }
 
     /// Restores `plan`'s target. Presence is by digest: the kubelet pulls a
@@ -139,7 +146,8 @@ impl Mirror {
     /// - present and not `plan.verify`: nothing to do;
     /// - present and `plan.verify`: a verifying copy restores any lost
     ///   blob or child manifest (the kubelet failed for a reason);
-    /// - missing: copy it, through the copy queue.
+    /// - missing: copy it, through the copy queue, with the credentials of
+    ///   the first of `pods` that may have it.
     ///
     /// The tag is pushed only when it is missing or names this digest or
     /// content that is gone: recovery never moves a tag away from other
@@ -147,7 +155,7 @@ impl Mirror {
     async fn restore(
         &self,
         mut plan: Plan,
-        creds: Option<&Credentials>,
+        pods: &[PodCredentials],
     ) -> Result<Recovered, MirrorError> {
         let client = self.pool.get(plan.target.registry(), Role::Target).await?;
         let present = client
@@ -172,9 +180,12 @@ impl Mirror {
             }
             return Ok(Recovered::Present);
         }
+        let creds = self
+            .access_among(&plan.source, plan.source_known, pods)
+            .await?;
         let start = Instant::now();
         let restored =
-            self.copy(&plan, creds, false)
+            self.copy(&plan, creds.as_ref(), false)
                 .await
                 .map_err(|f| MirrorError::CopyFailed {
                     image: plan.source.to_string(),

@@ -63,6 +63,10 @@ pub struct PoolOptions {
     pub guard: super::guard::Guard,
 }
 
+/// The pool key of the client signed in as no one (credential
+/// fingerprints are `sha256:…`, the configured client's is empty).
+const ANONYMOUS: &str = "anonymous";
+
 /// A client built at most once, however many copies ask for it at once.
 type Slot = Arc<OnceCell<Arc<Registry>>>;
 
@@ -237,9 +241,32 @@ impl ClientPool {
                 .or_default()
                 .clone()
         };
-        cell.get_or_try_init(|| async { self.connect(registry, role, creds).await.map(Arc::new) })
-            .await
-            .cloned()
+        cell.get_or_try_init(|| async {
+            self.connect(registry, role, creds, false)
+                .await
+                .map(Arc::new)
+        })
+        .await
+        .cloned()
+    }
+
+    /// As [`ClientPool::get`], signed in as no one: what the registry
+    /// serves anonymously (is an image public?).
+    ///
+    /// # Errors
+    /// As [`ClientPool::get`].
+    pub async fn get_anonymous(&self, registry: &str, role: Role) -> Result<Arc<Registry>> {
+        let cell = {
+            let mut map = self.entries.lock().await;
+            map.entry((registry.to_owned(), role, ANONYMOUS.to_owned()))
+                .or_default()
+                .clone()
+        };
+        cell.get_or_try_init(|| async {
+            self.connect(registry, role, None, true).await.map(Arc::new)
+        })
+        .await
+        .cloned()
     }
 
     /// The scheme and auth challenge of `registry` (reached at `api_host`),
@@ -313,6 +340,7 @@ impl ClientPool {
         registry: &str,
         role: Role,
         creds: Option<&Credentials>,
+        anonymous: bool,
     ) -> Result<Registry> {
         // Docker Hub's API lives on another host than its name.
         let api_host = if registry == "docker.io" {
@@ -334,6 +362,7 @@ impl ClientPool {
             .cloned();
         let explicit = creds.or(explicit).or(configured.as_ref());
         let auth = match explicit {
+            _ if anonymous => RegistryAuth::Anonymous,
             Some(c) => c.to_auth(),
             None => {
                 let sources = self.opts.sources.clone();

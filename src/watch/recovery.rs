@@ -31,6 +31,10 @@ use crate::registry::pullsecrets::PullSecrets;
 /// completed (the kubelet retries after 10 s at the soonest).
 pub const COOLDOWN: Duration = Duration::from_secs(5);
 
+/// Pods whose pull secrets a recovery reads at most to find one that may
+/// have a private image.
+const MAX_VOUCHING_PODS: usize = 8;
+
 /// Event reason when an image was mirrored again.
 pub const REMIRRORED: &str = "ImageRemirrored";
 /// Event reason when mirroring it again failed.
@@ -90,12 +94,15 @@ impl Recovery {
                 },
             )
         });
+        let pull_secrets = client
+            .filter(|_| pull_secrets)
+            .map(|c| PullSecrets::new(c, mirror.metrics().clone()));
         Self {
             metrics: mirror.metrics().clone(),
             mirror,
             policy,
             recorder,
-            pull_secrets: client.filter(|_| pull_secrets).map(PullSecrets::new),
+            pull_secrets,
             retry_initial,
             retry_max,
             pods: Mutex::default(),
@@ -334,16 +341,25 @@ impl Recovery {
             ));
             img.original = None;
         }
-        let creds = match (&self.pull_secrets, &pod, &img.original) {
-            (Some(ps), Some(p), Some(orig)) => ps
-                .for_pod(p.namespace(), &p.pull)
-                .await
-                .remove(orig.registry()),
-            _ => None,
-        };
+        // A private image is copied only with the credentials of a Pod that
+        // may have it: the failing Pod's first, then other Pods using it.
+        let mut pods = Vec::new();
+        if let Some(ps) = &self.pull_secrets {
+            let users = pod
+                .iter()
+                .cloned()
+                .chain(self.users(&key, false).into_iter().map(|(p, _)| p));
+            let mut seen = std::collections::HashSet::new();
+            for p in users
+                .filter(|p| seen.insert(p.key()))
+                .take(MAX_VOUCHING_PODS)
+            {
+                pods.push(ps.for_pod(p.namespace(), &p.pull).await);
+            }
+        }
         let res = self
             .mirror
-            .recover(&img.image, img.original.as_ref(), cause, creds.as_ref())
+            .recover(&img.image, img.original.as_ref(), cause, &pods)
             .await;
         let (pods, retry) = {
             let mut images = self.images.lock().expect("images lock");

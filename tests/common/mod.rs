@@ -18,6 +18,8 @@
 //!   Events, Leases, Secrets, ServiceAccounts) and a `kube::Client` for it;
 //! - [`serve::Served`]: `pinswap serve` as a process, measured from outside,
 //!   with raw TLS clients that misbehave;
+//! - [`tenants`]: namespaces with pull secrets and ServiceAccounts, written
+//!   through the API double or a real API server's admin client;
 //! - [`pinswap_bin`]: the path of the binary under test.
 //!
 //! Helpers panic with context instead of returning errors: they are test code.
@@ -36,6 +38,7 @@ pub mod registry;
 pub mod review;
 pub mod serve;
 pub mod skopeo;
+pub mod tenants;
 pub mod tls;
 pub mod token;
 
