@@ -386,12 +386,33 @@ async fn pull_secrets_of_the_pod_and_its_service_account_are_read_from_real_secr
     let mut p = pod("sa-secret", &[("app", &rig.source("private:v1"))], &[]);
     p["spec"]["serviceAccountName"] = json!("builder");
     let stored = rig.create(p).await.unwrap();
-    assert_eq!(images(&stored, "containers"), [want]);
-    // Without any secret the source refuses, and the Pod stays as it was.
-    let stored = rig
-        .create(pod("no-secret", &[("app", &rig.source("private:v2"))], &[]))
-        .await
-        .unwrap();
-    assert_eq!(images(&stored, "containers"), [rig.source("private:v2")]);
+    assert_eq!(images(&stored, "containers"), [want.clone()]);
+    // Another team's namespace: the mirror holds the image now, but the
+    // mirror never widens who can run it.
+    cluster::namespace(&rig.client, "secrets-b", json!({})).await;
+    let team_b: Api<Pod> = Api::namespaced(rig.client.clone(), "secrets-b");
+    let b_secrets: Api<Secret> = Api::namespaced(rig.client.clone(), "secrets-b");
+    let wrong = dockerconfigjson_secret("wrong", &rig.src.host(), "team", "guess");
+    b_secrets.create(&PostParams::default(), &wrong).await.unwrap();
+    let own = dockerconfigjson_secret("own", &rig.src.host(), "team", "s3cret");
+    b_secrets.create(&PostParams::default(), &own).await.unwrap();
+    let cases = [
+        ("no-secret", None, false, "has no pull secret for"),
+        ("wrong-secret", Some("wrong"), false, "refused by the source"),
+        ("own-secret", Some("own"), true, "rewritten"),
+    ];
+    for (name, secret, rewritten, note) in cases {
+        let mut p = pod(name, &[("app", &rig.source("private:v1"))], &[]);
+        if let Some(s) = secret {
+            p["spec"]["imagePullSecrets"] = json!([{"name": s}]);
+        }
+        let p: Pod = serde_json::from_value(p).unwrap();
+        let stored = team_b.create(&PostParams::default(), &p).await.unwrap();
+        let decisions = annotation(&stored, "pinswap.dev/decisions").unwrap_or_default();
+        let expected = if rewritten { want.clone() } else { rig.source("private:v1") };
+        assert_eq!(images(&stored, "containers"), [expected], "{name}: {decisions}");
+        assert!(decisions.contains(note), "{name}: {decisions}");
+        assert!(!decisions.contains("s3cret") && !decisions.contains("guess"));
+    }
     no_forbidden(cluster, &rig);
 }
