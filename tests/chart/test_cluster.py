@@ -61,8 +61,9 @@ def crds(kubeconfig):
 def test_every_rendering_is_accepted_by_kube_apiserver(chart, kubeconfig, crds, case, values, name, namespace):
     objects = render(chart, values, name, namespace)
     kinds = {o["kind"] for o in objects}
-    # Helm does not own the release's namespace.
-    kubectl(kubeconfig, "create", "namespace", namespace)
+    # Helm does not own the release's namespace, nor those RoleBindings go to.
+    for ns in {namespace} | {o["metadata"]["namespace"] for o in objects if "namespace" in o["metadata"]}:
+        kubectl(kubeconfig, "create", "namespace", ns)
     text = yaml.safe_dump_all(objects)
     out = kubectl(
         kubeconfig,
@@ -118,7 +119,7 @@ def test_crd_objects_are_validated_against_their_schema(chart, kubeconfig, crds)
     sm = next(o for o in objects if o["kind"] == "ServiceMonitor")
     sm["spec"]["endpoints"][0]["interval"] = "often"
     out = kubectl(
-        kubeconfig, "apply", "--server-side", "--validate=strict", "--dry-run=server", "-f", "-",
+        kubeconfig, "apply", "--server-side", "--force-conflicts", "--validate=strict", "--dry-run=server", "-f", "-",
         stdin=yaml.safe_dump(sm),
     )
     assert out.returncode != 0, out.stdout
