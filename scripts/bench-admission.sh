@@ -23,14 +23,32 @@
 #              resolutionTtl 1s (expired when the load starts), at 100 req/s
 #              (-c 10 -q 10): every image is one the target holds, so admissions
 #              are answered from the target once the source's breaker has opened.
+#   private    private images: a third loopback registry behind htpasswd basic
+#              auth (it refuses anonymous requests) holds the same 3 images,
+#              also mirrored into the target. A real control plane
+#              (target/cluster/pinswap-cluster, built by scripts/build-cluster.sh)
+#              holds namespace 'shop' and a kubernetes.io/dockerconfigjson Secret
+#              'pull' for that registry, created with kubectl. A pinswap with
+#              source.imagePullSecrets: true, both sources and the cached config
+#              (default proofTtl 10m), reading the API with the harness's admin
+#              kubeconfig (KUBECONFIG), answers the same Pod naming the Secret in
+#              imagePullSecrets, once with the public images and once with the
+#              private ones: the cached admission with a fresh proof. The two
+#              alternate, -c $BENCH_CONC unthrottled, in the 'max' rounds.
+#              Before the load, the private review without the Secret must be
+#              left unchanged. Needs kubectl, and Go or a built harness;
+#              BENCH_PRIVATE=0 skips it, BENCH_PRIVATE=1 fails without them
+#              (default: skipped with a note).
 # Cached pinswap uses the default caches (ttl 1h, resolutionTtl 30s).
-# With BASELINE_BIN (another pinswap build, e.g. the last release), a fourth
+# With BASELINE_BIN (another pinswap build, e.g. the last release), another
 # instance of it with the cached config joins the 'max' rounds, so that a
 # change is measured against its baseline in the same run.
 #
 # usage: scripts/bench-admission.sh [--quick]     (--quick: 3 s per case, 1 round)
 # env: PINSWAP_BIN, CEILING_BIN (skip the cargo builds), BASELINE_BIN, BENCH_DURATION,
-#      BENCH_CONC, BENCH_ROUNDS; PINSWAP_LOG (pinswap's log level; default info,
+#      BENCH_CONC, BENCH_ROUNDS; BENCH_CASES (which cases, space- or
+#      comma-separated; default "max 1000/s uncached stalled private");
+#      BENCH_PRIVATE (above); PINSWAP_LOG (pinswap's log level; default info,
 #      one line per admission, to a file)
 # Results: target/bench/bench-admission.md (and .json)
 set -euo pipefail
@@ -40,10 +58,41 @@ DURATION=${BENCH_DURATION:-10s}
 CONC=${BENCH_CONC:-50}
 ROUNDS=${BENCH_ROUNDS:-2}
 if [ "${1:-}" = --quick ]; then DURATION=3s ROUNDS=1; fi
+ALL_CASES="max 1000/s uncached stalled private"
+CASES=" ${BENCH_CASES:-$ALL_CASES} "
+CASES=${CASES//,/ }
+for c in $CASES; do
+  case " $ALL_CASES " in *" $c "*) ;; *) echo "error: BENCH_CASES: unknown case '$c' (known: $ALL_CASES)" >&2; exit 2 ;; esac
+done
+want() { [[ $CASES == *" $1 "* ]]; } # CASE: is it selected?
 
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh # (the working directory is the repo root)
 ensure_tools hey:hey docker-registry:docker-registry openssl:openssl curl:curl python3:python3
+
+# The private case needs kubectl and the control-plane harness.
+CLUSTER='' PRIVATE_SKIPPED=''
+if want private && [ "${BENCH_PRIVATE:-}" != 0 ]; then
+  if ! command -v kubectl >/dev/null; then
+    PRIVATE_SKIPPED="kubectl is not installed"
+  elif command -v go >/dev/null; then
+    CLUSTER=$PWD/$(scripts/build-cluster.sh)
+  elif [ -x target/cluster/pinswap-cluster ]; then
+    echo "== Go is not installed: using the harness already built (not checked against tests/cluster/)"
+    CLUSTER=$PWD/target/cluster/pinswap-cluster
+  else
+    PRIVATE_SKIPPED="Go is not installed and target/cluster/pinswap-cluster is not built"
+  fi
+  if [ -n "$PRIVATE_SKIPPED" ] && [ "${BENCH_PRIVATE:-}" = 1 ]; then
+    echo "error: BENCH_PRIVATE=1, but $PRIVATE_SKIPPED (BENCH_PRIVATE=0 skips the private case)" >&2
+    exit 1
+  fi
+  if [ -n "$CLUSTER" ]; then ensure_tools htpasswd:apache2-utils; fi
+fi
+if want private && [ -z "$CLUSTER" ]; then
+  echo "== private case skipped: ${PRIVATE_SKIPPED:-BENCH_PRIVATE=0}"
+  CASES=${CASES/ private / }
+fi
 
 if [ -z "${PINSWAP_BIN:-}" ] || [ -z "${CEILING_BIN:-}" ]; then
   echo "== building pinswap and the ceiling example (release)"
@@ -59,7 +108,7 @@ PIDS=()
 cleanup() {
   local rc=$?
   if ((rc)); then
-    for log in "$WORK"/{cached,uncached,stalled,baseline,ceiling}.log; do
+    for log in "$WORK"/{cached,uncached,stalled,baseline,private,ceiling,cluster,psource}.log; do
       [ -s "$log" ] && { echo "== $(basename "$log") (last lines)" >&2; tail -n 5 "$log" | cut -c1-300 >&2; }
     done
   fi
@@ -81,16 +130,42 @@ start_pinswap() { # NAME CONFIG VAR_HOOK VAR_HEALTH [BINARY]
   printf -v "$4" '%s' "$health"
 }
 
+CLUSTER_PID=''
+if want private; then
+  # Started first: it takes about 15 s to be ready, while the rest is set up.
+  # SIGTERM (cleanup) stops it and removes its directory.
+  "$CLUSTER" >"$WORK/cluster.out" 2>"$WORK/cluster.log" &
+  PIDS+=($!)
+  CLUSTER_PID=$!
+fi
+
+SRC='' DST='' # set by start_registry
 start_registry source SRC
 SRC_PID=${PIDS[-1]}
 start_registry target DST
 echo "== registries: source $SRC, target $DST"
-$PINSWAP copy oci:examples/oci/hello:v1 "docker://$SRC/library/hello:v1" >/dev/null
-$PINSWAP copy oci:examples/oci/web:1.0 "docker://$SRC/acme/web:1.0" >/dev/null
-$PINSWAP copy oci:examples/oci/spin:hello "docker://$SRC/spin/hello:v1" >/dev/null
-printf '%s\n' "$SRC/library/hello:v1" "$SRC/acme/web:1.0" "$SRC/spin/hello:v1" >"$WORK/images.txt"
-$PINSWAP copy --from-file "$WORK/images.txt" --to "docker://$DST/mirror" >/dev/null
+seed() { # REGISTRY [COPY ARGS...]: the 3 images into REGISTRY; their list into $WORK/images-REGISTRY.txt
+  local reg=$1
+  shift
+  $PINSWAP copy "$@" oci:examples/oci/hello:v1 "docker://$reg/library/hello:v1" >/dev/null
+  $PINSWAP copy "$@" oci:examples/oci/web:1.0 "docker://$reg/acme/web:1.0" >/dev/null
+  $PINSWAP copy "$@" oci:examples/oci/spin:hello "docker://$reg/spin/hello:v1" >/dev/null
+  printf '%s\n' "$reg/library/hello:v1" "$reg/acme/web:1.0" "$reg/spin/hello:v1" >"$WORK/images-$reg.txt"
+}
+seed "$SRC"
+$PINSWAP copy --from-file "$WORK/images-$SRC.txt" --to "docker://$DST/mirror" >/dev/null
 echo "== seeded 3 images and mirrored them to $DST/mirror"
+PSRC='' PCREDS='' PSRC_PID=''
+if want private; then
+  PCREDS=bench:$(openssl rand -hex 12)
+  start_registry psource PSRC "$PCREDS"
+  PSRC_PID=${PIDS[-1]}
+  seed "$PSRC" --dest-creds "$PCREDS"
+  $PINSWAP copy --src-creds "$PCREDS" --from-file "$WORK/images-$PSRC.txt" --to "docker://$DST/mirror" >/dev/null
+  anon=$(curl -s -o /dev/null -w '%{http_code}' "http://$PSRC/v2/library/hello/manifests/v1")
+  [ "$anon" = 401 ] || { echo "error: the private source answered $anon to an anonymous request" >&2; exit 1; }
+  echo "== private source $PSRC (basic auth; anonymous: $anon): the same 3 images, mirrored to $DST/mirror"
+fi
 
 make_certs "pinswap bench"
 
@@ -108,8 +183,9 @@ config "cache: {ttl: 0s, resolutionTtl: 0s, reverify: 0s}" >"$WORK/uncached.yaml
 config "cache: {ttl: 1h, resolutionTtl: 1s}" >"$WORK/stalled.yaml"
 HOOK='' HEALTH='' HOOK_U='' HEALTH_U='' HOOK_S='' HEALTH_S='' # set by start_pinswap
 start_pinswap cached "$WORK/cached.yaml" HOOK HEALTH
-start_pinswap uncached "$WORK/uncached.yaml" HOOK_U HEALTH_U
-start_pinswap stalled "$WORK/stalled.yaml" HOOK_S HEALTH_S
+if want uncached; then start_pinswap uncached "$WORK/uncached.yaml" HOOK_U HEALTH_U; fi
+if want stalled; then start_pinswap stalled "$WORK/stalled.yaml" HOOK_S HEALTH_S; fi
+# shellcheck disable=SC2034 # HEALTH_B: start_pinswap sets it; nothing reads the baseline's metrics
 HOOK_B='' HEALTH_B=''
 if [ -n "${BASELINE_BIN:-}" ]; then
   start_pinswap baseline "$WORK/cached.yaml" HOOK_B HEALTH_B "$BASELINE_BIN"
@@ -131,25 +207,81 @@ cat >"$WORK/review.json" <<JSON
  "dryRun":false}}
 JSON
 
-mutate() { # HOOK OUT: one request; fails unless all 3 containers are rewritten
+mutate() { # HOOK OUT [REVIEW [N]]: one request; fails unless N (default 3) containers are rewritten
   curl -fsS --cacert "$WORK/ca.crt" -H 'Content-Type: application/json' \
-    --data-binary @"$WORK/review.json" "https://$1/mutate" -o "$2"
-  python3 - "$2" "$DST/mirror/" <<'PY'
+    --data-binary @"${3:-$WORK/review.json}" "https://$1/mutate" -o "$2"
+  python3 - "$2" "$DST/mirror/" "${4:-3}" <<'PY'
 import base64, json, sys
 resp = json.load(open(sys.argv[1]))["response"]
 patch = resp.get("patch") or []
 ops = json.loads(bytes(patch) if isinstance(patch, list) else base64.b64decode(patch))
 images = [o["value"] for o in ops if o["path"].endswith("/image")]
-if len(images) != 3 or not all(i.startswith(sys.argv[2]) and "@sha256:" in i for i in images):
-    sys.exit(f"expected 3 rewritten images, got {images} in {resp}")
+n = int(sys.argv[3])
+if len(images) != n or not all(i.startswith(sys.argv[2]) and "@sha256:" in i for i in images):
+    sys.exit(f"expected {n} rewritten images, got {images} in {resp}")
 PY
 }
+
+HOOK_P='' HEALTH_P='' APISERVER=''
+if want private; then
+  for _ in $(seq 600); do
+    grep -q '^dir ' "$WORK/cluster.out" && break
+    kill -0 "$CLUSTER_PID" 2>/dev/null || { echo "the cluster harness exited" >&2; exit 1; }
+    sleep 0.1
+  done
+  grep -q '^dir ' "$WORK/cluster.out" || { echo "the cluster harness was not ready in 60 s" >&2; exit 1; }
+  KCFG=$(awk '$1 == "kubeconfig" {print $2}' "$WORK/cluster.out")
+  APISERVER=$(awk '$1 == "kube-apiserver" {print $2}' "$WORK/cluster.out")
+  kc() { kubectl --kubeconfig "$KCFG" "$@"; }
+  kc create namespace shop >/dev/null
+  kc -n shop create secret docker-registry pull --docker-server="$PSRC" \
+    --docker-username="${PCREDS%%:*}" --docker-password="${PCREDS#*:}" >/dev/null
+  [ "$(kc -n shop get secret pull -o jsonpath='{.type}')" = kubernetes.io/dockerconfigjson ]
+  # The ServiceAccount controller creates 'default', which pinswap reads too.
+  for _ in $(seq 100); do kc -n shop get serviceaccount default >/dev/null 2>&1 && break; sleep 0.2; done
+  kc -n shop get serviceaccount default >/dev/null
+  echo "== kube-apiserver $APISERVER: namespace shop, Secret shop/pull (kubernetes.io/dockerconfigjson for $PSRC)"
+  cat >"$WORK/private.yaml" <<YML
+target: {registry: "$DST/mirror", insecure: true}
+source:
+  registries: [{registry: "$SRC"}, {registry: "$PSRC"}]
+  imagePullSecrets: true
+swapPolicy: exists
+copyPolicy: immediate
+cache: {ttl: 1h, resolutionTtl: 30s}
+YML
+  # The admin kubeconfig (system:masters): pinswap needs only get on secrets
+  # and serviceaccounts in the Pods' namespaces; the benchmark does not model RBAC.
+  KUBECONFIG=$KCFG start_pinswap private "$WORK/private.yaml" HOOK_P HEALTH_P
+  pod_review() { # SOURCE PULL_SECRETS_JSON: the review above, its images at SOURCE
+    python3 - "$WORK/review.json" "$SRC" "$1" "$2" <<'PY'
+import json, sys
+path, src, to, secrets = sys.argv[1:]
+review = json.load(open(path))
+spec = review["request"]["object"]["spec"]
+for c in spec["containers"]:
+    c["image"] = c["image"].replace(src + "/", to + "/", 1)
+spec["imagePullSecrets"] = json.loads(secrets)
+print(json.dumps(review, separators=(",", ":")))
+PY
+  }
+  pod_review "$SRC" '[{"name":"pull"}]' >"$WORK/review-public.json"
+  pod_review "$PSRC" '[{"name":"pull"}]' >"$WORK/review-private.json"
+  pod_review "$PSRC" '[]' >"$WORK/review-nosecret.json"
+  mutate "$HOOK_P" "$WORK/response-n.json" "$WORK/review-nosecret.json" 0
+  echo "== private images, the Pod naming no Secret: left unchanged"
+fi
+
 echo "== warm-up: 20 requests to each pinswap; every container must be rewritten"
 for _ in $(seq 20); do
   mutate "$HOOK" "$WORK/response.json"
-  mutate "$HOOK_U" "$WORK/response-u.json"
-  mutate "$HOOK_S" "$WORK/response-s.json"
+  if [ -n "$HOOK_U" ]; then mutate "$HOOK_U" "$WORK/response-u.json"; fi
+  if [ -n "$HOOK_S" ]; then mutate "$HOOK_S" "$WORK/response-s.json"; fi
   if [ -n "$HOOK_B" ]; then mutate "$HOOK_B" "$WORK/response-b.json"; fi
+  if [ -n "$HOOK_P" ]; then
+    mutate "$HOOK_P" "$WORK/response-pub.json" "$WORK/review-public.json"
+    mutate "$HOOK_P" "$WORK/response-priv.json" "$WORK/review-private.json"
+  fi
 done
 
 CEIL=127.0.0.1:$(free_port)
@@ -164,17 +296,17 @@ metric() { # HEALTH NAME_AND_LABELS: a counter's value
 }
 
 RESULTS=$WORK/results.jsonl
-run() { # CASE WHO HOOK HEY-ARGS...: one hey run, parsed into a JSON line
-  local case=$1 who=$2 hook=$3
+run() { # CASE WHO HOOK HEY-ARGS...: one hey run (of $REVIEW, default the review above), parsed into a JSON line
+  local case=$1 who=$2 hook=$3 review=${REVIEW:-$WORK/review.json}
   shift 3
   printf '   %-9s %-17s hey -z %s %s ... ' "$case" "$who" "$DURATION" "$*"
   # -host: hey sends its Host value ("127.0.0.1:PORT") as the TLS SNI, which
   # rustls rejects (illegal_parameter); "localhost" is a valid SNI name.
-  hey -z "$DURATION" "$@" -host localhost -m POST -T application/json -D "$WORK/review.json" \
+  hey -z "$DURATION" "$@" -host localhost -m POST -T application/json -D "$review" \
     "https://$hook/mutate" >"$WORK/hey.txt"
-  python3 - "$WORK/hey.txt" "$RESULTS" "$case" "$who" "$*" <<'PY'
+  python3 - "$WORK/hey.txt" "$RESULTS" "$case" "$who" "$*" "$ROUND" <<'PY'
 import json, re, sys
-text, results, case, who, args = open(sys.argv[1]).read(), *sys.argv[2:]
+text, results, case, who, args, rnd = open(sys.argv[1]).read(), *sys.argv[2:]
 num = lambda pat: float(re.search(pat, text).group(1))
 codes = {int(c): int(n) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", text)}
 errors = re.findall(r"\[(\d+)\]\s+(.+)", text.split("Error distribution:")[1]) if "Error distribution:" in text else []
@@ -186,7 +318,7 @@ r = {"case": case, "who": who, "args": args, "rps": num(r"Requests/sec:\s+([\d.]
      "p50": num(r"50% in ([\d.]+) secs") * 1000,
      # hey prints no 99% line below 100 responses; the slowest is then the bound.
      "p99": num(r"99% in ([\d.]+) secs" if "99% in" in text else r"Slowest:\s+([\d.]+)") * 1000,
-     "ok": ok, "bad": bad}
+     "ok": ok, "bad": bad, "round": int(rnd)}
 with open(results, "a") as f:
     f.write(json.dumps(r) + "\n")
 print(f"{r['rps']:8.0f} req/s  p50 {r['p50']:.1f} ms  p99 {r['p99']:.1f} ms  ({ok} ok, {bad} failed)")
@@ -194,53 +326,94 @@ PY
 }
 
 echo "== load ($(nproc) CPUs; hey runs on the same machine)"
+cpu_ticks() { # PID: user + system CPU time so far, in clock ticks
+  awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$1/stat"
+}
+sum_metric() { # HEALTH NAME: a counter summed over its labels
+  curl -fsS "http://$1/metrics" | awk -v m="$2" 'index($1, m) == 1 {n += $2} END {print n + 0}'
+}
+LOAD_BEFORE=$(awk '{print $1, $2, $3}' /proc/loadavg)
 hits0=$(metric "$HEALTH" 'pinswap_cache_hits_total{cache="resolution"}')
 miss0=$(metric "$HEALTH" 'pinswap_cache_misses_total{cache="resolution"}')
-for _ in $(seq "$ROUNDS"); do
-  run max ceiling "$CEIL" -c "$CONC"
-  run max pinswap-cached "$HOOK" -c "$CONC"
-  if [ -n "$HOOK_B" ]; then run max baseline-cached "$HOOK_B" -c "$CONC"; fi
+denials=0 secreterr=0 pticks=0
+if [ -n "$HOOK_P" ]; then
+  pticks=$(cpu_ticks "$PSRC_PID")
+  denials=$(sum_metric "$HEALTH_P" pinswap_private_image_denials_total)
+  secreterr=$(sum_metric "$HEALTH_P" pinswap_pull_secret_errors_total)
+fi
+ROUND=0
+for ROUND in $(seq "$ROUNDS"); do
+  if want max; then
+    run max ceiling "$CEIL" -c "$CONC"
+    run max pinswap-cached "$HOOK" -c "$CONC"
+    if [ -n "$HOOK_B" ]; then run max baseline-cached "$HOOK_B" -c "$CONC"; fi
+  fi
+  if [ -n "$HOOK_P" ]; then
+    REVIEW=$WORK/review-public.json run max pullsecrets-public "$HOOK_P" -c "$CONC"
+    REVIEW=$WORK/review-private.json run max pullsecrets-private "$HOOK_P" -c "$CONC"
+  fi
 done
-run 1000/s ceiling "$CEIL" -c 10 -q 100
-run 1000/s pinswap-cached "$HOOK" -c 10 -q 100
+ROUND=0
+if [ -n "$HOOK_P" ]; then
+  denials=$(($(sum_metric "$HEALTH_P" pinswap_private_image_denials_total) - denials))
+  secreterr=$(($(sum_metric "$HEALTH_P" pinswap_pull_secret_errors_total) - secreterr))
+  # Cached proofs send nothing to the private source: it stays (nearly) idle.
+  pticks=$(($(cpu_ticks "$PSRC_PID") - pticks))
+  echo "   private instance during its load: $denials private-image denials, $secreterr pull secret errors;" \
+    "private source CPU time: $((pticks * 1000 / $(getconf CLK_TCK))) ms"
+fi
+if want 1000/s; then
+  run 1000/s ceiling "$CEIL" -c 10 -q 100
+  run 1000/s pinswap-cached "$HOOK" -c 10 -q 100
+fi
 hits1=$(metric "$HEALTH" 'pinswap_cache_hits_total{cache="resolution"}')
 miss1=$(metric "$HEALTH" 'pinswap_cache_misses_total{cache="resolution"}')
-umiss0=$(metric "$HEALTH_U" 'pinswap_cache_misses_total{cache="resolution"}')
-run 10/s pinswap-uncached "$HOOK_U" -c 1 -q 10
-run 100/s pinswap-uncached "$HOOK_U" -c 10 -q 10
-run max pinswap-uncached "$HOOK_U" -c "$CONC"
-umiss1=$(metric "$HEALTH_U" 'pinswap_cache_misses_total{cache="resolution"}')
-uhits=$(metric "$HEALTH_U" 'pinswap_cache_hits_total{cache="resolution"}')
-echo "== the source registry stalls (SIGSTOP $SRC_PID)"
-kill -STOP "$SRC_PID"
-sleep 1.5 # the stalled instance's resolutionTtl (1s) expires
-# Until the breaker opens, each admission waits up to source.timeout (1s).
-for _ in $(seq 5); do mutate "$HOOK_S" "$WORK/response-s.json"; done
-run 100/s pinswap-stalled "$HOOK_S" -c 10 -q 10
-sfail=$(curl -fsS "http://$HEALTH_S/metrics" | grep -c '^pinswap_source_breaker_open.* 1$' || true)
-echo "   breakers open on the stalled instance: $sfail"
-kill -CONT "$SRC_PID"
+umiss0=0 umiss1=0 uhits=0
+if [ -n "$HOOK_U" ]; then
+  umiss0=$(metric "$HEALTH_U" 'pinswap_cache_misses_total{cache="resolution"}')
+  run 10/s pinswap-uncached "$HOOK_U" -c 1 -q 10
+  run 100/s pinswap-uncached "$HOOK_U" -c 10 -q 10
+  run max pinswap-uncached "$HOOK_U" -c "$CONC"
+  umiss1=$(metric "$HEALTH_U" 'pinswap_cache_misses_total{cache="resolution"}')
+  uhits=$(metric "$HEALTH_U" 'pinswap_cache_hits_total{cache="resolution"}')
+fi
+if [ -n "$HOOK_S" ]; then
+  echo "== the source registry stalls (SIGSTOP $SRC_PID)"
+  kill -STOP "$SRC_PID"
+  sleep 1.5 # the stalled instance's resolutionTtl (1s) expires
+  # Until the breaker opens, each admission waits up to source.timeout (1s).
+  for _ in $(seq 5); do mutate "$HOOK_S" "$WORK/response-s.json"; done
+  run 100/s pinswap-stalled "$HOOK_S" -c 10 -q 10
+  sfail=$(curl -fsS "http://$HEALTH_S/metrics" | grep -c '^pinswap_source_breaker_open.* 1$' || true)
+  echo "   breakers open on the stalled instance: $sfail"
+  kill -CONT "$SRC_PID"
+fi
 
 python3 - "$RESULTS" "$OUT/bench-admission.md" "$OUT/bench-admission.json" \
   "$DURATION" "$CONC" "$ROUNDS" "$((hits1 - hits0))" "$((miss1 - miss0))" "$((umiss1 - umiss0))" "$uhits" \
-  "$(nproc)" "$(awk '{print $1, $2, $3}' /proc/loadavg)" "$(date -u +%F)" <<'PY'
+  "$(nproc)" "$LOAD_BEFORE" "$(date -u +%F)" "$(awk '{print $1, $2, $3}' /proc/loadavg)" \
+  "$APISERVER" "$denials" "$secreterr" "$((pticks * 1000 / $(getconf CLK_TCK)))" <<'PY'
 import json, statistics as st, sys
-src, md, js, duration, conc, rounds, hits, misses, umisses, uhits, cpus, load, day = sys.argv[1:]
+(src, md, js, duration, conc, rounds, hits, misses, umisses, uhits, cpus, load, day, load_after,
+ apiserver, denials, secreterr, psrc_ms) = sys.argv[1:]
 rows = [json.loads(l) for l in open(src)]
 def agg(case, who):
     rs = [r for r in rows if r["case"] == case and r["who"] == who]
     return {k: st.mean(r[k] for r in rs) for k in ("rps", "p50", "p99")} | {
         "ok": sum(r["ok"] for r in rs), "bad": sum(r["bad"] for r in rs), "args": rs[0]["args"], "runs": len(rs)}
-cases = [("max", "ceiling"), ("max", "pinswap-cached"), ("1000/s", "ceiling"),
+cases = [("max", "ceiling"), ("max", "pinswap-cached"), ("max", "baseline-cached"),
+         ("max", "pullsecrets-public"), ("max", "pullsecrets-private"), ("1000/s", "ceiling"),
          ("1000/s", "pinswap-cached"), ("10/s", "pinswap-uncached"), ("100/s", "pinswap-uncached"),
          ("max", "pinswap-uncached"), ("100/s", "pinswap-stalled")]
-if any(r["who"] == "baseline-cached" for r in rows):
-    cases.insert(2, ("max", "baseline-cached"))
+cases = [(c, w) for c, w in cases if any(r["case"] == c and r["who"] == w for r in rows)]
 res = {f"{w} {c}": agg(c, w) for c, w in cases}
-ratio = res["pinswap-cached max"]["rps"] / res["ceiling max"]["rps"]
+have = lambda key: key in res
+ratio = res["pinswap-cached max"]["rps"] / res["ceiling max"]["rps"] if have("ceiling max") else None
 lines = [
-    f"Admission benchmark ({day}; {cpus} CPUs, load average before: {load}; hey {duration} per run, "
-    f"keep-alive, HTTP/1.1; 'max' = -c {conc} unthrottled, mean of {rounds} alternating round(s)).",
+    f"Admission benchmark ({day}; {cpus} CPUs, load average before: {load}, after: {load_after}; "
+    f"hey {duration} per run, keep-alive, HTTP/1.1; 'max' = -c {conc} unthrottled, "
+    f"mean of {rounds} alternating round(s)"
+    + (f"; kube-apiserver {apiserver}" if apiserver else "") + ").",
     "",
     "| server | load (hey) | req/s | p50 ms | p99 ms | failed |",
     "|---|---|---|---|---|---|",
@@ -251,30 +424,47 @@ for c, w in cases:
              "10/s": "10 req/s, `-c 1 -q 10`", "100/s": "100 req/s, `-c 10 -q 10`"}[c]
     lines.append(f"| {w} | {label} | {r['rps']:,.0f} | {r['p50']:.1f} | {r['p99']:.1f} | {r['bad']} |")
 fail = sum(r["bad"] for r in res.values())
-p99_1000 = res["pinswap-cached 1000/s"]["p99"]
-p99_u10 = res["pinswap-uncached 10/s"]["p99"]
-p99_u100 = res["pinswap-uncached 100/s"]["p99"]
-p99_s100 = res["pinswap-stalled 100/s"]["p99"]
 verdict = lambda ok: "met" if ok else "missed"
-lines += [
-    "",
-    f"pinswap/ceiling throughput: {ratio:.2f}×"
-    + (f"; pinswap/baseline: {res['pinswap-cached max']['rps'] / res['baseline-cached max']['rps']:.2f}×"
-       if "baseline-cached max" in res else "")
-    + ". Resolution cache during the cached runs: "
-    f"{hits} hits, {misses} misses; uncached instance: {umisses} misses, {uhits} hits.",
-    "",
-    "| target | result |",
-    "|---|---|",
-    f"| cached throughput ≥ 0.7× ceiling | {verdict(ratio >= 0.7)}, {ratio:.2f}× |",
-    f"| cached p99 ≤ 5 ms at 1,000 req/s | {verdict(p99_1000 <= 5)}, {p99_1000:.1f} ms |",
-    f"| uncached p99 ≤ 15 ms, 10 req/s | {verdict(p99_u10 <= 15)}, {p99_u10:.1f} ms |",
-    f"| uncached p99 ≤ 25 ms, 100 req/s | {verdict(p99_u100 <= 25)}, {p99_u100:.1f} ms |",
-    f"| source stalled, images at the target: p99 ≤ 5 ms, 100 req/s | {verdict(p99_s100 <= 5)}, {p99_s100:.1f} ms |",
-]
+summary = []
+if ratio is not None:
+    summary.append(f"pinswap/ceiling throughput: {ratio:.2f}×"
+        + (f"; pinswap/baseline: {res['pinswap-cached max']['rps'] / res['baseline-cached max']['rps']:.2f}×"
+           if have("baseline-cached max") else ""))
+if have("pinswap-cached max") or have("pinswap-cached 1000/s"):
+    summary.append(f"Resolution cache during the cached runs: {hits} hits, {misses} misses"
+        + (f"; uncached instance: {umisses} misses, {uhits} hits" if have("pinswap-uncached max") else ""))
+private = None
+if have("pullsecrets-private max"):
+    pub, priv = res["pullsecrets-public max"], res["pullsecrets-private max"]
+    private = {k: priv[k] / pub[k] for k in ("rps", "p50", "p99")}
+    rps = lambda who, n: next(r["rps"] for r in rows if r["who"] == who and r["round"] == n)
+    per_round = [rps("pullsecrets-private", n) / rps("pullsecrets-public", n)
+                 for n in sorted({r["round"] for r in rows if r["who"] == "pullsecrets-private"})]
+    summary.append(
+        "Private/public images (imagePullSecrets on, one instance, the same Pod and Secret): "
+        f"throughput {private['rps']:.2f}×, p50 {private['p50']:.2f}×, p99 {private['p99']:.2f}× "
+        f"(throughput per round: {', '.join(f'{x:.2f}×' for x in per_round)}); "
+        f"{denials} private-image denials and {secreterr} pull secret errors during that load, "
+        f"and the private source used {psrc_ms} ms of CPU"
+        + (f"; public images, imagePullSecrets on / off (pinswap-cached): "
+           f"{pub['rps'] / res['pinswap-cached max']['rps']:.2f}×" if have("pinswap-cached max") else ""))
+targets = []
+if ratio is not None:
+    targets.append(f"| cached throughput ≥ 0.7× ceiling | {verdict(ratio >= 0.7)}, {ratio:.2f}× |")
+for key, bound, name in [
+        ("pinswap-cached 1000/s", 5, "cached p99 ≤ 5 ms at 1,000 req/s"),
+        ("pinswap-uncached 10/s", 15, "uncached p99 ≤ 15 ms, 10 req/s"),
+        ("pinswap-uncached 100/s", 25, "uncached p99 ≤ 25 ms, 100 req/s"),
+        ("pinswap-stalled 100/s", 5, "source stalled, images at the target: p99 ≤ 5 ms, 100 req/s")]:
+    if have(key):
+        targets.append(f"| {name} | {verdict(res[key]['p99'] <= bound)}, {res[key]['p99']:.1f} ms |")
+if summary:
+    lines += ["", ". ".join(summary) + "."]
+if targets:
+    lines += ["", "| target | result |", "|---|---|", *targets]
 text = "\n".join(lines) + "\n"
 open(md, "w").write(text)
-json.dump({"results": res, "ratio": ratio}, open(js, "w"), indent=2)
+json.dump({"results": res, "ratio": ratio, "private_over_public": private}, open(js, "w"), indent=2)
 print(text)
 if fail:
     sys.exit(f"{fail} requests failed")

@@ -29,19 +29,27 @@ wait_for() { # URL PID WHAT [CURL ARGS...]: poll URL until it answers 2xx
   return 1
 }
 
-start_registry() { # NAME VAR: a loopback Distribution registry; host:port into VAR
-  local name=$1 port
+start_registry() { # NAME VAR [USER:PASSWORD]: a loopback Distribution registry; host:port into VAR
+  # With USER:PASSWORD, the registry asks for basic auth (htpasswd, bcrypt;
+  # needs htpasswd from apache2-utils) and refuses anonymous requests.
+  local name=$1 port auth='' probe=()
   port=$(free_port)
   mkdir -p "$WORK/$name"
+  if [ -n "${3:-}" ]; then
+    htpasswd -Bbn "${3%%:*}" "${3#*:}" >"$WORK/$name.htpasswd"
+    auth="auth: {htpasswd: {realm: $name, path: $WORK/$name.htpasswd}}"
+    probe=(-u "$3")
+  fi
   cat >"$WORK/$name.yml" <<YML
 version: 0.1
 log: {level: error, accesslog: {disabled: true}}
 storage: {filesystem: {rootdirectory: $WORK/$name}, delete: {enabled: true}, cache: {blobdescriptor: inmemory}}
 http: {addr: 127.0.0.1:$port}
+$auth
 YML
   docker-registry serve "$WORK/$name.yml" >"$WORK/$name.log" 2>&1 &
   PIDS+=($!)
-  wait_for "http://127.0.0.1:$port/v2/" $! "registry $name"
+  wait_for "http://127.0.0.1:$port/v2/" $! "registry $name" "${probe[@]}"
   printf -v "$2" '127.0.0.1:%s' "$port"
 }
 
