@@ -38,7 +38,13 @@ async fn install_crds(client: &kube::Client) {
 async fn render(dir: &std::path::Path, ns: &str, config: &str, args: &[&str]) -> Vec<Value> {
     let file = dir.join(format!("{ns}.yaml"));
     std::fs::write(&file, config).unwrap();
-    let mut all = vec!["manifests", "--namespace", ns, "--config", file.to_str().unwrap()];
+    let mut all = vec![
+        "manifests",
+        "--namespace",
+        ns,
+        "--config",
+        file.to_str().unwrap(),
+    ];
     all.extend_from_slice(args);
     let (code, out, err) = common::run_pinswap(&all).await;
     assert_eq!(code, 0, "pinswap manifests {args:?}: {err}");
@@ -55,19 +61,38 @@ async fn every_rendering_of_pinswap_manifests_is_accepted_and_stored() {
     cluster::remove_webhooks(&client).await;
     install_crds(&client).await;
     let dir = tempfile::tempdir().unwrap();
-    let pull_secrets = "target: {registry: registry.example.com/mirror}\nsource: {imagePullSecrets: true}\n";
-    let watched = "target: {registry: registry.example.com/mirror}\nrecovery: {namespaces: [apps, web]}\n";
+    let pull_secrets =
+        "target: {registry: registry.example.com/mirror}\nsource: {imagePullSecrets: true}\n";
+    let watched =
+        "target: {registry: registry.example.com/mirror}\nrecovery: {namespaces: [apps, web]}\n";
     for ns in ["apps", "web"] {
         cluster::namespace(&client, ns, json!({})).await;
     }
     let cases: [(&str, &str, &[&str]); 7] = [
         ("inst-default", CONFIG, &[]),
         ("inst-self-signed", CONFIG, &["--tls", "self-signed"]),
-        ("inst-replicas", CONFIG, &["--replicas", "3", "--image", "registry.example.com/pinswap:0.1.0"]),
-        ("inst-pull-secret", CONFIG, &["--image-pull-secret", "regcred"]),
+        (
+            "inst-replicas",
+            CONFIG,
+            &[
+                "--replicas",
+                "3",
+                "--image",
+                "registry.example.com/pinswap:0.1.0",
+            ],
+        ),
+        (
+            "inst-pull-secret",
+            CONFIG,
+            &["--image-pull-secret", "regcred"],
+        ),
         ("inst-secrets", pull_secrets, &[]),
         ("inst-watched", watched, &[]),
-        ("inst-closed", "target: {registry: registry.example.com/mirror}\nfailurePolicy: closed\n", &[]),
+        (
+            "inst-closed",
+            "target: {registry: registry.example.com/mirror}\nfailurePolicy: closed\n",
+            &[],
+        ),
     ];
     for (ns, config, args) in cases {
         let objects = render(dir.path(), ns, config, args).await;
@@ -78,15 +103,41 @@ async fn every_rendering_of_pinswap_manifests_is_accepted_and_stored() {
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             // Read back: the stored object exists where the rendering put it.
             let api = cluster::api_for(&client, obj).await;
-            let got = api.get(&stored.metadata.name.clone().unwrap()).await.unwrap();
-            assert_eq!(got.metadata.namespace.as_deref(), obj["metadata"]["namespace"].as_str(), "{what}");
+            let got = api
+                .get(&stored.metadata.name.clone().unwrap())
+                .await
+                .unwrap();
+            assert_eq!(
+                got.metadata.namespace.as_deref(),
+                obj["metadata"]["namespace"].as_str(),
+                "{what}"
+            );
         }
         // The webhook as stored is the webhook as rendered.
-        let webhook = objects.iter().find(|o| o["kind"] == "MutatingWebhookConfiguration").unwrap();
+        let webhook = objects
+            .iter()
+            .find(|o| o["kind"] == "MutatingWebhookConfiguration")
+            .unwrap();
         let api = cluster::api_for(&client, webhook).await;
-        let stored = serde_json::to_value(api.get(webhook["metadata"]["name"].as_str().unwrap()).await.unwrap()).unwrap();
-        for key in ["failurePolicy", "sideEffects", "reinvocationPolicy", "timeoutSeconds", "namespaceSelector", "objectSelector", "rules"] {
-            assert_eq!(stored["webhooks"][0][key], webhook["webhooks"][0][key], "{ns}: webhook {key}");
+        let stored = serde_json::to_value(
+            api.get(webhook["metadata"]["name"].as_str().unwrap())
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        for key in [
+            "failurePolicy",
+            "sideEffects",
+            "reinvocationPolicy",
+            "timeoutSeconds",
+            "namespaceSelector",
+            "objectSelector",
+            "rules",
+        ] {
+            assert_eq!(
+                stored["webhooks"][0][key], webhook["webhooks"][0][key],
+                "{ns}: webhook {key}"
+            );
         }
         // Delete the cluster-wide webhook, so later tests' Pods never reach it.
         cluster::delete(&client, webhook).await;
@@ -104,11 +155,19 @@ async fn strict_validation_refuses_a_field_the_schema_lacks() {
     let objects = render(dir.path(), "inst-strict", CONFIG, &[]).await;
     let ns = objects.iter().find(|o| o["kind"] == "Namespace").unwrap();
     apply(&client, ns).await.unwrap();
-    let mut dep = objects.iter().find(|o| o["kind"] == "Deployment").unwrap().clone();
+    let mut dep = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .unwrap()
+        .clone();
     dep["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = json!("Always");
     let err = apply(&client, &dep).await.unwrap_err().to_string();
     assert!(err.contains("imagePullPolicyy"), "{err}");
-    let mut cert = objects.iter().find(|o| o["kind"] == "Certificate").unwrap().clone();
+    let mut cert = objects
+        .iter()
+        .find(|o| o["kind"] == "Certificate")
+        .unwrap()
+        .clone();
     cert["spec"]["duration"] = json!(12);
     let err = apply(&client, &cert).await.unwrap_err().to_string();
     assert!(err.contains("duration"), "{err}");
