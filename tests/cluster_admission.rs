@@ -393,23 +393,12 @@ async fn pull_secrets_of_the_pod_and_its_service_account_are_read_from_real_secr
     let team_b: Api<Pod> = Api::namespaced(rig.client.clone(), "secrets-b");
     let b_secrets: Api<Secret> = Api::namespaced(rig.client.clone(), "secrets-b");
     let wrong = dockerconfigjson_secret("wrong", &rig.src.host(), "team", "guess");
-    b_secrets
-        .create(&PostParams::default(), &wrong)
-        .await
-        .unwrap();
+    b_secrets.create(&PostParams::default(), &wrong).await.unwrap();
     let own = dockerconfigjson_secret("own", &rig.src.host(), "team", "s3cret");
-    b_secrets
-        .create(&PostParams::default(), &own)
-        .await
-        .unwrap();
+    b_secrets.create(&PostParams::default(), &own).await.unwrap();
     let cases = [
         ("no-secret", None, false, "has no pull secret for"),
-        (
-            "wrong-secret",
-            Some("wrong"),
-            false,
-            "refused by the source",
-        ),
+        ("wrong-secret", Some("wrong"), false, "refused by the source"),
         ("own-secret", Some("own"), true, "rewritten"),
     ];
     for (name, secret, rewritten, note) in cases {
@@ -420,16 +409,8 @@ async fn pull_secrets_of_the_pod_and_its_service_account_are_read_from_real_secr
         let p: Pod = serde_json::from_value(p).unwrap();
         let stored = team_b.create(&PostParams::default(), &p).await.unwrap();
         let decisions = annotation(&stored, "pinswap.dev/decisions").unwrap_or_default();
-        let expected = if rewritten {
-            want.clone()
-        } else {
-            rig.source("private:v1")
-        };
-        assert_eq!(
-            images(&stored, "containers"),
-            [expected],
-            "{name}: {decisions}"
-        );
+        let expected = if rewritten { want.clone() } else { rig.source("private:v1") };
+        assert_eq!(images(&stored, "containers"), [expected], "{name}: {decisions}");
         assert!(decisions.contains(note), "{name}: {decisions}");
         assert!(!decisions.contains("s3cret") && !decisions.contains("guess"));
     }

@@ -402,12 +402,6 @@ async fn watch_from_zero(s: &Server, base: &str) -> Vec<String> {
             Ok(Some(e)) => e.unwrap(),
             _ => break,
         };
-                s.who,
-                b.metadata.resource_version,
-                b.metadata.annotations,
-                t.elapsed()
-            );
-        }
         seen.push(describe(&e).0);
     }
     s.add_pod(&ns, "c").await;
