@@ -310,6 +310,17 @@ async fn watch_from_zero_gets_current_pods_as_added() {
         .expect("watch")
         .boxed();
     assert!(matches!(next(&mut watch).await, WatchEvent::Added(p) if name_rv(&p).0 == "a"));
+    // With bookmarks allowed, kube-apiserver ends the synthetic ADDEDs with one.
+    match next(&mut watch).await {
+        WatchEvent::Bookmark(b) => assert_eq!(
+            b.metadata
+                .annotations
+                .get("k8s.io/initial-events-end")
+                .map(String::as_str),
+            Some("true")
+        ),
+        e => panic!("want the initial-events-end BOOKMARK, got {e:?}"),
+    }
     api.apply_pod(pod("apps", "b"));
     assert!(matches!(next(&mut watch).await, WatchEvent::Added(p) if name_rv(&p).0 == "b"));
 }
@@ -480,8 +491,12 @@ async fn watches_end_on_timeout_and_on_close() {
     let api = KubeApi::start().await;
     let pods: Api<Pod> = Api::all(api.client());
     let started = std::time::Instant::now();
+    let quiet = WatchParams {
+        bookmarks: false,
+        ..WatchParams::default()
+    };
     let mut short = pods
-        .watch(&WatchParams::default().timeout(1), "0")
+        .watch(&quiet.clone().timeout(1), "0")
         .await
         .unwrap()
         .boxed();
@@ -492,11 +507,7 @@ async fn watches_end_on_timeout_and_on_close() {
     );
     assert!(started.elapsed() >= Duration::from_millis(900));
 
-    let mut long = pods
-        .watch(&WatchParams::default(), "0")
-        .await
-        .unwrap()
-        .boxed();
+    let mut long = pods.watch(&quiet, "0").await.unwrap().boxed();
     api.close_watches();
     let end = tokio::time::timeout(Duration::from_secs(5), long.try_next()).await;
     assert!(
@@ -601,10 +612,11 @@ async fn events_past_the_api_servers_limits_are_invalid() {
         e.action = Some("A".repeat(128));
     });
     let created = events.create(&PostParams::default(), &at).await.unwrap();
-    // One past each: 422 naming the field. The note counts bytes.
+    // One past each: 422 naming the field, as the API's internal type
+    // names it (the note is `message`). The note counts bytes.
     type Edit = Box<dyn Fn(&mut Event)>;
     let cases: [(&str, Edit); 4] = [
-        ("note", Box::new(|e| e.note = Some("é".repeat(513)))),
+        ("message", Box::new(|e| e.note = Some("é".repeat(513)))),
         ("reason", Box::new(|e| e.reason = Some("R".repeat(129)))),
         ("action", Box::new(|e| e.action = Some("A".repeat(129)))),
         (
@@ -767,23 +779,43 @@ async fn events_are_created_and_patched() {
         "generated names are unique"
     );
 
+    // A repeat patches the series; the rest of an Event is immutable.
+    let series = |count: i32| {
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        json!({"series": {"count": count, "lastObservedTime": now}})
+    };
     let patched = events
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"note": "again"})),
-        )
+        .patch(&name, &PatchParams::default(), &Patch::Merge(series(2)))
         .await
         .expect("merge-patch the event");
-    assert_eq!(patched.note.as_deref(), Some("again"));
+    assert_eq!(patched.series.map(|s| s.count), Some(2));
     assert_eq!(patched.reason.as_deref(), Some("ImageRemirrored"));
-    let strategic = Patch::Strategic(json!({"note": "third"}));
+    let strategic = Patch::Strategic(series(3));
     let patched = events
         .patch(&name, &PatchParams::default(), &strategic)
         .await;
     assert_eq!(
-        patched.expect("strategic-merge-patch").note.as_deref(),
-        Some("third")
+        patched
+            .expect("strategic-merge-patch")
+            .series
+            .map(|s| s.count),
+        Some(3)
+    );
+    let err = api_error(
+        events
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"note": "again"})),
+            )
+            .await,
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert!(
+        err.message
+            .ends_with("message: Invalid value: \"again\": field is immutable"),
+        "{}",
+        err.message
     );
     let apply = Patch::Apply(json!({"note": "fourth"}));
     let err = api_error(
@@ -894,12 +926,22 @@ async fn leases_use_optimistic_concurrency() {
     assert_eq!(err.code, 400, "name mismatch: {err:?}");
     let mut absent = held_by("a");
     absent.metadata.name = Some("absent".into());
+    // A PUT creates an absent Lease (kube-apiserver's AllowCreateOnUpdate),
+    // but never updates one unconditionally.
+    leases
+        .replace("absent", &PostParams::default(), &absent)
+        .await
+        .expect("created by PUT");
     let err = api_error(
         leases
             .replace("absent", &PostParams::default(), &absent)
             .await,
     );
-    assert_eq!((err.code, err.reason.as_str()), (404, "NotFound"));
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert!(
+        err.message.contains("must be specified for an update"),
+        "{err:?}"
+    );
 
     // `a` still holds the first version: its update is stale.
     let mut stale = held_by("a");
@@ -957,7 +999,7 @@ async fn leases_use_optimistic_concurrency() {
         .into_iter()
         .filter(|r| r.method == "PUT")
         .collect();
-    assert_eq!(puts.len(), 6);
+    assert_eq!(puts.len(), 7);
     assert!(puts.iter().all(|r| {
         r.path
             .starts_with("/apis/coordination.k8s.io/v1/namespaces/pinswap/leases/")

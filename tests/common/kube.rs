@@ -131,6 +131,9 @@ struct Store {
     rbac: Option<Rbac>,
     /// Requests refused by `rbac`: "verb path".
     forbidden: Vec<String>,
+    /// (namespace or "", resourceVersion) → the Pods a paged list started
+    /// with, for its later pages.
+    list_snapshots: HashMap<(String, u64), Vec<Value>>,
 }
 
 /// RBAC rules bound to one ServiceAccount: cluster-wide ones (a ClusterRole
@@ -232,10 +235,15 @@ fn attributes(method: &str, path: &str, query: &str) -> Option<Attributes> {
         _ => return None,
     };
     let (namespace, resource, name) = match rest {
-        ["namespaces", ns, resource] => (Some(*ns), *resource, None),
-        ["namespaces", ns, resource, name] => (Some(*ns), *resource, Some(*name)),
-        [resource] => (None, *resource, None),
-        [resource, name] => (None, *resource, Some(*name)),
+        ["namespaces", ns, resource] => (Some(*ns), (*resource).to_owned(), None),
+        ["namespaces", ns, resource, name] => (Some(*ns), (*resource).to_owned(), Some(*name)),
+        // A subresource is authorised as "pods/status", not as the Pod.
+        ["namespaces", ns, resource, name, sub] => {
+            (Some(*ns), format!("{resource}/{sub}"), Some(*name))
+        }
+        [resource] => (None, (*resource).to_owned(), None),
+        [resource, name] => (None, (*resource).to_owned(), Some(*name)),
+        [resource, name, sub] => (None, format!("{resource}/{sub}"), Some(*name)),
         _ => return None,
     };
     let watch = query
@@ -255,7 +263,7 @@ fn attributes(method: &str, path: &str, query: &str) -> Option<Attributes> {
     Some(Attributes {
         verb,
         group,
-        resource: resource.to_owned(),
+        resource,
         namespace: namespace.map(str::to_owned),
         name: name.map(str::to_owned),
     })
@@ -267,15 +275,31 @@ fn forbidden(a: &Attributes, user: &str) -> Response {
         Some(ns) => format!("in the namespace \"{ns}\""),
         None => "at the cluster scope".into(),
     };
+    // Named as in other messages (`leases.coordination.k8s.io "x"`), by
+    // the resource without its subresource.
+    let base = a.resource.split('/').next().unwrap_or_default();
+    let qualified = match a.group.as_str() {
+        "" => base.to_owned(),
+        g => format!("{base}.{g}"),
+    };
     let what = match &a.name {
-        Some(n) => format!("{} \"{n}\"", a.resource),
-        None => a.resource.clone(),
+        Some(n) => format!("{qualified} \"{n}\""),
+        None => qualified,
     };
     let message = format!(
         "{what} is forbidden: User \"{user}\" cannot {} resource \"{}\" in API group \"{}\" {scope}",
         a.verb, a.resource, a.group
     );
-    failure(403, "Forbidden", message)
+    let mut body = serde_json::to_value(status(403, "Forbidden", message, None)).expect("status");
+    let mut details = json!({"kind": base});
+    if let Some(n) = &a.name {
+        details["name"] = n.as_str().into();
+    }
+    if !a.group.is_empty() {
+        details["group"] = a.group.as_str().into();
+    }
+    body["details"] = details;
+    (StatusCode::FORBIDDEN, Json(body)).into_response()
 }
 
 /// The ServiceAccount the authorised requests come from.
@@ -549,6 +573,7 @@ impl KubeApi {
         let mut st = self.shared.lock();
         st.oldest_watchable = st.rv;
         st.pod_history.clear();
+        st.list_snapshots.clear();
     }
 
     /// How many watches are open (live: past their replayed history).
@@ -753,6 +778,43 @@ fn bad_request(message: String) -> Response {
     failure(400, "BadRequest", message)
 }
 
+/// One field error of a 422, as the API's `details.causes` carry it:
+/// (reason, field, detail).
+type Cause = (&'static str, String, String);
+
+fn required(field: &str) -> Cause {
+    ("FieldValueRequired", field.into(), "Required value".into())
+}
+
+fn invalid_value(field: &str, value: &str, detail: &str) -> Cause {
+    let detail = format!("Invalid value: {value:?}: {detail}");
+    ("FieldValueInvalid", field.into(), detail)
+}
+
+/// A 422 from validation, worded as the API server words it: the type's
+/// Kind (`Event "NAME" is invalid: ...`), every field error listed, in
+/// `details.causes` too.
+fn invalid_causes(type_kind: &str, name: &str, causes: &[Cause]) -> Response {
+    let mut errors: Vec<String> = causes
+        .iter()
+        .map(|(_, field, detail)| format!("{field}: {detail}"))
+        .collect();
+    let listed = match errors.len() {
+        1 => errors.remove(0),
+        _ => format!("[{}]", errors.join(", ")),
+    };
+    let message = format!("{type_kind} {name:?} is invalid: {listed}");
+    let mut body = serde_json::to_value(status(422, "Invalid", message, None)).expect("status");
+    body["details"] = json!({
+        "name": name,
+        "kind": type_kind,
+        "causes": causes.iter().map(|(reason, field, detail)| json!({
+            "reason": reason, "message": detail, "field": field,
+        })).collect::<Vec<_>>(),
+    });
+    (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response()
+}
+
 fn invalid(kind: Kind, name: &str, problem: String) -> Response {
     let message = format!("{} is invalid: {problem}", kind.named(name));
     failure_about(422, "Invalid", message, Some((kind, name)))
@@ -877,6 +939,7 @@ fn list_or_watch_pods(
             ));
         }
     }
+    let ns_key = ns.clone().unwrap_or_default();
     let in_scope = move |pod_ns: &str| ns.as_deref().is_none_or(|n| n == pod_ns);
     let mut st = shared.lock();
     let pods: Vec<Value> = st
@@ -903,17 +966,31 @@ fn list_or_watch_pods(
                 .split_once('/')
                 .and_then(|(rv, off)| Some((rv.parse::<u64>().ok()?, off.parse::<usize>().ok()?)))
             {
-                Some((rv, _)) if rv < st.oldest_watchable => {
+                Some((rv, offset)) if rv < st.oldest_watchable => {
                     st.expired.push(expired());
-                    let message = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.".to_owned();
-                    return failure(410, "Expired", message);
+                    let message = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.".to_owned();
+                    // As etcd's store: a token to go on from the current
+                    // state, inconsistently.
+                    let mut body = serde_json::to_value(status(410, "Expired", message, None))
+                        .expect("status");
+                    body["metadata"]["continue"] = format!("{}/{offset}", st.rv).into();
+                    return (StatusCode::GONE, Json(body)).into_response();
                 }
                 Some(parsed) => parsed,
                 None => return bad_request(format!("invalid continue token {token:?}")),
             },
         };
-        let all = pods;
+        // Later pages read the snapshot the first one took, as etcd's
+        // list at the token's revision does.
+        let key = (ns_key.clone(), rv);
+        let all = match st.list_snapshots.get(&key) {
+            Some(snapshot) if offset > 0 => snapshot.clone(),
+            _ => pods,
+        };
         let end = offset.saturating_add(limit).min(all.len());
+        if end < all.len() {
+            st.list_snapshots.insert(key, all.clone());
+        }
         let items = all[offset.min(end)..end]
             .iter()
             .map(|p| serde_json::from_value(p.clone()).expect("stored pod"))
@@ -956,6 +1033,19 @@ fn list_or_watch_pods(
         },
     };
     let bookmarks = param("allowWatchBookmarks") == "true";
+    let mut backlog = backlog;
+    if bookmarks && param("resourceVersion") == "0" {
+        // kube-apiserver ends the synthetic ADDEDs with this bookmark.
+        let object = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {
+            "resourceVersion": since.to_string(),
+            "annotations": {"k8s.io/initial-events-end": "true"},
+        }});
+        backlog.push(
+            json!({"type": "BOOKMARK", "object": object})
+                .to_string()
+                .into(),
+        );
+    }
     let rx = shared.feed.subscribe();
     let hole = shared.black_hole.subscribe();
     drop(st);
@@ -1026,15 +1116,16 @@ async fn create(State(s): ApiState, Path(p): Params, body: Bytes) -> Response {
             create_as::<CoreEvent>(&s, CORE_EVENTS, &p["ns"], &body, check_core_event)
         }
         Some(EVENTS) => create_as::<Event>(&s, EVENTS, &p["ns"], &body, check_event),
-        Some(LEASES) => create_as::<Lease>(&s, LEASES, &p["ns"], &body, |_, _| Ok(())),
-        Some(SECRETS) => create_as::<Secret>(&s, SECRETS, &p["ns"], &body, |_, _| Ok(())),
+        Some(LEASES) => create_as::<Lease>(&s, LEASES, &p["ns"], &body, |_, _, _| vec![]),
+        Some(SECRETS) => create_as::<Secret>(&s, SECRETS, &p["ns"], &body, |_, _, _| vec![]),
         Some(_) => Err(unsupported()),
         None => Err(no_such_resource()),
     };
     result.unwrap_or_else(|e| e)
 }
 
-type Check<K> = fn(&K, &str) -> Result<(), String>;
+/// Validation of a new object, or of an update of `old`: its field errors.
+type Check<K> = fn(&K, Option<&K>, &str) -> Vec<Cause>;
 
 fn create_as<K>(
     s: &Shared,
@@ -1061,7 +1152,10 @@ where
             ));
         }
     };
-    check(&obj, ns).map_err(|problem| invalid(kind, &name, problem))?;
+    let causes = check(&obj, None, ns);
+    if !causes.is_empty() {
+        return Err(invalid_causes(K::KIND, &name, &causes));
+    }
     if st
         .objects
         .contains_key(&(kind.1, ns.to_owned(), name.clone()))
@@ -1090,65 +1184,144 @@ fn generated_suffix(mut n: u64) -> String {
     (0..5).map(|_| next()).collect()
 }
 
-/// events.k8s.io/v1 validation of a new Event, as the API server does it.
-fn check_event(e: &Event, _ns: &str) -> Result<(), String> {
-    let required = [
-        ("reportingController", &e.reporting_controller),
-        ("reportingInstance", &e.reporting_instance),
-        ("action", &e.action),
-        ("reason", &e.reason),
-    ];
-    if let Some((field, _)) = required
-        .iter()
-        .find(|(_, v)| v.as_deref().unwrap_or("").is_empty())
-    {
-        return Err(format!("{field}: Required value"));
+/// events.k8s.io/v1 validation, as kube-apiserver's (pkg/apis/core/validation,
+/// events.go) words it: the internal type's field names (`message` for
+/// the note), limits in bytes, and on update only the series may change.
+fn check_event(e: &Event, old: Option<&Event>, _ns: &str) -> Vec<Cause> {
+    let mut out = Vec::new();
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    let controller = text(&e.reporting_controller);
+    if controller.is_empty() {
+        out.push(required("reportingController"));
     }
-    if e.event_time.is_none() {
-        return Err("eventTime: Required value".into());
-    }
-    // The API server's limits (k8s.io/kubernetes pkg/apis/core/validation,
-    // events.go): bytes for the note, characters for the rest.
-    let limits = [
-        ("reportingInstance", &e.reporting_instance, 128),
-        ("action", &e.action, 128),
-        ("reason", &e.reason, 128),
+    out.extend(qualified_name(&controller, "reportingController"));
+    let limited = [
+        ("reportingInstance", &e.reporting_instance, true),
+        ("action", &e.action, true),
+        ("reason", &e.reason, true),
+        ("message", &e.note, false),
     ];
-    for (field, value, max) in limits {
-        let n = value.as_deref().unwrap_or("").chars().count();
-        if n > max {
-            return Err(format!(
-                "{field}: Too long: may not be more than {max} characters ({n})"
+    for (field, value, needed) in limited {
+        let v = text(value);
+        let max = if field == "message" { 1024 } else { 128 };
+        if needed && v.is_empty() {
+            out.push(required(field));
+        }
+        if v.len() > max {
+            out.push(invalid_value(
+                field,
+                "",
+                &format!("can have at most {max} characters"),
             ));
         }
     }
-    let controller = e.reporting_controller.as_deref().unwrap_or("");
-    if controller.len() > 253 || controller.contains(char::is_whitespace) {
-        return Err(format!(
-            "reportingController: Invalid value: {controller:?}: a qualified name of at most 253 characters"
+    if e.event_time.is_none() {
+        out.push(required("eventTime"));
+    }
+    let type_ = text(&e.type_);
+    if type_ != "Normal" && type_ != "Warning" {
+        out.push(invalid_value(
+            "type",
+            "",
+            &format!("has invalid value: {type_}"),
         ));
     }
-    let note = e.note.as_deref().unwrap_or("").len();
-    if note > 1024 {
-        return Err(format!(
-            "note: Too long: may not be more than 1024 bytes ({note})"
-        ));
+    let Some(old) = old else { return out };
+    if e.series != old.series
+        && let Some(series) = &e.series
+        && series.count < 2
+    {
+        out.push(invalid_value("series.count", "", "should be at least 2"));
     }
-    match e.type_.as_deref() {
-        Some("Normal" | "Warning") => Ok(()),
-        other => Err(format!(
-            "type: Unsupported value: {other:?}: supported values: \"Normal\", \"Warning\""
-        )),
+    let json = |v: &dyn erased::Json| v.json();
+    let immutable: [(&str, Value, Value); 9] = [
+        ("regarding", json(&e.regarding), json(&old.regarding)),
+        ("reason", json(&e.reason), json(&old.reason)),
+        ("message", json(&e.note), json(&old.note)),
+        ("type", json(&e.type_), json(&old.type_)),
+        ("eventTime", json(&e.event_time), json(&old.event_time)),
+        ("action", json(&e.action), json(&old.action)),
+        ("related", json(&e.related), json(&old.related)),
+        (
+            "reportingController",
+            json(&e.reporting_controller),
+            json(&old.reporting_controller),
+        ),
+        (
+            "reportingInstance",
+            json(&e.reporting_instance),
+            json(&old.reporting_instance),
+        ),
+    ];
+    for (field, new, was) in immutable {
+        if new != was {
+            let shown = new.as_str().map_or_else(|| new.to_string(), str::to_owned);
+            out.push(invalid_value(field, &shown, "field is immutable"));
+        }
+    }
+    out
+}
+
+mod erased {
+    /// Any field as JSON, to compare old and new alike.
+    pub trait Json {
+        fn json(&self) -> serde_json::Value;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn json(&self) -> serde_json::Value {
+            serde_json::to_value(self).expect("serialise")
+        }
     }
 }
 
-fn check_core_event(e: &CoreEvent, ns: &str) -> Result<(), String> {
+/// apimachinery's IsQualifiedName: an optional DNS-subdomain prefix and a
+/// name part of at most 63 bytes.
+fn qualified_name(v: &str, field: &str) -> Vec<Cause> {
+    let mut out = Vec::new();
+    let name = match v.split('/').collect::<Vec<_>>()[..] {
+        [name] => name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                out.push(invalid_value(field, v, "prefix part must be non-empty"));
+            }
+            name
+        }
+        _ => {
+            let detail = "a qualified name must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')";
+            return vec![invalid_value(field, v, detail)];
+        }
+    };
+    if name.is_empty() {
+        out.push(invalid_value(field, v, "name part must be non-empty"));
+    } else if name.len() > 63 {
+        out.push(invalid_value(
+            field,
+            v,
+            "name part must be no more than 63 bytes",
+        ));
+    }
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    let ok = name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && name.chars().all(|c| alnum(c) || "-_.".contains(c));
+    if !ok {
+        let detail = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+        out.push(invalid_value(field, v, detail));
+    }
+    out
+}
+
+// Not judged against kube-apiserver: pinswap writes events.k8s.io/v1 only.
+fn check_core_event(e: &CoreEvent, _old: Option<&CoreEvent>, ns: &str) -> Vec<Cause> {
+    let problem =
+        |field: &str, detail: String| vec![("FieldValueInvalid", field.to_owned(), detail)];
     for (field, value) in [("reason", &e.reason), ("action", &e.action)] {
         let n = value.as_deref().unwrap_or("").chars().count();
         if n > 128 {
-            return Err(format!(
-                "{field}: Too long: may not be more than 128 characters ({n})"
-            ));
+            return problem(
+                field,
+                format!("Too long: may not be more than 128 characters ({n})"),
+            );
         }
     }
     let message = e.message.as_deref().unwrap_or("").len();
@@ -1157,15 +1330,18 @@ fn check_core_event(e: &CoreEvent, ns: &str) -> Result<(), String> {
         .is_some_and(|c| !c.is_empty())
         && message > 1024
     {
-        return Err(format!(
-            "message: Too long: may not be more than 1024 bytes ({message})"
-        ));
+        return problem(
+            "message",
+            format!("Too long: may not be more than 1024 bytes ({message})"),
+        );
     }
     match e.involved_object.namespace.as_deref() {
-        Some(n) if !n.is_empty() && n != ns => Err(format!(
-            "involvedObject.namespace: Invalid value: {n:?}: does not match event.namespace"
-        )),
-        _ => Ok(()),
+        Some(n) if !n.is_empty() && n != ns => vec![invalid_value(
+            "involvedObject.namespace",
+            n,
+            "does not match event.namespace",
+        )],
+        _ => vec![],
     }
 }
 
@@ -1203,8 +1379,28 @@ where
     }
     let mut st = s.lock();
     let Some(current) = st.objects.get(&(kind.1, ns.to_owned(), name.to_owned())) else {
+        // Leases are created by a PUT (AllowCreateOnUpdate); Secrets not.
+        if kind == LEASES {
+            let value = serde_json::to_value(&obj).expect("serialise");
+            let created = st.write(kind, ns, name, value).0;
+            return Ok((StatusCode::CREATED, Json(created)).into_response());
+        }
         return Err(not_found(kind, name));
     };
+    if kind == LEASES && meta.resource_version.as_deref().unwrap_or("").is_empty() {
+        // No unconditional update of a Lease.
+        let detail = "Invalid value: 0: must be specified for an update";
+        let message = format!(
+            "{} is invalid: metadata.resourceVersion: {detail}",
+            kind.named(name)
+        );
+        let mut body = serde_json::to_value(status(422, "Invalid", message, Some((kind, name))))
+            .expect("status");
+        body["details"]["causes"] = json!([{
+            "reason": "FieldValueInvalid", "message": detail, "field": "metadata.resourceVersion",
+        }]);
+        return Err((StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response());
+    }
     if meta
         .resource_version
         .as_ref()
@@ -1232,15 +1428,16 @@ fn secret_update_allowed(s: &Shared, ns: &str, name: &str, body: &[u8]) -> Resul
     };
     let type_of = |v: &Value| v["type"].as_str().unwrap_or("Opaque").to_owned();
     if type_of(old) != type_of(&new) {
-        let problem = format!(
-            "type: Invalid value: {:?}: field is immutable",
-            type_of(&new)
-        );
-        return Err(invalid(SECRETS, name, problem));
+        let cause = invalid_value("type", &type_of(&new), "field is immutable");
+        return Err(invalid_causes("Secret", name, &[cause]));
     }
     if old["immutable"] == true && (old["data"] != new["data"] || new["immutable"] != true) {
-        let problem = "data: Forbidden: field is immutable when `immutable` is set".into();
-        return Err(invalid(SECRETS, name, problem));
+        let detail = "Forbidden: field is immutable when `immutable` is set".into();
+        return Err(invalid_causes(
+            "Secret",
+            name,
+            &[("FieldValueForbidden", "data".into(), detail)],
+        ));
     }
     Ok(())
 }
@@ -1297,12 +1494,14 @@ fn patch_as<K: Resource + DeserializeOwned>(
     }
     let patch: Value = serde_json::from_slice(body)
         .map_err(|e| bad_request(format!("decoding the patch: {e}")))?;
+    let old = serde_json::from_value::<K>(obj.clone()).expect("stored object");
     json_patch::merge(&mut obj, &patch);
     let patched =
         serde_json::from_value::<K>(obj.clone()).map_err(|e| invalid(kind, name, e.to_string()))?;
-    // An update is validated like a create: a patch cannot bring a field
-    // past its limit.
-    check(&patched, ns).map_err(|problem| invalid(kind, name, problem))?;
+    let causes = check(&patched, Some(&old), ns);
+    if !causes.is_empty() {
+        return Err(invalid_causes(K::KIND, name, &causes));
+    }
     Ok(Json(st.write(kind, ns, name, obj).0).into_response())
 }
 
