@@ -1066,3 +1066,42 @@ async fn every_template_kind_is_rewritten_and_nothing_else_changes() {
         again.stderr
     );
 }
+
+/// `mutate` decides as the webhook does: a container with
+/// `imagePullPolicy: Never` keeps its image (the node holds only that
+/// name), unless the config opts in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_pulled_containers_keep_their_image() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let app = Image::oci(1, 413);
+    push_image(&src, "shop/app", Some("v1"), &app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let image = format!("{}/shop/app:v1", src.host());
+    let input = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n  - name: preloaded\n    image: {image}\n    imagePullPolicy: Never\n  - name: pulled\n    image: {image}\n    imagePullPolicy: IfNotPresent\n"
+    );
+    let pinned = format!("{}/shop/app:v1@{}", mirror(&src, &dst), app.digest);
+    let cfg = write_config(dir.path(), &src, &dst, "");
+    let out = mutate(&["-c", &cfg], &input).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let pod: Value = yaml_serde::from_str(&out.stdout).unwrap();
+    assert_eq!(pod["spec"]["containers"][0]["image"], image.as_str());
+    assert_eq!(pod["spec"]["containers"][1]["image"], pinned.as_str());
+    assert!(
+        out.stderr.contains("imagePullPolicy is Never"),
+        "{}",
+        out.stderr
+    );
+
+    let opted = dir.path().join("opted.yaml");
+    std::fs::write(
+        &opted,
+        config_text(&src, &dst, "rewriteImagePullPolicyNever: true\n"),
+    )
+    .unwrap();
+    let out = mutate(&["-c", opted.to_str().unwrap()], &input).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let pod: Value = yaml_serde::from_str(&out.stdout).unwrap();
+    assert_eq!(pod["spec"]["containers"][0]["image"], pinned.as_str());
+}
