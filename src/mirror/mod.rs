@@ -1364,6 +1364,12 @@ impl Mirror {
             false => plan.target.clone(),
         };
         let task = tokio::spawn(async move {
+            // Removes the queue entry however the task ends: returned,
+            // panicked or aborted. Otherwise a failed handle would be
+            // shared with every later caller for the life of the process.
+            let _entry = Inflight(inflight_map, k.clone());
+            #[cfg(test)]
+            tests::maybe_panic(&k);
             let _permit = match waited_for {
                 true => None,
                 false => Some(slots.acquire_owned().await.expect("never closed")),
@@ -1377,7 +1383,6 @@ impl Mirror {
                 Err(open) => {
                     metrics.copies_failed.inc();
                     resumes.failed(&k, &retry, creds.as_ref());
-                    inflight_map.lock().expect("inflight lock").remove(&k);
                     debug!(source = %src, target = %k, %open, "copy waits for its source");
                     return Err(CopyFailure {
                         reason: format!(
@@ -1452,7 +1457,6 @@ impl Mirror {
                     })
                 }
             };
-            inflight_map.lock().expect("inflight lock").remove(&k);
             out
         });
         // A copy task that panicked failed writing the copy: the target's.
@@ -1469,7 +1473,21 @@ impl Mirror {
         inflight.insert(key, handle.clone());
         handle
     }
+}
 
+/// A copy-queue entry, removed from the map when the copy's task ends.
+struct Inflight(Arc<Mutex<HashMap<String, CopyHandle>>>, String);
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        // A poisoned lock still holds a consistent map: entries are only
+        // inserted and removed whole.
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(&self.1);
+    }
+}
+
+impl Mirror {
     /// The image a Pod gets for `plan`: `target:tag@digest` when pinned, the
     /// tag alone when not; a digest-only source stays digest-only.
     fn rewritten(&self, plan: &Plan) -> String {
@@ -1675,6 +1693,56 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The copy-queue key whose next copy task panics (a stand-in for a
+    /// bug anywhere under the copy).
+    static PANIC_FOR: Mutex<Option<String>> = Mutex::new(None);
+
+    pub(super) fn maybe_panic(key: &str) {
+        let mut k = PANIC_FOR.lock().unwrap_or_else(|e| e.into_inner());
+        if k.as_deref() == Some(key) {
+            *k = None;
+            drop(k);
+            panic!("a bug in a copy task");
+        }
+    }
+
+    /// A copy task that panics fails that copy, and only that copy: the
+    /// next request for the image starts a new one.
+    #[tokio::test]
+    async fn a_panicking_copy_does_not_poison_its_image() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config =
+            Config::from_yaml("target: {registry: \"127.0.0.1:9/mirror\"}\nsource: {registries: [{registry: \"127.0.0.1:9\"}]}\n", "t.yaml").unwrap();
+        let m = Mirror::from_config(&config, Arc::new(Metrics::new())).unwrap();
+        let digest = Digest::parse(&format!("sha256:{}", "ab".repeat(32))).unwrap();
+        let source = Reference::parse("127.0.0.1:9/shop/app:v1")
+            .unwrap()
+            .with_digest(digest.clone());
+        let plan = Plan {
+            target: m.target.map(&source).unwrap(),
+            source,
+            tagged: true,
+            untagged: false,
+            verify: false,
+            assessed: None,
+            repair: None,
+            present: None,
+            fallback: None,
+            source_known: true,
+        };
+        let key = m.key(&plan);
+        *PANIC_FOR.lock().unwrap() = Some(key.clone());
+        let first = m.copy(&plan, None, true).await.unwrap_err();
+        assert!(first.reason.contains("panic"), "{}", first.reason);
+        assert!(m.inflight.lock().unwrap().is_empty(), "entry removed");
+        let second = m.copy(&plan, None, true).await.unwrap_err();
+        assert!(
+            !second.reason.contains("panic"),
+            "a new copy, which fails on its own (nothing listens): {}",
+            second.reason
+        );
+    }
 
     /// `cache.ttl` accepts any duration; moka's builder panics beyond 1000
     /// years, which made `Mirror::from_config` panic on a valid config.
