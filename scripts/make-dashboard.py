@@ -79,6 +79,7 @@ line([
  ("Ready replicas",[('sum(kube_pod_status_ready{namespace=~"$namespace", pod=~"$pod", condition="true"})',"ready")],"short","/readyz is 503 while the target registry does not answer GET /v2/. Needs kube-state-metrics."),
  ("Failed share of copies",[(f'{rate("pinswap_copies_failed_total")} / {rate("pinswap_copies_started_total")}',"failed")],"percentunit","A source or target problem; each cause is in the log (mirror copy failed)."),
  ("Target re-verification errors",[(rate("pinswap_reverifications_total",s=ERR),"HEAD errors")],"ops","The target did not answer a re-verification HEAD."),
+ ("ECR policy failures",[(rate("pinswap_ecr_policy_failures_total","action"),"{{action}}")],"ops","ecrOptions' access or lifecycle policy not applied to a repository pinswap created; pushes into it retry it first. Usually a missing IAM permission (the log names it)."),
 ])
 row("Webhook listener")
 line([

@@ -164,6 +164,15 @@ pub struct Metrics {
     pub source_failures: Family<SourceLabels, Counter>,
     /// `pinswap_source_breaker_open{registry}`.
     pub source_breaker_open: Family<RegistryLabel, Gauge>,
+    /// `pinswap_ecr_policy_failures_total{action}`.
+    pub ecr_policy_failures: Family<ActionLabel, Counter>,
+}
+
+/// Label `action`: an AWS API action (`ecr:SetRepositoryPolicy`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabel {
+    /// The IAM action.
+    pub action: String,
 }
 
 /// Label `reason`: why a slot was rewritten (`present`, `copied`,
@@ -341,6 +350,12 @@ impl Metrics {
                 "1 while a source registry's circuit breaker is open (admissions use the target's copies)",
                 Family::default(),
             ),
+            ecr_policy_failures: register(
+                &mut r,
+                "ecr_policy_failures",
+                "Failed attempts to apply ecrOptions' access or lifecycle policy to a repository pinswap created, by action; retried before the next push into it",
+                Family::default(),
+            ),
             registry: r,
         };
         // Every cause at zero from the start, so a rate over it is defined
@@ -377,6 +392,15 @@ impl Metrics {
         self.rewrites
             .get_or_create(&ReasonLabel {
                 reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a failed `action` applying an ECR repository policy.
+    pub fn ecr_policy_failure(&self, action: &str) {
+        self.ecr_policy_failures
+            .get_or_create(&ActionLabel {
+                action: action.to_owned(),
             })
             .inc();
     }

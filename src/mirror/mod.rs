@@ -455,7 +455,9 @@ impl Mirror {
             return Self::build(config, metrics, None);
         };
         let target = MirrorTarget::parse(&config.target.registry)?;
-        let ecr = Ecr::connect_with(aws, target.registry(), sdk).await;
+        let ecr = Ecr::connect_with(aws, target.registry(), sdk)
+            .await
+            .with_metrics(metrics.clone());
         let token = ecr.authorization().await?;
         let mirror = Self::build(config, metrics, Some(Arc::new(ecr)))?;
         let ecr = mirror.ecr.as_ref().expect("just set");

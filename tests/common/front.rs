@@ -29,7 +29,8 @@ pub enum Mode {
     Pass,
     /// Answer with this status and, when given, `Retry-After` seconds.
     Refuse(u16, Option<u64>),
-    /// Refuse the first request with this method whose path contains this
+    /// Refuse the first request with this method whose path, or one of
+    /// whose header values (an AWS API's `X-Amz-Target`), contains this
     /// part, as [`Mode::Refuse`], then pass everything through.
     RefuseFirst(&'static str, &'static str, u16, Option<u64>),
 }
@@ -227,7 +228,12 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
             Mode::Pass => None,
             Mode::Refuse(status, retry_after) => Some((status, retry_after)),
             Mode::RefuseFirst(method, part, status, retry_after)
-                if req.method().as_str() == method && path.contains(part) =>
+                if req.method().as_str() == method
+                    && (path.contains(part)
+                        || req
+                            .headers()
+                            .values()
+                            .any(|v| String::from_utf8_lossy(v.as_bytes()).contains(part))) =>
             {
                 *mode = Mode::Pass;
                 Some((status, retry_after))
