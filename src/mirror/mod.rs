@@ -1336,7 +1336,14 @@ impl Mirror {
     /// copies an admission waits for (`immediate`, `force`) start at once,
     /// so a backlog of background work cannot make them miss their deadline.
     /// Blob transfers stay bounded by the copier's `--jobs` slots either way.
-    fn copy(&self, plan: &Plan, creds: Option<&Credentials>, waited_for: bool) -> CopyHandle {
+    /// `resumed`: a retry of the resume queue, whose failures count there.
+    fn copy(
+        &self,
+        plan: &Plan,
+        creds: Option<&Credentials>,
+        waited_for: bool,
+        resumed: bool,
+    ) -> CopyHandle {
         let key = self.key(plan);
         let mut inflight = self.inflight.lock().expect("inflight lock");
         if let Some(h) = inflight.get(&key) {
@@ -1360,6 +1367,7 @@ impl Mirror {
         let source_key = Self::source_key(&plan.source);
         let target_key = self.target_key();
         let (caches, inflight_map, k) = (self.caches.clone(), self.inflight.clone(), key.clone());
+        let source_timeout = self.source_timeout.max(Duration::from_secs(30));
         // An untagged push verifies the digest, not the tag.
         let target_ref = match plan.untagged {
             true => plan.target.without_tag(),
@@ -1380,18 +1388,65 @@ impl Mirror {
             let start = Instant::now();
             // A source whose breaker is open is not asked: the copy fails at
             // once and waits in `resumes` for the source to answer again.
+            let refused = |open: health::Open| {
+                metrics.copies_failed.inc();
+                // Never sent: no retry of the resume queue is spent.
+                resumes.failed(&k, &retry, creds.as_ref(), false);
+                debug!(source = %src, target = %k, %open, "copy waits for its source");
+                Err(CopyFailure {
+                    reason: format!(
+                        "source registry {source_key} cannot answer (circuit breaker open after {open})"
+                    ),
+                    cause: ErrorCause::Source,
+                })
+            };
             let attempt = match breakers.attempt(&source_key) {
                 Ok(a) => a,
-                Err(open) => {
-                    metrics.copies_failed.inc();
-                    resumes.failed(&k, &retry, creds.as_ref());
-                    debug!(source = %src, target = %k, %open, "copy waits for its source");
-                    return Err(CopyFailure {
-                        reason: format!(
-                            "source registry {source_key} cannot answer (circuit breaker open after {open})"
-                        ),
-                        cause: ErrorCause::Source,
-                    });
+                Err(open) => return refused(open),
+            };
+            // The breaker's probe is one HEAD, not the whole copy: a copy
+            // may run for minutes, and while the probe runs every admission
+            // is refused the source.
+            let attempt = match attempt.is_probe() {
+                false => attempt,
+                true => {
+                    let probe = async {
+                        let client = pool
+                            .get_with(src.registry(), Role::Source, creds.as_ref())
+                            .await?;
+                        client.head_manifest(&src).await.map(drop)
+                    };
+                    let outage = match tokio::time::timeout(source_timeout, probe).await {
+                        Err(_) => Some((
+                            crate::registry::Outage::Timeout,
+                            None,
+                            format!(
+                                "no answer within {}",
+                                humantime::format_duration(source_timeout)
+                            ),
+                        )),
+                        Ok(Ok(())) => None,
+                        Ok(Err(e)) => match (e.registry().map(normalize_registry), e.outage()) {
+                            (Some(r), Some((o, retry_after))) if r == source_key => {
+                                Some((o, retry_after, e.outage_cause()))
+                            }
+                            _ => None,
+                        },
+                    };
+                    if let Some((o, retry_after, cause)) = outage {
+                        attempt.failed(o, cause.clone(), retry_after);
+                        metrics.copies_failed.inc();
+                        resumes.failed(&k, &retry, creds.as_ref(), resumed);
+                        return Err(CopyFailure {
+                            reason: format!("source registry {source_key} cannot answer: {cause}"),
+                            cause: ErrorCause::Source,
+                        });
+                    }
+                    attempt.answered();
+                    match breakers.attempt(&source_key) {
+                        Ok(a) => a,
+                        Err(open) => return refused(open),
+                    }
                 }
             };
             let res = match &repair {
@@ -1435,7 +1490,7 @@ impl Mirror {
             match outage {
                 Some((o, retry_after, cause)) => {
                     attempt.failed(o, cause, retry_after);
-                    resumes.failed(&k, &retry, creds.as_ref());
+                    resumes.failed(&k, &retry, creds.as_ref(), resumed);
                 }
                 None => {
                     attempt.answered();
@@ -1634,7 +1689,7 @@ impl Mirror {
             CopyPolicy::None if always => Ok(rewrite("swapPolicy always (copyPolicy none)")),
             CopyPolicy::None => Ok(keep("not at the target and copyPolicy is none")),
             CopyPolicy::Delayed => {
-                drop(self.copy(&plan, creds, false));
+                drop(self.copy(&plan, creds, false, false));
                 let wait = self.source_retry_in(&plan.source);
                 if !wait.is_zero() && !always {
                     return Ok(keep(&format!(
@@ -1649,7 +1704,7 @@ impl Mirror {
                 })
             }
             CopyPolicy::Immediate | CopyPolicy::Force => {
-                let handle = self.copy(&plan, creds, true);
+                let handle = self.copy(&plan, creds, true, false);
                 // The admission's own timeout ends at `deadline` too: waiting
                 // until that same instant, not a duration computed a moment
                 // later, lets this wait answer ("copy still running") rather
@@ -1709,20 +1764,16 @@ mod tests {
         }
     }
 
-    /// A copy task that panics fails that copy, and only that copy: the
-    /// next request for the image starts a new one.
-    #[tokio::test]
-    async fn a_panicking_copy_does_not_poison_its_image() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let config =
-            Config::from_yaml("target: {registry: \"127.0.0.1:9/mirror\"}\nsource: {registries: [{registry: \"127.0.0.1:9\"}]}\n", "t.yaml").unwrap();
-        let m = Mirror::from_config(&config, Arc::new(Metrics::new())).unwrap();
+    /// A plan for `source` (a tag), pinned to a made-up digest, into
+    /// `127.0.0.1:9/mirror`.
+    pub(super) fn plan(source: &str) -> Plan {
         let digest = Digest::parse(&format!("sha256:{}", "ab".repeat(32))).unwrap();
-        let source = Reference::parse("127.0.0.1:9/shop/app:v1")
-            .unwrap()
-            .with_digest(digest.clone());
-        let plan = Plan {
-            target: m.target.map(&source).unwrap(),
+        let source = Reference::parse(source).unwrap().with_digest(digest);
+        Plan {
+            target: MirrorTarget::parse("127.0.0.1:9/mirror")
+                .unwrap()
+                .map(&source)
+                .unwrap(),
             source,
             tagged: true,
             untagged: false,
@@ -1732,13 +1783,24 @@ mod tests {
             present: None,
             fallback: None,
             source_known: true,
-        };
+        }
+    }
+
+    /// A copy task that panics fails that copy, and only that copy: the
+    /// next request for the image starts a new one.
+    #[tokio::test]
+    async fn a_panicking_copy_does_not_poison_its_image() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config =
+            Config::from_yaml("target: {registry: \"127.0.0.1:9/mirror\"}\nsource: {registries: [{registry: \"127.0.0.1:9\"}]}\n", "t.yaml").unwrap();
+        let m = Mirror::from_config(&config, Arc::new(Metrics::new())).unwrap();
+        let plan = plan("127.0.0.1:9/shop/app:v1");
         let key = m.key(&plan);
         *PANIC_FOR.lock().unwrap() = Some(key.clone());
-        let first = m.copy(&plan, None, true).await.unwrap_err();
+        let first = m.copy(&plan, None, true, false).await.unwrap_err();
         assert!(first.reason.contains("panic"), "{}", first.reason);
         assert!(m.inflight.lock().unwrap().is_empty(), "entry removed");
-        let second = m.copy(&plan, None, true).await.unwrap_err();
+        let second = m.copy(&plan, None, true, false).await.unwrap_err();
         assert!(
             !second.reason.contains("panic"),
             "a new copy, which fails on its own (nothing listens): {}",

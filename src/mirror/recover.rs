@@ -185,7 +185,7 @@ impl Mirror {
         }
         let start = Instant::now();
         let restored =
-            self.copy(&plan, creds, false)
+            self.copy(&plan, creds, false, false)
                 .await
                 .map_err(|f| MirrorError::CopyFailed {
                     image: plan.source.to_string(),
