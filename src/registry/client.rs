@@ -1,12 +1,12 @@
 //! A pool of registry clients, one per registry and side of a copy.
 //!
-//! oci-client fixes the scheme (HTTPS or HTTP) and the upload mode per
-//! client, and keeps the first credentials it sees per registry. So each
-//! registry gets its own client, built after a
-//! `GET /v2/` probe (distribution-spec §Determining support) that picks the
-//! scheme and tells whether the registry wants auth at all. Insecure
-//! registries (`--insecure-registry`, and loopback addresses as Docker does)
-//! try HTTPS first and fall back to plain HTTP.
+//! Each registry gets its own client (its scheme, credentials and token
+//! cache), built after one `GET /v2/` probe (distribution-spec §Determining
+//! support) that picks the scheme and tells whether the registry wants auth
+//! at all. Insecure registries (`--insecure-registry`, and loopback
+//! addresses as Docker does) try HTTPS first and fall back to plain HTTP.
+//! Every request goes through our own HTTP client and the outbound guard
+//! (`requests.rs`, `session.rs`, `guard.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
