@@ -1497,7 +1497,7 @@ impl Mirror {
                     resumes.settled(&k);
                 }
             }
-            let out = match res {
+            match res {
                 Ok(r) => {
                     metrics.copies_succeeded.inc();
                     metrics.copy_bytes.inc_by(r.bytes_copied);
@@ -1513,8 +1513,7 @@ impl Mirror {
                         cause: copy_kind(&e, &target_key),
                     })
                 }
-            };
-            out
+            }
         });
         // A copy task that panicked failed writing the copy: the target's.
         let handle = async move {
