@@ -2,7 +2,7 @@
 # Run one cargo-fuzz target of fuzz/ for a fixed time.
 #
 # usage: scripts/fuzz.sh TARGET SECONDS [LIBFUZZER ARGS...]
-#   TARGET   reference | admission | manifest | config | convert | identity
+#   TARGET   reference | admission | manifest | config | convert | identity | yaml
 #   SECONDS  wall time of the run (libFuzzer -max_total_time)
 # The corpus is fuzz/corpus/TARGET (the seed-* files are in git; what
 # libFuzzer adds is ignored). Crashes land in fuzz/artifacts/TARGET/.

@@ -44,6 +44,7 @@ line([
 line([
  ("Admission errors by cause",[(rate("pinswap_admission_errors_total","cause"),"{{cause}}")],"ops","Image slots that failed (left unchanged, or denied under failurePolicy: closed): credentials, source, target, budget, filter, reference."),
  ("Replicas by version",[(f"count by (version, commit) (pinswap_build_info{S})","{{version}} {{commit}}")],"short","pinswap_build_info: two lines during a rollout, one after it."),
+ ("Private images denied; pull secrets unusable",[(rate("pinswap_private_image_denials_total","reason"),"denied: {{reason}}"),(rate("pinswap_pull_secret_errors_total","reason"),"pull secret: {{reason}}")],"ops","Private images left unchanged for a Pod that did not prove access (no_credentials, refused, unverified); pull secrets that could not be used (forbidden, missing, malformed, unreadable)."),
 ])
 row("Copies")
 line([
@@ -79,6 +80,7 @@ line([
  ("Ready replicas",[('sum(kube_pod_status_ready{namespace=~"$namespace", pod=~"$pod", condition="true"})',"ready")],"short","/readyz is 503 while the target registry does not answer GET /v2/. Needs kube-state-metrics."),
  ("Failed share of copies",[(f'{rate("pinswap_copies_failed_total")} / {rate("pinswap_copies_started_total")}',"failed")],"percentunit","A source or target problem; each cause is in the log (mirror copy failed)."),
  ("Target re-verification errors",[(rate("pinswap_reverifications_total",s=ERR),"HEAD errors")],"ops","The target did not answer a re-verification HEAD."),
+ ("ECR policy failures",[(rate("pinswap_ecr_policy_failures_total","action"),"{{action}}")],"ops","ecrOptions' access or lifecycle policy not applied to a repository pinswap created; pushes into it retry it first. Usually a missing IAM permission (the log names it)."),
 ])
 row("Webhook listener")
 line([

@@ -770,6 +770,11 @@ pub struct Config {
     /// Rewrite to `target:tag@sha256:...`.
     #[serde(default = "yes")]
     pub pin: bool,
+    /// Rewrite containers whose `imagePullPolicy` is `Never` too. Off by
+    /// default: the kubelet then only looks on the node, which holds the
+    /// original image (preloaded, `kind load`), not the mirror's name.
+    #[serde(default)]
+    pub rewrite_image_pull_policy_never: bool,
     /// `all` or a platform list.
     #[serde(default)]
     pub platforms: Platforms,
@@ -1307,6 +1312,9 @@ copyPolicy: delayed
 copyDeadline: 2s
 # Rewrite to target/registry/repo:tag@sha256:... (pinned by manifest digest).
 pin: true
+# Containers with imagePullPolicy: Never are left unchanged: the kubelet only
+# looks on the node, which holds the original name. true rewrites them too.
+rewriteImagePullPolicyNever: false
 # Index children to mirror: all, or a list such as [linux/amd64, linux/arm64].
 platforms: all
 

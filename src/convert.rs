@@ -1264,6 +1264,7 @@ impl Cx<'_> {
                     }
                 }
                 "encryptionconfiguration" => {
+                    let mut kms_key_path = None;
                     for f in self.entries(e.value, &e.path)? {
                         match f.lower.as_str() {
                             "encryptiontype" => {
@@ -1276,9 +1277,24 @@ impl Cx<'_> {
                                     .string(f.value, &f.path, "a KMS key ARN, ID or alias")?
                                     .unwrap_or_default()
                                     .to_owned();
+                                kms_key_path = Some(f.path.clone());
                             }
                             _ => self.unknown(&f, &["encryptionType", "kmsKey"]),
                         }
+                    }
+                    // k8s-image-swapper sends kmsKey to CreateRepository only
+                    // with KMS, so with AES256 (its own sample config has
+                    // `kmsKey: string`) the key never mattered.
+                    let enc = &mut o.encryption_configuration;
+                    if enc.encryption_type == "AES256"
+                        && !enc.kms_key.is_empty()
+                        && let Some(path) = kms_key_path
+                    {
+                        enc.kms_key.clear();
+                        self.not_carried(
+                            &path,
+                            "k8s-image-swapper uses kmsKey only with encryptionType KMS and ignored it with AES256, so it is not carried over",
+                        );
                     }
                 }
                 _ => self.unknown(&e, ECR_OPTIONS),

@@ -172,6 +172,15 @@ pub struct Metrics {
     /// ServiceAccounts) that could not be used (`forbidden`, `missing`,
     /// `malformed`, `unreadable`).
     pub pull_secret_errors: Family<ReasonLabel, Counter>,
+    /// `pinswap_ecr_policy_failures_total{action}`.
+    pub ecr_policy_failures: Family<ActionLabel, Counter>,
+}
+
+/// Label `action`: an AWS API action (`ecr:SetRepositoryPolicy`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabel {
+    /// The IAM action.
+    pub action: String,
 }
 
 /// Label `reason`: why a slot was rewritten (`present`, `copied`,
@@ -361,6 +370,12 @@ impl Metrics {
                 "Pull secrets or ServiceAccounts that could not be used, by reason (forbidden, missing, malformed, unreadable)",
                 Family::default(),
             ),
+            ecr_policy_failures: register(
+                &mut r,
+                "ecr_policy_failures",
+                "Failed attempts to apply ecrOptions' access or lifecycle policy to a repository pinswap created, by action; retried before the next push into it",
+                Family::default(),
+            ),
             registry: r,
         };
         // Every cause at zero from the start, so a rate over it is defined
@@ -415,6 +430,15 @@ impl Metrics {
         self.pull_secret_errors
             .get_or_create(&ReasonLabel {
                 reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a failed `action` applying an ECR repository policy.
+    pub fn ecr_policy_failure(&self, action: &str) {
+        self.ecr_policy_failures
+            .get_or_create(&ActionLabel {
+                action: action.to_owned(),
             })
             .inc();
     }

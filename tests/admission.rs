@@ -1390,3 +1390,67 @@ async fn a_copy_deadline_shorter_than_the_budget_bounds_the_wait() {
     let (bytes, _, _) = dst.get_manifest(&repo, "v1").await.unwrap();
     assert!(bytes == image.manifest);
 }
+
+/// A review of a Pod with one container per `imagePullPolicy`, all of the
+/// same image.
+fn pull_policy_review(image: &str) -> bytes::Bytes {
+    let containers: Vec<Value> = ["Never", "IfNotPresent", "Always"]
+        .iter()
+        .map(
+            |p| serde_json::json!({"name": p.to_lowercase(), "image": image, "imagePullPolicy": p}),
+        )
+        .collect();
+    let body = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "8d1f0c2a-0000-4000-8000-000000000013",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "shop",
+            "operation": "CREATE",
+            "userInfo": {"username": "u"},
+            "object": {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "shop"},
+                "spec": {"containers": containers}
+            },
+            "dryRun": false
+        }
+    });
+    bytes::Bytes::from(body.to_string())
+}
+
+/// The kubelet never pulls an `imagePullPolicy: Never` image: it must be on
+/// the node under the name written, so a rewrite would fail the Pod with
+/// ErrImageNeverPull. Such containers stay unchanged unless the config opts
+/// in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_pulled_containers_stay_unchanged_unless_opted_in() {
+    common::init();
+    let r = rig().await;
+    let image = format!("{}/shop/app:v1", r.src.host());
+    let pinned = format!("{}:v1@{}", r.mirrored("shop/app"), r.app.digest);
+    let (adm, _) = r.admission("copyPolicy: immediate\n");
+    let a = review(&adm, pull_policy_review(&image)).await;
+    assert!(a.allowed());
+    assert_eq!(a.image("containers", 0), image, "Never: unchanged");
+    assert_eq!(a.image("containers", 1), pinned, "IfNotPresent: rewritten");
+    assert_eq!(a.image("containers", 2), pinned, "Always: rewritten");
+    let decisions = a.annotation("pinswap.dev/decisions");
+    assert!(
+        decisions["containers/never"].contains("imagePullPolicy is Never")
+            && decisions["containers/never"].contains("rewriteImagePullPolicyNever"),
+        "{decisions:?}"
+    );
+    assert!(
+        !a.annotation("pinswap.dev/original-images")
+            .contains_key("containers/never")
+    );
+
+    let (adm, _) = r.admission("copyPolicy: immediate\nrewriteImagePullPolicyNever: true\n");
+    let a = review(&adm, pull_policy_review(&image)).await;
+    for i in 0..3 {
+        assert_eq!(a.image("containers", i), pinned, "opted in: container {i}");
+    }
+}

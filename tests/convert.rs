@@ -713,3 +713,107 @@ fn a_source_registry_listed_twice_is_written_once() {
             .contains("already listed, from source.registries[0]")
     );
 }
+
+/// k8s-image-swapper's own example config (its repository's
+/// `.k8s-image-swapper.yml`) has `encryptionType: AES256` with
+/// `kmsKey: string`. k8s-image-swapper sends kmsKey only with KMS, so the
+/// key is dropped with a note, and the rest carries over.
+#[test]
+fn the_upstream_example_config_converts_with_its_kms_key_dropped() {
+    let c = converted("upstream/k8s-image-swapper.yml");
+    let aws = c.config.target.aws.as_ref().expect("target.aws");
+    assert_eq!(aws.account_id, "123456789");
+    assert_eq!(
+        aws.role.as_deref(),
+        Some("arn:aws:iam::123456789012:role/roleName")
+    );
+    let o = &aws.ecr_options;
+    assert_eq!(o.encryption_configuration.encryption_type, "AES256");
+    assert_eq!(o.encryption_configuration.kms_key, "");
+    assert_eq!(o.tags.len(), 2);
+    assert!(o.access_policy.contains("AllowCrossAccountPull"));
+    assert!(o.lifecycle_policy.contains("imageCountMoreThan"));
+    assert!(
+        c.item(
+            "not carried over",
+            "target.aws.ecrOptions.encryptionConfiguration.kmsKey"
+        )
+        .contains("ignored it with AES256"),
+        "{}",
+        c.run.stderr
+    );
+    assert_eq!(c.filters(), ["obj.metadata.namespace == 'kube-system'"]);
+    // With KMS, the key is what the repositories are encrypted with.
+    let kms = std::fs::read_to_string(data("upstream/k8s-image-swapper.yml"))
+        .unwrap()
+        .replace("encryptionType: AES256", "encryptionType: KMS");
+    let c = converted_text(&kms);
+    let o = &c.config.target.aws.as_ref().unwrap().ecr_options;
+    assert_eq!(o.encryption_configuration.kms_key, "string");
+}
+
+/// Every config sample in k8s-image-swapper's repository
+/// (tests/data/k8s-image-swapper/upstream, see its README): each converts
+/// to a config that loads, or fails naming the key k8s-image-swapper's
+/// own docs leave out. None is "a bug in pinswap config convert".
+#[test]
+fn every_upstream_sample_config_converts_or_names_what_is_missing() {
+    let dir = data("upstream");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".yaml") || n.ends_with(".yml"))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 19, "{names:?}");
+    let mut failed = Vec::new();
+    for name in &names {
+        let run = convert_path(&dir.join(name));
+        assert!(
+            !run.stderr.contains("a bug in pinswap") && !run.stderr.contains("panicked"),
+            "{name}: {}",
+            run.stderr
+        );
+        match run.code {
+            0 => {
+                converted_run(name, run);
+            }
+            _ => {
+                assert_eq!(run.code, 1, "{name}: {}", run.stderr);
+                let first = run.stderr.lines().next().unwrap_or("").to_owned();
+                assert!(
+                    first.starts_with(&format!("error: {}", dir.join(name).display())),
+                    "{name}: {first}"
+                );
+                failed.push((name.clone(), first));
+            }
+        }
+    }
+    // The snippets that show one key and no target: k8s-image-swapper
+    // defaults to an ECR target without an account, which cannot run, and
+    // pinswap names the key to add.
+    let refused: Vec<&str> = failed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        refused,
+        [
+            "config-test-empty-config-with-defaults.yaml",
+            "config-test-multiple-filters.yaml",
+            "config-test-multiple-source-registries.yaml",
+            "configuration-dry-run.yaml",
+            "configuration-filter-dev-suffix.yaml",
+            "configuration-filter-ecr-images.yaml",
+            "configuration-filter-kube-system.yaml",
+            "configuration-filter-playground.yaml",
+            "configuration-log-level.yaml",
+            "configuration-source-registries-aws.yaml",
+            "configuration-target-ecr-tags.yaml",
+        ]
+    );
+    for (name, first) in &failed {
+        let want = match name.as_str() {
+            "configuration-target-ecr-tags.yaml" => ": target.aws.accountId: missing; ",
+            _ => ": target: missing; expected target.type (aws or gcp)",
+        };
+        assert!(first.contains(want), "{name}: {first}");
+    }
+}

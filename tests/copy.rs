@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::fixtures::{Blob, Image, Index};
 use common::skopeo;
 use common::{TcpCutProxy, TestRegistry, pinswap_bin, push_image, push_index};
@@ -1597,4 +1599,40 @@ async fn sigterm_mid_copy_leaves_no_manifest_at_the_target() {
         !layout.join("blobs/sha256").join(hex).exists(),
         "the manifest blob is in the layout"
     );
+}
+
+/// The copy engine's ledger holds only blobs being copied: after copies
+/// of far more blobs than a soak moves, successful and failed, it is
+/// empty, while later copies still mount what earlier ones wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_copy_ledger_holds_only_blobs_in_flight() {
+    use pinswap::reference::Reference;
+    use pinswap::registry::copy::{Copier, CopyOptions, Endpoint};
+    use pinswap::registry::{ClientPool, PoolOptions};
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let img = Image::random_layers(400, 64, 7351);
+    push_image(&src, "many", Some("v1"), &img).await;
+    let copier = Copier::new(
+        Arc::new(ClientPool::new(PoolOptions::default())),
+        CopyOptions::default(),
+    );
+    let from = Endpoint::Registry(Reference::parse(&format!("{}/many:v1", src.host())).unwrap());
+    let to = |repo: &str| {
+        Endpoint::Registry(Reference::parse(&format!("{}/{repo}:v1", dst.host())).unwrap())
+    };
+    let report = copier.copy(&from, &to("a")).await.unwrap();
+    assert_eq!(report.blobs_copied, 401, "{report:?}");
+    assert_eq!(copier.blobs_in_flight(), 0);
+    // Another repository mounts every blob from the first.
+    let report = copier.copy(&from, &to("b")).await.unwrap();
+    assert_eq!(report.blobs_mounted, 401, "{report:?}");
+    assert_eq!(copier.blobs_in_flight(), 0);
+    // A copy that fails (the target gone) leaves nothing behind either.
+    let mut gone = TestRegistry::plain().await;
+    let host = gone.host();
+    gone.kill();
+    let to_gone = Endpoint::Registry(Reference::parse(&format!("{host}/c:v1")).unwrap());
+    assert!(copier.copy(&from, &to_gone).await.is_err());
+    assert_eq!(copier.blobs_in_flight(), 0);
 }

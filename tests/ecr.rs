@@ -11,6 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use aws_sdk_ecr::types::{EncryptionType, ImageTagMutability};
+use common::front::{Front, Mode};
 use common::moto::{ACCOUNT, MotoServer, xml_field};
 use common::{Image, TestRegistry, push_image};
 use pinswap::config::Config;
@@ -158,6 +159,81 @@ async fn repository_created_once_with_every_option() {
         .unwrap();
     ecr.ensure_repository("cache/other").await.unwrap();
     assert_eq!(ecr.stats().creates, 1, "described, not created");
+}
+
+/// SetRepositoryPolicy failing after CreateRepository succeeded (refused
+/// once by a front before moto): that push fails naming the action, and
+/// the next one, which finds the repository, applies both policies before
+/// it goes on. Failures are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_that_fail_after_the_create_are_applied_before_the_next_push() {
+    let Some(moto) = MotoServer::start().await else {
+        return;
+    };
+    let front = Front::start(moto.endpoint().trim_start_matches("http://")).await;
+    let sdk = pinswap::registry::ecr::sdk_loader(common::moto::REGION)
+        .credentials_provider(aws_credential_types::Credentials::new(
+            "testing", "testing", None, None, "test",
+        ))
+        .endpoint_url(format!("http://{}", front.host()))
+        .load()
+        .await;
+    let host = "127.0.0.1:5999";
+    let aws = config(host, &options_yaml()).target.aws.unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let ecr = Ecr::connect_with(&aws, host, sdk)
+        .await
+        .with_metrics(metrics.clone());
+    front.set(Mode::RefuseFirst(
+        "POST",
+        "AmazonEC2ContainerRegistry_V20150921.SetRepositoryPolicy",
+        400,
+        None,
+    ));
+    let repo = "cache/team/app";
+    let e = ecr.ensure_repository(repo).await.unwrap_err().to_string();
+    assert!(
+        e.starts_with("ecr:SetRepositoryPolicy on repository cache/team/app failed"),
+        "{e}"
+    );
+    let client = aws_sdk_ecr::Client::new(&moto.sdk("testing", "testing").await);
+    let policy = || client.get_repository_policy().repository_name(repo).send();
+    assert!(policy().await.is_err(), "no policy yet");
+    ecr.ensure_repository(repo)
+        .await
+        .expect("the policies are applied now");
+    let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+    assert_eq!(
+        json(policy().await.unwrap().policy_text().unwrap()),
+        json(ACCESS_POLICY)
+    );
+    let lifecycle = client
+        .get_lifecycle_policy()
+        .repository_name(repo)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        json(lifecycle.lifecycle_policy_text().unwrap()),
+        json(LIFECYCLE_POLICY)
+    );
+    let stats = ecr.stats();
+    assert_eq!(
+        (stats.creates, stats.describes, stats.policy_failures),
+        (1, 2, 1),
+        "{stats:?}"
+    );
+    assert!(
+        metrics
+            .encode()
+            .contains("pinswap_ecr_policy_failures_total{action=\"ecr:SetRepositoryPolicy\"} 1"),
+        "{}",
+        metrics.encode()
+    );
+    // Configured and remembered: nothing more is asked.
+    let asked = front.total();
+    ecr.ensure_repository(repo).await.unwrap();
+    assert_eq!(front.total(), asked);
 }
 
 /// The mirror signs in with the token from GetAuthorizationToken (the

@@ -616,6 +616,72 @@ async fn a_real_manifest_tree_in_place_diffs_only_in_images_and_annotations() {
     assert_eq!(out.stdout, format!("{pod}---\n{crlf}---\n{shop}"));
 }
 
+/// A ConfigMap whose `levels` levels of ten aliases each would expand to
+/// 10^`levels` nodes.
+fn alias_bomb(levels: usize) -> String {
+    let mut s = String::from(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bomb}\ndata:\n  l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n",
+    );
+    for i in 1..levels {
+        let p = format!("*l{}", i - 1);
+        s.push_str(&format!("  l{i}: &l{i} [{}]\n", vec![p; 10].join(", ")));
+    }
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn yaml_alias_bombs_are_refused_naming_the_file_and_document() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &src, &dst, "");
+    let file = dir.path().join("bomb.yaml");
+    let text = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec: {{containers: [{{name: c, image: {}/shop/app:v1}}]}}\n---\n{}",
+        src.host(),
+        alias_bomb(6)
+    );
+    std::fs::write(&file, &text).unwrap();
+    let path = file.to_str().unwrap();
+    let out = mutate(&["-c", &cfg, "-f", path], "").await;
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("{path}: document 2: line 14 column ")),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("aliases expand to more than"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stdout, text, "the input passes through unchanged");
+
+    // The KRM function: the bomb inside an item of the ResourceList.
+    let item: String = alias_bomb(6)
+        .lines()
+        .enumerate()
+        .map(|(i, l)| match i {
+            0 => format!("- {l}\n"),
+            _ => format!("  {l}\n"),
+        })
+        .collect();
+    let config = config_text(&src, &dst, "");
+    let indented: String = config.lines().map(|l| format!("      {l}\n")).collect();
+    let cm = format!(
+        "functionConfig:\n  apiVersion: v1\n  kind: ConfigMap\n  metadata: {{name: pinswap}}\n  data:\n    config: |\n{indented}"
+    );
+    let out = run(&["mutate", "--krm"], &[], &resource_list(&item, &cm)).await;
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("stdin: document 1: line ")
+            && out.stderr.contains("aliases expand to more than"),
+        "{}",
+        out.stderr
+    );
+}
+
 fn resource_list(items: &str, function_config: &str) -> String {
     format!(
         "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n{items}{function_config}"
@@ -999,4 +1065,43 @@ async fn every_template_kind_is_rewritten_and_nothing_else_changes() {
         "{}",
         again.stderr
     );
+}
+
+/// `mutate` decides as the webhook does: a container with
+/// `imagePullPolicy: Never` keeps its image (the node holds only that
+/// name), unless the config opts in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_pulled_containers_keep_their_image() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let app = Image::oci(1, 413);
+    push_image(&src, "shop/app", Some("v1"), &app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let image = format!("{}/shop/app:v1", src.host());
+    let input = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n  - name: preloaded\n    image: {image}\n    imagePullPolicy: Never\n  - name: pulled\n    image: {image}\n    imagePullPolicy: IfNotPresent\n"
+    );
+    let pinned = format!("{}/shop/app:v1@{}", mirror(&src, &dst), app.digest);
+    let cfg = write_config(dir.path(), &src, &dst, "");
+    let out = mutate(&["-c", &cfg], &input).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let pod: Value = yaml_serde::from_str(&out.stdout).unwrap();
+    assert_eq!(pod["spec"]["containers"][0]["image"], image.as_str());
+    assert_eq!(pod["spec"]["containers"][1]["image"], pinned.as_str());
+    assert!(
+        out.stderr.contains("imagePullPolicy is Never"),
+        "{}",
+        out.stderr
+    );
+
+    let opted = dir.path().join("opted.yaml");
+    std::fs::write(
+        &opted,
+        config_text(&src, &dst, "rewriteImagePullPolicyNever: true\n"),
+    )
+    .unwrap();
+    let out = mutate(&["-c", opted.to_str().unwrap()], &input).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let pod: Value = yaml_serde::from_str(&out.stdout).unwrap();
+    assert_eq!(pod["spec"]["containers"][0]["image"], pinned.as_str());
 }

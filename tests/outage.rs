@@ -534,3 +534,144 @@ async fn failure_policy_closed_denies_only_what_the_target_lacks() {
         "{message}"
     );
 }
+
+/// During an outage every admission of an image starts a copy that fails
+/// at once; none of those spends one of the resume queue's retries, so
+/// after far more admissions than retries the copy still completes when
+/// the source returns, with no admission after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_during_an_outage_spend_no_retries() {
+    let (_src, dst, i, front) = rig().await;
+    let host = front.host();
+    let (adm, metrics) = admission(
+        &host,
+        &dst.host(),
+        "{failures: 1, backoff: 2s, maxBackoff: 2s}",
+        "",
+    );
+    let token = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(adm.mirror().clone().resume_copies(token.clone()));
+    front.set(Mode::Refuse(503, None));
+    let image = format!("{host}/shop/fresh@{}", i.fresh.digest);
+    // One more failed copy than the retries allowed, each done before the
+    // next admission (so none joins another's copy).
+    let failed = || sample(&metrics.encode(), "pinswap_copies_failed_total", &[]).unwrap_or(0.0);
+    for n in 1..=11 {
+        let (patched, _) = admit(&adm, &pod("shop", "p", &[("c", image.as_str())])).await;
+        assert_eq!(images(&patched)["c"], image);
+        let start = std::time::Instant::now();
+        while failed() < f64::from(n) {
+            assert!(start.elapsed() < Duration::from_secs(5));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(failed(), 11.0);
+    assert_eq!(adm.mirror().copies_waiting_for_source(), 1, "still waiting");
+    front.set(Mode::Pass);
+    let repo = format!("mirror/{}/shop/fresh", host.replace(':', "_"));
+    let anchor = format!("pinswap-{}", i.fresh.digest.trim_start_matches("sha256:"));
+    let mut tagged = None;
+    for _ in 0..100 {
+        tagged = dst.head_manifest(&repo, &anchor).await;
+        if tagged.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        tagged.as_deref(),
+        Some(i.fresh.digest.as_str()),
+        "the waiting copy was retried and completed"
+    );
+    token.cancel();
+}
+
+/// The copy that probes a half-open breaker asks one HEAD first, so the
+/// breaker closes as soon as the source answers, not when the copy ends:
+/// here the copy's layer is held mid-transfer, and the breaker is closed
+/// meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_probing_the_breaker_does_not_hold_it_half_open() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let big = Image::random_layers(1, 4 * 1024 * 1024, 7331);
+    push_image(&src, "shop/big", Some("v1"), &big).await;
+    let front = Front::start(&src.host()).await;
+    let proxy = common::TcpCutProxy::start(&front.host()).await;
+    let host = proxy.host();
+    let (adm, metrics) = admission(
+        &host,
+        &dst.host(),
+        "{failures: 1, backoff: 200ms, maxBackoff: 1s}",
+        "",
+    );
+    let token = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(adm.mirror().clone().resume_copies(token.clone()));
+    front.set(Mode::Refuse(503, None));
+    let image = format!("{host}/shop/big@{}", big.digest);
+    let (patched, _) = admit(&adm, &pod("shop", "p", &[("c", image.as_str())])).await;
+    assert!(
+        decisions(&patched)["containers/c"].contains("the copy waits for it"),
+        "{:?}",
+        decisions(&patched)
+    );
+    let open = || {
+        sample(
+            &metrics.encode(),
+            "pinswap_source_breaker_open",
+            &[("registry", host.as_str())],
+        )
+    };
+    assert_eq!(open(), Some(1.0));
+    // The background copy fails at once and waits.
+    for _ in 0..100 {
+        if adm.mirror().copies_waiting_for_source() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(adm.mirror().copies_waiting_for_source(), 1);
+    // The layer (4 MiB) is held after 256 KiB; manifests and HEADs pass.
+    proxy.stall_after(256 * 1024);
+    front.set(Mode::Pass);
+    let start = std::time::Instant::now();
+    while front.count_method("GET", "/blobs/") == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "no retry");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Well past the 256 KiB: the copy is held mid-layer now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = metrics.encode();
+    let count = |name: &str| sample(&text, name, &[]).unwrap_or(0.0);
+    assert_eq!(
+        count("pinswap_copies_started_total")
+            - count("pinswap_copies_succeeded_total")
+            - count("pinswap_copies_failed_total"),
+        1.0,
+        "the retry is still copying: {text}"
+    );
+    let repo = format!("mirror/{}/shop/big", host.replace(':', "_"));
+    assert!(dst.head_manifest(&repo, &big.digest).await.is_none());
+    assert_eq!(
+        open(),
+        Some(0.0),
+        "the breaker closed when its probe was answered, before the copy ended"
+    );
+    proxy.release();
+    let anchor = format!("pinswap-{}", big.digest.trim_start_matches("sha256:"));
+    let mut tagged = None;
+    for _ in 0..100 {
+        tagged = dst.head_manifest(&repo, &anchor).await;
+        if tagged.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        tagged.as_deref(),
+        Some(big.digest.as_str()),
+        "{}",
+        metrics.encode()
+    );
+    token.cancel();
+}

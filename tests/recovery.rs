@@ -1167,6 +1167,49 @@ async fn platform_filtered_recovery_by_another_replica(tag: Option<&str>, seed: 
     leader.stop().await;
 }
 
+/// Platform filter, the source down, and a digest-only Pod image whose
+/// original-images entry names a tag: a replica that did not mirror it
+/// cannot tell which source digest the copy was made from. That is an
+/// error for the recovery to retry, not a panic of the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_only_image_with_a_tag_hint_and_the_source_down_is_an_error() {
+    common::init();
+    let (mut src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let idx = common::Index::oci(951, false);
+    common::push_index(&src, "shop/multi", Some("v1"), &idx).await;
+    let cfg = platform_config(&src, &dst);
+    let admitting = Replica::new(&cfg);
+    let original = format!("{}/shop/multi:v1", src.host());
+    let (p, _) = admit(&admitting.adm, &pod("shop", "web", &[("app", &original)])).await;
+    let image = p["spec"]["containers"][0]["image"].as_str().unwrap();
+    let pinned = pinswap::reference::Reference::parse(image).unwrap();
+    assert!(pinned.digest().is_some(), "{image}");
+    let digest_only = pinned.without_tag();
+    src.kill();
+    let fresh = Replica::new(&cfg); // another process: it did not mirror it
+    let hint = pinswap::reference::Reference::parse(&original).unwrap();
+    let e = fresh
+        .adm
+        .mirror()
+        .recover(
+            &digest_only,
+            Some(&hint),
+            pinswap::cache::Cause::PullFailure,
+            &[],
+        )
+        .await
+        .expect_err("the source digest is unknown");
+    assert!(
+        matches!(e, pinswap::mirror::MirrorError::Resolve { .. }),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .contains("cannot say which digest this copy was made from"),
+        "{e}"
+    );
+}
+
 #[tokio::test]
 async fn a_platform_filtered_digest_only_image_is_recovered_by_another_replica() {
     platform_filtered_recovery_by_another_replica(None, 931).await;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::front::Front;
+use common::front::{Front, Mode};
 use common::review::{admit, pod};
 use common::{Blob, Image, Index, TestRegistry, pinswap_bin, push_image, push_index};
 use pinswap::admission::Admission;
@@ -339,6 +339,61 @@ async fn tokens_are_fetched_once_per_scope_set_not_per_chunk() {
     assert_eq!(asked, sets.len(), "a scope set asked for twice: {log:?}");
     assert!(asked <= 2, "{log:?}");
     assert_eq!(tf.count_exact("GET", "/v2/"), 1, "{}", show(&tf));
+}
+
+/// The chunked upload maps its answers as every other request does: a 401
+/// to the POST that opens it is retried once with a fresh token, and a 503
+/// keeps its `Retry-After`. The target already holds the config, so the one
+/// upload, and the refused POST, is the layer's, in chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chunked_upload_maps_errors_as_every_request_does() {
+    common::init();
+    let src = TestRegistry::plain().await;
+    let tok = TestRegistry::token_auth("mirror", "t0ken-pw").await;
+    let tf = Front::start(&tok.host()).await;
+    let img = Image::random_layers(1, 3 * 1024 * 1024, 7311);
+    push_image(&src, "small", Some("v1"), &img).await;
+    for repo in ["m/revoked", "m/busy"] {
+        common::push::push_blob(&tok, repo, &img.config).await;
+    }
+    let args = |repo: &str| {
+        [
+            "--chunked-threshold".to_owned(),
+            "1048576".to_owned(),
+            "--dest-creds".to_owned(),
+            "mirror:t0ken-pw".to_owned(),
+            format!("docker://{}/small:v1", src.host()),
+            format!("docker://{}/{repo}:v1", tf.host()),
+        ]
+    };
+    let server = tok.token_server();
+    let tokens = server.requests();
+    tf.set(Mode::RefuseFirst("POST", "/blobs/uploads/", 401, None));
+    let a = args("m/revoked");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let (ok, _, stderr) = try_copy_in(common::cache_home().path(), &a).await;
+    assert!(ok, "a 401 is retried with a fresh token: {stderr}");
+    assert!(
+        tf.count_method("PATCH", "/blobs/uploads/") > 2,
+        "{}",
+        show(&tf)
+    );
+    assert!(server.requests() > tokens, "a token was fetched again");
+    let (_, _, digest) = tok.get_manifest("m/revoked", "v1").await.unwrap();
+    assert_eq!(digest, img.digest);
+
+    tf.set(Mode::RefuseFirst("POST", "/blobs/uploads/", 503, Some(7)));
+    let a = args("m/busy");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let (ok, report, stderr) = try_copy_in(common::cache_home().path(), &a).await;
+    assert!(!ok);
+    let error = report["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("POST blob upload")
+            && error.contains("HTTP 503")
+            && error.contains("(Retry-After 7s)"),
+        "{report} {stderr}"
+    );
 }
 
 /// The remembered locations in the CLI's cache file: (registry, digest,

@@ -49,6 +49,8 @@ pub struct Slot {
     pub name: String,
     /// The image as written in the Pod.
     pub image: String,
+    /// The container's `imagePullPolicy`, when written.
+    pub pull_policy: Option<String>,
     /// The container object, for filters.
     pub container: Value,
     /// The key used in the annotations: `kind/name`, or `kind[index]` when
@@ -98,6 +100,10 @@ pub fn slots_for(spec: &Value, containers: bool) -> Vec<Slot> {
                     index,
                     name: name.to_owned(),
                     image: image.to_owned(),
+                    pull_policy: c
+                        .get("imagePullPolicy")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
                     container: if containers { c.clone() } else { Value::Null },
                     key,
                 });

@@ -21,12 +21,17 @@ pub enum Skip {
     Error(ErrorCause, String),
 }
 
+/// The decision of a container with `imagePullPolicy: Never`.
+pub const NEVER_PULLED: &str = "imagePullPolicy is Never: the node must already hold this image under its own name, so it is left unchanged (rewriteImagePullPolicyNever: true rewrites it)";
+
 /// The compiled slot policy.
 pub struct Policy {
     filters: Vec<(String, jmespath::Expression<'static>)>,
     allowed: Vec<String>,
     any: bool,
     target: MirrorTarget,
+    /// `rewriteImagePullPolicyNever`.
+    rewrite_never: bool,
     /// Where a filter that fails at run time is counted.
     metrics: Option<Arc<Metrics>>,
 }
@@ -88,6 +93,7 @@ impl Policy {
             allowed,
             any,
             target,
+            rewrite_never: config.rewrite_image_pull_policy_never,
             metrics: None,
         })
     }
@@ -148,6 +154,11 @@ impl Policy {
             if let (true, Some(m)) = (failed, &self.metrics) {
                 m.admission_error(ErrorCause::Filter);
             }
+        }
+        // The kubelet never pulls such an image: it must already be on the
+        // node under the name written, which a rewrite would change.
+        if slot.pull_policy.as_deref() == Some("Never") && !self.rewrite_never {
+            return Err(Skip::Keep(NEVER_PULLED.into()));
         }
         let reference = Reference::parse(&slot.image)
             .map_err(|e| Skip::Error(ErrorCause::Reference, e.to_string()))?;
@@ -228,6 +239,7 @@ mod tests {
             index: 0,
             name: "c".into(),
             image: image.into(),
+            pull_policy: None,
             container: json!({"name": "c", "image": image}),
             key: "containers/c".into(),
         }
@@ -278,5 +290,22 @@ mod tests {
         assert!(
             matches!(any.check(None, &slot("169.254.169.254/x:1")), Err(Skip::Keep(m)) if m.contains("never contacted"))
         );
+    }
+
+    #[test]
+    fn never_pulled_containers_are_kept_unless_opted_in() {
+        let never = Slot {
+            pull_policy: Some("Never".into()),
+            ..slot("nginx:1")
+        };
+        let if_not_present = Slot {
+            pull_policy: Some("IfNotPresent".into()),
+            ..slot("nginx:1")
+        };
+        let p = policy("target: {registry: mirror.local}\n");
+        assert_eq!(p.check(None, &never), Err(Skip::Keep(NEVER_PULLED.into())));
+        assert!(p.check(None, &if_not_present).is_ok());
+        let opted = policy("target: {registry: mirror.local}\nrewriteImagePullPolicyNever: true\n");
+        assert!(opted.check(None, &never).is_ok());
     }
 }

@@ -131,6 +131,16 @@ impl Breakers {
         })
     }
 
+    /// Whether [`Breakers::attempt`] would let a request to `registry` go
+    /// now: closed, or half-open with no probe in flight.
+    pub fn admits(&self, registry: &str) -> bool {
+        let states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        states.get(registry).is_none_or(|s| match s.open_until {
+            None => true,
+            Some(until) => Instant::now() >= until && !s.probing,
+        })
+    }
+
     /// Whether `registry`'s breaker is closed: not open, and no half-open
     /// probe in flight.
     pub fn is_closed(&self, registry: &str) -> bool {
@@ -229,6 +239,11 @@ impl Breakers {
 }
 
 impl Attempt {
+    /// Whether this is the half-open breaker's one probe.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+
     /// The source answered (any status that is not an outage).
     pub fn answered(mut self) {
         self.done = true;

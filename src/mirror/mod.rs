@@ -469,7 +469,9 @@ impl Mirror {
             return Self::build(config, metrics, None);
         };
         let target = MirrorTarget::parse(&config.target.registry)?;
-        let ecr = Ecr::connect_with(aws, target.registry(), sdk).await;
+        let ecr = Ecr::connect_with(aws, target.registry(), sdk)
+            .await
+            .with_metrics(metrics.clone());
         let token = ecr.authorization().await?;
         let mirror = Self::build(config, metrics, Some(Arc::new(ecr)))?;
         let ecr = mirror.ecr.as_ref().expect("just set");
@@ -1349,7 +1351,14 @@ impl Mirror {
     /// copies an admission waits for (`immediate`, `force`) start at once,
     /// so a backlog of background work cannot make them miss their deadline.
     /// Blob transfers stay bounded by the copier's `--jobs` slots either way.
-    fn copy(&self, plan: &Plan, creds: Option<&Credentials>, waited_for: bool) -> CopyHandle {
+    /// `resumed`: a retry of the resume queue, whose failures count there.
+    fn copy(
+        &self,
+        plan: &Plan,
+        creds: Option<&Credentials>,
+        waited_for: bool,
+        resumed: bool,
+    ) -> CopyHandle {
         let key = self.key(plan);
         let mut inflight = self.inflight.lock().expect("inflight lock");
         if let Some(h) = inflight.get(&key) {
@@ -1373,12 +1382,19 @@ impl Mirror {
         let source_key = Self::source_key(&plan.source);
         let target_key = self.target_key();
         let (caches, inflight_map, k) = (self.caches.clone(), self.inflight.clone(), key.clone());
+        let source_timeout = self.source_timeout.max(Duration::from_secs(30));
         // An untagged push verifies the digest, not the tag.
         let target_ref = match plan.untagged {
             true => plan.target.without_tag(),
             false => plan.target.clone(),
         };
         let task = tokio::spawn(async move {
+            // Removes the queue entry however the task ends: returned,
+            // panicked or aborted. Otherwise a failed handle would be
+            // shared with every later caller for the life of the process.
+            let _entry = Inflight(inflight_map, k.clone());
+            #[cfg(test)]
+            tests::maybe_panic(&k);
             let _permit = match waited_for {
                 true => None,
                 false => Some(slots.acquire_owned().await.expect("never closed")),
@@ -1387,19 +1403,65 @@ impl Mirror {
             let start = Instant::now();
             // A source whose breaker is open is not asked: the copy fails at
             // once and waits in `resumes` for the source to answer again.
+            let refused = |open: health::Open| {
+                metrics.copies_failed.inc();
+                // Never sent: no retry of the resume queue is spent.
+                resumes.failed(&k, &retry, creds.as_ref(), false);
+                debug!(source = %src, target = %k, %open, "copy waits for its source");
+                Err(CopyFailure {
+                    reason: format!(
+                        "source registry {source_key} cannot answer (circuit breaker open after {open})"
+                    ),
+                    cause: ErrorCause::Source,
+                })
+            };
             let attempt = match breakers.attempt(&source_key) {
                 Ok(a) => a,
-                Err(open) => {
-                    metrics.copies_failed.inc();
-                    resumes.failed(&k, &retry, creds.as_ref());
-                    inflight_map.lock().expect("inflight lock").remove(&k);
-                    debug!(source = %src, target = %k, %open, "copy waits for its source");
-                    return Err(CopyFailure {
-                        reason: format!(
-                            "source registry {source_key} cannot answer (circuit breaker open after {open})"
-                        ),
-                        cause: ErrorCause::Source,
-                    });
+                Err(open) => return refused(open),
+            };
+            // The breaker's probe is one HEAD, not the whole copy: a copy
+            // may run for minutes, and while the probe runs every admission
+            // is refused the source.
+            let attempt = match attempt.is_probe() {
+                false => attempt,
+                true => {
+                    let probe = async {
+                        let client = pool
+                            .get_with(src.registry(), Role::Source, creds.as_ref())
+                            .await?;
+                        client.head_manifest(&src).await.map(drop)
+                    };
+                    let outage = match tokio::time::timeout(source_timeout, probe).await {
+                        Err(_) => Some((
+                            crate::registry::Outage::Timeout,
+                            None,
+                            format!(
+                                "no answer within {}",
+                                humantime::format_duration(source_timeout)
+                            ),
+                        )),
+                        Ok(Ok(())) => None,
+                        Ok(Err(e)) => match (e.registry().map(normalize_registry), e.outage()) {
+                            (Some(r), Some((o, retry_after))) if r == source_key => {
+                                Some((o, retry_after, e.outage_cause()))
+                            }
+                            _ => None,
+                        },
+                    };
+                    if let Some((o, retry_after, cause)) = outage {
+                        attempt.failed(o, cause.clone(), retry_after);
+                        metrics.copies_failed.inc();
+                        resumes.failed(&k, &retry, creds.as_ref(), resumed);
+                        return Err(CopyFailure {
+                            reason: format!("source registry {source_key} cannot answer: {cause}"),
+                            cause: ErrorCause::Source,
+                        });
+                    }
+                    attempt.answered();
+                    match breakers.attempt(&source_key) {
+                        Ok(a) => a,
+                        Err(open) => return refused(open),
+                    }
                 }
             };
             let res = match &repair {
@@ -1443,14 +1505,14 @@ impl Mirror {
             match outage {
                 Some((o, retry_after, cause)) => {
                     attempt.failed(o, cause, retry_after);
-                    resumes.failed(&k, &retry, creds.as_ref());
+                    resumes.failed(&k, &retry, creds.as_ref(), resumed);
                 }
                 None => {
                     attempt.answered();
                     resumes.settled(&k);
                 }
             }
-            let out = match res {
+            match res {
                 Ok(r) => {
                     metrics.copies_succeeded.inc();
                     metrics.copy_bytes.inc_by(r.bytes_copied);
@@ -1466,9 +1528,7 @@ impl Mirror {
                         cause: copy_kind(&e, &target_key),
                     })
                 }
-            };
-            inflight_map.lock().expect("inflight lock").remove(&k);
-            out
+            }
         });
         // A copy task that panicked failed writing the copy: the target's.
         let handle = async move {
@@ -1484,7 +1544,21 @@ impl Mirror {
         inflight.insert(key, handle.clone());
         handle
     }
+}
 
+/// A copy-queue entry, removed from the map when the copy's task ends.
+struct Inflight(Arc<Mutex<HashMap<String, CopyHandle>>>, String);
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        // A poisoned lock still holds a consistent map: entries are only
+        // inserted and removed whole.
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(&self.1);
+    }
+}
+
+impl Mirror {
     /// The decision for a Pod denied a private image: unchanged, counted,
     /// and no identity facts about an image it may not have.
     fn denied(&self, src: &Reference, pod: &PodCredentials, d: access::Denial) -> Decision {
@@ -1662,7 +1736,7 @@ impl Mirror {
             CopyPolicy::None if always => Ok(rewrite("swapPolicy always (copyPolicy none)")),
             CopyPolicy::None => Ok(keep("not at the target and copyPolicy is none")),
             CopyPolicy::Delayed => {
-                drop(self.copy(&plan, creds, false));
+                drop(self.copy(&plan, creds, false, false));
                 let wait = self.source_retry_in(&plan.source);
                 if !wait.is_zero() && !always {
                     return Ok(keep(&format!(
@@ -1677,7 +1751,7 @@ impl Mirror {
                 })
             }
             CopyPolicy::Immediate | CopyPolicy::Force => {
-                let handle = self.copy(&plan, creds, true);
+                let handle = self.copy(&plan, creds, true, false);
                 // The admission's own timeout ends at `deadline` too: waiting
                 // until that same instant, not a duration computed a moment
                 // later, lets this wait answer ("copy still running") rather
@@ -1723,6 +1797,63 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The copy-queue key whose next copy task panics (a stand-in for a
+    /// bug anywhere under the copy).
+    static PANIC_FOR: Mutex<Option<String>> = Mutex::new(None);
+
+    pub(super) fn maybe_panic(key: &str) {
+        let mut k = PANIC_FOR.lock().unwrap_or_else(|e| e.into_inner());
+        if k.as_deref() == Some(key) {
+            *k = None;
+            drop(k);
+            panic!("a bug in a copy task");
+        }
+    }
+
+    /// A plan for `source` (a tag), pinned to a made-up digest, into
+    /// `127.0.0.1:9/mirror`.
+    pub(super) fn plan(source: &str) -> Plan {
+        let digest = Digest::parse(&format!("sha256:{}", "ab".repeat(32))).unwrap();
+        let source = Reference::parse(source).unwrap().with_digest(digest);
+        Plan {
+            target: MirrorTarget::parse("127.0.0.1:9/mirror")
+                .unwrap()
+                .map(&source)
+                .unwrap(),
+            source,
+            tagged: true,
+            untagged: false,
+            verify: false,
+            assessed: None,
+            repair: None,
+            present: None,
+            fallback: None,
+            source_known: true,
+        }
+    }
+
+    /// A copy task that panics fails that copy, and only that copy: the
+    /// next request for the image starts a new one.
+    #[tokio::test]
+    async fn a_panicking_copy_does_not_poison_its_image() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config =
+            Config::from_yaml("target: {registry: \"127.0.0.1:9/mirror\"}\nsource: {registries: [{registry: \"127.0.0.1:9\"}]}\n", "t.yaml").unwrap();
+        let m = Mirror::from_config(&config, Arc::new(Metrics::new())).unwrap();
+        let plan = plan("127.0.0.1:9/shop/app:v1");
+        let key = m.key(&plan);
+        *PANIC_FOR.lock().unwrap() = Some(key.clone());
+        let first = m.copy(&plan, None, true, false).await.unwrap_err();
+        assert!(first.reason.contains("panic"), "{}", first.reason);
+        assert!(m.inflight.lock().unwrap().is_empty(), "entry removed");
+        let second = m.copy(&plan, None, true, false).await.unwrap_err();
+        assert!(
+            !second.reason.contains("panic"),
+            "a new copy, which fails on its own (nothing listens): {}",
+            second.reason
+        );
+    }
 
     /// `cache.ttl` accepts any duration; moka's builder panics beyond 1000
     /// years, which made `Mirror::from_config` panic on a valid config.

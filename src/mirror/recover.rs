@@ -121,7 +121,18 @@ impl Mirror {
         let tag = match (target.tag(), source.digest()) {
             (Some(t), _) => t.to_owned(),
             (None, Some(d)) => anchor_tag(d),
-            (None, None) => unreachable!("source_for pins the source"),
+            // A stand-in (source down) for a filtered or repaired copy
+            // names the source's tag, not the digest it was made from; the
+            // Pod's image names no tag to restore it under.
+            (None, None) => {
+                return Err(MirrorError::Resolve {
+                    image: target.to_string(),
+                    reason: format!(
+                        "the source {source} cannot say which digest this copy was made from (it did not answer, and the mirror's digest differs from the source's under a platform filter or identity repair); retried when it answers"
+                    ),
+                    kind: ErrorCause::Source,
+                });
+            }
         };
         // Planned again from the pinned source, so a repaired image is
         // repaired again the same way (repair is deterministic).
@@ -184,14 +195,14 @@ impl Mirror {
             .access_among(&plan.source, plan.source_known, pods)
             .await?;
         let start = Instant::now();
-        let restored =
-            self.copy(&plan, creds.as_ref(), false)
-                .await
-                .map_err(|f| MirrorError::CopyFailed {
-                    image: plan.source.to_string(),
-                    reason: f.reason,
-                    kind: f.cause,
-                })?;
+        let restored = self
+            .copy(&plan, creds.as_ref(), false, false)
+            .await
+            .map_err(|f| MirrorError::CopyFailed {
+                image: plan.source.to_string(),
+                reason: f.reason,
+                kind: f.cause,
+            })?;
         if present && restored == 0 {
             return Ok(Recovered::Present);
         }
@@ -201,8 +212,9 @@ impl Mirror {
         })
     }
 
-    /// The source, pinned by digest, that target image `target` was mirrored
-    /// from:
+    /// The source that target image `target` was mirrored from, pinned by
+    /// digest, except where a stand-in answered for a source that is down
+    /// (then the hint's tag, unpinned):
     /// 1. the one this process planned for `target`'s `repository@digest`;
     /// 2. else `hint`'s repository at `target`'s digest when every platform
     ///    is mirrored (the copy keeps the digest);

@@ -6,15 +6,20 @@
 //! [`MAX_ATTEMPTS`] times, with a backoff from `source.breaker.backoff`
 //! doubling up to `source.breaker.maxBackoff`. An entry is keyed like the
 //! copy queue (target `repository:tag@digest`), so an image waits once
-//! however many admissions asked for it.
+//! however many admissions asked for it, and only the retries made from
+//! here count: admissions failing during the outage spend none of them.
+//! A retry goes only when its source's breaker lets a request through, and
+//! while the breaker is not closed, one retry per source at a time (it is
+//! the probe).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::health::Breakers;
 use super::{Mirror, Plan};
 use crate::config::Breaker;
 use crate::registry::auth::Credentials;
@@ -28,7 +33,7 @@ pub const MAX_ATTEMPTS: u32 = 10;
 struct Pending {
     plan: Plan,
     creds: Option<Credentials>,
-    /// Failed attempts so far.
+    /// Failed retries so far.
     attempts: u32,
     /// Not before this; `None` while a retry is running.
     due: Option<Instant>,
@@ -52,17 +57,29 @@ impl Resumes {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records a copy of `plan` that failed for a source outage.
-    pub(super) fn failed(&self, key: &str, plan: &Plan, creds: Option<&Credentials>) {
+    /// Records a copy of `plan` that failed for a source outage; `retried`
+    /// when it was one of this queue's retries (only those count).
+    pub(super) fn failed(
+        &self,
+        key: &str,
+        plan: &Plan,
+        creds: Option<&Credentials>,
+        retried: bool,
+    ) {
         let mut pending = self.lock();
-        let attempts = pending.get(key).map_or(0, |p| p.attempts) + 1;
-        if attempts > MAX_ATTEMPTS {
+        let attempts = pending.get(key).map_or(0, |p| p.attempts) + u32::from(retried);
+        if attempts >= MAX_ATTEMPTS {
             pending.remove(key);
             warn!(
                 target = key,
                 attempts = MAX_ATTEMPTS,
                 "giving up retrying a copy whose source cannot answer; the next admission of the image starts it again"
             );
+            return;
+        }
+        // An admission's copy failed while this one waits: it keeps its
+        // place, its count and its credentials.
+        if !retried && pending.get(key).is_some_and(|p| p.due.is_some()) {
             return;
         }
         if !pending.contains_key(key) && pending.len() >= MAX_PENDING {
@@ -75,7 +92,7 @@ impl Resumes {
         let wait = self
             .settings
             .backoff
-            .saturating_mul(1 << (attempts - 1).min(16))
+            .saturating_mul(1 << attempts.min(16))
             .min(self.settings.max_backoff);
         pending.insert(
             key.to_owned(),
@@ -105,9 +122,9 @@ impl Resumes {
         }
     }
 
-    /// Takes the due entries whose source may be asked (`ready`), marking
-    /// them running.
-    fn take_due(&self, ready: impl Fn(&Plan) -> bool) -> Vec<(Plan, Option<Credentials>)> {
+    /// Takes the due entries whose source may be asked (`ready`, which is
+    /// asked once per entry, in no particular order), marking them running.
+    fn take_due(&self, mut ready: impl FnMut(&Plan) -> bool) -> Vec<(Plan, Option<Credentials>)> {
         let now = Instant::now();
         let mut out = Vec::new();
         for p in self.lock().values_mut() {
@@ -123,6 +140,17 @@ impl Resumes {
     pub(super) fn len(&self) -> usize {
         self.lock().len()
     }
+}
+
+/// Whether a retry for `registry` may go in this round: always while its
+/// breaker is closed; else only when the breaker would let a request
+/// through (not open, no probe running) and no other retry of this round
+/// (`probing`) is already its probe.
+fn retry_now(breakers: &Breakers, registry: &str, probing: &mut HashSet<String>) -> bool {
+    if breakers.is_closed(registry) {
+        return true;
+    }
+    breakers.admits(registry) && probing.insert(registry.to_owned())
 }
 
 impl Mirror {
@@ -143,11 +171,12 @@ impl Mirror {
                 }
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
-            let due = self
-                .resumes
-                .take_due(|p| self.source_retry_in(&p.source).is_zero());
+            let mut probing = HashSet::new();
+            let due = self.resumes.take_due(|p| {
+                retry_now(&self.breakers, &Self::source_key(&p.source), &mut probing)
+            });
             for (plan, creds) in due {
-                drop(self.copy(&plan, creds.as_ref(), false));
+                drop(self.copy(&plan, creds.as_ref(), false, true));
             }
         }
     }
@@ -155,5 +184,69 @@ impl Mirror {
     /// How many copies wait for their source to answer again.
     pub fn copies_waiting_for_source(&self) -> usize {
         self.resumes.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    fn settings() -> Breaker {
+        Breaker {
+            failures: 1,
+            backoff: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(60),
+        }
+    }
+
+    /// During an outage every admission's copy fails; none of those spends
+    /// a retry, so an image is still retried up to MAX_ATTEMPTS times.
+    #[tokio::test(start_paused = true)]
+    async fn only_retries_count_against_the_limit() {
+        let r = Resumes::new(settings());
+        let plan = super::super::tests::plan("127.0.0.1:9/shop/app:v1");
+        for _ in 0..100 {
+            r.failed("k", &plan, None, false);
+        }
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.lock()["k"].attempts, 0, "admissions spend nothing");
+        let first = r.lock()["k"].due.unwrap();
+        assert_eq!(first, Instant::now() + Duration::from_secs(5));
+        for n in 1..MAX_ATTEMPTS {
+            r.failed("k", &plan, None, true);
+            assert_eq!(r.lock()["k"].attempts, n);
+            // An admission in between neither counts nor moves it.
+            r.failed("k", &plan, None, false);
+            assert_eq!(r.lock()["k"].attempts, n);
+        }
+        r.failed("k", &plan, None, true);
+        assert_eq!(r.len(), 0, "given up after {MAX_ATTEMPTS} retries");
+    }
+
+    /// A retry goes only when the breaker lets a request through, and one
+    /// per source while it is not closed: never while a probe runs.
+    #[tokio::test(start_paused = true)]
+    async fn retries_wait_for_a_running_probe_and_go_one_at_a_time() {
+        let b = Arc::new(Breakers::new(settings(), Arc::new(Metrics::new())));
+        let mut round = HashSet::new();
+        assert!(
+            retry_now(&b, "r", &mut round) && retry_now(&b, "r", &mut round),
+            "closed"
+        );
+        b.attempt("r").unwrap().failed(
+            crate::registry::Outage::ServerError,
+            "HTTP 503".into(),
+            None,
+        );
+        let mut round = HashSet::new();
+        assert!(!retry_now(&b, "r", &mut round), "open");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let probe = b.attempt("r").expect("half-open");
+        assert!(!retry_now(&b, "r", &mut round), "a probe is running");
+        drop(probe);
+        assert!(retry_now(&b, "r", &mut round), "the retry is the probe");
+        assert!(!retry_now(&b, "r", &mut round), "one per round");
+        assert!(retry_now(&b, "other", &mut round), "other sources go");
     }
 }

@@ -1,12 +1,12 @@
 //! A pool of registry clients, one per registry and side of a copy.
 //!
-//! oci-client fixes the scheme (HTTPS or HTTP) and the upload mode per
-//! client, and keeps the first credentials it sees per registry. So each
-//! registry gets its own client, built after a
-//! `GET /v2/` probe (distribution-spec §Determining support) that picks the
-//! scheme and tells whether the registry wants auth at all. Insecure
-//! registries (`--insecure-registry`, and loopback addresses as Docker does)
-//! try HTTPS first and fall back to plain HTTP.
+//! Each registry gets its own client (its scheme, credentials and token
+//! cache), built after one `GET /v2/` probe (distribution-spec §Determining
+//! support) that picks the scheme and tells whether the registry wants auth
+//! at all. Insecure registries (`--insecure-registry`, and loopback
+//! addresses as Docker does) try HTTPS first and fall back to plain HTTP.
+//! Every request goes through our own HTTP client and the outbound guard
+//! (`requests.rs`, `session.rs`, `guard.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use super::auth::{CredentialSources, Credentials};
 use super::manifest::Descriptor;
 use super::session::{BlobStream, Session};
 use super::token::{Scheme, parse_challenge};
-use super::{Ctx, RegistryError, Result, chain};
+use super::{RegistryError, Result, chain};
 use crate::reference::{Reference, is_loopback_registry, normalize_registry};
 
 /// Blobs larger than this (bytes) are uploaded in chunks of this size
@@ -525,18 +525,9 @@ impl Registry {
         &self.session
     }
 
-    /// Whether the registry's `/v2/` challenge asked for bearer tokens.
-    pub(crate) fn is_bearer(&self) -> bool {
-        matches!(self.session.challenge, Scheme::Bearer(_))
-    }
-
     /// `https` or `http`, as chosen by the probe.
     pub fn scheme(&self) -> &'static str {
         self.session.scheme
-    }
-
-    pub(crate) fn ctx<'a>(&'a self, reference: &'a str, operation: &'static str) -> Ctx<'a> {
-        self.session.ctx(reference, operation)
     }
 
     /// Best-effort cross-repository mount of `digest` from `from_repository`
@@ -649,11 +640,6 @@ impl Registry {
         reference: &str,
     ) -> Result<Option<http::HeaderValue>> {
         self.session.auth_header(scopes, reference).await
-    }
-
-    /// Drops the cached token for `scopes` (a registry refused it early).
-    pub(crate) fn forget_token(&self, scopes: &[String]) {
-        self.session.forget_token(scopes)
     }
 
     /// Uploads `stream` as blob `desc` into `r`'s repository: one streamed

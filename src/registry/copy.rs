@@ -294,6 +294,25 @@ impl Side {
 /// The repository holding a blob in one target registry, once known.
 type Holder = Arc<Mutex<Option<String>>>;
 
+/// A copy's use of a ledger entry; the last one done removes it, on every
+/// path (done, failed, cancelled).
+struct LedgerEntry<'a> {
+    ledger: &'a std::sync::Mutex<HashMap<(String, String), Holder>>,
+    key: (String, String),
+    cell: Holder,
+}
+
+impl Drop for LedgerEntry<'_> {
+    fn drop(&mut self) {
+        let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+        // The map's clone and ours: nobody else waits for this blob. New
+        // users clone under the same lock, so none can slip in between.
+        if Arc::strong_count(&self.cell) == 2 {
+            ledger.remove(&self.key);
+        }
+    }
+}
+
 /// Async locks by key, dropped from the map once nobody holds or waits on
 /// them.
 ///
@@ -368,9 +387,12 @@ pub struct Copier {
     pool: Arc<ClientPool>,
     opts: CopyOptions,
     slots: Arc<Semaphore>,
-    /// (target registry, digest) → repository that has it. The mutex also
-    /// makes concurrent copies of one blob wait for the first.
-    ledger: Mutex<HashMap<(String, String), Holder>>,
+    /// (target registry, digest) → repository that has it, while copies
+    /// of that blob run: the mutex makes concurrent copies of one blob wait
+    /// for the first. An entry goes when its last copy is done (the
+    /// repository stays in `locations`, which is bounded), so the ledger
+    /// holds only blobs in flight.
+    ledger: Arc<std::sync::Mutex<HashMap<(String, String), Holder>>>,
     /// Where blobs live at each target registry, across copies (and, for
     /// the CLI, across processes): mounts come from here.
     locations: Arc<BlobLocations>,
@@ -382,6 +404,11 @@ pub struct Copier {
 }
 
 impl Copier {
+    /// Blobs in the ledger: those copies are writing now.
+    pub fn blobs_in_flight(&self) -> usize {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// A copier using `pool` for registries.
     pub fn new(pool: Arc<ClientPool>, opts: CopyOptions) -> Self {
         let jobs = opts.jobs.max(1);
@@ -390,7 +417,7 @@ impl Copier {
             slots: Arc::new(Semaphore::new(jobs)),
             bars: opts.progress.then(MultiProgress::new),
             opts,
-            ledger: Mutex::default(),
+            ledger: Arc::default(),
             locations: Arc::new(BlobLocations::in_memory()),
             manifest_puts: KeyedLocks::default(),
             layouts: Mutex::default(),
@@ -872,16 +899,19 @@ impl Copier {
                 res.map_err(|e| blob_error(s, &desc, &fault, e.into()))?;
             }
             Side::Registry { client, reference } => {
+                let key = (client.host().to_owned(), desc.digest.clone());
                 let cell = {
-                    let mut ledger = self.ledger.lock().await;
-                    ledger
-                        .entry((client.host().to_owned(), desc.digest.clone()))
-                        .or_default()
-                        .clone()
+                    let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+                    ledger.entry(key.clone()).or_default().clone()
+                };
+                let entry = LedgerEntry {
+                    ledger: &self.ledger,
+                    key,
+                    cell,
                 };
                 // Lock order: the blob's holder, then a slot. A slot holder
                 // never waits for a holder lock, so this cannot deadlock.
-                let mut holder = cell.lock().await;
+                let mut holder = entry.cell.lock().await;
                 let repo = reference.repository();
                 // The ledger is a hint for mounts, never proof the blob is
                 // still there: a long-running serve outlives registry GC, and

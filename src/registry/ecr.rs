@@ -8,8 +8,9 @@
 //! credentials, shared profile, instance metadata), or from `role` assumed
 //! through STS on top of that chain. No signing is done here.
 
-use std::sync::Mutex;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
@@ -22,12 +23,13 @@ use aws_smithy_types::error::display::DisplayErrorContext;
 use base64::Engine;
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::RegistryError;
 use super::auth::Credentials;
 use super::copy::BeforePush;
 use crate::config::Aws;
+use crate::metrics::Metrics;
 use crate::reference::normalize_registry;
 
 /// ECR errors. Each names the IAM action and, where there is one, the
@@ -173,6 +175,8 @@ pub struct EcrStats {
     pub creates: u64,
     /// `GetAuthorizationToken` calls.
     pub tokens: u64,
+    /// Failed `SetRepositoryPolicy` and `PutLifecyclePolicy` calls.
+    pub policy_failures: u64,
 }
 
 #[derive(Default)]
@@ -180,6 +184,7 @@ struct Counters {
     describes: AtomicU64,
     creates: AtomicU64,
     tokens: AtomicU64,
+    policy_failures: AtomicU64,
 }
 
 /// The SDK config loader pinswap uses: `region`, hyper 1 with rustls on
@@ -221,10 +226,18 @@ pub struct Ecr {
     /// Repositories known to exist. `try_get_with` coalesces concurrent
     /// first pushes into one describe-or-create per repository.
     known: moka::future::Cache<String, ()>,
+    /// Repositories this process created whose access or lifecycle policy
+    /// is not applied yet: applied before the next push into them.
+    unconfigured: Mutex<HashSet<String>>,
     /// When the current registry token was fetched and when it expires.
     token: Mutex<Option<(SystemTime, SystemTime)>>,
     counters: Counters,
+    metrics: Option<Arc<Metrics>>,
 }
+
+/// Repositories remembered as created but not configured, at most (as many
+/// as are remembered as existing).
+const MAX_UNCONFIGURED: usize = 100_000;
 
 /// How long a repository is remembered as existing. A repository deleted
 /// behind pinswap's back is created again after this long at most.
@@ -263,9 +276,17 @@ impl Ecr {
                 .time_to_live(KNOWN_TTL)
                 .max_capacity(100_000)
                 .build(),
+            unconfigured: Mutex::default(),
             token: Mutex::new(None),
             counters: Counters::default(),
+            metrics: None,
         }
+    }
+
+    /// Counts policy failures in `pinswap_ecr_policy_failures_total`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Calls so far.
@@ -274,6 +295,7 @@ impl Ecr {
             describes: self.counters.describes.load(Ordering::Relaxed),
             creates: self.counters.creates.load(Ordering::Relaxed),
             tokens: self.counters.tokens.load(Ordering::Relaxed),
+            policy_failures: self.counters.policy_failures.load(Ordering::Relaxed),
         }
     }
 
@@ -365,6 +387,16 @@ impl Ecr {
         match described {
             Ok(_) => {
                 debug!(repository, "ECR repository exists");
+                // Created by this process, but its policies failed: retry
+                // them, or they would never be applied.
+                let unconfigured = self
+                    .unconfigured
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(repository);
+                if unconfigured {
+                    return self.configure(repository).await;
+                }
                 return Ok(());
             }
             Err(e)
@@ -430,6 +462,43 @@ impl Ecr {
             }
             Err(e) => return Err(EcrError::from_sdk(ACTION, Some(repository), &e)),
         }
+        self.configure(repository).await
+    }
+
+    /// Applies `ecrOptions`' access and lifecycle policies to `repository`.
+    /// Until both are applied the repository stays unconfigured: the error
+    /// fails this push, and the next push into it tries again.
+    async fn configure(&self, repository: &str) -> Result<()> {
+        let applied = self.apply_policies(repository).await;
+        let mut unconfigured = self.unconfigured.lock().unwrap_or_else(|e| e.into_inner());
+        match &applied {
+            Ok(()) => {
+                unconfigured.remove(repository);
+            }
+            Err(e) => {
+                self.counters
+                    .policy_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                if let (
+                    Some(m),
+                    EcrError::Denied { action, .. }
+                    | EcrError::Api { action, .. }
+                    | EcrError::Call { action, .. },
+                ) = (&self.metrics, e)
+                {
+                    m.ecr_policy_failure(action);
+                }
+                warn!(repository, error = %e, "ECR repository policy not applied; retried before the next push into it");
+                if unconfigured.len() < MAX_UNCONFIGURED {
+                    unconfigured.insert(repository.to_owned());
+                }
+            }
+        }
+        applied
+    }
+
+    async fn apply_policies(&self, repository: &str) -> Result<()> {
+        let o = &self.options;
         if !o.access_policy.is_empty() {
             self.client
                 .set_repository_policy()

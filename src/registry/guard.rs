@@ -11,7 +11,9 @@
 //!   webhook allows the registries its config names (by name or address).
 //!
 //! Names are checked in the resolver reqwest calls, after DNS, so the
-//! address checked is the one connected to. reqwest does not resolve IP
+//! address checked is the one connected to. Behind an `HTTPS_PROXY` or
+//! `HTTP_PROXY` from the environment (which reqwest honours) that is the
+//! proxy's: the proxy resolves the registry's name, unchecked here. reqwest does not resolve IP
 //! literals, so URLs with a literal host are checked as they are met: the
 //! redirect policy, token realms and upload locations.
 

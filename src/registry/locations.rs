@@ -14,7 +14,7 @@
 //! temporary file and a rename, so a reader never sees a partial file and
 //! no process loses more than the other's concurrent changes to one entry.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -64,8 +64,9 @@ struct File {
 struct State {
     /// (registry, digest) → (repository, used).
     map: HashMap<(String, String), (String, u64)>,
-    /// Locations this process found stale, to drop from the file too.
-    stale: Vec<(String, String, String)>,
+    /// Locations this process found stale, to drop from the file too
+    /// (only with a file; at most [`MAX_ENTRIES`]).
+    stale: HashSet<(String, String, String)>,
     /// Whether anything changed since loading.
     dirty: bool,
 }
@@ -141,8 +142,10 @@ impl BlobLocations {
         }
         st.map.insert(key, (repository.to_owned(), now()));
         st.dirty = true;
+        // Down to 90 %, so the sort runs once per thousand new entries, not
+        // on each one.
         if st.map.len() > MAX_ENTRIES {
-            bound(&mut st.map);
+            bound(&mut st.map, MAX_ENTRIES * 9 / 10);
         }
     }
 
@@ -154,12 +157,17 @@ impl BlobLocations {
         if st.map.get(&key).is_some_and(|(r, _)| r == repository) {
             st.map.remove(&key);
         }
-        st.stale.push((
-            registry.to_owned(),
-            digest.to_owned(),
-            repository.to_owned(),
-        ));
-        st.dirty = true;
+        // Without a file (serve) there is nothing to drop it from; with
+        // one, past the bound a stale entry may stay in the file, where the
+        // next refused mount drops it again.
+        if self.file.is_some() && st.stale.len() < MAX_ENTRIES {
+            st.stale.insert((
+                registry.to_owned(),
+                digest.to_owned(),
+                repository.to_owned(),
+            ));
+            st.dirty = true;
+        }
     }
 
     /// Writes the locations to the file, when there is one and anything
@@ -183,10 +191,7 @@ impl BlobLocations {
         };
         for e in read(file) {
             let key = (e.registry.clone(), e.digest.clone());
-            if stale
-                .iter()
-                .any(|(r, d, p)| *r == e.registry && *d == e.digest && *p == e.repository)
-            {
+            if stale.contains(&(e.registry.clone(), e.digest.clone(), e.repository.clone())) {
                 continue;
             }
             match map.get(&key) {
@@ -196,7 +201,7 @@ impl BlobLocations {
                 }
             }
         }
-        bound(&mut map);
+        bound(&mut map, MAX_ENTRIES);
         let mut entries: Vec<Entry> = map
             .into_iter()
             .map(|((registry, digest), (repository, used))| Entry {
@@ -216,17 +221,18 @@ impl BlobLocations {
     }
 }
 
-/// Keeps the [`MAX_ENTRIES`] most recently used entries.
-fn bound(map: &mut HashMap<(String, String), (String, u64)>) {
+/// Keeps the `keep` most recently used entries when there are more than
+/// [`MAX_ENTRIES`].
+fn bound(map: &mut HashMap<(String, String), (String, u64)>, keep: usize) {
     if map.len() <= MAX_ENTRIES {
         return;
     }
     let mut used: Vec<u64> = map.values().map(|(_, u)| *u).collect();
     used.sort_unstable_by(|a, b| b.cmp(a));
-    let cutoff = used[MAX_ENTRIES - 1];
+    let cutoff = used[keep - 1];
     map.retain(|_, (_, u)| *u >= cutoff);
     // Ties at the cutoff may leave a few too many.
-    while map.len() > MAX_ENTRIES {
+    while map.len() > keep {
         let Some(k) = map.keys().next().cloned() else {
             break;
         };
@@ -315,7 +321,31 @@ mod tests {
         assert!(e.state.lock().unwrap().map.len() <= MAX_ENTRIES);
         // A corrupt file is an empty cache.
         std::fs::write(&file, b"{not json").unwrap();
-        assert_eq!(BlobLocations::load(file).get("r:5000", "sha256:1"), None);
+        assert_eq!(
+            BlobLocations::load(file.clone()).get("r:5000", "sha256:1"),
+            None
+        );
+        // Stale records are bounded too.
+        let f = BlobLocations::load(file);
+        for i in 0..3 * MAX_ENTRIES {
+            f.forget("r:5000", &format!("sha256:s{i}"), "gone");
+        }
+        assert_eq!(f.state.lock().unwrap().stale.len(), MAX_ENTRIES);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `serve` keeps locations in memory only: whatever it records and
+    /// forgets over its life, far beyond any soak, stays bounded.
+    #[test]
+    fn in_memory_locations_stay_bounded() {
+        let l = BlobLocations::in_memory();
+        for i in 0..10 * MAX_ENTRIES {
+            let digest = format!("sha256:{i}");
+            l.record("r:5000", &digest, "a");
+            l.forget("r:5000", &digest, "b");
+        }
+        let st = l.state.lock().unwrap();
+        assert!(st.map.len() <= MAX_ENTRIES, "{}", st.map.len());
+        assert!(st.stale.is_empty(), "no file, nothing stale to keep");
     }
 }

@@ -2,11 +2,12 @@
 //! model, the OCI layout transport and the copy engine.
 //!
 //! Picking HTTPS or plain HTTP per registry, choosing credentials per
-//! registry, the manifest and blob requests (`requests.rs`, ours rather
-//! than oci-client's, which pings `/v2/` before each one), and errors that
-//! name the reference, the registry, the HTTP status and the registry's
-//! error code (distribution-spec §Error Codes). oci-client serves the tag
-//! and catalog lists.
+//! registry, every request to a registry (`requests.rs`: manifests, blobs,
+//! the tag and catalog lists; ours rather than oci-client's, which pings
+//! `/v2/` before each one), and errors that name the reference, the
+//! registry, the HTTP status and the registry's error code
+//! (distribution-spec §Error Codes). Of oci-client only the credential and
+//! error-envelope types are used.
 
 pub mod auth;
 pub mod check;

@@ -21,7 +21,7 @@ use super::check::{DigestCheck, Hasher, checked};
 use super::client::Registry;
 use super::manifest::{ACCEPT, Descriptor, RawManifest};
 use super::session::BlobStream;
-use super::{RegistryError, Result, chain};
+use super::{RegistryError, Result};
 use crate::reference::{Digest, Reference};
 
 /// The largest manifest read (bytes); Distribution refuses larger ones on
@@ -51,76 +51,32 @@ fn manifest_ref(r: &Reference) -> String {
 }
 
 impl Registry {
-    /// Sends the request `build` makes, with the Authorization header for
-    /// `scopes`. A 401 to a cached bearer token is retried once with a fresh
-    /// token (the registry may have revoked it early). `build` is called once
-    /// per attempt, so its body must be replayable (none, or bytes).
+    /// Sends the request `build` makes ([`super::session::Session::send`]).
     ///
     /// # Errors
-    /// [`RegistryError::Unreachable`] for transport failures; auth errors.
+    /// As [`super::session::Session::send`].
     pub(crate) async fn send(
         &self,
         scopes: &[String],
         name: &str,
         build: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response> {
-        let mut retried = false;
-        loop {
-            let mut req = build();
-            if let Some(h) = self.auth_header(scopes, name).await? {
-                req = req.header(AUTHORIZATION, h);
-            }
-            let resp = req.send().await.map_err(|e| self.transport(e))?;
-            if resp.status() == reqwest::StatusCode::UNAUTHORIZED && !retried && self.is_bearer() {
-                self.forget_token(scopes);
-                retried = true;
-                continue;
-            }
-            return Ok(resp);
-        }
+        self.session().send(scopes, name, build).await
     }
 
-    /// A transport error, without the URL: upload URLs carry session state.
+    /// A transport error ([`super::session::Session::transport`]).
     pub(crate) fn transport(&self, e: reqwest::Error) -> RegistryError {
-        RegistryError::Unreachable {
-            registry: self.host().to_owned(),
-            reason: chain(&e.without_url()),
-        }
+        self.session().transport(e)
     }
 
-    /// The error for an answer that is not the one expected: 401 as an auth
-    /// error, 429 and 5xx as [`RegistryError::Unavailable`] with their
-    /// `Retry-After`, anything else as [`RegistryError::Http`] with the
-    /// registry's error code and message.
+    /// The error for an unexpected answer ([`super::session::Session::refusal`]).
     pub(crate) async fn refusal(
         &self,
         resp: reqwest::Response,
         name: &str,
         operation: &'static str,
     ) -> RegistryError {
-        let status = resp.status().as_u16();
-        match status {
-            401 => RegistryError::unauthorized(self.ctx(name, operation)),
-            429 | 500..=599 => RegistryError::Unavailable {
-                registry: self.host().to_owned(),
-                reference: name.to_owned(),
-                operation,
-                status,
-                retry_after: super::retry_after(resp.headers()),
-            },
-            _ => {
-                let body = resp.text().await.unwrap_or_default();
-                let (code, message) = super::describe_body(&body);
-                RegistryError::Http {
-                    registry: self.host().to_owned(),
-                    reference: name.to_owned(),
-                    operation,
-                    status,
-                    code,
-                    message,
-                }
-            }
-        }
+        self.session().refusal(resp, name, operation).await
     }
 
     /// The manifest digest `r` resolves to, or `None` when the registry has

@@ -190,6 +190,90 @@ impl Session {
         Ok(Some(h))
     }
 
+    /// Sends the request `build` makes, with the Authorization header for
+    /// `scopes` when it goes to the registry's own origin. A 401 to a bearer
+    /// token is retried once with a fresh token (the registry may have
+    /// revoked it early). `build` is called once per attempt, so its body
+    /// must be replayable (none, or bytes). Every request of ours but a
+    /// streamed body goes through here, so all map errors alike.
+    ///
+    /// # Errors
+    /// [`RegistryError::Unreachable`] for transport failures; auth errors.
+    pub(crate) async fn send(
+        &self,
+        scopes: &[String],
+        name: &str,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response> {
+        let mut retried = false;
+        loop {
+            let mut req = build().build().map_err(|e| self.transport(e))?;
+            if self.is_own(req.url().as_str())
+                && let Some(h) = self.auth_header(scopes, name).await?
+            {
+                req.headers_mut().insert(reqwest::header::AUTHORIZATION, h);
+            }
+            let resp = self
+                .http
+                .execute(req)
+                .await
+                .map_err(|e| self.transport(e))?;
+            if resp.status() == reqwest::StatusCode::UNAUTHORIZED
+                && !retried
+                && matches!(self.challenge, Scheme::Bearer(_))
+            {
+                self.forget_token(scopes);
+                retried = true;
+                continue;
+            }
+            return Ok(resp);
+        }
+    }
+
+    /// A transport error, without the URL: upload URLs carry session state.
+    /// An outage to the breakers (docs/architecture.md §3 "Source health").
+    pub(crate) fn transport(&self, e: reqwest::Error) -> RegistryError {
+        RegistryError::Unreachable {
+            registry: self.host.clone(),
+            reason: super::chain(&e.without_url()),
+        }
+    }
+
+    /// The error for an answer that is not the one expected: 401 as an auth
+    /// error, 429 and 5xx as [`RegistryError::Unavailable`] with their
+    /// `Retry-After`, anything else as [`RegistryError::Http`] with the
+    /// registry's error code and message.
+    pub(crate) async fn refusal(
+        &self,
+        resp: reqwest::Response,
+        name: &str,
+        operation: &'static str,
+    ) -> RegistryError {
+        let status = resp.status().as_u16();
+        match status {
+            401 => RegistryError::unauthorized(self.ctx(name, operation)),
+            429 | 500..=599 => RegistryError::Unavailable {
+                registry: self.host.clone(),
+                reference: name.to_owned(),
+                operation,
+                status,
+                retry_after: super::retry_after(resp.headers()),
+            },
+            _ => {
+                let body = resp.text().await.unwrap_or_default();
+                let (code, message) = super::describe_body(&body);
+                RegistryError::Http {
+                    registry: self.host.clone(),
+                    reference: name.to_owned(),
+                    operation,
+                    status,
+                    code,
+                    message,
+                }
+            }
+        }
+    }
+
     /// Drops the cached token for `scopes` (a registry refused it early).
     pub(crate) fn forget_token(&self, scopes: &[String]) {
         self.tokens

@@ -86,65 +86,36 @@ impl Upload<'_> {
         format!("{}@{}", self.reference.name(), desc.digest)
     }
 
-    /// `req` to `url` with the registry's Authorization header, which goes
-    /// only to the registry's own origin: an upload Location on another
-    /// host (a storage backend) gets none, as a redirect would.
-    async fn with_auth(
-        &self,
-        req: reqwest::RequestBuilder,
-        url: &str,
-        desc: &Descriptor,
-    ) -> Result<reqwest::RequestBuilder> {
-        if !self.session.is_own(url) {
-            return Ok(req);
-        }
-        let scopes = [format!(
+    fn scopes(&self) -> [String; 1] {
+        [format!(
             "repository:{}:pull,push",
             self.reference.repository()
-        )];
-        Ok(
-            match self.session.auth_header(&scopes, &self.name(desc)).await? {
-                Some(h) => req.header(reqwest::header::AUTHORIZATION, h),
-                None => req,
-            },
-        )
+        )]
     }
 
+    /// The answer to one request of the upload, mapped as every other
+    /// request of ours is ([`Session::transport`], [`Session::refusal`]):
+    /// an outage stays an outage, with its `Retry-After`.
     async fn check(
         &self,
-        resp: std::result::Result<reqwest::Response, reqwest::Error>,
+        resp: std::result::Result<reqwest::Response, RegistryError>,
         desc: &Descriptor,
         operation: &'static str,
         expected: u16,
     ) -> Result<reqwest::Response> {
-        let reference = self.name(desc);
-        let registry = self.session.host().to_owned();
-        // Without the URL: upload URLs carry session state.
-        let resp = resp.map_err(|e| RegistryError::Other {
-            registry: registry.clone(),
-            reference: reference.clone(),
-            operation,
-            message: chain(&e.without_url()),
-        })?;
-        let status = resp.status().as_u16();
-        if status == expected {
+        let resp = resp?;
+        if resp.status().as_u16() == expected {
             return Ok(resp);
         }
-        if status == 401 {
-            return Err(RegistryError::unauthorized(
-                self.session.ctx(&reference, operation),
-            ));
+        if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
+            // A streamed PATCH cannot be sent again; the next attempt of
+            // the copy gets a fresh token.
+            self.session.forget_token(&self.scopes());
         }
-        let body = resp.text().await.unwrap_or_default();
-        let (code, message) = super::describe_body(&body);
-        Err(RegistryError::Http {
-            registry,
-            reference,
-            operation,
-            status,
-            code,
-            message,
-        })
+        Err(self
+            .session
+            .refusal(resp, &self.name(desc), operation)
+            .await)
     }
 
     fn location(&self, resp: &reqwest::Response, desc: &Descriptor) -> Result<String> {
@@ -176,18 +147,24 @@ impl Upload<'_> {
     /// Uploads `stream` as `desc` in chunks of `self.chunk` bytes.
     ///
     /// # Errors
-    /// [`RegistryError::Http`] / [`RegistryError::Unauthorized`] with the
-    /// step that failed; a source stream error aborts the PATCH in flight,
+    /// As every request of ours: [`RegistryError::Unreachable`],
+    /// [`RegistryError::Unavailable`] (with `Retry-After`),
+    /// [`RegistryError::Http`] or an auth error, with the step that failed; a source stream error aborts the PATCH in flight,
     /// so the session is never closed and no blob is committed.
     pub(crate) async fn run(&self, desc: &Descriptor, stream: BlobStream) -> Result<()> {
         let http = self.session.http();
+        let (scopes, name) = (self.scopes(), self.name(desc));
         let start = format!(
             "{}/v2/{}/blobs/uploads/",
             self.session.base(),
             self.reference.repository()
         );
-        let req = http.post(&start).header(CONTENT_LENGTH, 0);
-        let resp = self.with_auth(req, &start, desc).await?.send().await;
+        let resp = self
+            .session
+            .send(&scopes, &name, || {
+                http.post(&start).header(CONTENT_LENGTH, 0)
+            })
+            .await;
         let resp = self.check(resp, desc, "POST blob upload", 202).await?;
         let mut location = self.location(&resp, desc)?;
         let shared: Shared = Arc::new(Mutex::new((stream, None)));
@@ -195,15 +172,20 @@ impl Upload<'_> {
         while offset < desc.size {
             let len = self.chunk.min(desc.size - offset);
             let body = reqwest::Body::wrap_stream(take(shared.clone(), len));
-            let resp = self
-                .with_auth(http.patch(&location), &location, desc)
-                .await?
+            let mut req = http
+                .patch(&location)
                 .header(CONTENT_TYPE, "application/octet-stream")
                 .header(CONTENT_LENGTH, len)
                 .header(CONTENT_RANGE, format!("{offset}-{}", offset + len - 1))
-                .body(body)
-                .send()
-                .await;
+                .body(body);
+            // The body streams once, so this one goes out as it is (no
+            // retry); credentials only to the registry's own origin.
+            if self.session.is_own(&location)
+                && let Some(h) = self.session.auth_header(&scopes, &name).await?
+            {
+                req = req.header(reqwest::header::AUTHORIZATION, h);
+            }
+            let resp = req.send().await.map_err(|e| self.session.transport(e));
             let resp = self.check(resp, desc, "PATCH blob upload", 202).await?;
             location = self.location(&resp, desc)?;
             offset += len;
@@ -228,12 +210,11 @@ impl Upload<'_> {
             message: format!("bad Location {location:?}: {e}"),
         })?;
         url.query_pairs_mut().append_pair("digest", &desc.digest);
-        let own = url.to_string();
         let resp = self
-            .with_auth(http.put(url), &own, desc)
-            .await?
-            .header(CONTENT_LENGTH, 0)
-            .send()
+            .session
+            .send(&scopes, &name, || {
+                http.put(url.clone()).header(CONTENT_LENGTH, 0)
+            })
             .await;
         self.check(resp, desc, "PUT blob upload", 201).await?;
         Ok(())

@@ -29,6 +29,10 @@ pub enum Mode {
     Pass,
     /// Answer with this status and, when given, `Retry-After` seconds.
     Refuse(u16, Option<u64>),
+    /// Refuse the first request with this method whose path, or one of
+    /// whose header values (an AWS API's `X-Amz-Target`), contains this
+    /// part, as [`Mode::Refuse`], then pass everything through.
+    RefuseFirst(&'static str, &'static str, u16, Option<u64>),
 }
 
 struct Shared {
@@ -218,9 +222,28 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
             index: spans.len() - 1,
         }
     };
-    let mode = s.mode.lock().unwrap().clone();
-    if let Mode::Refuse(status, retry_after) = mode {
+    let refusal = {
+        let mut mode = s.mode.lock().unwrap();
+        match *mode {
+            Mode::Pass => None,
+            Mode::Refuse(status, retry_after) => Some((status, retry_after)),
+            Mode::RefuseFirst(method, part, status, retry_after)
+                if req.method().as_str() == method
+                    && (path.contains(part)
+                        || req
+                            .headers()
+                            .values()
+                            .any(|v| String::from_utf8_lossy(v.as_bytes()).contains(part))) =>
+            {
+                *mode = Mode::Pass;
+                Some((status, retry_after))
+            }
+            Mode::RefuseFirst(..) => None,
+        }
+    };
+    if let Some((status, retry_after)) = refusal {
         let code = match status {
+            401 => "UNAUTHORIZED",
             429 => "TOOMANYREQUESTS",
             _ => "UNAVAILABLE",
         };

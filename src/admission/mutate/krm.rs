@@ -33,7 +33,9 @@ pub struct Output {
 }
 
 fn read(input: &str) -> Result<Document, MutateError> {
-    let mut docs = doc::parse(input)?;
+    // A function reads stdin: name it, as `mutate` names each file.
+    let mut docs =
+        doc::parse(input).map_err(|e| MutateError::ResourceList(format!("stdin: {e}")))?;
     if docs.len() != 1 {
         return Err(MutateError::ResourceList(format!(
             "stdin: expected one ResourceList document, got {}",

@@ -213,12 +213,20 @@ pub fn column(src: &str, at: usize) -> usize {
     at - src[..at].rfind('\n').map_or(0, |i| i + 1)
 }
 
+/// How many nodes aliases may add to a stream beyond the nodes written in
+/// it. Each alias is a copy of its anchor, so ten levels of ten aliases
+/// (an "alias bomb") would be 10^10 nodes from a few hundred bytes; with
+/// this bound the nodes read stay linear in the text's size.
+pub const ALIAS_NODES: usize = 100_000;
+
 /// Reads every document of `src` with its spans. Aliases are expanded into
 /// copies of their anchored node (spans and all, so an edit of an aliased
-/// scalar lands on the anchor's definition).
+/// scalar lands on the anchor's definition), at most [`ALIAS_NODES`] nodes
+/// more than the text writes out.
 ///
 /// # Errors
-/// [`YamlError::Syntax`] naming the document, line and column.
+/// [`YamlError::Syntax`] naming the document, line and column;
+/// [`YamlError::Aliases`] when aliases would expand beyond the bound.
 pub fn parse(src: &str) -> Result<Vec<Document>, YamlError> {
     let mut reader = Reader {
         src,
@@ -226,6 +234,8 @@ pub fn parse(src: &str) -> Result<Vec<Document>, YamlError> {
         peeked: None,
         doc: 0,
         anchors: HashMap::new(),
+        written: 0,
+        expanded: 0,
     };
     let mut docs = Vec::new();
     loop {
@@ -256,7 +266,12 @@ struct Reader<'a> {
     events: Parser<'a, granit_parser::StrInput<'a>>,
     peeked: Option<(Event<'a>, Span)>,
     doc: usize,
-    anchors: HashMap<usize, Node>,
+    /// Anchored nodes and how many nodes each holds, aliases expanded.
+    anchors: HashMap<usize, (Node, usize)>,
+    /// Nodes read from the text itself (over the whole stream).
+    written: usize,
+    /// Nodes added by expanding aliases (over the whole stream).
+    expanded: usize,
 }
 
 impl<'a> Reader<'a> {
@@ -298,15 +313,25 @@ impl<'a> Reader<'a> {
         self.error(self.range(span).start, format!("unexpected {e:?}"))
     }
 
-    fn remember(&mut self, anchor: usize, node: &Node) {
+    /// How many nodes have been read so far, aliases expanded.
+    fn read_so_far(&self) -> usize {
+        self.written + self.expanded
+    }
+
+    fn remember(&mut self, anchor: usize, node: &Node, nodes_before: usize) {
         if anchor != 0 {
-            self.anchors.insert(anchor, node.clone());
+            let weight = self.read_so_far() - nodes_before;
+            self.anchors.insert(anchor, (node.clone(), weight));
         }
     }
 
     fn node(&mut self) -> Result<Node, YamlError> {
         let (event, span) = self.next()?;
         let start = self.range(span);
+        let nodes_before = self.read_so_far();
+        if !matches!(event, Event::Alias(_)) {
+            self.written += 1;
+        }
         match event {
             Event::Scalar(value, style, anchor, tag) => {
                 let node = Node {
@@ -317,14 +342,27 @@ impl<'a> Reader<'a> {
                         tag: tag.map(|t| t.to_string()),
                     },
                 };
-                self.remember(anchor, &node);
+                self.remember(anchor, &node, nodes_before);
                 Ok(node)
             }
-            Event::Alias(id) => self
-                .anchors
-                .get(&id)
-                .cloned()
-                .ok_or_else(|| self.error(start.start, "alias to an unknown anchor".into())),
+            Event::Alias(id) => {
+                let Some((node, weight)) = self.anchors.get(&id) else {
+                    return Err(self.error(start.start, "alias to an unknown anchor".into()));
+                };
+                // Checked before the copy is made, so refusing costs nothing.
+                if self.expanded + weight > ALIAS_NODES + self.written {
+                    let (line, column) = line_col(self.src, start.start);
+                    return Err(YamlError::Aliases {
+                        document: self.doc.max(1),
+                        line,
+                        column,
+                        limit: ALIAS_NODES,
+                    });
+                }
+                let node = node.clone();
+                self.expanded += weight;
+                Ok(node)
+            }
             Event::SequenceStart(style, anchor, _) => {
                 let mut items = Vec::new();
                 let end = loop {
@@ -353,7 +391,7 @@ impl<'a> Reader<'a> {
                     span: from..collection_end(&start, &end, items.last()),
                     kind: Kind::Seq { flow, items },
                 };
-                self.remember(anchor, &node);
+                self.remember(anchor, &node, nodes_before);
                 Ok(node)
             }
             Event::MappingStart(style, anchor, _) => {
@@ -376,7 +414,7 @@ impl<'a> Reader<'a> {
                         entries,
                     },
                 };
-                self.remember(anchor, &node);
+                self.remember(anchor, &node, nodes_before);
                 Ok(node)
             }
             e => Err(self.unexpected(&e, span)),
@@ -423,5 +461,56 @@ mod tests {
     fn errors_name_document_line_and_column() {
         let e = parse("a: 1\n---\nb: [1\n").unwrap_err().to_string();
         assert!(e.starts_with("document 2: line "), "{e}");
+    }
+
+    /// `levels` levels of ten aliases each: 10^levels nodes if expanded.
+    fn alias_bomb(levels: usize) -> String {
+        let mut s = String::from(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bomb}\ndata:\n  l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n",
+        );
+        for i in 1..levels {
+            let p = i - 1;
+            s.push_str(&format!(
+                "  l{i}: &l{i} [*l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}]\n"
+            ));
+        }
+        s
+    }
+
+    #[test]
+    fn alias_expansion_is_bounded_and_named() {
+        // Six levels: 10^6 nodes, small enough that without the bound the
+        // test fails on the result rather than on memory.
+        let src = format!("kind: Pod\n---\n{}", alias_bomb(6));
+        let started = std::time::Instant::now();
+        let e = match parse(&src) {
+            Ok(docs) => panic!("read {} documents, aliases expanded", docs.len()),
+            Err(e) => e,
+        };
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        assert!(matches!(e, YamlError::Aliases { document: 2, .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("document 2: line 11 column ") && text.contains("100000 nodes"),
+            "{text}"
+        );
+        // Four levels (12 330 nodes from aliases) are within the bound.
+        let docs = parse(&alias_bomb(4)).unwrap();
+        let l3 = docs[0].root.pointer("/data/l3").unwrap().to_json();
+        assert_eq!(l3.pointer("/9/9/9/9").unwrap(), "x");
+    }
+
+    #[test]
+    fn the_alias_bound_grows_with_the_text() {
+        // Many aliases of a small anchor in a long file: linear, allowed.
+        let mut src = String::from("a: &a {k: v}\nitems:\n");
+        for _ in 0..40_000 {
+            src.push_str("- [*a, 1, 2]\n");
+        }
+        let docs = parse(&src).unwrap();
+        assert_eq!(
+            docs[0].root.pointer("/items/39999/0/k").unwrap().as_str(),
+            Some("v")
+        );
     }
 }

@@ -23,6 +23,21 @@ pub enum YamlError {
         /// The parser's message.
         reason: String,
     },
+    /// Aliases that would expand the text into far more nodes than it
+    /// writes out (an "alias bomb"): refused before the memory is spent.
+    #[error(
+        "document {document}: line {line} column {column}: aliases expand to more than {limit} nodes beyond those written out; refused (write the repeated values out, or use fewer aliases)"
+    )]
+    Aliases {
+        /// 1-based document number in the stream.
+        document: usize,
+        /// 1-based line of the alias that crossed the bound.
+        line: usize,
+        /// 1-based column (bytes).
+        column: usize,
+        /// [`doc::ALIAS_NODES`].
+        limit: usize,
+    },
     /// YAML that this editor leaves alone rather than risk changing more
     /// than the value.
     #[error("line {line} column {column}: {reason}")]
