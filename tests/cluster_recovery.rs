@@ -38,29 +38,31 @@ where
 /// Reports through `pods/status` what a kubelet reports when it cannot
 /// pull `container`'s image; the API server validates it.
 async fn report_pull_failure(rig: &Rig, name: &str, container: &str, reason: &str) {
-    let stored = rig.pods().get(name).await.unwrap();
-    let image = serde_json::to_value(&stored).unwrap()["spec"]["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == container)
-        .unwrap()["image"]
-        .clone();
-    let status = json!({"status": {
-        "phase": "Pending",
-        "containerStatuses": [{
-            "name": container, "image": image, "imageID": "", "ready": false,
-            "restartCount": 0, "started": false,
-            "state": {"waiting": {"reason": reason, "message": format!(
-                "rpc error: code = NotFound desc = failed to pull and unpack image {}: not found",
-                image.as_str().unwrap()
-            )}},
-        }],
-    }});
+    let stored = serde_json::to_value(rig.pods().get(name).await.unwrap()).unwrap();
+    let failing = common::review::pull_failing(&stored, container, reason);
+    let status = json!({"status": failing["status"]});
     rig.pods()
         .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
         .await
         .unwrap();
+}
+
+/// Waits until the target serves `app` again, then compares its bytes
+/// with the source's.
+async fn remirrored(rig: &Rig, app: &common::fixtures::Image, what: &str) {
+    let dst = &rig.dst;
+    until(what, Duration::from_secs(30), || async {
+        dst.head_manifest(&repo(rig, "app"), &app.digest)
+            .await
+            .as_deref()
+            == Some(&*app.digest)
+    })
+    .await;
+    let (bytes, _, _) = dst
+        .get_manifest(&repo(rig, "app"), &app.digest)
+        .await
+        .unwrap();
+    assert_eq!(bytes, app.manifest, "the same bytes as the source's");
 }
 
 fn repo(rig: &Rig, name: &str) -> String {
@@ -110,23 +112,7 @@ async fn a_pull_failure_reported_through_pods_status_is_remirrored_with_an_event
     })
     .await;
     let app = lose_and_fail(&rig, "stuck", 20).await;
-    let dst = &rig.dst;
-    until(
-        "the image is served again",
-        Duration::from_secs(30),
-        || async {
-            dst.head_manifest(&repo(&rig, "app"), &app.digest)
-                .await
-                .as_deref()
-                == Some(&*app.digest)
-        },
-    )
-    .await;
-    let (bytes, _, _) = dst
-        .get_manifest(&repo(&rig, "app"), &app.digest)
-        .await
-        .unwrap();
-    assert_eq!(bytes, app.manifest, "the same bytes as the source's");
+    remirrored(&rig, &app, "the image is served again").await;
 
     // The Event, through events.k8s.io/v1 and as `kubectl get events`
     // reads it (core/v1).
@@ -199,17 +185,7 @@ async fn killing_the_leader_hands_the_lease_and_the_recovery_to_the_other_replic
     rig.install.register(&rig.client, &second).await;
     rig.served = Some(second);
     let app = lose_and_fail(&rig, "after-handover", 21).await;
-    let dst = &rig.dst;
-    until(
-        "the new leader mirrors it again",
-        Duration::from_secs(30),
-        || async {
-            dst.head_manifest(&repo(&rig, "app"), &app.digest)
-                .await
-                .is_some()
-        },
-    )
-    .await;
+    remirrored(&rig, &app, "the new leader mirrors it again").await;
     assert!(
         rig.served()
             .log_text()
@@ -281,13 +257,7 @@ async fn the_watch_relists_after_a_compaction_and_reconnects_after_a_restart() {
     // The watch it runs now is live: a pull failure reported after the
     // restart is recovered.
     let app = lose_and_fail(&rig, "after-restart", 22).await;
-    let dst = &rig.dst;
-    until("mirrored again", Duration::from_secs(30), || async {
-        dst.head_manifest(&repo(&rig, "app"), &app.digest)
-            .await
-            .is_some()
-    })
-    .await;
+    remirrored(&rig, &app, "mirrored again").await;
     assert!(served.log_text().contains("pull failure on a target image"));
     no_forbidden(cluster, &rig);
 }
@@ -364,12 +334,6 @@ async fn a_cut_watch_resumes_from_the_servers_own_bookmark_without_listing_again
     }
     // And the resumed watch delivers: a pull failure is recovered.
     let app = lose_and_fail(&rig, "after-cut", 23).await;
-    let dst = &rig.dst;
-    until("mirrored again", Duration::from_secs(30), || async {
-        dst.head_manifest(&repo(&rig, "app"), &app.digest)
-            .await
-            .is_some()
-    })
-    .await;
+    remirrored(&rig, &app, "mirrored again").await;
     no_forbidden(cluster, &rig);
 }
