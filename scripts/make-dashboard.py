@@ -51,6 +51,7 @@ line([
  ("Copies",[(rate("pinswap_copies_started_total"),"started"),(rate("pinswap_copies_succeeded_total"),"succeeded"),(rate("pinswap_copies_failed_total"),"failed")],"ops"),
  ("Bytes copied",[(rate("pinswap_copy_bytes_total"),"blob bytes")],"Bps"),
  ("Copy duration",[(q(0.5,"pinswap_copy_duration_seconds"),"p50"),(q(0.99,"pinswap_copy_duration_seconds"),"p99")],"s"),
+ ("Referrers by outcome",[(rate("pinswap_referrers_copied_total","outcome"),"{{outcome}}")],"ops","Signatures, attestations and SBOMs following their images in the background; failed ones are retried."),
 ])
 row("Caches")
 hits=rate("pinswap_cache_hits_total","cache"); miss=rate("pinswap_cache_misses_total","cache")
@@ -65,6 +66,7 @@ line([
  ("Re-mirrors by outcome",[(rate("pinswap_remirrors_total","outcome"),"{{outcome}}")],"ops"),
  ("Re-verification by outcome",[(rate("pinswap_reverifications_total","outcome"),"{{outcome}}")],"ops"),
  ("Leader",[(f"max by (pod) (pinswap_leader{S})","{{pod}}")],"short","1 on the replica holding the Lease."),
+ ("Watched Pods and nodes left out",[(f"max(pinswap_watched_pods{S})","Pods in the leader's index"),(f"max(pinswap_nodes_without_platform{S})","nodes the platforms filter leaves out")],"short","Leader only. Nodes left out: their os/arch is not in platforms."),
 ])
 row("Identity findings")
 line([
@@ -72,7 +74,7 @@ line([
 ])
 row("Source and target health")
 line([
- ("Source breakers open",[(f"max by (registry) (pinswap_source_breaker_open{S})","{{registry}}")],"short","1 while a source registry's circuit breaker is open: admissions use the target's copies, copies wait."),
+ ("Source breakers open",[(f"max by (registry) (pinswap_source_breaker_open{S})","{{registry}}")],"short","Open circuit breakers of a source registry: 1 while a registry the config names is open, how many are open for registry=other. Admissions use the target's copies, copies wait."),
  ("Source failures",[(rate("pinswap_source_failures_total","registry, cause"),"{{registry}} {{cause}}")],"ops","Requests to a source registry that met an outage: unreachable, timeout, rate_limited, server_error, unauthorized."),
  ("Tag resolutions at the source",[(rate("pinswap_cache_misses_total",s=RES),"resolutions")],"ops","Resolution-cache misses: lookups that went to a source registry."),
 ])

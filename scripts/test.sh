@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README): unit tests and integration tests against real
 # Distribution registries and skopeo, which must be installed (see .ci/run),
-# and the cluster suite against a real kube-apiserver (needs Go).
+# the cluster suite against a real kube-apiserver, and the referrers tests
+# with cosign and oras (both built with Go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in docker-registry skopeo; do
@@ -16,4 +17,6 @@ command -v go >/dev/null || {
 }
 # tests/cluster_*.rs run against kube-apiserver built by this script.
 scripts/build-cluster.sh >/dev/null
+# tests/referrers.rs drives cosign and oras, and a referrers-API registry.
+scripts/build-tools.sh >/dev/null
 exec cargo test --locked "$@"

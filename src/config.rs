@@ -346,6 +346,122 @@ impl Serialize for Platforms {
     }
 }
 
+/// Which referrers of an image travel with it (docs/referrers.md):
+/// `referrers: true` (the default), `false`, or `{enabled: BOOL,
+/// artifactTypes: [TYPE, ...]}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Referrers {
+    /// Copy referrers at all.
+    pub enabled: bool,
+    /// Only referrers of these artifactTypes; empty: every one.
+    pub artifact_types: Vec<String>,
+}
+
+impl Default for Referrers {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            artifact_types: Vec::new(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Referrers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde_json::Value;
+        let expected = "true, false, or {enabled: true|false, artifactTypes: [TYPE, ...]}";
+        let found = |v: &Value| match v {
+            Value::Null => "nothing".to_owned(),
+            Value::String(s) => format!("{s:?}"),
+            Value::Array(_) => "a list".to_owned(),
+            other => other.to_string(),
+        };
+        let v = Value::deserialize(d).map_err(|_| own_error(format!("expected {expected}")))?;
+        let map = match v {
+            Value::Bool(enabled) => {
+                return Ok(Self {
+                    enabled,
+                    ..Self::default()
+                });
+            }
+            Value::Object(map) => map,
+            other => {
+                return Err(own_error(format!(
+                    "found {}, expected {expected}",
+                    found(&other)
+                )));
+            }
+        };
+        let mut out = Self::default();
+        for (key, value) in map {
+            match key.as_str() {
+                "enabled" => {
+                    out.enabled = value.as_bool().ok_or_else(|| {
+                        own_error(format!(
+                            "enabled: found {}, expected true or false",
+                            found(&value)
+                        ))
+                    })?
+                }
+                "artifactTypes" => {
+                    let list = value.as_array().ok_or_else(|| {
+                        own_error(format!(
+                            "artifactTypes: found {}, expected a list of media types such as [application/vnd.dev.sigstore.bundle.v0.3+json]",
+                            found(&value)
+                        ))
+                    })?;
+                    if list.is_empty() {
+                        return Err(own_error(
+                            "artifactTypes: found an empty list; leave artifactTypes out to copy every referrer, or set referrers: false to copy none",
+                        ));
+                    }
+                    for t in list {
+                        match t.as_str() {
+                            Some(t) if is_media_type(t) => out.artifact_types.push(t.to_owned()),
+                            _ => {
+                                return Err(own_error(format!(
+                                    "artifactTypes: found {}, expected a media type TYPE/SUBTYPE such as application/spdx+json",
+                                    found(t)
+                                )));
+                            }
+                        }
+                    }
+                }
+                other => {
+                    return Err(own_error(format!(
+                        "unknown key {other:?}, expected enabled or artifactTypes"
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Serialize for Referrers {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        if self.artifact_types.is_empty() {
+            return s.serialize_bool(self.enabled);
+        }
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("enabled", &self.enabled)?;
+        m.serialize_entry("artifactTypes", &self.artifact_types)?;
+        m.end()
+    }
+}
+
+/// `type/subtype` with RFC 6838's restricted-name characters.
+fn is_media_type(t: &str) -> bool {
+    let name = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 127
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+    };
+    matches!(t.split_once('/'), Some((a, b)) if name(a) && name(b))
+}
+
 /// Marks errors raised by our own field parsers: yaml_serde gives them the
 /// position of the enclosing mapping, not of the value, so
 /// [`Config::from_yaml`] drops it and names the key path alone.
@@ -778,6 +894,10 @@ pub struct Config {
     /// `all` or a platform list.
     #[serde(default)]
     pub platforms: Platforms,
+    /// Which referrers (signatures, attestations, SBOMs) travel with an
+    /// image.
+    #[serde(default)]
+    pub referrers: Referrers,
     /// Cache lifetimes.
     #[serde(default)]
     pub cache: Cache,
@@ -1057,6 +1177,12 @@ impl Config {
                     format!("recovery.namespaces[{i}]"),
                     format!("found {ns:?}, expected a namespace name (a DNS-1123 label)"),
                 );
+            } else if let Some(first) = self.recovery.namespaces[..i].iter().position(|n| n == ns) {
+                // Each namespace gets one watch; two would share its list.
+                bad(
+                    format!("recovery.namespaces[{i}]"),
+                    format!("found {ns:?} again (first at recovery.namespaces[{first}])"),
+                );
             }
         }
         if self.recovery.retry_initial.is_zero()
@@ -1194,15 +1320,15 @@ impl Config {
             bad(
                 "server.bodyMemory".into(),
                 format!(
-                    "found {n} bytes, expected at least 64Mi (its large half holds one 4Mi review while it is parsed, 8 times its body)"
+                    "found {n} bytes, expected at least 64Mi (its large half holds one 1Mi review while it is parsed, 32 times its body)"
                 ),
             );
         }
     }
 }
 
-/// The smallest `server.bodyMemory`: its large half holds the largest
-/// review (4 MiB) while it is parsed (8 times its body).
+/// The smallest `server.bodyMemory`: its large half holds one 1 MiB review
+/// while it is parsed (32 times its body, `server::PARSED_FACTOR`).
 pub const MIN_BODY_MEMORY: u64 = 64 * 1024 * 1024;
 
 fn is_registry_host(s: &str) -> bool {
@@ -1317,6 +1443,10 @@ pin: true
 rewriteImagePullPolicyNever: false
 # Index children to mirror: all, or a list such as [linux/amd64, linux/arm64].
 platforms: all
+# Signatures, attestations, SBOMs and other referrers of each image follow it
+# to the target (cosign's tags and OCI 1.1 referrers; docs/referrers.md).
+# false turns that off; {artifactTypes: [TYPE, ...]} copies only those types.
+referrers: true
 
 cache:
   # How long "target has repository@digest" is trusted; 0s turns the cache off.
@@ -1527,6 +1657,10 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
                 "test.yaml:2:6: pin: invalid type: string \"maybe\", expected a boolean",
             ),
             (
+                "target: {registry: m.example.com}\nrecovery: {namespaces: [apps, web, apps]}\n",
+                "test.yaml: recovery.namespaces[2]: found \"apps\" again (first at recovery.namespaces[0])",
+            ),
+            (
                 "target: {registry: m.example.com}\nplatforms: [linux]\n",
                 "test.yaml: platforms: invalid platform \"linux\": expected os/arch[/variant], e.g. linux/arm64/v8",
             ),
@@ -1538,6 +1672,51 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
         for (yaml, want) in cases {
             let got = parse(yaml).unwrap_err().to_string();
             assert_eq!(&got, want, "for {yaml:?}");
+        }
+    }
+
+    #[test]
+    fn referrers_read_as_a_switch_or_a_mapping() {
+        let r = |y: &str| parse(&format!("target: {{registry: m.example.com}}\n{y}\n"));
+        assert_eq!(r("").unwrap().referrers, Referrers::default());
+        assert!(!r("referrers: false").unwrap().referrers.enabled);
+        let c = r("referrers: {artifactTypes: [application/spdx+json]}").unwrap();
+        assert!(c.referrers.enabled);
+        assert_eq!(c.referrers.artifact_types, ["application/spdx+json"]);
+        let off = r("referrers: {enabled: false}").unwrap();
+        assert!(!off.referrers.enabled);
+        // Both forms survive their own serialisation.
+        for c in [c, off] {
+            assert_eq!(parse(&yaml_serde::to_string(&c).unwrap()).unwrap(), c);
+        }
+        for (yaml, want) in [
+            (
+                "referrers: maybe",
+                "referrers: found \"maybe\", expected true, false, or {enabled: true|false, artifactTypes: [TYPE, ...]}",
+            ),
+            (
+                "referrers: {enabled: yes please}",
+                "referrers: enabled: found \"yes please\", expected true or false",
+            ),
+            (
+                "referrers: {artifactType: [a/b]}",
+                "referrers: unknown key \"artifactType\", expected enabled or artifactTypes",
+            ),
+            (
+                "referrers: {artifactTypes: []}",
+                "referrers: artifactTypes: found an empty list; leave artifactTypes out to copy every referrer, or set referrers: false to copy none",
+            ),
+            (
+                "referrers: {artifactTypes: [sbom]}",
+                "referrers: artifactTypes: found \"sbom\", expected a media type TYPE/SUBTYPE such as application/spdx+json",
+            ),
+            (
+                "referrers: {artifactTypes: application/spdx+json}",
+                "referrers: artifactTypes: found \"application/spdx+json\", expected a list of media types such as [application/vnd.dev.sigstore.bundle.v0.3+json]",
+            ),
+        ] {
+            let got = r(yaml).unwrap_err().to_string();
+            assert_eq!(got, format!("test.yaml: {want}"), "for {yaml:?}");
         }
     }
 

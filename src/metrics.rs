@@ -111,9 +111,16 @@ pub fn build_commit() -> &'static str {
     }
 }
 
+/// The `registry` label of registries the config does not name.
+pub const OTHER_REGISTRY: &str = "other";
+
 /// Every metric pinswap exports.
 pub struct Metrics {
     registry: Registry,
+    /// The registries a `registry` label may name: the config's own (see
+    /// [`Metrics::label_registries`]). Any other is [`OTHER_REGISTRY`], so
+    /// the names Pods bring under `"*"` add no series.
+    registry_labels: std::sync::RwLock<std::collections::HashSet<String>>,
     /// `pinswap_admissions_total{outcome}`.
     pub admissions: Family<OutcomeLabel, Counter>,
     /// `pinswap_admission_duration_seconds`.
@@ -155,6 +162,12 @@ pub struct Metrics {
     pub reverifications: Family<OutcomeLabel, Counter>,
     /// `pinswap_leader`: 1 while this replica holds the recovery Lease.
     pub leader: Gauge,
+    /// `pinswap_watched_pods`: Pods with target images in the leader's
+    /// index.
+    pub watched_pods: Gauge,
+    /// `pinswap_nodes_without_platform`: nodes whose `kubernetes.io/os` and
+    /// `kubernetes.io/arch` the `platforms` filter does not mirror.
+    pub nodes_without_platform: Gauge,
     /// `pinswap_identity_findings_total{kind}`: distinct identity findings
     /// (`non_unique`, `collision`).
     pub identity_findings: Family<KindLabel, Counter>,
@@ -174,6 +187,9 @@ pub struct Metrics {
     pub pull_secret_errors: Family<ReasonLabel, Counter>,
     /// `pinswap_ecr_policy_failures_total{action}`.
     pub ecr_policy_failures: Family<ActionLabel, Counter>,
+    /// `pinswap_referrers_copied_total{outcome}`: referrers of mirrored
+    /// images, per attempt (`copied`, `present`, `skipped`, `failed`).
+    pub referrers_copied: Family<OutcomeLabel, Counter>,
 }
 
 /// Label `action`: an AWS API action (`ecr:SetRepositoryPolicy`).
@@ -194,7 +210,8 @@ pub struct ReasonLabel {
 /// Labels `registry` and `cause` of a source failure.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
-    /// The source registry, `host[:port]`.
+    /// The source registry, `host[:port]`, when the config names it; else
+    /// `other`.
     pub registry: String,
     /// `unreachable`, `timeout`, `rate_limited`, `server_error` or `unauthorized`.
     pub cause: String,
@@ -203,7 +220,7 @@ pub struct SourceLabels {
 /// Label `registry`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RegistryLabel {
-    /// `host[:port]`.
+    /// `host[:port]` of a registry the config names, or `other`.
     pub registry: String,
 }
 
@@ -339,6 +356,18 @@ impl Metrics {
                 "1 while this replica holds the recovery Lease",
                 Gauge::default(),
             ),
+            watched_pods: register(
+                &mut r,
+                "watched_pods",
+                "Pods with images under the target in the leader's Pod index",
+                Gauge::default(),
+            ),
+            nodes_without_platform: register(
+                &mut r,
+                "nodes_without_platform",
+                "Nodes whose os/arch the platforms filter does not mirror (their Pods cannot pull filtered indexes)",
+                Gauge::default(),
+            ),
             identity_findings: register(
                 &mut r,
                 "identity_findings",
@@ -355,7 +384,7 @@ impl Metrics {
             source_breaker_open: register(
                 &mut r,
                 "source_breaker_open",
-                "1 while a source registry's circuit breaker is open (admissions use the target's copies)",
+                "Open circuit breakers of a source registry (admissions use the target's copies): 1 or 0 for a registry the config names, how many are open for registry=\"other\"",
                 Family::default(),
             ),
             private_denials: register(
@@ -376,8 +405,23 @@ impl Metrics {
                 "Failed attempts to apply ecrOptions' access or lifecycle policy to a repository pinswap created, by action; retried before the next push into it",
                 Family::default(),
             ),
+            referrers_copied: register(
+                &mut r,
+                "referrers_copied",
+                "Referrers (signatures, attestations, SBOMs) of mirrored images handled in the background, per attempt, by outcome (copied, present: already at the target, skipped: left out by referrers.artifactTypes or of a type not copied, failed: retried, then left to re-verification)",
+                Family::default(),
+            ),
             registry: r,
+            registry_labels: std::sync::RwLock::default(),
         };
+        for outcome in ["copied", "present", "skipped", "failed"] {
+            metrics
+                .referrers_copied
+                .get_or_create(&OutcomeLabel {
+                    outcome: outcome.to_owned(),
+                })
+                .inc_by(0);
+        }
         // Every cause at zero from the start, so a rate over it is defined
         // before the first error.
         for cause in ErrorCause::ALL {
@@ -443,23 +487,48 @@ impl Metrics {
             .inc();
     }
 
+    /// Names the registries `registry` labels may carry (host[:port],
+    /// normalised): `source.registries` entries but `"*"`, and the target.
+    pub fn label_registries(&self, names: impl IntoIterator<Item = String>) {
+        let mut labels = self
+            .registry_labels
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        labels.extend(names);
+    }
+
+    /// The `registry` label for `registry`: itself when the config names
+    /// it, else [`OTHER_REGISTRY`].
+    pub fn registry_label(&self, registry: &str) -> String {
+        let labels = self
+            .registry_labels
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        match labels.contains(registry) {
+            true => registry.to_owned(),
+            false => OTHER_REGISTRY.to_owned(),
+        }
+    }
+
     /// Counts one failed request to source `registry` for `cause`.
     pub fn source_failure(&self, registry: &str, cause: &str) {
         self.source_failures
             .get_or_create(&SourceLabels {
-                registry: registry.to_owned(),
+                registry: self.registry_label(registry),
                 cause: cause.to_owned(),
             })
             .inc();
     }
 
-    /// Sets whether `registry`'s breaker is open.
+    /// Counts `registry`'s breaker opening (`true`) or closing.
     pub fn breaker_open(&self, registry: &str, open: bool) {
-        self.source_breaker_open
-            .get_or_create(&RegistryLabel {
-                registry: registry.to_owned(),
-            })
-            .set(i64::from(open));
+        let gauge = self.source_breaker_open.get_or_create(&RegistryLabel {
+            registry: self.registry_label(registry),
+        });
+        match open {
+            true => gauge.inc(),
+            false => gauge.dec(),
+        };
     }
 
     /// Counts one new identity finding of `kind`.
@@ -644,6 +713,8 @@ mod tests {
             "pinswap_cache_invalidations_total{cache=\"existence\",cause=\"pull_failure\"} 2",
             "pinswap_remirrors_total{outcome=\"remirrored\"} 1",
             "pinswap_leader 1",
+            "pinswap_watched_pods 0",
+            "pinswap_nodes_without_platform 0",
             "pinswap_pull_failures_total 0",
             "pinswap_connections_closed_total{listener=\"webhook\",reason=\"header_timeout\"} 1",
             "pinswap_requests_refused_total{reason=\"body_memory\"} 1",

@@ -337,3 +337,72 @@ async fn a_cut_watch_resumes_from_the_servers_own_bookmark_without_listing_again
     remirrored(&rig, &app, "mirrored again").await;
     no_forbidden(cluster, &rig);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_platforms_filter_that_leaves_out_a_nodes_arch_is_reported_and_counted() {
+    use k8s_openapi::api::core::v1::Node;
+    let cluster = Cluster::get();
+    let _g = cluster.lock().await;
+    let rig = Rig::start(
+        cluster,
+        "platforms",
+        &format!("platforms: [linux/amd64, linux/arm/v7]\n{FAST}"),
+    )
+    .await;
+    let served = rig.served();
+    let nodes: Api<Node> = Api::all(rig.client.clone());
+    let node = |name: &str, arch: &str| -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {
+            "kubernetes.io/os": "linux", "kubernetes.io/arch": arch}}}))
+        .unwrap()
+    };
+    let gauge = || async {
+        let (_, text) = served.health_get("/metrics").await;
+        text.lines()
+            .find_map(|l| l.strip_prefix("pinswap_nodes_without_platform "))
+            .map(str::to_owned)
+    };
+    for (name, arch) in [("amd-1", "amd64"), ("arm-1", "arm64"), ("arm-2", "arm64")] {
+        nodes
+            .create(&PostParams::default(), &node(name, arch))
+            .await
+            .unwrap();
+    }
+    until(
+        "both arm64 nodes are counted",
+        Duration::from_secs(30),
+        || async { gauge().await.as_deref() == Some("2") },
+    )
+    .await;
+    let warned = served.log_text();
+    let line = warned
+        .lines()
+        .find(|l| l.contains("leaves out platforms"))
+        .expect("a warning names what the filter leaves out");
+    assert!(line.contains("linux/arm64"), "{line}");
+    assert!(!line.contains("missing=linux/amd64"), "{line}");
+
+    // A node of an arch the filter holds (any variant) is covered; deleting
+    // the arm64 nodes clears the count and says so.
+    let covered = "the platforms filter covers every node's os/arch";
+    let before = served.log_text().matches(covered).count();
+    nodes
+        .create(&PostParams::default(), &node("arm32-1", "arm"))
+        .await
+        .unwrap();
+    for name in ["arm-1", "arm-2"] {
+        nodes.delete(name, &Default::default()).await.unwrap();
+    }
+    until("no node is left out", Duration::from_secs(30), || async {
+        gauge().await.as_deref() == Some("0")
+    })
+    .await;
+    until("the change is logged", Duration::from_secs(10), || async {
+        served.log_text().matches(covered).count() > before
+    })
+    .await;
+    for name in ["amd-1", "arm32-1"] {
+        nodes.delete(name, &Default::default()).await.unwrap();
+    }
+    no_forbidden(cluster, &rig);
+}

@@ -336,3 +336,62 @@ async fn refused_target_credentials_count_as_credentials() {
     admit_failing(&adm, &format!("{}/shop/app:v1", src.host())).await;
     assert_eq!(errors(&metrics), only("credentials", 2.0));
 }
+
+/// Registries Pods bring under `"*"` add no metric series: each is labelled
+/// `other`. A registry the config names keeps its own label, and its open
+/// breaker, however many others come and go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unnamed_registries_share_one_label() {
+    common::init();
+    let mut src = TestRegistry::plain().await;
+    let dst = TestRegistry::plain().await;
+    let (adm, metrics) = admission(&format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource: {{registries: [{{registry: \"*\"}}, {{registry: \"{}\"}}], breaker: {{failures: 1, backoff: 5m}}}}\nrecovery: {{enabled: false}}\n",
+        dst.host(),
+        src.host()
+    ));
+    src.kill();
+    admit_failing(&adm, &format!("{}/shop/app:v1", src.host())).await;
+    let host = src.host();
+    let named = [("registry", host.as_str())];
+    assert_eq!(
+        sample(&metrics.encode(), "pinswap_source_breaker_open", &named),
+        Some(1.0)
+    );
+
+    // 2000 registries no config names, at private addresses: the guard
+    // refuses each before any connection, and each counts as an outage.
+    let closed = common::registry::free_port();
+    for round in 0..10 {
+        let images: Vec<String> = (0..200)
+            .map(|i| format!("10.{round}.{}.{}:{closed}/app:v1", i / 100, 1 + i % 100))
+            .collect();
+        let slots: Vec<(String, &str)> = images
+            .iter()
+            .enumerate()
+            .map(|(i, img)| (format!("c{i}"), img.as_str()))
+            .collect();
+        let slots: Vec<(&str, &str)> = slots.iter().map(|(n, i)| (n.as_str(), *i)).collect();
+        admit(&adm, &pod("shop", &format!("p{round}"), &slots)).await;
+    }
+    let text = metrics.encode();
+    let labels: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("pinswap_source_"))
+        .filter_map(|l| l.split("registry=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(
+        labels,
+        [host.as_str(), "other"].into_iter().collect(),
+        "{text}"
+    );
+    assert!(
+        total(&text, "pinswap_source_failures_total") >= 2000.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "pinswap_source_breaker_open", &named),
+        Some(1.0),
+        "{text}"
+    );
+}

@@ -500,6 +500,26 @@ async fn rbac_grants_only_what_the_config_uses() {
     .unwrap();
     let g = grants(&manifests(&["--config", config.to_str().unwrap()]).await);
     assert!(g.is_empty(), "{g:?}");
+
+    // A platforms filter: the leader reads the nodes' os/arch, cluster-wide
+    // even when recovery watches some namespaces only; not without recovery.
+    std::fs::write(
+        &config,
+        "target: {registry: m.example.com}\nplatforms: [linux/amd64]\nrecovery: {namespaces: [apps]}\n",
+    )
+    .unwrap();
+    let g = grants(&manifests(&["--config", config.to_str().unwrap()]).await);
+    assert_eq!(
+        rules(&g[&k("ClusterRole", "", "pinswap")]),
+        ["/nodes list,watch "]
+    );
+    std::fs::write(
+        &config,
+        "target: {registry: m.example.com}\nplatforms: [linux/amd64]\nrecovery: {enabled: false}\n",
+    )
+    .unwrap();
+    let g = grants(&manifests(&["--config", config.to_str().unwrap()]).await);
+    assert!(g.is_empty(), "{g:?}");
 }
 
 #[tokio::test]

@@ -24,24 +24,12 @@ async fn mutate(args: &[&str], input: &str) -> Out {
 }
 
 async fn run(head: &[&str], args: &[&str], input: &str) -> Out {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(pinswap_bin())
-        .args(head)
-        .args(args)
-        .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
+    let all: Vec<&str> = head.iter().chain(args).copied().collect();
+    let (code, stdout, stderr) = common::run_pinswap_with_input(&all, input).await;
     Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        code,
+        stdout,
+        stderr,
     }
 }
 

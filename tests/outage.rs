@@ -51,8 +51,9 @@ fn admission(source: &str, target: &str, breaker: &str, extra: &str) -> (Admissi
         "" => String::new(),
         b => format!("  breaker: {b}\n"),
     };
+    // Referrers off: these count the source's requests for images alone.
     let yaml = format!(
-        "target: {{registry: \"{target}/mirror\"}}\nsource:\n  registries: [{{registry: \"{source}\"}}]\n{breaker}{extra}"
+        "target: {{registry: \"{target}/mirror\"}}\nsource:\n  registries: [{{registry: \"{source}\"}}]\n{breaker}referrers: false\n{extra}"
     );
     let metrics = Arc::new(Metrics::new());
     let config = Config::from_yaml(&yaml, "test.yaml").unwrap();
@@ -674,4 +675,165 @@ async fn a_copy_probing_the_breaker_does_not_hold_it_half_open() {
         metrics.encode()
     );
     token.cancel();
+}
+
+/// Admits a Pod of one container `image` to `adm` until it is rewritten
+/// (a copy may outlast one admission's budget); returns the rewrite.
+async fn mirror_one(adm: &Admission, image: &str) -> String {
+    for _ in 0..50 {
+        let (patched, _) = admit(adm, &pod("shop", "one", &[("c", image)])).await;
+        let got = images(&patched)["c"].clone();
+        if got != image {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{image} not mirrored while healthy");
+}
+
+/// Under a platform filter or identity repair the mirror's copy has a
+/// digest of its own. With the source frozen, a fresh replica (no record
+/// of what the first one planned) pins digest reference `image` to the
+/// copy the first replica made, and asks the source nothing; a replica
+/// under `other_setting` does not take that copy.
+async fn reshaped_copy_case(setting: &str, other_setting: &str, image: &str, source_digest: &str) {
+    let (src, dst, _i, front) = rig().await;
+    let host = front.host();
+    let image = format!("{host}/{image}");
+    let extra = |s: &str| format!("copyPolicy: immediate\n{s}");
+    let (first, _) = admission(&host, &dst.host(), "", &extra(setting));
+    let pinned = mirror_one(&first, &image).await;
+    let (_, digest) = pinned.rsplit_once('@').unwrap();
+    assert_ne!(digest, source_digest, "the mirror's copy differs: {pinned}");
+    src.freeze();
+    front.reset();
+    let (fresh, metrics) = admission(&host, &dst.host(), "", &extra(setting));
+    let (patched, response) = admit(&fresh, &pod("shop", "fresh", &[("c", &image)])).await;
+    assert_eq!(
+        images(&patched)["c"],
+        pinned,
+        "{:?} {response}",
+        decisions(&patched)
+    );
+    assert_eq!(
+        decisions(&patched)["containers/c"],
+        "rewritten: present at the target"
+    );
+    assert_eq!(
+        front.total(),
+        0,
+        "the source was asked: {:?}",
+        front.requests()
+    );
+    assert_eq!(
+        sample(
+            &metrics.encode(),
+            "pinswap_rewrites_total",
+            &[("reason", "present")]
+        ),
+        Some(1.0)
+    );
+    // The copy was made under another setting: not this replica's to use.
+    let (other, _) = admission(&host, &dst.host(), "", &extra(other_setting));
+    let (patched, _) = admit(&other, &pod("shop", "other", &[("c", &image)])).await;
+    assert_eq!(images(&patched)["c"], image, "{:?}", decisions(&patched));
+    src.thaw();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_replica_pins_a_filtered_tag_and_digest_to_the_mirrors_copy() {
+    let index = Index::oci(902, false);
+    reshaped_copy_case(
+        "platforms: [linux/amd64]\n",
+        "platforms: [linux/arm64]\n",
+        &format!("shop/multi:v1@{}", index.digest),
+        &index.digest,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_replica_pins_a_repaired_digest_to_the_mirrors_copy() {
+    let spin = Image::spin("outage", 1, None);
+    reshaped_copy_case(
+        "identity: {collisions: repair}\n",
+        "identity: {collisions: repair}\nplatforms: [linux/amd64]\n",
+        &format!("spin/app@{}", spin.digest),
+        &spin.digest,
+    )
+    .await;
+}
+
+/// A source that starts answering 401 (credentials revoked, anonymous
+/// pulls disabled) cannot resolve a tag: a fresh replica pins the tag to
+/// the digest the target holds under it. Under the private-image rule
+/// (docs/security.md) that 401 may mean the image is private now, and a
+/// Pod that proves no access is left unchanged instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_answering_401_pins_the_tag_to_the_targets_copy() {
+    let (_src, dst, _i, front) = rig().await;
+    let host = front.host();
+    let image = format!("{host}/shop/app:v1");
+    let (first, _) = admission(&host, &dst.host(), "", "copyPolicy: immediate\n");
+    let pinned = mirror_one(&first, &image).await;
+    let repo = format!("mirror/{}/shop/app", host.replace(':', "_"));
+    let held = dst.head_manifest(&repo, "v1").await.expect("copied");
+    assert_eq!(pinned, format!("{}/{repo}:v1@{held}", dst.host()));
+    front.set(Mode::Refuse(401, None));
+
+    let (fresh, metrics) = admission(&host, &dst.host(), "", "copyPolicy: immediate\n");
+    let (patched, response) = admit(&fresh, &pod("shop", "revoked", &[("c", &image)])).await;
+    let note = &decisions(&patched)["containers/c"];
+    assert_eq!(images(&patched)["c"], pinned, "{note} {response}");
+    assert!(
+        note.starts_with("rewritten: source unreachable (")
+            && note.contains("401")
+            && note.ends_with("); pinned to the mirror's copy of v1"),
+        "{note}"
+    );
+    assert!(
+        front.count_method("HEAD", "/manifests/v1") >= 1,
+        "the source was asked and refused: {:?}",
+        front.requests()
+    );
+    assert_eq!(
+        sample(
+            &metrics.encode(),
+            "pinswap_rewrites_total",
+            &[("reason", "source_down")]
+        ),
+        Some(1.0)
+    );
+
+    // Under the private-image rule, nothing proves this Pod may have it.
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{host}\"}}]\n  imagePullSecrets: true\ncopyPolicy: immediate\n",
+        dst.host()
+    );
+    let config = Config::from_yaml(&yaml, "test.yaml").unwrap();
+    let api = common::kube::KubeApi::start().await;
+    api.authorize_install(&config, pinswap::install::manifests::Tls::CertManager);
+    let metrics = Arc::new(Metrics::new());
+    let private = Admission::from_config(&config, metrics.clone())
+        .unwrap()
+        .with_pull_secrets(api.client());
+    let (patched, _) = admit(&private, &pod("shop", "unproven", &[("c", &image)])).await;
+    let note = &decisions(&patched)["containers/c"];
+    assert_eq!(images(&patched)["c"], image, "unchanged: {note}");
+    assert!(
+        note.starts_with("unchanged: private image;")
+            || note.starts_with("unchanged: not known to be public;"),
+        "{note}"
+    );
+    let denied: f64 = ["no_credentials", "refused", "unverified"]
+        .iter()
+        .filter_map(|r| {
+            sample(
+                &metrics.encode(),
+                "pinswap_private_image_denials_total",
+                &[("reason", r)],
+            )
+        })
+        .sum();
+    assert_eq!(denied, 1.0);
 }

@@ -477,15 +477,10 @@ async fn with_two_replicas_only_the_lease_holder_remirrors_and_the_other_takes_o
     follower.stop().await;
 }
 
-#[tokio::test]
-async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
-    let (src, dst, api) = rig().await;
-    let cfg = config(&src, &dst, "{reverify: 0s}");
-    let mut r = Replica::new(&cfg);
-    r.start(&cfg, &api);
-    wait_leader(&r).await;
-    // Every Lease read fails from now on (an API server partition; kube
-    // retries a 503 itself, so queue plenty).
+/// Fails every Lease read from now on (an API server partition; kube
+/// retries a 503 itself, so plenty are queued) and waits for `r` to step
+/// down.
+async fn step_down(api: &KubeApi, r: &Replica) {
     for _ in 0..10_000 {
         api.fail_next(
             "GET",
@@ -497,6 +492,47 @@ async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
         !r.leading()
     })
     .await;
+}
+
+/// `pinswap_nodes_without_platform` is the leader's: a replica that stops
+/// leading no longer reports the nodes it saw (the alert takes the max over
+/// replicas, so a stale count would keep it firing).
+#[tokio::test]
+async fn a_replica_that_stops_leading_reports_no_nodes() {
+    let (src, dst, api) = rig().await;
+    api.put_node(
+        "arm",
+        &[
+            ("kubernetes.io/os", "linux"),
+            ("kubernetes.io/arch", "arm64"),
+        ],
+    );
+    let cfg = config_with(&src, &dst, "{reverify: 0s}", "platforms: [linux/amd64]\n");
+    let mut r = Replica::new(&cfg);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    eventually(
+        "the arm64 node counted",
+        Duration::from_secs(10),
+        || async { r.metric("pinswap_nodes_without_platform") == 1.0 },
+    )
+    .await;
+    step_down(&api, &r).await;
+    eventually("no nodes reported", Duration::from_secs(5), || async {
+        r.metric("pinswap_nodes_without_platform") == 0.0
+    })
+    .await;
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
+    let (src, dst, api) = rig().await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    step_down(&api, &r).await;
     // Seen stepped down (no earlier than it did) before the Lease record
     // let anyone else take it: its last renewTime plus its duration.
     let seen = k8s_openapi::jiff::Timestamp::now();
@@ -1747,4 +1783,109 @@ async fn pull_failures_of_init_and_ephemeral_containers_recover() {
     })
     .await;
     r.stop().await;
+}
+
+/// The figures in docs/benchmarks.md ("The Pod index"): `pinswap serve`'s
+/// RSS once the leader's initial list of N Pods is indexed, against the same
+/// process with none. Pods are spread over 20 namespaces, share 500 images,
+/// and each has two containers under the target, pull secrets and a
+/// ServiceAccount, as a Deployment's Pods do. Run with
+/// `scripts/bench-index.sh`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a test; scripts/bench-index.sh runs it"]
+async fn pod_index_memory_figures() {
+    let sizes: Vec<usize> = std::env::var("BENCH_PODS")
+        .unwrap_or_else(|_| "0,20000,50000,100000,200000".into())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("BENCH_PODS: comma-separated counts")
+        })
+        .collect();
+    let target = "mirror.example/m";
+    let mut base = None;
+    for n in sizes {
+        let api = KubeApi::start().await;
+        for i in 0..n {
+            let img = |c: &str| {
+                format!(
+                    "{target}/docker.io/team/app{}-{c}:v1@sha256:{:064x}",
+                    i % 500,
+                    i % 500
+                )
+            };
+            let p: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("web-7d9f8c6b5-{i:06}"), "namespace": format!("team-{}", i % 20),
+                    "uid": format!("00000000-0000-0000-0000-{i:012}"),
+                    "labels": {"app": "web", "pod-template-hash": "7d9f8c6b5"},
+                    "annotations": {"pinswap.dev/original-images": serde_json::json!({
+                        "containers/app": format!("docker.io/team/app{}-app:v1", i % 500),
+                        "containers/sidecar": format!("docker.io/team/app{}-sidecar:v1", i % 500),
+                    }).to_string()}},
+                "spec": {"containers": [{"name": "app", "image": img("app")}, {"name": "sidecar", "image": img("sidecar")}],
+                    "serviceAccountName": "web", "imagePullSecrets": [{"name": "regcred"}]},
+                "status": {"phase": "Running"},
+            }))
+            .unwrap();
+            api.apply_pod(p);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let kc = api.kubeconfig(dir.path());
+        let body = format!(
+            "target: {{registry: \"{target}\"}}\nsource: {{registries: [{{registry: docker.io}}]}}\n\
+             cache: {{reverify: 0s}}\nidentity: {{scanRate: 0}}\n"
+        );
+        let env = [
+            ("KUBECONFIG", kc.to_str().unwrap()),
+            ("POD_NAMESPACE", "pinswap"),
+        ];
+        let served = common::serve::Served::start_with(&body, "", &env, None).await;
+        let t = Instant::now();
+        let scrape = reqwest::Client::builder().no_proxy().build().unwrap();
+        let metrics = format!("http://{}/metrics", served.health);
+        loop {
+            let text = match scrape.get(&metrics).send().await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(e) => panic!("no /metrics ({e}): {}", served.log_text()),
+            };
+            let listed = text
+                .lines()
+                .find_map(|l| l.strip_prefix("pinswap_watched_pods "));
+            let leading = text.lines().any(|l| l == "pinswap_leader 1");
+            if leading && listed == Some(n.to_string().as_str()) {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(300),
+                "not indexed: {listed:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let listed_in = t.elapsed();
+        let lists = api
+            .requests()
+            .iter()
+            .filter(|q| {
+                q.path == "/api/v1/pods"
+                    && !q.query.contains("watch=")
+                    && !q.query.contains("continue=")
+            })
+            .count();
+        assert_eq!(lists, 1, "one list, no restart in between");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let rss = served.status_kib("VmRSS");
+        let hwm = served.status_kib("VmHWM");
+        let base_rss = *base.get_or_insert(rss);
+        let per_pod = match n {
+            0 => String::from("-"),
+            n => format!("{:.0}", (rss as f64 - base_rss as f64) * 1024.0 / n as f64),
+        };
+        println!(
+            "pod index: {n} Pods, listed and indexed in {:.1} s, RSS {:.1} MiB (peak {:.1} MiB), {per_pod} bytes per Pod over 0 Pods",
+            listed_in.as_secs_f64(),
+            rss as f64 / 1024.0,
+            hwm as f64 / 1024.0,
+        );
+    }
 }

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::front::Front;
 use common::kube::KubeApi;
 use common::review::{apply_patch, create_review, pod, pull_failing};
 use common::serve::Served;
@@ -19,8 +20,9 @@ use serde_json::Value;
 const DURATION: Duration = Duration::from_secs(2);
 const RETRY_PERIOD: Duration = Duration::from_millis(200);
 
-/// The config both replicas load (every key but `server`).
-fn body(src: &TestRegistry, dst: &TestRegistry) -> String {
+/// The config both replicas load (every key but `server`); `target` is
+/// the target registry's `host:port`.
+fn body(src: &TestRegistry, target: &str) -> String {
     format!(
         "target: {{registry: \"{}/mirror\"}}\n\
          source: {{registries: [{{registry: \"{}\"}}]}}\n\
@@ -28,25 +30,14 @@ fn body(src: &TestRegistry, dst: &TestRegistry) -> String {
          cache: {{reverify: 0s}}\n\
          recovery:\n  retryInitial: 300ms\n  retryMax: 2s\n  \
          lease: {{duration: 2s, renewDeadline: 1500ms, retryPeriod: 200ms}}\n",
-        dst.host(),
+        target,
         src.host()
     )
 }
 
 /// A kubeconfig for the in-process API server, namespace `pinswap`.
 fn kubeconfig(api: &KubeApi, dir: &Path) -> String {
-    let path = dir.join("kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"{}\"}}\n\
-             users:\n- name: test\n  user: {{}}\ncontexts:\n- name: test\n  context: {{cluster: test, user: test, namespace: pinswap}}\n\
-             current-context: test\n",
-            api.url()
-        ),
-    )
-    .unwrap();
-    path.to_str().unwrap().to_owned()
+    api.kubeconfig(dir).to_str().unwrap().to_owned()
 }
 
 async fn start_replica(body: &str, name: &str, kubeconfig: &str) -> Served {
@@ -130,7 +121,8 @@ where
 
 /// Both replicas admit the same new images at once: each answer pins every
 /// image to the target, the target holds one complete copy (each manifest
-/// stored once, byte for byte, every blob present), and the Lease elects
+/// stored once, byte for byte, every blob present), neither replica pushed
+/// any blob or manifest twice, and the Lease elects
 /// exactly one of them. Killing that one hands recovery to the other: it
 /// takes the Lease within a lease duration of the last renewal, as recorded
 /// in the Lease, and mirrors a lost image again on the next pull failure.
@@ -149,14 +141,20 @@ async fn two_replicas_share_a_target_and_hand_over_recovery() {
     push_index(&src, "shop/multi", Some("v1"), &index).await;
     let repo = |name: &str| format!("mirror/127.0.0.1_{}/shop/{name}", src.port());
 
-    let body = body(&src, &dst);
-    let config = pinswap::config::Config::from_yaml(&body, "replicas.yaml").unwrap();
+    // Each replica pushes through a recording front of its own: the
+    // registry is content-addressed, so only the pushes show a duplicate.
+    let fronts = [
+        Front::start(&dst.host()).await,
+        Front::start(&dst.host()).await,
+    ];
+    let bodies = [body(&src, &fronts[0].host()), body(&src, &fronts[1].host())];
+    let config = pinswap::config::Config::from_yaml(&bodies[0], "replicas.yaml").unwrap();
     api.authorize_install(&config, pinswap::install::manifests::Tls::CertManager);
     let dir = tempfile::tempdir().unwrap();
     let kc = kubeconfig(&api, dir.path());
     let (a, b) = tokio::join!(
-        start_replica(&body, "replica-a", &kc),
-        start_replica(&body, "replica-b", &kc)
+        start_replica(&bodies[0], "replica-a", &kc),
+        start_replica(&bodies[1], "replica-b", &kc)
     );
 
     // Three concurrent first admissions per replica, of one Pod that runs
@@ -176,11 +174,13 @@ async fn two_replicas_share_a_target_and_hand_over_recovery() {
         admit_via(replica, &review, &the_pod)
     });
     let answers = futures::future::join_all(sends).await;
-    let want = [
-        format!("{}/{}:v1@{}", dst.host(), repo("a"), images[0].digest),
-        format!("{}/{}:v1@{}", dst.host(), repo("b"), images[1].digest),
-        format!("{}/{}:v1@{}", dst.host(), repo("multi"), index.digest),
-    ];
+    let want = |target: String| {
+        [
+            format!("{target}/{}:v1@{}", repo("a"), images[0].digest),
+            format!("{target}/{}:v1@{}", repo("b"), images[1].digest),
+            format!("{target}/{}:v1@{}", repo("multi"), index.digest),
+        ]
+    };
     for (i, patched) in answers.iter().enumerate() {
         let decoded: Pod = serde_json::from_value(patched.clone()).expect("a valid Pod");
         let got: Vec<String> = decoded
@@ -190,7 +190,13 @@ async fn two_replicas_share_a_target_and_hand_over_recovery() {
             .into_iter()
             .map(|c| c.image.unwrap())
             .collect();
-        assert_eq!(got, want, "answer {i} ({})", ["a", "b"][i % 2]);
+        assert_eq!(
+            got,
+            want(fronts[i % 2].host()),
+            "answer {i} ({}): {}",
+            ["a", "b"][i % 2],
+            patched["metadata"]["annotations"]["pinswap.dev/decisions"]
+        );
     }
 
     // One complete copy: tag → digest, manifest bytes, every blob, and no
@@ -227,6 +233,68 @@ async fn two_replicas_share_a_target_and_hand_over_recovery() {
         want_revisions.insert(child.digest.clone());
     }
     assert_eq!(revisions(&dst, &repo("multi")), want_revisions);
+    // Each replica pushed it at most once: one completed upload (or
+    // mount) per blob and one PUT per manifest, whatever its three
+    // concurrent admissions did. Both may have pushed it: copies are
+    // deduplicated within a process, not across replicas.
+    let count = |front: &Front, repo: &str, is: &dyn Fn(&str, &str) -> bool| {
+        let prefix = format!("/v2/{repo}/");
+        front
+            .requests()
+            .iter()
+            .filter(|(m, p)| p.starts_with(&prefix) && is(m, p))
+            .count()
+    };
+    let blob_pushes = |front: &Front, repo: &str, digest: &str| {
+        let hex = digest.trim_start_matches("sha256:").to_owned();
+        count(front, repo, &|m, p| {
+            p.contains(&hex)
+                && ((m == "PUT" && p.contains("/blobs/uploads/"))
+                    || (m == "POST" && p.contains("mount=")))
+        })
+    };
+    let manifest_puts = |front: &Front, repo: &str, reference: &str| {
+        let end = format!("/manifests/{reference}");
+        count(front, repo, &|m, p| m == "PUT" && p.ends_with(&end))
+    };
+    let mut pushed = Vec::new();
+    for (name, blobs, manifests) in [
+        (
+            "a",
+            images[0].blobs().collect::<Vec<_>>(),
+            vec!["v1".to_owned()],
+        ),
+        ("b", images[1].blobs().collect(), vec!["v1".to_owned()]),
+        (
+            "multi",
+            index.children.iter().flat_map(|c| c.blobs()).collect(),
+            std::iter::once("v1".to_owned())
+                .chain(index.children.iter().map(|c| c.digest.clone()))
+                .collect(),
+        ),
+    ] {
+        let blobs: BTreeSet<&str> = blobs.iter().map(|b| b.digest.as_str()).collect();
+        for digest in blobs {
+            let n = fronts
+                .each_ref()
+                .map(|f| blob_pushes(f, &repo(name), digest));
+            pushed.push((name, digest.to_owned(), n));
+        }
+        for reference in manifests {
+            let n = fronts
+                .each_ref()
+                .map(|f| manifest_puts(f, &repo(name), &reference));
+            pushed.push((name, reference, n));
+        }
+    }
+    let wrong: Vec<_> = pushed
+        .iter()
+        .filter(|(_, _, n)| n.iter().any(|&k| k > 1) || n.iter().sum::<usize>() == 0)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "pushed more than once by one replica, or never: {wrong:?}"
+    );
 
     // One leader.
     eventually("a leader", Duration::from_secs(15), || async {
@@ -234,13 +302,14 @@ async fn two_replicas_share_a_target_and_hand_over_recovery() {
     })
     .await;
     let holder = lease(&api).0.unwrap();
-    let (mut leader, follower, follower_name) = if holder.starts_with("replica-a_") {
-        (a, b, "replica-b_")
+    let (mut leader, follower, follower_name, follows) = if holder.starts_with("replica-a_") {
+        (a, b, "replica-b_", 1)
     } else {
         assert!(holder.starts_with("replica-b_"), "holder {holder}");
-        (b, a, "replica-a_")
+        (b, a, "replica-a_", 0)
     };
-    let stored = &answers[0];
+    // A Pod as the follower rewrote it: its images are under its target.
+    let stored = &answers[follows];
     api.apply_pod(serde_json::from_value::<Pod>(stored.clone()).unwrap());
 
     // Kill the leader right after one of its renewals; no release.

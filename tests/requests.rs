@@ -38,6 +38,9 @@ async fn try_copy_in(cache: &Path, args: &[&str]) -> (bool, Value, String) {
     let out = tokio::process::Command::new(pinswap_bin())
         .arg("copy")
         .arg("--json")
+        // These counts are the image's own; referrers add their requests
+        // after it (counted in tests/referrers.rs).
+        .arg("--no-referrers")
         .args(args)
         .env("XDG_CACHE_HOME", cache)
         .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
@@ -120,7 +123,7 @@ async fn uncached_admission_asks_both_sides_at_once() {
     push_image(&src, "shop/app", Some("v1"), &Image::oci(1, 7003)).await;
     // Neither cache vouches for anything; the source may take its time.
     let yaml = format!(
-        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\n  timeout: 8s\ncopyPolicy: immediate\ncache: {{ttl: 0s, resolutionTtl: 0s}}\nserver: {{admissionBudget: 20s}}\n",
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\n  timeout: 8s\ncopyPolicy: immediate\nreferrers: false\ncache: {{ttl: 0s, resolutionTtl: 0s}}\nserver: {{admissionBudget: 20s}}\n",
         tf.host(),
         sf.host()
     );

@@ -365,17 +365,7 @@ async fn run(duration: Duration, rate: u32, report: Option<String>) {
     rig.api
         .authorize_install(&config, pinswap::install::manifests::Tls::CertManager);
     let dir = tempfile::tempdir().unwrap();
-    let kc = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kc,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {{server: \"{}\"}}\n\
-             users:\n- name: t\n  user: {{}}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t, namespace: pinswap}}\n\
-             current-context: t\n",
-            rig.api.url()
-        ),
-    )
-    .unwrap();
+    let kc = rig.api.kubeconfig(dir.path());
     let kc = kc.to_str().unwrap().to_owned();
     let env = [("KUBECONFIG", kc.as_str()), ("POD_NAMESPACE", "pinswap")];
     let served = Arc::new(Served::start_with(&body, "", &env, None).await);

@@ -19,11 +19,12 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use crate::reference::{MirrorTarget, Reference};
+use crate::reference::{Digest, MirrorTarget, Reference};
 use crate::registry::auth::{CredentialSources, Credentials};
 use crate::registry::copy::{Copier, CopyOptions, CopyReport, Endpoint};
 use crate::registry::locations::BlobLocations;
 use crate::registry::manifest::PlatformSpec;
+use crate::registry::referrers::{ReferrerCopier, ReferrerOptions, ReferrersReport};
 use crate::registry::{ClientPool, PoolOptions};
 
 /// Mirror container images into a registry you own, pinned by digest.
@@ -208,6 +209,10 @@ pub struct CopyArgs {
     /// and restore what is missing, even when the tag already has the source's digest.
     #[arg(long)]
     pub verify_target: bool,
+    /// Do not copy the image's referrers (cosign signatures, attestations
+    /// and SBOMs, OCI 1.1 referrers); by default they travel with it.
+    #[arg(long)]
+    pub no_referrers: bool,
     /// Print a machine-readable summary on stdout.
     #[arg(long)]
     pub json: bool,
@@ -304,6 +309,11 @@ impl RegistryArgs {
                 ))
             })?;
         }
+        let proxies =
+            crate::registry::proxy::Proxies::from_env().map_err(|e| Usage(e.to_string()))?;
+        proxies
+            .guard(&Default::default())
+            .map_err(|e| Usage(e.to_string()))?;
         Ok(PoolOptions {
             insecure: self.insecure.clone(),
             ca_certs,
@@ -318,6 +328,7 @@ impl RegistryArgs {
             // Every registry is named by the user: private addresses are
             // allowed, link-local and metadata ones never.
             guard: Default::default(),
+            proxies,
         })
     }
 }
@@ -462,6 +473,21 @@ fn read_list(path: &PathBuf) -> anyhow::Result<Vec<Reference>> {
     Ok(out)
 }
 
+/// Copies the referrers of a finished copy `r` of `src` to `dst`.
+async fn follow_referrers(
+    follow: &ReferrerCopier,
+    src: &Reference,
+    dst: &Reference,
+    r: &CopyReport,
+) -> ReferrersReport {
+    match (Digest::parse(&r.source_digest), Digest::parse(&r.digest)) {
+        (Ok(source_digest), Ok(digest)) => {
+            follow.follow(src, &source_digest, dst, &digest, None).await
+        }
+        _ => ReferrersReport::default(),
+    }
+}
+
 async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
     let pairs: Vec<(Endpoint, Endpoint)> = match (&args.from_file, &args.to) {
         (Some(list), Some(to)) => {
@@ -518,15 +544,29 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
         .with_locations(locations.clone()),
     );
 
+    let referrers = (!args.no_referrers).then(|| {
+        Arc::new(ReferrerCopier::new(
+            copier.clone(),
+            ReferrerOptions::default(),
+        ))
+    });
+
     // Images run concurrently; blob transfers across all of them share the
     // --jobs bound inside the copier.
     let images = usize::from(args.jobs);
     let results: Vec<ImageResult> = futures::StreamExt::collect(futures::StreamExt::buffered(
         futures::stream::iter(pairs.into_iter().map(|(src, dst)| {
-            let copier = copier.clone();
+            let (copier, referrers) = (copier.clone(), referrers.clone());
             async move {
                 match copier.copy(&src, &dst).await {
-                    Ok(r) => ImageResult::Ok(r),
+                    Ok(mut r) => {
+                        if let (Some(follow), Endpoint::Registry(s), Endpoint::Registry(d)) =
+                            (&referrers, &src, &dst)
+                        {
+                            r.referrers = Some(follow_referrers(follow, s, d, &r).await);
+                        }
+                        ImageResult::Ok(r)
+                    }
                     Err(e) => ImageResult::Failed {
                         source: src.to_string(),
                         destination: dst.to_string(),
@@ -577,6 +617,24 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
                     r.duration_seconds
                 )?,
                 ImageResult::Failed { .. } => {}
+            }
+            if let ImageResult::Ok(CopyReport {
+                referrers: Some(f), ..
+            }) = r
+                && f.copied + f.present + f.failed + f.skipped > 0
+            {
+                writeln!(
+                    out,
+                    "referrers   {} copied, {} present, {} skipped, {} failed{}",
+                    f.copied,
+                    f.present,
+                    f.skipped,
+                    f.failed,
+                    if f.truncated { " (bound reached)" } else { "" }
+                )?;
+                for e in &f.errors {
+                    eprintln!("warning: referrer not copied: {e}");
+                }
             }
         }
         for r in &summary.images {

@@ -505,6 +505,11 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
             }
         }
     }
+    // With a platforms filter, the leader compares it with the nodes'
+    // os/arch labels (nodes are cluster-scoped).
+    if c.recovery.enabled && matches!(c.platforms, crate::config::Platforms::Only(_)) {
+        cluster.push(rule(&[""], &["nodes"], &["list", "watch"], &[]));
+    }
     // Pods in every namespace may name pull secrets.
     if c.source.image_pull_secrets {
         cluster.push(rule(&[""], &["secrets", "serviceaccounts"], &["get"], &[]));

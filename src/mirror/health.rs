@@ -14,6 +14,10 @@
 //!
 //! Each transition is logged once at warn (opened) or info (closed), never
 //! per request, and `pinswap_source_breaker_open{registry}` follows it.
+//!
+//! The registries the config names keep their breakers for the life of the
+//! process. Any other (under `"*"`, named by Pods) is in a bounded LRU of
+//! [`MAX_UNNAMED`]: evicting one forgets its outage, so it is asked again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -60,13 +64,24 @@ struct State {
     /// A half-open probe is in flight.
     probing: bool,
     cause: String,
+    /// Dropped from the LRU: its transitions no longer move the gauge.
+    evicted: bool,
 }
+
+/// One registry's breaker.
+type Shared = Arc<Mutex<State>>;
+
+/// Breakers kept at most for registries the config does not name.
+pub const MAX_UNNAMED: u64 = 1024;
 
 /// The breakers of every source registry. Cheap to share (`Arc`).
 pub struct Breakers {
     settings: Settings,
     metrics: Arc<Metrics>,
-    states: Mutex<HashMap<String, State>>,
+    /// The registries the config names (normalised), never evicted.
+    named: HashMap<String, Shared>,
+    /// Any other, least recently used evicted.
+    others: moka::sync::Cache<String, Shared>,
     /// Bumped each time a breaker closes (a source answers again), so
     /// copies waiting on a source can resume.
     closed: watch::Sender<u64>,
@@ -84,13 +99,54 @@ pub struct Attempt {
 }
 
 impl Breakers {
-    /// Breakers with these settings (`source.breaker`), all closed.
-    pub fn new(settings: Settings, metrics: Arc<Metrics>) -> Self {
+    /// Breakers with these settings (`source.breaker`), all closed; those
+    /// of `named` registries (normalised) are never evicted.
+    pub fn new(
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        named: impl IntoIterator<Item = String>,
+    ) -> Self {
+        let gauge = metrics.clone();
+        let others = moka::sync::Cache::builder()
+            .max_capacity(MAX_UNNAMED)
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
+            .eviction_listener(move |registry: Arc<String>, state: Shared, _| {
+                let mut st = lock(&state);
+                st.evicted = true;
+                if st.open_until.is_some() {
+                    gauge.breaker_open(&registry, false);
+                }
+            })
+            .build();
         Self {
             settings,
             metrics,
-            states: Mutex::default(),
+            named: named.into_iter().map(|r| (r, Shared::default())).collect(),
+            others,
             closed: watch::channel(0).0,
+        }
+    }
+
+    /// How many breakers are kept (for tests of the bound).
+    #[doc(hidden)]
+    pub fn held(&self) -> usize {
+        self.others.run_pending_tasks();
+        self.named.len() + self.others.entry_count() as usize
+    }
+
+    /// `registry`'s breaker, if it has one (a closed breaker needs none).
+    fn get(&self, registry: &str) -> Option<Shared> {
+        self.named
+            .get(registry)
+            .cloned()
+            .or_else(|| self.others.get(registry))
+    }
+
+    /// `registry`'s breaker, made closed when it has none.
+    fn get_or_insert(&self, registry: &str) -> Shared {
+        match self.named.get(registry) {
+            Some(s) => s.clone(),
+            None => self.others.get_with(registry.to_owned(), Shared::default),
         }
     }
 
@@ -105,8 +161,9 @@ impl Breakers {
     /// [`Open`] while its breaker is open, or half-open with a probe
     /// already in flight.
     pub fn attempt(self: &Arc<Self>, registry: &str) -> Result<Attempt, Open> {
-        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        let probe = match states.get_mut(registry) {
+        let state = self.get(registry);
+        let mut guard = state.as_ref().map(|s| lock(s));
+        let probe = match guard.as_deref_mut() {
             Some(st) => match st.open_until {
                 Some(until) => {
                     let now = Instant::now();
@@ -134,45 +191,51 @@ impl Breakers {
     /// Whether [`Breakers::attempt`] would let a request to `registry` go
     /// now: closed, or half-open with no probe in flight.
     pub fn admits(&self, registry: &str) -> bool {
-        let states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.get(registry).is_none_or(|s| match s.open_until {
-            None => true,
-            Some(until) => Instant::now() >= until && !s.probing,
+        self.get(registry).is_none_or(|s| {
+            let s = lock(&s);
+            match s.open_until {
+                None => true,
+                Some(until) => Instant::now() >= until && !s.probing,
+            }
         })
     }
 
     /// Whether `registry`'s breaker is closed: not open, and no half-open
     /// probe in flight.
     pub fn is_closed(&self, registry: &str) -> bool {
-        let states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.get(registry).is_none_or(|s| s.open_until.is_none())
+        self.get(registry)
+            .is_none_or(|s| lock(&s).open_until.is_none())
     }
 
     /// How long until `registry` may be asked again (zero when closed).
     pub fn retry_in(&self, registry: &str) -> Duration {
-        let states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        states
-            .get(registry)
-            .and_then(|s| s.open_until)
+        self.get(registry)
+            .and_then(|s| lock(&s).open_until)
             .map(|u| u.saturating_duration_since(Instant::now()))
             .unwrap_or_default()
     }
 
     fn answered(&self, registry: &str, probe: bool) {
-        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(st) = states.get_mut(registry) else {
+        let Some(state) = self.get(registry) else {
             return;
         };
+        let mut st = lock(&state);
         // A request sent before the breaker opened may answer while it is
         // open: only a probe's answer closes it.
         if st.open_until.is_some() && !probe {
             return;
         }
         let was_open = st.open_until.is_some();
-        *st = State::default();
+        let evicted = st.evicted;
+        *st = State {
+            evicted,
+            ..State::default()
+        };
+        drop(st);
         if was_open {
-            drop(states);
-            self.metrics.breaker_open(registry, false);
+            if !evicted {
+                self.metrics.breaker_open(registry, false);
+            }
             info!(
                 registry,
                 "source registry answers again; circuit breaker closed"
@@ -200,8 +263,8 @@ impl Breakers {
         }
         let max = self.settings.max_backoff;
         let hint = retry_after.map(|r| r.min(max)).unwrap_or_default();
-        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        let st = states.entry(registry.to_owned()).or_default();
+        let state = self.get_or_insert(registry);
+        let mut st = lock(&state);
         st.cause = cause;
         let now = Instant::now();
         let window = if st.open_until.is_some() {
@@ -222,20 +285,27 @@ impl Breakers {
         let was_open = st.open_until.is_some();
         st.open_until = Some(now + open_for);
         let cause = st.cause.clone();
-        drop(states);
+        let evicted = st.evicted;
+        drop(st);
         if !was_open {
-            self.metrics.breaker_open(registry, true);
+            if !evicted {
+                self.metrics.breaker_open(registry, true);
+            }
             warn!(registry, %cause, open_for = %humantime::format_duration(open_for), "source registry failing; circuit breaker open, admissions use the target's copies");
         }
     }
 
     /// Ends a probe that neither closed nor reopened the breaker.
     fn release(&self, registry: &str) {
-        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(st) = states.get_mut(registry) {
-            st.probing = false;
+        if let Some(state) = self.get(registry) {
+            lock(&state).probing = false;
         }
     }
+}
+
+/// A breaker's state, whoever panicked holding it.
+fn lock(state: &Shared) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Attempt {
@@ -279,14 +349,18 @@ impl Drop for Attempt {
 mod tests {
     use super::*;
 
+    /// Breakers where the config names `r`.
     fn breakers(failures: u32) -> Arc<Breakers> {
+        let metrics = Arc::new(Metrics::new());
+        metrics.label_registries(["r".to_owned()]);
         Arc::new(Breakers::new(
             Settings {
                 failures,
                 backoff: Duration::from_secs(5),
                 max_backoff: Duration::from_secs(60),
             },
-            Arc::new(Metrics::new()),
+            metrics,
+            ["r".to_owned()],
         ))
     }
 
@@ -329,6 +403,43 @@ mod tests {
             text.contains("pinswap_source_failures_total{registry=\"r\",cause=\"server_error\"} 4"),
             "{text}"
         );
+    }
+
+    /// Thousands of registries the config does not name: their breakers
+    /// stay within the bound and share one label, while the named one's
+    /// open breaker and its label survive.
+    #[tokio::test(start_paused = true)]
+    async fn unnamed_registries_are_bounded_and_labelled_other() {
+        let b = breakers(1);
+        fail(&b, Outage::ServerError, None);
+        let n = 3 * MAX_UNNAMED as usize;
+        for i in 0..n {
+            let registry = format!("r{i}.example:5000");
+            b.attempt(&registry)
+                .unwrap()
+                .failed(Outage::Unreachable, "refused".into(), None);
+            assert!(b.attempt(&registry).is_err(), "open");
+        }
+        assert!(b.held() <= 1 + MAX_UNNAMED as usize, "{}", b.held());
+        assert!(b.held() > MAX_UNNAMED as usize / 2, "{}", b.held());
+        assert!(b.attempt("r").is_err(), "the named breaker is still open");
+        let text = b.metrics.encode();
+        let mut got: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("pinswap_source_"))
+            .collect();
+        got.sort_unstable();
+        let open_others = b.held() - 1;
+        let want = [
+            "pinswap_source_breaker_open{registry=\"other\"} ".to_owned()
+                + &open_others.to_string(),
+            "pinswap_source_breaker_open{registry=\"r\"} 1".to_owned(),
+            format!(
+                "pinswap_source_failures_total{{registry=\"other\",cause=\"unreachable\"}} {n}"
+            ),
+            "pinswap_source_failures_total{registry=\"r\",cause=\"server_error\"} 1".to_owned(),
+        ];
+        assert_eq!(got, want, "{text}");
     }
 
     #[tokio::test(start_paused = true)]

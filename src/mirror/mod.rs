@@ -20,6 +20,7 @@ mod access;
 pub mod health;
 mod identity_check;
 mod recover;
+mod referrers;
 mod resume;
 
 pub use recover::Recovered;
@@ -59,6 +60,9 @@ pub enum MirrorError {
     /// The ECR target could not sign in (at startup).
     #[error("target.aws: {0}")]
     Ecr(#[from] crate::registry::ecr::EcrError),
+    /// The environment's proxy settings cannot be used (at startup).
+    #[error(transparent)]
+    Proxy(#[from] crate::registry::proxy::ProxyError),
     /// Resolution failed for a caller that waited on another's lookup.
     #[error("resolving {image}: {reason}")]
     Resolve {
@@ -247,6 +251,9 @@ pub struct Mirror {
     sources: Cache<String, Reference>,
     platforms: Vec<PlatformSpec>,
     collisions: CollisionPolicy,
+    /// [`copy_variant`] of this config: `Some` when a copy's digest may
+    /// differ from the source's.
+    variant: Option<String>,
     record: Arc<Record>,
     /// Pinned source → identity facts and repair plan.
     assessed: Cache<String, Arc<Assessed>>,
@@ -268,6 +275,8 @@ pub struct Mirror {
     ecr: Option<Arc<Ecr>>,
     /// Who may be given a private image: settings and proofs.
     access: access::Access,
+    /// Copies referrers after their image (`referrers`); `None` when off.
+    referrers: Option<Arc<referrers::Follower>>,
 }
 
 /// The tag a digest-only source gets at the target, so "delete untagged"
@@ -276,6 +285,40 @@ pub struct Mirror {
 pub fn anchor_tag(digest: &Digest) -> String {
     let hex = digest.hex();
     format!("pinswap-{}", &hex[..hex.len().min(64)])
+}
+
+/// The anchor tag of a copy whose digest may differ from the source's (a
+/// platform filter or an identity repair): the source digest's anchor tag
+/// and `-<variant>`, naming the setting the copy was made under
+/// ([`copy_variant`]). It points at the target's copy, so any replica reads
+/// back which copy it made of a source digest without the source, and one
+/// made under another setting is never taken for it. A plain anchor tag
+/// always names the source digest's own bytes.
+pub fn variant_anchor_tag(digest: &Digest, variant: &str) -> String {
+    format!("{}-{variant}", anchor_tag(digest))
+}
+
+/// A short name (12 hex digits of a SHA-256) for the setting that shapes a
+/// copy: the platform filter and identity repair. `None` when neither is
+/// set, so every copy keeps the source's digest.
+pub fn copy_variant(platforms: &[PlatformSpec], collisions: CollisionPolicy) -> Option<String> {
+    let repair = collisions == CollisionPolicy::Repair;
+    if platforms.is_empty() && !repair {
+        return None;
+    }
+    // Sorted: the filter keeps the index's own order whatever the list's.
+    let mut names: Vec<String> = platforms
+        .iter()
+        .map(|p| match &p.variant {
+            Some(v) => format!("{}/{}/{v}", p.os, p.architecture),
+            None => format!("{}/{}", p.os, p.architecture),
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    let setting = format!("platforms={};repair={repair}", names.join(","));
+    let hash = <sha2::Sha256 as sha2::Digest>::digest(setting.as_bytes());
+    Some(hex::encode(hash)[..12].to_owned())
 }
 
 /// The outage `e` shows at source `registry` (normalised), with the
@@ -338,6 +381,7 @@ impl MirrorError {
             Self::Registry(r) => registry_kind(r, target),
             Self::Copy(e) => copy_kind(e, target),
             Self::Ecr(_) => ErrorCause::Target,
+            Self::Proxy(_) => ErrorCause::Source,
             Self::Resolve { kind, .. }
             | Self::CopyFailed { kind, .. }
             | Self::SourceDown { kind, .. } => *kind,
@@ -518,17 +562,26 @@ impl Mirror {
         }
         // Loopback and private addresses only for the registries the config
         // names; anything `"*"` lets in must be public (docs/architecture.md §5).
-        let named = config
+        // They are also the only registries metric labels name, and the
+        // ones whose breakers are never evicted.
+        let named: Vec<String> = config
             .source
             .registries
             .iter()
             .filter(|r| r.registry != "*")
             .map(|r| normalize_registry(&r.registry))
-            .chain([normalize_registry(target.registry())]);
+            .chain([normalize_registry(target.registry())])
+            .collect();
+        metrics.label_registries(named.iter().cloned());
+        let guard = crate::registry::guard::Guard::private_only_for(&named);
+        // A proxy at a refused address stops the start, not each request.
+        let proxies = crate::registry::proxy::Proxies::from_env()?;
+        proxies.guard(&guard)?;
         let pool = Arc::new(ClientPool::new(PoolOptions {
             insecure,
             per_registry,
-            guard: crate::registry::guard::Guard::private_only_for(named),
+            guard,
+            proxies,
             ..PoolOptions::default()
         }));
         let platforms = match &config.platforms {
@@ -549,6 +602,23 @@ impl Mirror {
             }
         };
         let (copier, verifier) = (copier(false), copier(true));
+        let breakers = Arc::new(health::Breakers::new(
+            config.source.breaker.clone(),
+            metrics.clone(),
+            named,
+        ));
+        let referrers = config.referrers.enabled.then(|| {
+            let opts = crate::registry::referrers::ReferrerOptions {
+                artifact_types: config.referrers.artifact_types.clone(),
+                ..Default::default()
+            };
+            let copier = crate::registry::referrers::ReferrerCopier::new(copier.clone(), opts);
+            Arc::new(referrers::Follower::new(
+                copier,
+                metrics.clone(),
+                breakers.clone(),
+            ))
+        });
         Ok(Self {
             target,
             swap: config.swap_policy,
@@ -570,6 +640,7 @@ impl Mirror {
                 .time_to_idle(Duration::from_secs(24 * 3600))
                 .max_capacity(100_000)
                 .build(),
+            variant: copy_variant(&platforms, config.identity.collisions),
             platforms,
             collisions: config.identity.collisions,
             record: Arc::default(),
@@ -591,14 +662,12 @@ impl Mirror {
                 )
                 .max_capacity(100_000)
                 .build(),
-            breakers: Arc::new(health::Breakers::new(
-                config.source.breaker.clone(),
-                metrics.clone(),
-            )),
+            breakers,
             source_timeout: config.source.timeout,
             resumes: Arc::new(resume::Resumes::new(config.source.breaker.clone())),
             ecr,
             access: access::Access::new(config),
+            referrers,
         })
     }
 
@@ -738,6 +807,16 @@ impl Mirror {
     /// The breaker key and metric label of `src`'s registry.
     fn source_key(src: &Reference) -> String {
         normalize_registry(src.registry())
+    }
+
+    /// The anchor tag at the target for source digest `d`: the plain one
+    /// while copies keep the source's digest, else the one naming this
+    /// config's platform filter and repair setting.
+    pub(crate) fn anchor(&self, d: &Digest) -> String {
+        match &self.variant {
+            None => anchor_tag(d),
+            Some(v) => variant_anchor_tag(d, v),
+        }
     }
 
     /// How long until `src`'s registry may be asked again (zero while its
@@ -911,7 +990,7 @@ impl Mirror {
         deadline: Option<Instant>,
     ) -> Result<Plan, MirrorError> {
         if src.digest().is_some()
-            && let Some(plan) = self.plan_held(src, deadline, None, None).await?
+            && let Some(plan) = self.plan_held(src, deadline, None).await?
         {
             return Ok(plan);
         }
@@ -940,11 +1019,11 @@ impl Mirror {
     /// tag) when the target already holds it under its tag (the source tag,
     /// or the anchor tag of a digest-only source), else `None`. Asks the
     /// target only. The target digest is the source's when nothing changes
-    /// it, else the one planned earlier; on a fresh replica with a platform
-    /// filter, the anchor tag of a digest-only source names it (anchor tags
-    /// are named after the source digest). Under `collisions: repair` an
-    /// image not planned before is left to the source path (`fallback`
-    /// aside), which knows whether it needs a repaired copy.
+    /// it; under a platform filter or `collisions: repair` it is the one
+    /// planned earlier, else the one the anchor tag for this source digest
+    /// and this setting names ([`variant_anchor_tag`]), so a fresh replica
+    /// finds the copy without the source, and never one made under another
+    /// setting.
     ///
     /// `ahead` is the target's answer for the tag when it was already
     /// asked (at the same time as the source): it replaces the HEAD.
@@ -952,7 +1031,6 @@ impl Mirror {
         &self,
         pinned: &Reference,
         deadline: Option<Instant>,
-        fallback: Option<&str>,
         ahead: Option<Result<Option<Digest>, MirrorError>>,
     ) -> Result<Option<Plan>, MirrorError> {
         let Some(source_digest) = pinned.digest() else {
@@ -960,51 +1038,47 @@ impl Mirror {
         };
         let tag = match pinned.tag() {
             Some(t) => t.to_owned(),
-            None => anchor_tag(source_digest),
+            None => self.anchor(source_digest),
         };
         let tagged = self.target.map(&pinned.without_digest().with_tag(&tag)?)?;
-        let unchanged =
-            !self.copier.filters_platforms() && self.collisions != CollisionPolicy::Repair;
-        let expected = match unchanged {
-            true => Some(source_digest.clone()),
-            false => self.planned.get(&pinned.to_string()).await,
-        };
-        let target = match expected {
-            Some(d) => {
-                let t = tagged.with_digest(d.clone());
-                let present = match ahead {
-                    Some(answer) => {
-                        let present = answer?.as_ref() == Some(&d);
-                        if present {
-                            self.caches.verified(&t).await;
-                        }
-                        present
-                    }
-                    None => self.target_has_ref(&t).await?,
-                };
-                if !present {
-                    return Ok(None);
+        let (d, read) = match self.variant {
+            None => (source_digest.clone(), false),
+            Some(_) => match self.planned.get(&pinned.to_string()).await {
+                Some(d) => (d, false),
+                None => {
+                    let anchor = tagged.with_tag(&self.anchor(source_digest))?;
+                    let Some(d) = Box::pin(self.target_tag_digest(&anchor)).await? else {
+                        return Ok(None);
+                    };
+                    self.planned.insert(pinned.to_string(), d.clone()).await;
+                    (d, true)
                 }
-                if pinned.tag().is_some() {
-                    self.held_tag(&tagged, &d).await;
-                }
-                t
-            }
-            None if pinned.tag().is_some() => return Ok(None),
-            None if self.collisions == CollisionPolicy::Repair && fallback.is_none() => {
-                return Ok(None);
-            }
-            None => {
-                let Some(d) = Box::pin(self.target_tag_digest(&tagged)).await? else {
-                    return Ok(None);
-                };
-                let t = tagged.with_digest(d);
-                self.caches.verified(&t).await;
-                t
-            }
+            },
         };
+        let target = tagged.with_digest(d.clone());
+        let present = match ahead {
+            Some(answer) => {
+                let present = answer?.as_ref() == Some(&d);
+                if present {
+                    self.caches.verified(&target).await;
+                }
+                present
+            }
+            // The anchor tag just read is a digest-only source's own tag.
+            None if read && pinned.tag().is_none() => {
+                self.caches.verified(&target).await;
+                true
+            }
+            None => self.target_has_ref(&target).await?,
+        };
+        if !present {
+            return Ok(None);
+        }
+        if pinned.tag().is_some() {
+            self.held_tag(&tagged, &d).await;
+        }
         let plan = self
-            .held(pinned.clone(), true, target, deadline, fallback)
+            .held(pinned.clone(), true, target, deadline, None)
             .await?;
         Ok(Some(plan))
     }
@@ -1012,9 +1086,7 @@ impl Mirror {
     /// When the source cannot answer: the target's own copy of `src`'s tag
     /// stands in, pinned to the digest the target has under it (the last
     /// copy pinswap made). A digest reference was already looked up at the
-    /// target by [`Mirror::plan_held`]; it gets a second look only under
-    /// `collisions: repair`, which skipped it there. `None` when the target
-    /// has no copy.
+    /// target by [`Mirror::plan_held`]. `None` when the target has no copy.
     async fn plan_stand_in(
         &self,
         src: &Reference,
@@ -1022,10 +1094,7 @@ impl Mirror {
         deadline: Option<Instant>,
     ) -> Result<Option<Plan>, MirrorError> {
         if src.digest().is_some() {
-            return match self.collisions {
-                CollisionPolicy::Repair => self.plan_held(src, deadline, Some(cause), None).await,
-                _ => Ok(None),
-            };
+            return Ok(None);
         }
         let Some(tag) = src.tag() else {
             return Ok(None);
@@ -1045,8 +1114,7 @@ impl Mirror {
         let target = tagged.with_digest(d.clone());
         // The source digest is the target's unless a filter or a repair
         // made the copy; then only this process's own record knows it.
-        let unchanged =
-            !self.copier.filters_platforms() && self.collisions != CollisionPolicy::Repair;
+        let unchanged = self.variant.is_none();
         let (source, known) = match unchanged {
             true => (src.with_digest(d), true),
             false => match self.sources.get(&target.without_tag().to_string()).await {
@@ -1164,8 +1232,7 @@ impl Mirror {
         creds: Option<&Credentials>,
         deadline: Option<Instant>,
     ) -> Result<Plan, MirrorError> {
-        let unchanged =
-            !self.copier.filters_platforms() && self.collisions != CollisionPolicy::Repair;
+        let unchanged = self.variant.is_none();
         let (source_digest, ahead) = match src.tag() {
             Some(tag) if src.digest().is_none() && unchanged => {
                 self.resolve_and_look_ahead(src, tag, creds, deadline)
@@ -1175,9 +1242,7 @@ impl Mirror {
         };
         let pinned_source = src.with_digest(source_digest.clone());
         if src.digest().is_none()
-            && let Some(plan) = self
-                .plan_held(&pinned_source, deadline, None, ahead)
-                .await?
+            && let Some(plan) = self.plan_held(&pinned_source, deadline, ahead).await?
         {
             return Ok(plan);
         }
@@ -1225,7 +1290,7 @@ impl Mirror {
         }
         let tag = match src.tag() {
             Some(t) => t.to_owned(),
-            None => anchor_tag(&source_digest),
+            None => self.anchor(&source_digest),
         };
         let target = self
             .target
@@ -1382,7 +1447,18 @@ impl Mirror {
         let source_key = Self::source_key(&plan.source);
         let target_key = self.target_key();
         let (caches, inflight_map, k) = (self.caches.clone(), self.inflight.clone(), key.clone());
+        let follower = self.referrers.clone();
         let source_timeout = self.source_timeout.max(Duration::from_secs(30));
+        // A tagged copy whose digest may differ from the source's gets the
+        // anchor tag of its source digest too: how another replica finds it
+        // while the source cannot answer (a digest-only one has it as its tag).
+        let anchor = match (&self.variant, plan.source.digest(), plan.target.digest()) {
+            (Some(_), Some(s), Some(d)) if plan.tagged && !plan.untagged => {
+                let tagged = plan.target.without_digest().with_tag(&self.anchor(s)).ok();
+                tagged.map(|t| (t, d.clone()))
+            }
+            _ => None,
+        };
         // An untagged push verifies the digest, not the tag.
         let target_ref = match plan.untagged {
             true => plan.target.without_tag(),
@@ -1493,6 +1569,16 @@ impl Mirror {
                     }
                 }
             };
+            let res = match (res, &anchor) {
+                (Ok(report), Some((a, d))) => {
+                    let tagged = async {
+                        let client = pool.get(a.registry(), Role::Target).await?;
+                        copier.tag_manifest(&client, a, d).await
+                    };
+                    tagged.await.map(|()| report).map_err(CopyError::from)
+                }
+                (res, _) => res,
+            };
             metrics.copy_seconds.observe(start.elapsed().as_secs_f64());
             let outage = res.as_ref().err().and_then(|e| match e {
                 CopyError::Registry(r)
@@ -1517,6 +1603,20 @@ impl Mirror {
                     metrics.copies_succeeded.inc();
                     metrics.copy_bytes.inc_by(r.bytes_copied);
                     caches.verified(&target_ref).await;
+                    // Referrers follow in the background: the admission
+                    // waits for the image alone.
+                    if let Some(follower) = &follower
+                        && let (Ok(sd), Ok(td)) =
+                            (Digest::parse(&r.source_digest), Digest::parse(&r.digest))
+                    {
+                        follower.spawn(referrers::Follow {
+                            source: src.clone(),
+                            source_digest: sd,
+                            target: target_ref.without_tag().without_digest(),
+                            target_digest: td,
+                            creds: creds.clone(),
+                        });
+                    }
                     info!(source = %src, target = %k, bytes = r.bytes_copied, "mirrored");
                     Ok(r.blobs_copied + r.blobs_mounted)
                 }
@@ -1573,6 +1673,21 @@ impl Mirror {
         }
     }
 
+    /// What a decision adds when the mirror's index is platform-filtered
+    /// while referrers travel: signatures over the source's index do not
+    /// apply to the filtered one, which has a digest of its own.
+    fn filtered_referrers_note(&self, plan: &Plan) -> String {
+        if self.referrers.is_none() || !self.copier.filters_platforms() {
+            return String::new();
+        }
+        match (plan.source.digest(), plan.target.digest()) {
+            (Some(s), Some(t)) if s != t => format!(
+                "; referrers: the platform-filtered index {t} is not the source's index {s}, so signatures over the source index do not apply to it; those of each platform's manifest are copied"
+            ),
+            _ => String::new(),
+        }
+    }
+
     /// The image a Pod gets for `plan`: `target:tag@digest` when pinned, the
     /// tag alone when not; a digest-only source stays digest-only.
     fn rewritten(&self, plan: &Plan) -> String {
@@ -1596,11 +1711,16 @@ impl Mirror {
             .values()
             .cloned()
             .collect();
-        futures::future::join_all(handles)
+        let failed = futures::future::join_all(handles)
             .await
             .iter()
             .filter(|r| r.is_err())
-            .count()
+            .count();
+        // The referrers those copies handed on, too.
+        if let Some(f) = &self.referrers {
+            f.idle().await;
+        }
+        failed
     }
 
     /// Purges cache entries: all of them with `None`; else those `selector`
@@ -1709,9 +1829,10 @@ impl Mirror {
         let image = self.rewritten(&plan);
         let identity = self.identity_note(&plan, src, false)?;
         let source = plan.source_note();
+        let filtered = self.filtered_referrers_note(&plan);
         let decision = |image: Option<String>, reason: &str, cause: &'static str| Decision {
             image,
-            reason: reason.to_owned(),
+            reason: format!("{reason}{filtered}"),
             identity: identity.clone(),
             source: source.clone(),
             cause,

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tracing::info;
 
-use super::{Mirror, MirrorError, Plan, anchor_tag};
+use super::{Mirror, MirrorError, Plan};
 use crate::cache::Cause;
 use crate::config::CollisionPolicy;
 use crate::metrics::ErrorCause;
@@ -60,6 +60,28 @@ impl Mirror {
             }
         }
         Ok(true)
+    }
+
+    /// Offers the referrers of `target` (`repository@digest`, which this
+    /// replica planned) to the background follow again, so referrers that
+    /// appeared at the source since the copy reach the target too.
+    pub async fn refresh_referrers(&self, target: &Reference) {
+        let (Some(follower), Some(digest)) = (&self.referrers, target.digest()) else {
+            return;
+        };
+        let Some(source) = self.sources.get(&target.without_tag().to_string()).await else {
+            return;
+        };
+        let Some(source_digest) = source.digest().cloned() else {
+            return;
+        };
+        follower.spawn(super::referrers::Follow {
+            source,
+            source_digest,
+            target: target.without_tag().without_digest(),
+            target_digest: digest.clone(),
+            creds: None,
+        });
     }
 
     /// Mirrors `target` again if the target registry lost it: the recovery
@@ -120,7 +142,7 @@ impl Mirror {
         let source = self.source_for(target, hint, creds).await?;
         let tag = match (target.tag(), source.digest()) {
             (Some(t), _) => t.to_owned(),
-            (None, Some(d)) => anchor_tag(d),
+            (None, Some(d)) => self.anchor(d),
             // A stand-in (source down) for a filtered or repaired copy
             // names the source's tag, not the digest it was made from; the
             // Pod's image names no tag to restore it under.

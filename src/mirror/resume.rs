@@ -228,7 +228,11 @@ mod tests {
     /// per source while it is not closed: never while a probe runs.
     #[tokio::test(start_paused = true)]
     async fn retries_wait_for_a_running_probe_and_go_one_at_a_time() {
-        let b = Arc::new(Breakers::new(settings(), Arc::new(Metrics::new())));
+        let b = Arc::new(Breakers::new(
+            settings(),
+            Arc::new(Metrics::new()),
+            ["r".to_owned()],
+        ));
         let mut round = HashSet::new();
         assert!(
             retry_now(&b, "r", &mut round) && retry_now(&b, "r", &mut round),

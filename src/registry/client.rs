@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oci_client::secrets::RegistryAuth;
-use tokio::sync::{Mutex, OnceCell};
+use tokio::sync::OnceCell;
 use tracing::debug;
 
 use super::auth::{CredentialSources, Credentials};
@@ -57,10 +57,12 @@ pub struct PoolOptions {
     pub sources: CredentialSources,
     /// Blobs above this many bytes use chunked upload; `None` for the default.
     pub chunked_threshold: Option<u64>,
-    /// Which addresses our own requests may connect to (oci-client's tag
-    /// and catalog lists are not covered: it builds its own HTTP client;
-    /// docs/architecture.md §8).
+    /// Which addresses our own requests may connect to
+    /// (docs/architecture.md §8).
     pub guard: super::guard::Guard,
+    /// The HTTP proxies requests go through (none unless set:
+    /// [`super::proxy::Proxies::from_env`] reads the environment's).
+    pub proxies: super::proxy::Proxies,
 }
 
 /// The pool key of the client signed in as no one (credential
@@ -73,6 +75,17 @@ type Slot = Arc<OnceCell<Arc<Registry>>>;
 /// A registry's scheme and `/v2/` challenge, probed at most once.
 type Probe = Arc<OnceCell<(&'static str, Scheme)>>;
 
+/// Clients kept at most, by registry, side and credentials. Registries
+/// and credentials come from Pods (`"*"`, pull secrets, their rotations),
+/// so the pool is bounded; moka admits a new key only over one used less
+/// often, so a flood of one-off names does not push out the registries in
+/// use. An evicted client is built again on its next use.
+pub const MAX_CLIENTS: u64 = 1024;
+
+/// Registries whose `/v2/` answer is kept at most (bounded as
+/// [`MAX_CLIENTS`]).
+pub const MAX_PROBES: u64 = 1024;
+
 /// Lazily built, shared clients keyed by registry and [`Role`].
 #[derive(Debug)]
 pub struct ClientPool {
@@ -82,9 +95,9 @@ pub struct ClientPool {
     configured: std::sync::RwLock<HashMap<(String, Role), Credentials>>,
     http: OnceCell<reqwest::Client>,
     roots: OnceCell<Vec<Vec<u8>>>,
-    entries: Mutex<HashMap<(String, Role, String), Slot>>,
+    entries: moka::future::Cache<(String, Role, String), Slot>,
     /// What each registry's `/v2/` answered, by normalised name.
-    probes: Mutex<HashMap<String, Probe>>,
+    probes: moka::future::Cache<String, Probe>,
 }
 
 /// A connection to one registry. Cheap to share (`Arc`).
@@ -118,8 +131,43 @@ impl ClientPool {
             opts,
             http: OnceCell::new(),
             roots: OnceCell::new(),
-            entries: Mutex::default(),
-            probes: Mutex::default(),
+            entries: moka::future::Cache::new(MAX_CLIENTS),
+            probes: moka::future::Cache::new(MAX_PROBES),
+        }
+    }
+
+    /// How many clients and `/v2/` answers the pool holds (for tests of
+    /// its bounds).
+    #[doc(hidden)]
+    pub async fn held(&self) -> (u64, u64) {
+        self.entries.run_pending_tasks().await;
+        self.probes.run_pending_tasks().await;
+        (self.entries.entry_count(), self.probes.entry_count())
+    }
+
+    /// The client in `key`'s slot, connecting with `connect` on first use;
+    /// a slot whose connect failed is dropped, so failing names hold no
+    /// place in the pool.
+    async fn slot<F, Fut>(&self, key: (String, Role, String), connect: F) -> Result<Arc<Registry>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Registry>>,
+    {
+        let cell = self
+            .entries
+            .get_with(key.clone(), async { Slot::default() })
+            .await;
+        match cell
+            .get_or_try_init(|| async { connect().await.map(Arc::new) })
+            .await
+        {
+            Ok(r) => Ok(r.clone()),
+            Err(e) => {
+                if !cell.initialized() {
+                    self.entries.invalidate(&key).await;
+                }
+                Err(e)
+            }
         }
     }
 
@@ -163,25 +211,33 @@ impl ClientPool {
     /// The HTTP client for probes and our own requests, built once.
     async fn http_client(&self, registry: &str) -> Result<reqwest::Client> {
         let roots = self.roots(registry).await?;
+        let failed = |message: String| RegistryError::Other {
+            registry: registry.into(),
+            reference: "/v2/".into(),
+            operation: "build client for",
+            message,
+        };
         self.http
             .get_or_try_init(|| async {
                 let certs = roots
                     .iter()
                     .filter_map(|d| reqwest::Certificate::from_der(d).ok());
-                reqwest::Client::builder()
+                let proxies = &self.opts.proxies;
+                let guard = proxies
+                    .guard(&self.opts.guard)
+                    .map_err(|e| failed(e.to_string()))?;
+                let builder = reqwest::Client::builder()
                     .connect_timeout(Duration::from_secs(10))
                     .read_timeout(Duration::from_secs(60))
                     .user_agent(concat!("pinswap/", env!("CARGO_PKG_VERSION")))
                     .tls_certs_only(certs)
-                    .dns_resolver(self.opts.guard.resolver())
-                    .redirect(self.opts.guard.redirect_policy())
+                    .dns_resolver(guard.resolver())
+                    .redirect(guard.redirect_policy());
+                proxies
+                    .apply(builder, &guard)
+                    .map_err(|e| failed(e.to_string()))?
                     .build()
-                    .map_err(|e| RegistryError::Other {
-                        registry: registry.into(),
-                        reference: "/v2/".into(),
-                        operation: "build client for",
-                        message: chain(&e),
-                    })
+                    .map_err(|e| failed(chain(&e)))
             })
             .await
             .cloned()
@@ -213,12 +269,21 @@ impl ClientPool {
             }
             map.insert(key.clone(), creds);
         }
-        self.entries.lock().await.retain(|(r, ro, who), _| {
-            !(who.is_empty() && *ro == role && normalize_registry(r) == key.0)
-        });
+        let stale: Vec<_> = self
+            .entries
+            .iter()
+            .filter(|(k, _)| {
+                let (r, ro, who) = &**k;
+                who.is_empty() && *ro == role && normalize_registry(r) == key.0
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for k in stale {
+            self.entries.invalidate(&*k).await;
+        }
         // Signing in again probes again: new credentials may come with a
         // moved token service.
-        self.probes.lock().await.remove(&key.0);
+        self.probes.invalidate(&key.0).await;
         true
     }
 
@@ -234,20 +299,11 @@ impl ClientPool {
         role: Role,
         creds: Option<&Credentials>,
     ) -> Result<Arc<Registry>> {
-        let cell = {
-            let mut map = self.entries.lock().await;
-            let who = creds.map(Credentials::fingerprint).unwrap_or_default();
-            map.entry((registry.to_owned(), role, who))
-                .or_default()
-                .clone()
-        };
-        cell.get_or_try_init(|| async {
+        let who = creds.map(Credentials::fingerprint).unwrap_or_default();
+        self.slot((registry.to_owned(), role, who), || {
             self.connect(registry, role, creds, false)
-                .await
-                .map(Arc::new)
         })
         .await
-        .cloned()
     }
 
     /// As [`ClientPool::get`], signed in as no one: what the registry
@@ -256,17 +312,10 @@ impl ClientPool {
     /// # Errors
     /// As [`ClientPool::get`].
     pub async fn get_anonymous(&self, registry: &str, role: Role) -> Result<Arc<Registry>> {
-        let cell = {
-            let mut map = self.entries.lock().await;
-            map.entry((registry.to_owned(), role, ANONYMOUS.to_owned()))
-                .or_default()
-                .clone()
-        };
-        cell.get_or_try_init(|| async {
-            self.connect(registry, role, None, true).await.map(Arc::new)
+        self.slot((registry.to_owned(), role, ANONYMOUS.to_owned()), || {
+            self.connect(registry, role, None, true)
         })
         .await
-        .cloned()
     }
 
     /// The scheme and auth challenge of `registry` (reached at `api_host`),
@@ -274,16 +323,19 @@ impl ClientPool {
     /// the source and target sides and every credential set share it. A
     /// failed probe is not kept, so the next use probes again.
     async fn probe(&self, registry: &str, api_host: &str) -> Result<(&'static str, Scheme)> {
+        let key = normalize_registry(registry);
         let cell = self
             .probes
-            .lock()
+            .get_with(key.clone(), async { Probe::default() })
+            .await;
+        let found = cell
+            .get_or_try_init(|| self.probe_now(registry, api_host))
             .await
-            .entry(normalize_registry(registry))
-            .or_default()
-            .clone();
-        cell.get_or_try_init(|| self.probe_now(registry, api_host))
-            .await
-            .cloned()
+            .cloned();
+        if found.is_err() && !cell.initialized() {
+            self.probes.invalidate(&key).await;
+        }
+        found
     }
 
     async fn probe_now(&self, registry: &str, api_host: &str) -> Result<(&'static str, Scheme)> {

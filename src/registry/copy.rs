@@ -230,6 +230,13 @@ pub struct CopyReport {
     pub up_to_date: bool,
     /// Wall time, seconds.
     pub duration_seconds: f64,
+    /// The source's manifest digest (the destination's `digest` differs
+    /// for a platform-filtered index).
+    #[serde(skip)]
+    pub source_digest: String,
+    /// What following the image's referrers did, when it was asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub referrers: Option<super::referrers::ReferrersReport>,
 }
 
 #[derive(Default)]
@@ -465,6 +472,33 @@ impl Copier {
         client.push_manifest(r, manifest).await
     }
 
+    /// Tags manifest `digest` of `tagged`'s repository with `tagged`'s tag:
+    /// read back by digest and PUT under the tag, both under the
+    /// per-manifest lock, since a GET while another PUT of that manifest
+    /// rewrites it can read it half-written (a 500 from Distribution).
+    ///
+    /// # Errors
+    /// Registry errors.
+    pub async fn tag_manifest(
+        &self,
+        client: &Registry,
+        tagged: &Reference,
+        digest: &crate::reference::Digest,
+    ) -> Result<()> {
+        let key = format!("{}/{}@{digest}", client.host(), tagged.repository());
+        let _put = self.manifest_puts.lock(key).await;
+        let by_digest = tagged.without_tag().with_digest(digest.clone());
+        let manifest = client.get_manifest(&by_digest).await?;
+        client
+            .push_manifest(&tagged.without_digest(), &manifest)
+            .await
+    }
+
+    /// The client pool this copier reads and writes through.
+    pub fn pool(&self) -> &Arc<ClientPool> {
+        &self.pool
+    }
+
     /// Whether a platform list filters indexes (so a copy's top digest can
     /// differ from the source's).
     pub fn filters_platforms(&self) -> bool {
@@ -615,6 +649,8 @@ impl Copier {
             bytes_copied: stats.bytes.load(Ordering::Relaxed),
             up_to_date,
             duration_seconds: start.elapsed().as_secs_f64(),
+            source_digest: src_digest.to_string(),
+            referrers: None,
         };
 
         // Warm path: the destination already has this digest under its name.

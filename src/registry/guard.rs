@@ -11,12 +11,12 @@
 //!   webhook allows the registries its config names (by name or address).
 //!
 //! Names are checked in the resolver reqwest calls, after DNS, so the
-//! address checked is the one connected to. Behind an `HTTPS_PROXY` or
-//! `HTTP_PROXY` from the environment (which reqwest honours) that is the
-//! proxy's: the proxy resolves the registry's name, unchecked here. reqwest does not resolve IP
+//! address checked is the one connected to. reqwest does not resolve IP
 //! literals, so URLs with a literal host are checked as they are met: the
-//! redirect policy, token realms and upload locations.
-
+//! redirect policy, token realms and upload locations. Behind a proxy
+//! (`proxy.rs`) reqwest resolves only the proxy's name, so every
+//! connection's destination is resolved and checked here first
+//! ([`Guard::destinations`]).
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -31,6 +31,19 @@ pub struct Refused {
     pub addr: IpAddr,
     /// Why, in words.
     pub why: &'static str,
+}
+
+/// A destination that could not be resolved here, so could not be checked
+/// before a proxy was asked to reach it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "{host} cannot be resolved here ({reason}); behind a proxy every registry name is resolved and checked before the proxy is asked, so it must resolve here too; refused by the outbound guard"
+)]
+pub struct Unresolved {
+    /// The host as the URL names it.
+    pub host: String,
+    /// The resolver's error, or that it found no address.
+    pub reason: String,
 }
 
 /// The IPv4 address an IPv6 address carries (IPv4-mapped, IPv4-compatible,
@@ -89,6 +102,10 @@ pub struct Guard {
     /// Name → addresses, used instead of DNS for those names and checked
     /// the same way (tests map names to loopback with it).
     hosts: Arc<HashMap<String, Vec<IpAddr>>>,
+    /// Proxy hosts (lowercase, without port) that may be loopback or
+    /// private, as the proxy only: a Pod naming one as a registry, or a
+    /// redirect to one, is checked like any other destination.
+    proxies: Arc<HashSet<String>>,
 }
 
 /// `host` of `host[:port]` (IPv6 in brackets), lowercase.
@@ -115,6 +132,15 @@ impl Guard {
         }
     }
 
+    /// This guard, also allowing `host` (`host[:port]`) loopback and
+    /// private addresses when it is connected to as a proxy: a proxy the
+    /// environment names ([`Guard::check_proxy`], and the resolver, which
+    /// resolves the proxy's name). As a destination it stays refused.
+    pub fn allowing_proxy(mut self, host: &str) -> Self {
+        Arc::make_mut(&mut self.proxies).insert(host_of(host));
+        self
+    }
+
     /// This guard, resolving each name of `hosts` to its addresses instead
     /// of asking DNS.
     pub fn with_hosts(mut self, hosts: HashMap<String, Vec<IpAddr>>) -> Self {
@@ -133,6 +159,19 @@ impl Guard {
     /// # Errors
     /// [`Refused`] naming the address and why.
     pub fn check(&self, host: &str, addr: IpAddr) -> Result<(), Refused> {
+        self.check_as(host, addr, false)
+    }
+
+    /// [`Guard::check`] for the proxy at `host`: also allowed loopback and
+    /// private addresses when [`Guard::allowing_proxy`] named it.
+    ///
+    /// # Errors
+    /// As [`Guard::check`].
+    pub fn check_proxy(&self, host: &str, addr: IpAddr) -> Result<(), Refused> {
+        self.check_as(host, addr, true)
+    }
+
+    fn check_as(&self, host: &str, addr: IpAddr, proxy: bool) -> Result<(), Refused> {
         let refused = |why| Refused {
             host: host.to_owned(),
             addr,
@@ -141,11 +180,15 @@ impl Guard {
         if let Some(why) = refused_ip(addr) {
             return Err(refused(why));
         }
-        match &self.private {
-            Some(allowed) if is_private(addr) && !allowed.contains(&host_of(host)) => Err(refused(
+        let allowed = |h: &String| {
+            self.private.as_ref().is_none_or(|a| a.contains(h))
+                || (proxy && self.proxies.contains(h))
+        };
+        match is_private(addr) && !allowed(&host_of(host)) {
+            true => Err(refused(
                 "a loopback or private address, and not a registry the config names",
             )),
-            _ => Ok(()),
+            false => Ok(()),
         }
     }
 
@@ -155,12 +198,21 @@ impl Guard {
     /// # Errors
     /// [`Refused`] for a literal the guard refuses.
     pub fn check_url(&self, url: &url::Url) -> Result<(), Refused> {
-        let addr = match url.host() {
-            Some(url::Host::Ipv4(v4)) => IpAddr::V4(v4),
-            Some(url::Host::Ipv6(v6)) => IpAddr::V6(v6),
-            _ => return Ok(()),
-        };
-        self.check(url.host_str().unwrap_or_default(), addr)
+        match literal(url) {
+            Some(addr) => self.check(url.host_str().unwrap_or_default(), addr),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Guard::check_url`] for the URL of a proxy ([`Guard::check_proxy`]).
+    ///
+    /// # Errors
+    /// As [`Guard::check_url`].
+    pub fn check_proxy_url(&self, url: &url::Url) -> Result<(), Refused> {
+        match literal(url) {
+            Some(addr) => self.check_proxy(url.host_str().unwrap_or_default(), addr),
+            None => Ok(()),
+        }
     }
 
     /// [`Guard::check_url`] for a URL as text; text that is not a URL
@@ -173,6 +225,53 @@ impl Guard {
             Ok(u) => self.check_url(&u),
             Err(_) => Ok(()),
         }
+    }
+
+    /// The addresses of `host` (a name): [`Guard::with_hosts`], else DNS.
+    async fn lookup(&self, host: &str) -> std::io::Result<Vec<IpAddr>> {
+        Ok(match self.hosts.get(host) {
+            Some(addrs) => addrs.clone(),
+            None => tokio::net::lookup_host((host, 0))
+                .await?
+                .map(|a| a.ip())
+                .collect(),
+        })
+    }
+
+    /// Resolves `host` (a name or a literal, IPv6 in brackets) here and
+    /// checks every address it has: where a proxy carries the connection,
+    /// the proxy picks among them, so each must pass.
+    ///
+    /// # Errors
+    /// [`Refused`] for the first address refused; [`Unresolved`] when the
+    /// name has no address here.
+    pub async fn check_destination(&self, host: &str) -> Result<(), BoxError> {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            return Ok(self.check(host, ip)?);
+        }
+        let name = host.trim_end_matches('.').to_ascii_lowercase();
+        let unresolved = |reason: String| Unresolved {
+            host: host.to_owned(),
+            reason,
+        };
+        let found = self
+            .lookup(&name)
+            .await
+            .map_err(|e| unresolved(e.to_string()))?;
+        if found.is_empty() {
+            return Err(unresolved("no address".into()).into());
+        }
+        for ip in found {
+            self.check(host, ip)?;
+        }
+        Ok(())
+    }
+
+    /// A reqwest connector layer that runs [`Guard::check_destination`] on
+    /// every connection before it is opened, proxied or not.
+    pub fn destinations(&self) -> Destinations {
+        Destinations(self.clone())
     }
 
     /// The resolver for `reqwest::ClientBuilder::dns_resolver`: DNS (or
@@ -199,6 +298,15 @@ impl Guard {
     }
 }
 
+/// The address a URL's host is, when it is an IP literal.
+fn literal(url: &url::Url) -> Option<IpAddr> {
+    match url.host() {
+        Some(url::Host::Ipv4(v4)) => Some(IpAddr::V4(v4)),
+        Some(url::Host::Ipv6(v6)) => Some(IpAddr::V6(v6)),
+        _ => None,
+    }
+}
+
 /// See [`Guard::resolver`].
 #[derive(Debug)]
 pub struct GuardResolver(Guard);
@@ -208,17 +316,13 @@ impl reqwest::dns::Resolve for GuardResolver {
         let guard = self.0.clone();
         let host = name.as_str().to_ascii_lowercase();
         Box::pin(async move {
-            let found: Vec<IpAddr> = match guard.hosts.get(&host) {
-                Some(addrs) => addrs.clone(),
-                None => tokio::net::lookup_host((host.as_str(), 0))
-                    .await?
-                    .map(|a| a.ip())
-                    .collect(),
-            };
+            let found = guard.lookup(&host).await?;
             let mut refusal = None;
             let allowed: Vec<SocketAddr> = found
                 .into_iter()
-                .filter_map(|ip| match guard.check(&host, ip) {
+                // Proxy names are resolved here too; destinations behind a
+                // proxy were checked before ([`Guard::destinations`]).
+                .filter_map(|ip| match guard.check_proxy(&host, ip) {
                     Ok(()) => Some(SocketAddr::new(ip, 0)),
                     Err(e) => {
                         refusal.get_or_insert(e);
@@ -230,6 +334,74 @@ impl reqwest::dns::Resolve for GuardResolver {
                 (true, Some(e)) => Err(e.into()),
                 _ => Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs),
             }
+        })
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// See [`Guard::destinations`]. reqwest resolves only the proxy's name when
+/// a proxy carries a request, and hands its connector layers the
+/// destination in a sealed type whose one public face is `Debug`; so the
+/// destination is read from that, and a connection whose destination
+/// cannot be read is refused rather than let through.
+#[derive(Debug, Clone)]
+pub struct Destinations(Guard);
+
+impl<S> tower_layer::Layer<S> for Destinations {
+    type Service = CheckDestination<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        CheckDestination {
+            guard: self.0.clone(),
+            inner,
+        }
+    }
+}
+
+/// The service [`Destinations`] wraps around reqwest's connector.
+#[derive(Debug, Clone)]
+pub struct CheckDestination<S> {
+    guard: Guard,
+    inner: S,
+}
+
+/// The host of a connector request's `Debug` text (`Name(scheme://host:port/)`).
+fn destination_host(debug: &str) -> Option<String> {
+    let (_, uri) = debug.strip_suffix(')')?.split_once('(')?;
+    let uri: http::Uri = uri.parse().ok()?;
+    uri.host().map(str::to_owned)
+}
+
+impl<S, R> tower_service::Service<R> for CheckDestination<S>
+where
+    S: tower_service::Service<R> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    R: std::fmt::Debug + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let guard = self.guard.clone();
+        // The service polled ready is the one to call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let host = destination_host(&format!("{req:?}"));
+        Box::pin(async move {
+            let host =
+                host.ok_or("cannot tell where a connection goes; refused by the outbound guard")?;
+            guard.check_destination(&host).await?;
+            inner.call(req).await.map_err(Into::into)
         })
     }
 }
@@ -323,6 +495,44 @@ mod tests {
         ] {
             assert!(g.check_str(u).is_ok(), "{u}");
         }
+    }
+
+    /// Nothing connects: names come from the guard's own table.
+    #[tokio::test]
+    async fn destinations_are_checked_at_every_address() {
+        assert_eq!(
+            destination_host("Unnameable(https://meta.test:443/)").as_deref(),
+            Some("meta.test")
+        );
+        assert_eq!(
+            destination_host("Unnameable(http://[::1]:5000/)").as_deref(),
+            Some("[::1]")
+        );
+        assert_eq!(destination_host("Unnameable"), None);
+        let hosts = HashMap::from([
+            ("registry.test".to_owned(), vec![ip("10.0.0.1")]),
+            (
+                "mixed.test".to_owned(),
+                vec![ip("192.0.2.7"), ip("fe80::1")],
+            ),
+            ("empty.test".to_owned(), vec![]),
+        ]);
+        let g = Guard::private_only_for(["registry.test"]).with_hosts(hosts);
+        assert!(g.check_destination("registry.test").await.is_ok());
+        assert!(g.check_destination("192.0.2.7").await.is_ok());
+        let e = g.check_destination("MIXED.test.").await.unwrap_err();
+        assert!(
+            e.to_string().contains("resolves to fe80::1, link-local"),
+            "every address counts: {e}"
+        );
+        assert!(g.check_destination("[fe80::1]").await.is_err());
+        let e = g.check_destination("empty.test").await.unwrap_err();
+        assert!(e.to_string().contains("cannot be resolved here"), "{e}");
+        // A proxy the environment names may be private, as the proxy: as
+        // a destination it is checked like any other.
+        let g = g.allowing_proxy("10.0.0.1:3128");
+        assert!(g.check_proxy("10.0.0.1", ip("10.0.0.1")).is_ok());
+        assert!(g.check_destination("10.0.0.1").await.is_err());
     }
 
     /// The resolver is called directly: nothing connects anywhere.

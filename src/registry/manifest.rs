@@ -260,6 +260,16 @@ impl std::str::FromStr for PlatformSpec {
     }
 }
 
+impl std::fmt::Display for PlatformSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.os, self.architecture)?;
+        match &self.variant {
+            Some(v) => write!(f, "/{v}"),
+            None => Ok(()),
+        }
+    }
+}
+
 impl PlatformSpec {
     /// Whether an index entry's platform matches.
     pub fn matches(&self, p: &Platform) -> bool {

@@ -18,13 +18,16 @@ pub mod guard;
 pub mod layout;
 pub mod locations;
 pub mod manifest;
+pub mod proxy;
 pub mod pullsecrets;
+pub mod referrers;
 mod requests;
 pub mod session;
 mod token;
 mod upload;
 
 pub use client::{ClientPool, Mount, PoolOptions, Registry, Role};
+pub use requests::{FetchedManifest, Precondition};
 
 use oci_client::errors::OciErrorCode;
 

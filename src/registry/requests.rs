@@ -200,17 +200,14 @@ impl Registry {
             reference: name.clone(),
             reason,
         };
-        let mut body = Vec::new();
-        let mut stream = resp.bytes_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| self.transport(e))?;
-            if body.len() + chunk.len() > MAX_MANIFEST_BYTES {
-                return Err(bad(format!(
+        let body = self
+            .read_bounded(resp, MAX_MANIFEST_BYTES)
+            .await?
+            .ok_or_else(|| {
+                bad(format!(
                     "larger than {MAX_MANIFEST_BYTES} bytes, more than a registry accepts"
-                )));
-            }
-            body.extend_from_slice(&chunk);
-        }
+                ))
+            })?;
         // The digest the bytes must hash to, in its algorithm: the
         // reference's, else the registry's, else sha256.
         let want = r.digest().cloned().or(sent);
@@ -279,13 +276,26 @@ impl Registry {
     pub async fn blob_exists(&self, r: &Reference, digest: &str) -> Result<bool> {
         let name = format!("{}@{digest}", r.name());
         let url = format!("{}/v2/{}/blobs/{digest}", self.base(), r.repository());
-        let resp = self
-            .send(&pull(r), &name, || self.http().head(&url))
-            .await?;
-        match resp.status().as_u16() {
-            200..=299 => Ok(true),
-            404 => Ok(false),
-            _ => Err(self.refusal(resp, &name, "HEAD blob").await),
+        // Distribution answers 500 to a HEAD of a blob that another writer
+        // (another replica copying the same image) is committing; the HEAD
+        // is idempotent, so it is asked again, briefly, before that counts.
+        let mut waits = [100, 300].into_iter();
+        loop {
+            let resp = self
+                .send(&pull(r), &name, || self.http().head(&url))
+                .await?;
+            match resp.status().as_u16() {
+                200..=299 => return Ok(true),
+                404 => return Ok(false),
+                500 => {
+                    if let Some(ms) = waits.next() {
+                        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+            return Err(self.refusal(resp, &name, "HEAD blob").await);
         }
     }
 
@@ -479,15 +489,10 @@ impl Registry {
                 operation,
                 message,
             };
-            let mut body = Vec::new();
-            let mut stream = resp.bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| self.transport(e))?;
-                if body.len() + chunk.len() > MAX_LIST_BYTES {
-                    return Err(bad(format!("a page larger than {MAX_LIST_BYTES} bytes")));
-                }
-                body.extend_from_slice(&chunk);
-            }
+            let body = self
+                .read_bounded(resp, MAX_LIST_BYTES)
+                .await?
+                .ok_or_else(|| bad(format!("a page larger than {MAX_LIST_BYTES} bytes")))?;
             let page: serde_json::Value = serde_json::from_slice(&body)
                 .map_err(|e| bad(format!("the answer is not JSON: {e}")))?;
             // `"tags": null` is how Distribution answers a repository whose
@@ -505,5 +510,255 @@ impl Registry {
                 return Ok(Some(out));
             }
         }
+    }
+}
+
+impl Registry {
+    /// The body of `resp`, or `None` once it grows past `max` bytes.
+    ///
+    /// # Errors
+    /// [`RegistryError::Unreachable`] when the body breaks off.
+    pub(crate) async fn read_bounded(
+        &self,
+        resp: reqwest::Response,
+        max: usize,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut body = Vec::new();
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.transport(e))?;
+            if body.len() + chunk.len() > max {
+                return Ok(None);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(Some(body))
+    }
+
+    /// The referrers of `subject` in `r`'s repository (distribution-spec
+    /// §Listing Referrers): the descriptors of every page, following
+    /// `Link: <...>; rel="next"` on the registry's own origin, at most
+    /// `max_pages` pages and `max` descriptors. `None` when the registry
+    /// answers 404: it does not serve the API (Distribution 2.8 among
+    /// them), or does not know the repository.
+    ///
+    /// # Errors
+    /// As [`Registry::refusal`] for other statuses; [`RegistryError::Other`]
+    /// for a page that is not an image index, larger than 4 MiB, or a
+    /// `next` link to another origin.
+    pub async fn referrers(
+        &self,
+        r: &Reference,
+        subject: &Digest,
+        max_pages: usize,
+        max: usize,
+    ) -> Result<Option<Vec<serde_json::Value>>> {
+        let name = format!("{}@{subject}", r.name());
+        let bad = |message: String| RegistryError::Other {
+            registry: self.host().to_owned(),
+            reference: name.clone(),
+            operation: "list referrers of",
+            message,
+        };
+        let mut url = format!("{}/v2/{}/referrers/{subject}", self.base(), r.repository());
+        let mut out = Vec::new();
+        for page in 0..max_pages {
+            let resp = self
+                .send(&pull(r), &name, || {
+                    self.http()
+                        .get(&url)
+                        .header(ACCEPT_HEADER, super::manifest::OCI_INDEX)
+                })
+                .await?;
+            if resp.status() == reqwest::StatusCode::NOT_FOUND && page == 0 {
+                return Ok(None);
+            }
+            if !resp.status().is_success() {
+                return Err(self.refusal(resp, &name, "list referrers of").await);
+            }
+            let next = next_link(resp.headers());
+            let body = self
+                .read_bounded(resp, MAX_MANIFEST_BYTES)
+                .await?
+                .ok_or_else(|| bad(format!("a page larger than {MAX_MANIFEST_BYTES} bytes")))?;
+            let index: serde_json::Value = serde_json::from_slice(&body)
+                .map_err(|e| bad(format!("the answer is not JSON: {e}")))?;
+            let Some(manifests) = index.get("manifests").and_then(|m| m.as_array()) else {
+                return Err(bad(
+                    "the answer is not an image index (no `manifests` list)".into(),
+                ));
+            };
+            out.extend(manifests.iter().cloned());
+            if out.len() > max {
+                out.truncate(max);
+                return Ok(Some(out));
+            }
+            let Some(next) = next else {
+                return Ok(Some(out));
+            };
+            let next = match next.starts_with('/') {
+                true => format!("{}{next}", self.base()),
+                false => next,
+            };
+            // Pages stay on the registry: the token goes nowhere else.
+            if !self.session().is_own(&next) {
+                return Err(bad(format!("a next page on another origin ({next})")));
+            }
+            url = next;
+        }
+        Ok(Some(out))
+    }
+
+    /// `GET` the manifest `r` names, as the registry serves it (no shape
+    /// check), with its `ETag`; `None` for 404. For index tags pinswap
+    /// reads to merge into.
+    ///
+    /// # Errors
+    /// As [`Registry::refusal`]; [`RegistryError::Manifest`] past 4 MiB.
+    pub async fn get_manifest_raw(&self, r: &Reference) -> Result<Option<FetchedManifest>> {
+        let name = r.to_string();
+        let resp = self.manifest_request(r, reqwest::Method::GET).await?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !resp.status().is_success() {
+            return Err(self.refusal(resp, &name, "GET manifest").await);
+        }
+        let header = |h: reqwest::header::HeaderName| {
+            resp.headers()
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let etag = header(reqwest::header::ETAG);
+        let content_type = header(CONTENT_TYPE);
+        let bytes = self
+            .read_bounded(resp, MAX_MANIFEST_BYTES)
+            .await?
+            .ok_or_else(|| RegistryError::Manifest {
+                registry: self.host().to_owned(),
+                reference: name,
+                reason: format!("larger than {MAX_MANIFEST_BYTES} bytes"),
+            })?;
+        let digest = super::check::sha256_digest(&bytes);
+        Ok(Some(FetchedManifest {
+            bytes: Bytes::from(bytes),
+            digest,
+            content_type,
+            etag,
+        }))
+    }
+
+    /// `PUT` `bytes` as manifest `r` (its tag) with Content-Type
+    /// `media_type`, on condition `when` (`If-Match` an ETag read before,
+    /// or `If-None-Match: *` for a tag that was absent). `Ok(false)` when
+    /// the registry answers 412: someone else wrote the tag meanwhile.
+    /// Registries that keep no ETags ignore the condition.
+    ///
+    /// # Errors
+    /// As [`Registry::refusal`].
+    pub async fn put_manifest_if(
+        &self,
+        r: &Reference,
+        bytes: Bytes,
+        media_type: &'static str,
+        when: Precondition,
+    ) -> Result<bool> {
+        let name = r.to_string();
+        let url = format!(
+            "{}/v2/{}/manifests/{}",
+            self.base(),
+            r.repository(),
+            manifest_ref(r)
+        );
+        let resp = self
+            .send(&push(r), &name, || {
+                let req = self
+                    .http()
+                    .put(&url)
+                    .header(CONTENT_TYPE, media_type)
+                    .body(bytes.clone());
+                match &when {
+                    Precondition::Match(etag) => req.header(reqwest::header::IF_MATCH, etag),
+                    Precondition::Absent => req.header(reqwest::header::IF_NONE_MATCH, "*"),
+                    Precondition::None => req,
+                }
+            })
+            .await?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(true),
+            412 => Ok(false),
+            _ => Err(self.refusal(resp, &name, "PUT manifest").await),
+        }
+    }
+}
+
+/// A manifest as [`Registry::get_manifest_raw`] read it.
+#[derive(Debug, Clone)]
+pub struct FetchedManifest {
+    /// The bytes as served.
+    pub bytes: Bytes,
+    /// Their sha256.
+    pub digest: Digest,
+    /// The `Content-Type` answered.
+    pub content_type: Option<String>,
+    /// The `ETag` answered.
+    pub etag: Option<String>,
+}
+
+/// The condition of [`Registry::put_manifest_if`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Precondition {
+    /// `If-Match`: the tag still holds what this ETag named.
+    Match(String),
+    /// `If-None-Match: *`: the tag is still absent.
+    Absent,
+    /// No condition (the registry sent no ETag).
+    None,
+}
+
+/// The target of a `Link: <url>; rel="next"` header (RFC 8288), if any.
+fn next_link(headers: &reqwest::header::HeaderMap) -> Option<String> {
+    headers
+        .get_all(reqwest::header::LINK)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|link| {
+            let (target, params) = link.trim().split_once(';')?;
+            let rel_next = params.split(';').any(|p| {
+                let p = p.trim().to_ascii_lowercase();
+                p == "rel=\"next\"" || p == "rel=next"
+            });
+            let target = target.trim().strip_prefix('<')?.strip_suffix('>')?;
+            rel_next.then(|| target.to_owned())
+        })
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::next_link;
+
+    #[test]
+    fn next_links() {
+        let mut h = reqwest::header::HeaderMap::new();
+        assert_eq!(next_link(&h), None);
+        h.insert(
+            reqwest::header::LINK,
+            "</v2/a/referrers/sha256:1?n=1&last=x>; rel=\"next\""
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(
+            next_link(&h).as_deref(),
+            Some("/v2/a/referrers/sha256:1?n=1&last=x")
+        );
+        h.insert(
+            reqwest::header::LINK,
+            "<https://r/x>; rel=\"prev\", <https://r/y>; rel=next"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(next_link(&h).as_deref(), Some("https://r/y"));
     }
 }

@@ -40,6 +40,17 @@ pub enum BodyError {
     /// The budget is in use by other bodies (503).
     #[error("too many request bodies in flight; retry")]
     Busy,
+    /// Parsing it would take more than the whole budget can ever hold, so a
+    /// retry cannot help (413).
+    #[error(
+        "parsing this review takes about {needed} bytes, more than server.bodyMemory can hold for one review ({most} bytes); raise server.bodyMemory"
+    )]
+    OverBudget {
+        /// What the review needs.
+        needed: u64,
+        /// The most one review can hold.
+        most: u64,
+    },
     /// Not received within the body timeout (408).
     #[error("request body not received within the body timeout")]
     Timeout,
@@ -129,6 +140,17 @@ impl Reservation {
     /// [`BodyError::Busy`] when the budget (or its large half, for a body
     /// over [`LARGE_BODY`]) cannot cover it now; what was held stays held.
     pub fn grow_to(&mut self, bytes: u64) -> Result<(), BodyError> {
+        // A large body may hold the large half of the budget at most.
+        let most = match bytes > LARGE_BODY {
+            true => self.budget.bytes / 2,
+            false => self.budget.bytes,
+        };
+        if bytes > most {
+            return Err(BodyError::OverBudget {
+                needed: bytes,
+                most,
+            });
+        }
         if bytes > self.reserved {
             take(&self.budget.all, &mut self.all, bytes - self.reserved)?;
             self.reserved = bytes;
@@ -250,9 +272,15 @@ mod tests {
         let soon = Instant::now() + Duration::from_secs(5);
         let err = admit(Some(5 << 20), 4 << 20, &budget).unwrap_err();
         assert_eq!(err, BodyError::TooLarge { limit: 4 << 20 });
-        // Over the large half of a 1 MiB budget.
+        // Over the large half of a 1 MiB budget: it can never fit.
         let err = admit(Some(600 << 10), 4 << 20, &budget).unwrap_err();
-        assert_eq!(err, BodyError::Busy);
+        assert_eq!(
+            err,
+            BodyError::OverBudget {
+                needed: 600 << 10,
+                most: 512 << 10
+            }
+        );
         let held = admit(Some(2), 4 << 20, &budget).unwrap();
         let (bytes, held) = read_body(Body::from("{}"), Some(2), 4 << 20, held, soon)
             .await
@@ -278,7 +306,10 @@ mod tests {
         let err = read_body(Body::from(vec![b' '; 600_000]), None, 4 << 20, held, soon)
             .await
             .unwrap_err();
-        assert_eq!(err, BodyError::Busy, "past the large half");
+        assert!(
+            matches!(err, BodyError::OverBudget { most, .. } if most == 512 << 10),
+            "past the large half: {err:?}"
+        );
         assert_eq!(budget.in_use(), 0);
     }
 

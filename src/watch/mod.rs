@@ -4,6 +4,8 @@
 //!
 //! - [`leader`]: client-go-style election on a `coordination.k8s.io` Lease.
 //! - [`pods`]: what a Pod tells the watcher.
+//! - [`index`]: the leader's compact Pod index.
+//! - [`nodes`]: the nodes' platforms against the `platforms` filter.
 //! - [`recovery`]: invalidate, HEAD, re-mirror, Event; deduplicated and
 //!   retried per image.
 //! - [`reverify`]: periodic HEADs of cached target manifests.
@@ -14,12 +16,14 @@
 //! that was failing while the watch was down, or before this replica became
 //! leader, is still seen.
 
+pub mod index;
 pub mod leader;
+pub mod nodes;
 pub mod pods;
 pub mod recovery;
 pub mod reverify;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
@@ -98,12 +102,18 @@ impl Background {
             None => watch::channel(false).1,
         };
         if let (Some(c), Some(rec)) = (&client, &recovery) {
-            let namespaces = r.namespaces.clone();
+            let scope = Scope {
+                target: mirror.target().clone(),
+                namespaces: r.namespaces.clone(),
+                platforms: match &config.platforms {
+                    crate::config::Platforms::Only(p) => Some(p.clone()),
+                    crate::config::Platforms::All => None,
+                },
+            };
             let (c, rec, l, t) = (c.clone(), rec.clone(), leader.clone(), token.clone());
-            let target = mirror.target().clone();
             let metrics = mirror.metrics().clone();
             tasks.spawn(async move {
-                lead_and_watch(c, rec, target, namespaces, l, t, metrics).await;
+                lead_and_watch(c, rec, scope, l, t, metrics).await;
             });
         }
         if config.identity.scan_rate > 0 {
@@ -157,13 +167,21 @@ impl Background {
     }
 }
 
-/// Waits to lead, watches Pods while leading, and stops within one Lease
-/// retry period of losing the lead.
+/// What the leader watches.
+struct Scope {
+    target: crate::reference::MirrorTarget,
+    /// Pods' namespaces; every namespace when empty.
+    namespaces: Vec<String>,
+    /// The `platforms` filter, when set: nodes are watched against it.
+    platforms: Option<Vec<crate::registry::manifest::PlatformSpec>>,
+}
+
+/// Waits to lead, watches Pods (and nodes, with a `platforms` filter) while
+/// leading, and stops within one Lease retry period of losing the lead.
 async fn lead_and_watch(
     client: kube::Client,
     recovery: Arc<Recovery>,
-    target: crate::reference::MirrorTarget,
-    namespaces: Vec<String>,
+    scope: Scope,
     mut leader: watch::Receiver<bool>,
     token: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
@@ -184,12 +202,21 @@ async fn lead_and_watch(
                 }
             }
         };
+        let nodes = async {
+            match &scope.platforms {
+                Some(p) => nodes::watch(client.clone(), p.clone(), metrics.clone()).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = watch_pods(&client, &recovery, &target, &namespaces) => {}
+            _ = watch_pods(&client, &recovery, &scope.target, &scope.namespaces) => {}
+            _ = nodes => {}
             _ = lost => info!("not leading: Pod watcher stopped"),
             _ = token.cancelled() => {}
         }
         metrics.leader.set(0);
+        // The nodes are the leader's to report; the alert takes the max.
+        metrics.nodes_without_platform.set(0);
         recovery.clear();
         if token.is_cancelled() {
             return;
@@ -219,27 +246,27 @@ async fn watch_pods(
             .boxed()
     });
     let mut events = futures::stream::select_all(streams);
-    let mut listing: HashMap<Option<String>, HashSet<String>> = HashMap::new();
+    // The list generation in progress per scope.
+    let mut listing: HashMap<Option<String>, u32> = HashMap::new();
     while let Some(ev) = events.next().await {
         match ev {
             Ok((scope, Event::Init)) => {
-                listing.insert(scope, HashSet::new());
+                listing.insert(scope, recovery.list_started());
             }
             Ok((scope, Event::InitApply(pod))) => {
-                let p = pods::target_images(&pod, target);
-                listing.entry(scope).or_default().insert(p.key());
-                recovery.pod_seen(p);
+                let generation = listing.get(&scope).copied();
+                recovery.pod_seen(pods::target_images(&pod, target), generation);
             }
             Ok((scope, Event::InitDone)) => {
                 // Pods deleted while the watch was down are not in the new
                 // list: forget them.
-                let seen = listing.remove(&scope).unwrap_or_default();
-                recovery.retain_pods(|k| match &scope {
-                    Some(ns) if !k.starts_with(&format!("{ns}/")) => true,
-                    _ => seen.contains(k),
-                });
+                if let Some(generation) = listing.remove(&scope) {
+                    recovery.list_done(scope.as_deref(), generation);
+                }
             }
-            Ok((_, Event::Apply(pod))) => recovery.pod_seen(pods::target_images(&pod, target)),
+            Ok((_, Event::Apply(pod))) => {
+                recovery.pod_seen(pods::target_images(&pod, target), None);
+            }
             Ok((_, Event::Delete(pod))) => {
                 recovery.pod_deleted(&pods::target_images(&pod, target).key());
             }

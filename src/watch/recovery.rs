@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::{info, warn};
 
+use super::index::PodIndex;
 use super::pods::{PodImages, TargetImage};
 use crate::admission::policy::Policy;
 use crate::cache::Cause;
@@ -65,7 +66,7 @@ pub struct Recovery {
     pull_secrets: Option<PullSecrets>,
     retry_initial: Duration,
     retry_max: Duration,
-    pods: Mutex<HashMap<String, PodImages>>,
+    pods: Mutex<PodIndex>,
     images: Mutex<HashMap<String, ImageState>>,
     /// Recoveries and retry timers in flight.
     tasks: Mutex<tokio::task::JoinSet<()>>,
@@ -115,25 +116,24 @@ impl Recovery {
     /// Takes in a Pod seen by the watcher: updates the index and starts a
     /// recovery for each target image that newly fails to pull (a changed
     /// `waiting.reason`: the kubelet alternates `ErrImagePull` and
-    /// `ImagePullBackOff` at each retry).
-    pub fn pod_seen(self: &Arc<Self>, pod: PodImages) {
+    /// `ImagePullBackOff` at each retry). `generation` marks a Pod
+    /// delivered by a list ([`Recovery::list_started`]).
+    pub fn pod_seen(self: &Arc<Self>, pod: PodImages, generation: Option<u32>) {
         self.note_identity(&pod);
-        let key = pod.key();
         let before = {
             let mut pods = self.pods.lock().expect("pods lock");
-            if pod.images.is_empty() {
-                pods.remove(&key)
-            } else {
-                pods.insert(key, pod.clone())
-            }
+            let before = pods.insert(&pod, generation);
+            self.metrics.watched_pods.set(pods.len() as i64);
+            before
         };
         for img in &pod.images {
             let Some(reason) = &img.failing else { continue };
             let was = before
-                .as_ref()
-                .and_then(|b| b.images.iter().find(|i| i.slot == img.slot))
-                .and_then(|i| i.failing.as_ref());
-            if was == Some(reason) {
+                .iter()
+                .flatten()
+                .find(|(slot, _)| **slot == *img.slot)
+                .and_then(|(_, failing)| *failing);
+            if was == Some(reason.as_str()) {
                 continue;
             }
             self.metrics.pull_failures.inc();
@@ -144,7 +144,11 @@ impl Recovery {
 
     /// Forgets a deleted Pod, also where it waits for a recovery's Event.
     pub fn pod_deleted(&self, key: &str) {
-        self.pods.lock().expect("pods lock").remove(key);
+        {
+            let mut pods = self.pods.lock().expect("pods lock");
+            pods.remove(key);
+            self.metrics.watched_pods.set(pods.len() as i64);
+        }
         self.identity_noted.lock().expect("noted lock").remove(key);
         self.forget_joined(|k| k != key);
     }
@@ -211,16 +215,31 @@ impl Recovery {
         });
     }
 
-    /// Keeps only the Pods whose keys `keep` accepts (after a re-list, to
-    /// drop Pods deleted while the watch was down), in the index and among
-    /// those waiting for a recovery's Event.
-    pub fn retain_pods(&self, keep: impl Fn(&str) -> bool) {
-        self.pods.lock().expect("pods lock").retain(|k, _| keep(k));
+    /// A (re-)list of Pods starts: pass the generation returned with each
+    /// Pod it delivers, then to [`Recovery::list_done`].
+    pub fn list_started(&self) -> u32 {
+        self.pods.lock().expect("pods lock").next_generation()
+    }
+
+    /// List `generation` of `namespace` (`None`: every namespace) ended:
+    /// forgets the Pods in it that it did not deliver (deleted while the
+    /// watch was down), in the index and among those waiting for a
+    /// recovery's Event.
+    pub fn list_done(&self, namespace: Option<&str>, generation: u32) {
+        let gone: std::collections::HashSet<String> = {
+            let mut pods = self.pods.lock().expect("pods lock");
+            let gone = pods.retain_listed(namespace, generation);
+            self.metrics.watched_pods.set(pods.len() as i64);
+            gone.into_iter().collect()
+        };
+        if gone.is_empty() {
+            return;
+        }
         self.identity_noted
             .lock()
             .expect("noted lock")
-            .retain(|k, _| keep(k));
-        self.forget_joined(keep);
+            .retain(|k, _| !gone.contains(k));
+        self.forget_joined(|k| !gone.contains(k));
     }
 
     /// Forgets everything and aborts recoveries and retries in flight
@@ -229,36 +248,32 @@ impl Recovery {
     pub fn clear(&self) {
         self.tasks.lock().expect("tasks lock").abort_all();
         self.pods.lock().expect("pods lock").clear();
+        self.metrics.watched_pods.set(0);
         self.images.lock().expect("images lock").clear();
     }
 
     /// A Pod known to the watcher whose images include `target`'s
     /// `repository@digest`, with that image.
     pub fn user_of(&self, target: &Reference) -> Option<(PodImages, TargetImage)> {
-        let want = target.without_tag().to_string();
         let pods = self.pods.lock().expect("pods lock");
-        pods.values().find_map(|p| {
-            p.images
-                .iter()
-                .find(|i| i.image.without_tag().to_string() == want)
-                .map(|i| (p.clone(), i.clone()))
-        })
+        pods.find(|i, _| same_manifest(i, target), 1).pop()
     }
 
-    /// Pods known to the watcher that use `key`'s image; only those that
-    /// fail to pull it with `failing_only`.
-    fn users(&self, key: &str, failing_only: bool) -> Vec<(PodImages, TargetImage)> {
+    /// Up to `limit` Pods known to the watcher that use `image` (as
+    /// [`image_key`] identifies it); only those that fail to pull it with
+    /// `failing_only`.
+    fn users(
+        &self,
+        image: &Reference,
+        failing_only: bool,
+        limit: usize,
+    ) -> Vec<(PodImages, TargetImage)> {
+        let same = |i: &Reference| match image.digest() {
+            Some(_) => same_manifest(i, image),
+            None => i == image,
+        };
         let pods = self.pods.lock().expect("pods lock");
-        pods.values()
-            .flat_map(|p| {
-                p.images
-                    .iter()
-                    .filter(|i| {
-                        (!failing_only || i.failing.is_some()) && image_key(&i.image) == key
-                    })
-                    .map(|i| (p.clone(), i.clone()))
-            })
-            .collect()
+        pods.find(|i, failing| (!failing_only || failing) && same(i), limit)
     }
 
     /// Starts or joins the recovery of `img`, on behalf of `pod` (told
@@ -345,10 +360,11 @@ impl Recovery {
         // may have it: the failing Pod's first, then other Pods using it.
         let mut pods = Vec::new();
         if let Some(ps) = &self.pull_secrets {
-            let users = pod
-                .iter()
-                .cloned()
-                .chain(self.users(&key, false).into_iter().map(|(p, _)| p));
+            let users = pod.iter().cloned().chain(
+                self.users(&img.image, false, MAX_VOUCHING_PODS + 1)
+                    .into_iter()
+                    .map(|(p, _)| p),
+            );
             let mut seen = std::collections::HashSet::new();
             for p in users
                 .filter(|p| seen.insert(p.key()))
@@ -442,12 +458,13 @@ impl Recovery {
         }
         if let Some(wait) = retry {
             let this = self.clone();
+            let image = img.image.clone();
             self.spawn(async move {
                 tokio::time::sleep(wait).await;
                 // After a pull failure, retry while a Pod still fails; after
                 // re-verification (its Pods run fine; nothing else will
                 // notice), while a Pod still uses the image.
-                let users = this.users(&key, cause == Cause::PullFailure);
+                let users = this.users(&image, cause == Cause::PullFailure, usize::MAX);
                 if users.is_empty() {
                     // Nobody needs it now: forget its failures, so a later
                     // loss starts from the first backoff step.
@@ -476,6 +493,12 @@ fn object_key(o: &ObjectReference) -> String {
         o.namespace.as_deref().unwrap_or("default"),
         o.name.as_deref().unwrap_or_default()
     )
+}
+
+/// Whether `a` and `b` name one manifest: registry, repository and digest
+/// (a tag aside). Compared in place: the index is scanned with it.
+fn same_manifest(a: &Reference, b: &Reference) -> bool {
+    a.digest() == b.digest() && a.repository() == b.repository() && a.registry() == b.registry()
 }
 
 /// The per-image key: target `repository@digest` (or the reference itself

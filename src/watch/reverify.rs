@@ -67,7 +67,15 @@ async fn check(
     let metrics = mirror.metrics().clone();
     let t = &e.target;
     match mirror.reverify(t, &e.tags).await {
-        Ok(true) => Metrics::outcome(&metrics.reverifications, "present"),
+        Ok(true) => {
+            Metrics::outcome(&metrics.reverifications, "present");
+            // Referrers added at the source since the copy follow now: on
+            // the leader, or on every replica when there is no election
+            // (the merge makes a repeat harmless).
+            if leading || recovery.is_none() {
+                mirror.refresh_referrers(t).await;
+            }
+        }
         Ok(false) => {
             Metrics::outcome(&metrics.reverifications, "missing");
             mirror.caches().invalidate(t, Cause::Reverification).await;

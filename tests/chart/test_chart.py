@@ -417,6 +417,7 @@ EQUIVALENT = [
         ["--tls", "cert-manager"],
     ),
     ({"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "0.0.0.0:9443", "healthListen": "0.0.0.0:9090"}}}, "pinswap", ["--tls", "self-signed"]),
+    ({"config": {"target": {"registry": "m.example.com"}, "platforms": ["linux/amd64"], "recovery": {"namespaces": ["apps"]}}}, "pinswap", ["--tls", "self-signed"]),
 ]
 
 

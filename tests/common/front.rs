@@ -33,6 +33,17 @@ pub enum Mode {
     /// whose header values (an AWS API's `X-Amz-Target`), contains this
     /// part, as [`Mode::Refuse`], then pass everything through.
     RefuseFirst(&'static str, &'static str, u16, Option<u64>),
+    /// Answer every request 401 with this `WWW-Authenticate` value (a
+    /// token realm of the test's choosing).
+    Challenge(String),
+    /// Pass through, but answer each upload opened (a 202 with a
+    /// `Location`) with this `Location` instead.
+    Relocate(String),
+    /// Pass everything through, but serve each referrers list (`GET
+    /// /v2/<name>/referrers/<digest>`, which the registry behind must
+    /// serve) in pages of this many descriptors, linked by `Link: <...>;
+    /// rel="next"` as distribution-spec §Listing Referrers allows.
+    PageReferrers(usize),
 }
 
 struct Shared {
@@ -222,10 +233,26 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
             index: spans.len() - 1,
         }
     };
+    let mode = s.mode.lock().unwrap().clone();
+    if let Mode::Challenge(challenge) = &mode {
+        let mut resp = Response::new(Body::from(
+            r#"{"errors":[{"code":"UNAUTHORIZED","message":"challenged by the test front"}]}"#,
+        ));
+        *resp.status_mut() = StatusCode::UNAUTHORIZED;
+        resp.headers_mut().insert(
+            "www-authenticate",
+            HeaderValue::from_str(challenge).unwrap(),
+        );
+        return resp;
+    }
+    let relocate = match &mode {
+        Mode::Relocate(to) => Some(HeaderValue::from_str(to).unwrap()),
+        _ => None,
+    };
     let refusal = {
         let mut mode = s.mode.lock().unwrap();
         match *mode {
-            Mode::Pass => None,
+            Mode::Pass | Mode::Challenge(_) | Mode::Relocate(_) => None,
             Mode::Refuse(status, retry_after) => Some((status, retry_after)),
             Mode::RefuseFirst(method, part, status, retry_after)
                 if req.method().as_str() == method
@@ -238,9 +265,19 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
                 *mode = Mode::Pass;
                 Some((status, retry_after))
             }
-            Mode::RefuseFirst(..) => None,
+            Mode::RefuseFirst(..) | Mode::PageReferrers(_) => None,
         }
     };
+    let page_size = match *s.mode.lock().unwrap() {
+        Mode::PageReferrers(n) => Some(n),
+        _ => None,
+    };
+    if let Some(n) = page_size
+        && req.method() == axum::http::Method::GET
+        && path.contains("/referrers/")
+    {
+        return page_referrers(&s, &path, n).await;
+    }
     if let Some((status, retry_after)) = refusal {
         let code = match status {
             401 => "UNAUTHORIZED",
@@ -272,8 +309,12 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
     match fwd.send().await {
         Ok(up) => {
             let mut resp = Response::builder().status(up.status().as_u16());
+            let opened = up.status() == reqwest::StatusCode::ACCEPTED;
             for (k, v) in up.headers() {
-                resp = resp.header(k, v);
+                match &relocate {
+                    Some(to) if opened && k == "location" => resp = resp.header(k, to),
+                    _ => resp = resp.header(k, v),
+                }
             }
             // `ends` goes with the body: dropped once it is sent or dropped.
             let body = futures::stream::unfold(
@@ -292,4 +333,46 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
             r
         }
     }
+}
+
+/// One page of the upstream's referrers list at `path` (`?page=K`, from 0).
+async fn page_referrers(s: &Shared, path: &str, n: usize) -> Response {
+    let (base, query) = path.split_once('?').unwrap_or((path, ""));
+    let page: usize = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("page="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let up = s
+        .http
+        .get(format!("http://{}{base}", s.upstream))
+        .send()
+        .await
+        .unwrap();
+    let status = up.status().as_u16();
+    let mut index: serde_json::Value = match status {
+        200 => up.json().await.unwrap(),
+        _ => {
+            let mut r = Response::new(Body::from(up.bytes().await.unwrap()));
+            *r.status_mut() = StatusCode::from_u16(status).unwrap();
+            return r;
+        }
+    };
+    // In digest order: the registry behind may answer in any order, and
+    // pages of a list that reorders would repeat or miss descriptors.
+    let mut all = index["manifests"].as_array().cloned().unwrap_or_default();
+    all.sort_by(|a, b| a["digest"].as_str().cmp(&b["digest"].as_str()));
+    let slice: Vec<_> = all.iter().skip(page * n).take(n).cloned().collect();
+    index["manifests"] = serde_json::Value::Array(slice);
+    let mut resp = Response::new(Body::from(serde_json::to_vec(&index).unwrap()));
+    resp.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/vnd.oci.image.index.v1+json"),
+    );
+    if (page + 1) * n < all.len() {
+        let link = format!("<{base}?page={}>; rel=\"next\"", page + 1);
+        resp.headers_mut()
+            .insert("link", HeaderValue::from_str(&link).unwrap());
+    }
+    resp
 }

@@ -119,6 +119,9 @@ struct Store {
     /// A watch from an older resourceVersion gets 410 Expired.
     oldest_watchable: u64,
     requests: Vec<ApiRequest>,
+    /// Nodes as `PartialObjectMetadata` (name and labels), for list only:
+    /// a watch of them is answered 404, so a watcher lists again.
+    nodes: Vec<Value>,
     /// Requests answered 410 Expired (a watch's ERROR event, or a list's
     /// stale `continue`).
     expired: Vec<ApiRequest>,
@@ -133,7 +136,7 @@ struct Store {
     forbidden: Vec<String>,
     /// (namespace or "", resourceVersion) → the Pods a paged list started
     /// with, for its later pages.
-    list_snapshots: HashMap<(String, u64), Vec<Value>>,
+    list_snapshots: HashMap<(String, u64), Arc<Vec<Value>>>,
 }
 
 /// RBAC rules bound to one ServiceAccount: cluster-wide ones (a ClusterRole
@@ -394,6 +397,7 @@ impl KubeApi {
         let grouped = "/apis/{group}/v1/namespaces/{ns}/{plural}";
         let app = axum::Router::new()
             .route("/api/v1/pods", get(all_pods))
+            .route("/api/v1/nodes", get(list_nodes))
             .route(core, get(list).post(create))
             .route(
                 &format!("{core}/{{name}}"),
@@ -435,6 +439,23 @@ impl KubeApi {
         &self.url
     }
 
+    /// Writes a kubeconfig for this server into `dir` (namespace
+    /// `pinswap`, no credentials) for a `pinswap serve` process.
+    pub fn kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {{server: \"{}\"}}\n\
+                 users:\n- name: t\n  user: {{}}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t, namespace: pinswap}}\n\
+                 current-context: t\n",
+                self.url
+            ),
+        )
+        .expect("write a kubeconfig");
+        path
+    }
+
     /// A client whose default namespace is `default`.
     pub fn client(&self) -> ::kube::Client {
         self.client_in("default")
@@ -470,6 +491,19 @@ impl KubeApi {
 
     pub fn put_service_account(&self, ns: &str, sa: ServiceAccount) -> ServiceAccount {
         self.put(SERVICE_ACCOUNTS, ns, &sa).0
+    }
+
+    /// Adds a node with these labels, listed as metadata only.
+    pub fn put_node(&self, name: &str, labels: &[(&str, &str)]) {
+        let labels: serde_json::Map<String, Value> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Value::from(*v)))
+            .collect();
+        self.shared.lock().nodes.push(serde_json::json!({
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"name": name, "labels": labels},
+        }));
     }
 
     /// Creates or replaces a Lease, e.g. one held by another replica.
@@ -894,6 +928,20 @@ async fn read(State(s): ApiState, Path(p): Params) -> Response {
     }
 }
 
+async fn list_nodes(State(s): ApiState, Query(q): Query<HashMap<String, String>>) -> Response {
+    if q.contains_key("watch") {
+        return no_such_resource();
+    }
+    let st = s.lock();
+    Json(serde_json::json!({
+        "kind": "PartialObjectMetadataList",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": st.rv.to_string()},
+        "items": st.nodes,
+    }))
+    .into_response()
+}
+
 async fn all_pods(
     State(s): ApiState,
     uri: axum::http::Uri,
@@ -942,12 +990,13 @@ fn list_or_watch_pods(
     let ns_key = ns.clone().unwrap_or_default();
     let in_scope = move |pod_ns: &str| ns.as_deref().is_none_or(|n| n == pod_ns);
     let mut st = shared.lock();
-    let pods: Vec<Value> = st
-        .objects
-        .iter()
-        .filter(|((plural, ns, _), _)| *plural == "pods" && in_scope(ns))
-        .map(|(_, pod)| pod.clone())
-        .collect();
+    let pods_of = |st: &Store| -> Vec<Value> {
+        st.objects
+            .iter()
+            .filter(|((plural, ns, _), _)| *plural == "pods" && in_scope(ns))
+            .map(|(_, pod)| pod.clone())
+            .collect()
+    };
     if !matches!(param("watch"), "true" | "1") {
         // Pages of `limit` items; `continue` is "RV/OFFSET", the list's
         // resourceVersion and how many items came before. Unlike etcd's
@@ -983,9 +1032,11 @@ fn list_or_watch_pods(
         // Later pages read the snapshot the first one took, as etcd's
         // list at the token's revision does.
         let key = (ns_key.clone(), rv);
+        // Shared, not copied: a paged list of N Pods reads N Pods, not N
+        // per page.
         let all = match st.list_snapshots.get(&key) {
             Some(snapshot) if offset > 0 => snapshot.clone(),
-            _ => pods,
+            _ => Arc::new(pods_of(&st)),
         };
         let end = offset.saturating_add(limit).min(all.len());
         if end < all.len() {
@@ -1006,6 +1057,7 @@ fn list_or_watch_pods(
     }
 
     // A watch replays what happened after `resourceVersion`, then goes live.
+    let pods = pods_of(&st);
     let (since, backlog): (u64, Vec<Arc<str>>) = match param("resourceVersion") {
         // "" and "0": from now, with a synthetic ADDED for every Pod.
         "" | "0" => (

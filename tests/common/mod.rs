@@ -7,8 +7,11 @@
 //!   [`token::TokenServer`], with HTTP helpers to read
 //!   back what the code under test wrote, and fault helpers;
 //! - [`proxy::TcpCutProxy`]: a TCP forwarder that can cut connections;
+//! - [`forward::ForwardProxy`]: a forward HTTP proxy (`CONNECT` and
+//!   absolute URIs) that records every request line;
 //! - [`front::Front`]: an HTTP front that passes requests to a registry or
-//!   answers them all with 429/503, counting what reached it;
+//!   answers them all with 429/503 or an auth challenge, or rewrites upload
+//!   `Location`s, counting what reached it;
 //! - [`metrics`]: sample values out of the metrics text;
 //! - [`moto::MotoServer`]: moto as the ECR, STS and IAM API on loopback;
 //! - [`fixtures`]: images, indexes and artifacts built in-process, with their
@@ -20,6 +23,8 @@
 //!   with raw TLS clients that misbehave;
 //! - [`tenants`]: namespaces with pull secrets and ServiceAccounts, written
 //!   through the API double or a real API server's admin client;
+//! - [`tools`]: cosign, oras and a referrers-API registry from
+//!   `scripts/build-tools.sh`;
 //! - [`pinswap_bin`]: the path of the binary under test.
 //!
 //! Helpers panic with context instead of returning errors: they are test code.
@@ -28,6 +33,7 @@
 
 pub mod cluster;
 pub mod fixtures;
+pub mod forward;
 pub mod front;
 pub mod kube;
 pub mod metrics;
@@ -41,6 +47,7 @@ pub mod skopeo;
 pub mod tenants;
 pub mod tls;
 pub mod token;
+pub mod tools;
 
 pub use fixtures::{Blob, Image, Index, StreamedImage};
 pub use proxy::TcpCutProxy;
@@ -100,6 +107,31 @@ pub async fn run_pinswap(args: &[&str]) -> (i32, String, String) {
         out.status.code().unwrap(),
         text(out.stdout),
         text(out.stderr),
+    )
+}
+
+/// Runs the `pinswap` binary with `args` and `input` on its standard
+/// input, with no Docker config to read: (exit code, stdout, stderr).
+pub async fn run_pinswap_with_input(args: &[&str], input: &str) -> (i32, String, String) {
+    use tokio::io::AsyncWriteExt;
+    let cache = cache_home();
+    let mut child = tokio::process::Command::new(pinswap_bin())
+        .args(args)
+        .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
+        .env("XDG_CACHE_HOME", cache.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
 

@@ -195,10 +195,15 @@ impl Served {
 
     /// A reqwest client trusting the server's CA (HTTP/1.1).
     pub fn client(&self) -> reqwest::Client {
+        self.client_with_timeout(Duration::from_secs(10))
+    }
+
+    /// As [`Served::client`], each request bounded by `timeout`.
+    pub fn client_with_timeout(&self, timeout: Duration) -> reqwest::Client {
         reqwest::Client::builder()
             .no_proxy()
             .tls_certs_only([reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).unwrap()])
-            .timeout(Duration::from_secs(10))
+            .timeout(timeout)
             .build()
             .unwrap()
     }

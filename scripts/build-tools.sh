@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the signing and artifact clients tests/referrers.rs drives, into
+# target/tools/: cosign and oras at pinned versions, and a registry that
+# implements the OCI 1.1 referrers API (tests/tools/referrers-registry, on
+# go-containerregistry's registry package; Distribution 2.8 answers that API
+# with 404). pinswap never links them. Modules come through the Go module
+# proxy; the build is reused while this script and the registry's sources
+# are unchanged. Prints the tools directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v go >/dev/null || {
+  echo "error: Go (1.26 or later) is needed to build the test tools" >&2
+  exit 1
+}
+cosign=github.com/sigstore/cosign/v3/cmd/cosign@v3.1.3
+oras=oras.land/oras/cmd/oras@v1.3.6
+out=target/tools
+stamp=$out/inputs.sha256
+mkdir -p "$out"
+inputs=$(cat scripts/build-tools.sh tests/tools/referrers-registry/go.mod tests/tools/referrers-registry/go.sum tests/tools/referrers-registry/*.go | sha256sum | cut -d" " -f1)
+if [ -x "$out/cosign" ] && [ -x "$out/oras" ] && [ -x "$out/referrers-registry" ] &&
+  [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ]; then
+  echo "$out"
+  exit 0
+fi
+start=$(date +%s)
+bin=$(cd "$out" && pwd)
+export GOFLAGS=-mod=mod
+GOBIN="$bin" go install -buildvcs=false -ldflags "-s -w" "$cosign"
+GOBIN="$bin" go install -buildvcs=false -ldflags "-s -w" "$oras"
+(cd tests/tools/referrers-registry && go build -buildvcs=false -ldflags "-s -w" -o "$bin/referrers-registry" .)
+echo "$inputs" >"$stamp"
+echo "built $out (cosign, oras, referrers-registry) in $(($(date +%s) - start)) s" >&2
+echo "$out"
