@@ -110,11 +110,10 @@ async fn pods_and_cron_jobs_from_before_the_install_are_backfilled() {
         2,
         "nothing outside the allowlist: {catalog:?}"
     );
-    assert!(
-        served.log_text().contains("backfill: first pass done"),
-        "{}",
-        served.log_text()
-    );
+    until("the first pass's summary", Duration::from_secs(10), || async {
+        served.log_text().contains("backfill: first pass done")
+    })
+    .await;
     // The running Pod is not patched or restarted.
     let now = pods.get("web").await.unwrap();
     assert_eq!(now.metadata.uid, before.metadata.uid);
