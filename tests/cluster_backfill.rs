@@ -110,9 +110,11 @@ async fn pods_and_cron_jobs_from_before_the_install_are_backfilled() {
         2,
         "nothing outside the allowlist: {catalog:?}"
     );
-    until("the first pass's summary", Duration::from_secs(10), || async {
-        served.log_text().contains("backfill: first pass done")
-    })
+    until(
+        "the first pass's summary",
+        Duration::from_secs(10),
+        || async { served.log_text().contains("backfill: first pass done") },
+    )
     .await;
     // The running Pod is not patched or restarted.
     let now = pods.get("web").await.unwrap();
