@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,7 @@ use common::fixtures::Image;
 use common::kube::KubeApi;
 use common::review::pod;
 use common::tenants;
-use common::{TestRegistry, push_image};
+use common::{FAST_RECOVERY as FAST, TestRegistry, eventually, push_image};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::Pod;
@@ -24,12 +23,6 @@ use pinswap::metrics::Metrics;
 use pinswap::watch::Background;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-
-const FAST: &str = "recovery:
-  retryInitial: 300ms
-  retryMax: 2s
-  lease: {duration: 2s, renewDeadline: 1500ms, retryPeriod: 200ms}
-";
 
 /// `sources` are the allowlist's registries; `extra` more top-level keys.
 fn config(dst: &TestRegistry, sources: &[&TestRegistry], extra: &str) -> Config {
@@ -48,22 +41,6 @@ fn config_with(dst: &TestRegistry, sources: &[&TestRegistry], source: &str, extr
         registries.join(", ")
     );
     Config::from_yaml(&yaml, "test.yaml").unwrap()
-}
-
-/// Polls `check` every 50 ms until it holds, or panics after `timeout`.
-async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// An image in `src` as `shop/<name>:v1`, and where it mirrors to.

@@ -6,32 +6,14 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::TestRegistry;
 use common::cluster::{Cluster, Install, forbidden, namespace, remove_webhooks};
+use common::{FAST_RECOVERY as FAST, TestRegistry, eventually as until};
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-
-const FAST: &str = "recovery:
-  retryInitial: 300ms
-  retryMax: 2s
-  lease: {duration: 2s, renewDeadline: 1500ms, retryPeriod: 200ms}
-";
-
-async fn until<F, Fut>(what: &str, limit: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let t = Instant::now();
-    while !f().await {
-        assert!(t.elapsed() < limit, "{what}: not after {limit:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_and_cron_jobs_from_before_the_install_are_backfilled() {
