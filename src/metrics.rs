@@ -448,6 +448,16 @@ impl Metrics {
             registry: r,
             registry_labels: std::sync::RwLock::default(),
         };
+        // Every state at zero from the start (a replica that never leads
+        // reports zeros, as for pinswap_watched_pods).
+        for state in ["present", "copied", "pending", "failed", "denied"] {
+            metrics
+                .backfill_images
+                .get_or_create(&StateLabel {
+                    state: state.to_owned(),
+                })
+                .set(0);
+        }
         for outcome in ["copied", "present", "skipped", "failed"] {
             metrics
                 .referrers_copied
