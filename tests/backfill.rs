@@ -431,3 +431,56 @@ async fn backfill_pass_figures() {
         hwm as f64 / 1024.0,
     );
 }
+
+/// `visibility: private`: the config's own credentials read the image,
+/// but only a Pod's proof lets the backfill copy it. A Pod without a
+/// secret leaves it alone; then one with its own secret proves access.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visibility_private_needs_a_pods_proof_even_when_the_config_reads_it() {
+    common::init();
+    let (user, password) = ("team-a", "A-pull-secret-1");
+    let private = TestRegistry::token_auth(user, password).await;
+    let dst = TestRegistry::plain().await;
+    let api = KubeApi::start().await;
+    let image = Image::oci(2, 7601);
+    push_image(&private, "private/app", Some("v1"), &image).await;
+    let app = Pushed {
+        source: format!("{}/private/app:v1", private.host()),
+        repo: format!("mirror/127.0.0.1_{}/private/app", private.port()),
+        image,
+    };
+    tenants::pull_secret(&api, "team-a", "regcred", &private.host(), user, password).await;
+    store_pod(&api, &tenants::pod("team-b", "b", &app.source, &[], None));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("password");
+    std::fs::write(&file, password).unwrap();
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\", auth: {{username: {user}, passwordFile: \"{}\"}}, visibility: private}}]\n  imagePullSecrets: true\ncache: {{reverify: 0s}}\n{FAST}",
+        dst.host(),
+        private.host(),
+        file.display()
+    );
+    let cfg = Config::from_yaml(&yaml, "test.yaml").unwrap();
+    let r = Replica::start(&cfg, &api);
+    eventually("denied", Duration::from_secs(20), || async {
+        r.backfilled("denied") == 1.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        dst.catalog().await.is_empty(),
+        "not copied with the config's credentials alone"
+    );
+    store_pod(
+        &api,
+        &tenants::pod("team-a", "a", &app.source, &["regcred"], None),
+    );
+    eventually(
+        "copied once a Pod proves access",
+        Duration::from_secs(20),
+        || mirrored(&dst, &app),
+    )
+    .await;
+    assert_eq!(r.backfilled("denied"), 0.0);
+    r.bg.stop().await;
+}
