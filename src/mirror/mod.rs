@@ -17,12 +17,14 @@ use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 mod access;
+pub mod backfill;
 pub mod health;
 mod identity_check;
 mod recover;
 mod referrers;
 mod resume;
 
+pub use backfill::Backfilled;
 pub use recover::Recovered;
 
 use crate::cache::{Caches, Purge};
