@@ -490,10 +490,15 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
     // Pull-failure recovery: read Pods, record Events (events.k8s.io/v1,
     // as kube-runtime's Recorder writes them, patching repeats).
     let watch = || {
-        vec![
+        let mut rules = vec![
             rule(&[""], &["pods"], &["get", "list", "watch"], &[]),
             rule(&["events.k8s.io"], &["events"], &["create", "patch"], &[]),
-        ]
+        ];
+        // Only when operators opt in: evicting disrupts.
+        if c.recovery.evict.enabled {
+            rules.push(rule(&[""], &["pods/eviction"], &["create"], &[]));
+        }
+        rules
     };
     let mut cluster = Vec::new();
     if c.recovery.enabled {

@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::{info, warn};
 
+use super::evict::Evictor;
 use super::index::PodIndex;
 use super::pods::{PodImages, TargetImage};
 use crate::admission::policy::Policy;
@@ -66,7 +67,10 @@ pub struct Recovery {
     pull_secrets: Option<PullSecrets>,
     retry_initial: Duration,
     retry_max: Duration,
-    pods: Mutex<PodIndex>,
+    pods: Arc<Mutex<PodIndex>>,
+    /// With `recovery.evict.enabled`: evicts Pods still in back-off after
+    /// a re-mirror.
+    evictor: Option<Arc<Evictor>>,
     images: Mutex<HashMap<String, ImageState>>,
     /// Recoveries and retry timers in flight.
     tasks: Mutex<tokio::task::JoinSet<()>>,
@@ -106,11 +110,36 @@ impl Recovery {
             pull_secrets,
             retry_initial,
             retry_max,
-            pods: Mutex::default(),
+            pods: Arc::default(),
+            evictor: None,
             images: Mutex::default(),
             tasks: Mutex::default(),
             identity_noted: Mutex::default(),
         }
+    }
+
+    /// With `config.evict.enabled` and a `client`: after each re-mirror,
+    /// evicts the Pods still stuck on the image ([`super::evict`]).
+    pub fn with_eviction(
+        mut self,
+        client: Option<kube::Client>,
+        config: &crate::config::Recovery,
+    ) -> Self {
+        if let (true, Some(c), Some(rec)) = (config.evict.enabled, client, &self.recorder) {
+            self.evictor = Some(Evictor::new(
+                c,
+                rec.clone(),
+                self.mirror.clone(),
+                self.pods.clone(),
+                config,
+            ));
+        }
+        self
+    }
+
+    /// The evictor, with `recovery.evict.enabled`.
+    pub fn evictor(&self) -> Option<&Arc<Evictor>> {
+        self.evictor.as_ref()
     }
 
     /// Takes in a Pod seen by the watcher: updates the index and starts a
@@ -250,6 +279,9 @@ impl Recovery {
         self.pods.lock().expect("pods lock").clear();
         self.metrics.watched_pods.set(0);
         self.images.lock().expect("images lock").clear();
+        if let Some(e) = &self.evictor {
+            e.clear();
+        }
     }
 
     /// A Pod known to the watcher whose images include `target`'s
@@ -417,6 +449,9 @@ impl Recovery {
             Ok(Recovered::Remirrored { source, seconds }) => {
                 Metrics::outcome(&self.metrics.remirrors, "remirrored");
                 info!(image = %img.image, %source, seconds, cause = cause.as_str(), "mirrored a lost image again");
+                if let Some(e) = &self.evictor {
+                    e.remirrored(&img.image);
+                }
                 Some(Event {
                     type_: EventType::Normal,
                     reason: REMIRRORED.into(),
@@ -511,7 +546,7 @@ fn image_key(image: &Reference) -> String {
 }
 
 /// Event notes are limited to 1 KiB by the API server.
-fn trim(mut s: String) -> String {
+pub(super) fn trim(mut s: String) -> String {
     if s.len() > 1000 {
         let mut cut = 1000;
         while !s.is_char_boundary(cut) {
