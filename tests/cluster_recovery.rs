@@ -472,12 +472,16 @@ async fn deploy(rig: &Rig, name: &str, app: &common::fixtures::Image) -> Pod {
 /// returns it.
 async fn replaced(rig: &Rig, name: &str, old: &Pod) -> Pod {
     let old_name = old.metadata.name.clone().unwrap();
-    until(
-        "the stuck Pod is evicted",
-        Duration::from_secs(40),
-        || async { rig.pods().get_opt(&old_name).await.unwrap().is_none() },
-    )
-    .await;
+    let t = Instant::now();
+    while rig.pods().get_opt(&old_name).await.unwrap().is_some() {
+        let log = rig.served().log_text();
+        let said: Vec<&str> = log.lines().rev().take(25).collect();
+        assert!(
+            t.elapsed() < Duration::from_secs(40),
+            "the stuck Pod is not evicted after 40 s; pinswap said: {said:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     until("a replacement", Duration::from_secs(30), || async {
         pods_of(rig, name)
             .await

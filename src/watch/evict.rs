@@ -1,7 +1,8 @@
 //! Eviction of Pods stuck in the kubelet's pull back-off after a late
 //! re-mirror (`recovery.evict`; docs/operations.md "Recovery timeline").
 //!
-//! When a recovery mirrored an image again, the kubelet retries a Pod that
+//! When a recovery mirrored an image again (or found back an image an
+//! earlier attempt found missing), the kubelet retries a Pod that
 //! failed to pull it only when its back-off ends (doubling up to 5 min).
 //! The leader then evicts, through the Eviction API (so PodDisruptionBudgets
 //! hold), each Pod that still waits on that image, whose first pull failure

@@ -54,6 +54,9 @@ struct ImageState {
     done: Option<Instant>,
     failures: u32,
     retry_at: Option<Instant>,
+    /// A failed attempt found the manifest missing at the target: a later
+    /// attempt that finds it present knows it was mirrored again meanwhile.
+    lost: bool,
 }
 
 /// The recovery service: the Pod index the watcher feeds, and per-image
@@ -409,17 +412,27 @@ impl Recovery {
             .mirror
             .recover(&img.image, img.original.as_ref(), cause, &pods)
             .await;
-        let (pods, retry) = {
+        // Only for eviction: whether the target lacks it (a failure may
+        // also be a verifying copy's, with the manifest there).
+        let missing = match (&res, &self.evictor) {
+            (Err(_), Some(_)) => matches!(self.mirror.head_target(&img.image).await, Ok(false)),
+            _ => false,
+        };
+        let (pods, retry, was_lost) = {
             let mut images = self.images.lock().expect("images lock");
             let st = images.entry(key.clone()).or_default();
             st.running = false;
+            st.lost |= missing;
+            let was_lost = st.lost;
+            // Kept while attempts fail; an attempt that worked ends it.
+            st.lost = was_lost && res.is_err();
             let pods = std::mem::take(&mut st.pods);
             match &res {
                 Ok(_) => {
                     st.done = Some(Instant::now());
                     st.failures = 0;
                     st.retry_at = None;
-                    (pods, None)
+                    (pods, None, was_lost)
                 }
                 Err(_) => {
                     st.failures += 1;
@@ -436,11 +449,22 @@ impl Recovery {
                         .min(self.retry_max)
                         .max(breaker);
                     st.retry_at = Some(Instant::now() + wait);
-                    (pods, Some(wait))
+                    (pods, Some(wait), was_lost)
                 }
             }
         };
         let event = match res {
+            Ok(Recovered::Present) if was_lost => {
+                // Missing at an attempt before, there now: another copy (a
+                // resumed one, an admission's) mirrored it again since the
+                // Pods failed.
+                Metrics::outcome(&self.metrics.remirrors, "present");
+                info!(image = %img.image, "target has the image again, mirrored since the pull failure");
+                if let Some(e) = &self.evictor {
+                    e.remirrored(&img.image);
+                }
+                None
+            }
             Ok(Recovered::Present) => {
                 Metrics::outcome(&self.metrics.remirrors, "present");
                 info!(image = %img.image, "target has the image; the pull failure has another cause");
