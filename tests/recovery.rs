@@ -2168,8 +2168,9 @@ async fn evictions_after_a_large_outage_are_held_to_per_minute() {
 async fn with_eviction_off_nothing_is_evicted_and_none_is_granted() {
     let (mut src, dst, api) = rig().await;
     let app = push(&src, "app", 445).await;
-    let cfg = config(&src, &dst, "{reverify: 0s}");
-    assert!(!cfg.recovery.evict.enabled);
+    // Off by default; and off means off, even with `after: 0s`.
+    assert!(!config(&src, &dst, "{}").recovery.evict.enabled);
+    let cfg = evict_config(&src, &dst, "{enabled: false, after: 0s}");
     let mut r = Replica::new(&cfg);
     let web = admit_owned(&r, &api, "web-0", &app, true).await;
     r.start(&cfg, &api);
@@ -2180,6 +2181,11 @@ async fn with_eviction_off_nothing_is_evicted_and_none_is_granted() {
     source_back(&api, &mut src, &dst, &app, "web-0").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(api.evictions().is_empty(), "{:?}", api.evictions());
+    assert!(
+        api.forbidden().is_empty(),
+        "not even tried: {:?}",
+        api.forbidden()
+    );
     assert!(api.pod("shop", "web-0").is_some());
     let opts = pinswap::install::manifests::Options {
         namespace: "pinswap".into(),
