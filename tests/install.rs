@@ -773,24 +773,31 @@ async fn bad_options_and_configs_are_refused_by_name() {
     }
 }
 
+/// The objects `kubectl kustomize DIR` renders.
+async fn kustomize(dir: &Path) -> Vec<Value> {
+    let out = tokio::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .await
+        .expect("kubectl (1.32+, with kustomize v5) must be installed for this test");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    documents(&String::from_utf8(out.stdout).unwrap())
+}
+
 /// `kubectl kustomize deploy/overlays/<mode>` renders exactly what
 /// `pinswap manifests --tls <mode>` prints.
 #[tokio::test]
 async fn the_kustomize_overlays_render_what_pinswap_manifests_prints() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     for mode in ["cert-manager", "self-signed"] {
-        let out = tokio::process::Command::new("kubectl")
-            .arg("kustomize")
-            .arg(repo.join("deploy/overlays").join(mode))
-            .output()
+        let rendered: BTreeMap<_, _> = kustomize(&repo.join("deploy/overlays").join(mode))
             .await
-            .expect("kubectl (1.32+, with kustomize v5) must be installed for this test");
-        assert!(
-            out.status.success(),
-            "kubectl kustomize {mode}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let rendered: BTreeMap<_, _> = documents(&String::from_utf8(out.stdout).unwrap())
             .into_iter()
             .map(|o| (key(&o), o))
             .collect();
@@ -888,18 +895,7 @@ async fn pods_eviction_is_granted_only_with_recovery_evict_enabled() {
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../deploy/overlays/cert-manager]\ncomponents: [../deploy/components/evict]\n",
     )
     .unwrap();
-    let out = tokio::process::Command::new("kubectl")
-        .arg("kustomize")
-        .arg(&overlay)
-        .output()
-        .await
-        .expect("kubectl (1.32+, with kustomize v5) must be installed for this test");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rendered = documents(&String::from_utf8(out.stdout).unwrap());
+    let rendered = kustomize(&overlay).await;
     assert_eq!(
         find(&rendered, "ClusterRole", "pinswap"),
         find(&printed, "ClusterRole", "pinswap")
