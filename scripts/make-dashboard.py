@@ -65,6 +65,7 @@ line([
  ("Pull failures seen",[(rate("pinswap_pull_failures_total"),"pull failures")],"ops","Leader only: ErrImagePull and ImagePullBackOff on target images."),
  ("Re-mirrors by outcome",[(rate("pinswap_remirrors_total","outcome"),"{{outcome}}")],"ops"),
  ("Re-verification by outcome",[(rate("pinswap_reverifications_total","outcome"),"{{outcome}}")],"ops"),
+ ("Evictions by outcome",[(rate("pinswap_evictions_total","outcome"),"{{outcome}}")],"ops","Leader only, with recovery.evict.enabled: Pods still in pull back-off after a re-mirror."),
  ("Leader",[(f"max by (pod) (pinswap_leader{S})","{{pod}}")],"short","1 on the replica holding the Lease."),
  ("Watched Pods and nodes left out",[(f"max(pinswap_watched_pods{S})","Pods in the leader's index"),(f"max(pinswap_nodes_without_platform{S})","nodes the platforms filter leaves out")],"short","Leader only. Nodes left out: their os/arch is not in platforms."),
 ])

@@ -566,6 +566,10 @@ pub struct Recovery {
     /// Leader election.
     #[serde(default)]
     pub lease: Lease,
+    /// Eviction of controller-owned Pods still in the kubelet's pull
+    /// back-off after their image was mirrored again.
+    #[serde(default)]
+    pub evict: Evict,
 }
 
 impl Default for Recovery {
@@ -576,6 +580,7 @@ impl Default for Recovery {
             retry_initial: d_5s(),
             retry_max: d_5m(),
             lease: Lease::default(),
+            evict: Evict::default(),
         }
     }
 }
@@ -603,12 +608,47 @@ impl Default for Backfill {
     }
 }
 
+/// Evicting Pods stuck in `ImagePullBackOff` after a late re-mirror
+/// (docs/operations.md "Recovery timeline"). Off by default: an eviction
+/// disrupts, and operators opt in.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Evict {
+    /// Evict (through the Eviction API) Pods with a controller that still
+    /// fail to pull an image pinswap has mirrored again.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Only Pods whose first pull failure on the image is older than this.
+    #[serde(default = "d_30s", with = "duration")]
+    pub after: Duration,
+    /// At most this many evictions in any minute.
+    #[serde(default = "evict_per_minute")]
+    pub per_minute: u32,
+}
+
+impl Default for Evict {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            after: d_30s(),
+            per_minute: evict_per_minute(),
+        }
+    }
+}
+
 fn backfill_concurrency() -> usize {
     2
 }
 
 /// The most images the backfill copies at once.
 pub const MAX_BACKFILL_CONCURRENCY: usize = 64;
+
+fn evict_per_minute() -> u32 {
+    10
+}
+
+/// The largest `recovery.evict.perMinute`: a bound, not a firehose.
+pub const EVICT_PER_MINUTE_MAX: u32 = 600;
 
 /// The `coordination.k8s.io/v1` Lease that elects the recovery leader, with
 /// client-go's leader-election timings.
@@ -1230,6 +1270,31 @@ impl Config {
                 ),
             );
         }
+        let e = &self.recovery.evict;
+        if e.per_minute == 0 || e.per_minute > EVICT_PER_MINUTE_MAX {
+            bad(
+                "recovery.evict.perMinute".into(),
+                format!(
+                    "found {}, expected 1 to {EVICT_PER_MINUTE_MAX} (set recovery.evict.enabled: false to evict nothing)",
+                    e.per_minute
+                ),
+            );
+        }
+        if e.after > Duration::from_secs(3600) {
+            bad(
+                "recovery.evict.after".into(),
+                format!(
+                    "found {}, expected at most 1h (the kubelet retries a pull every 5m at the longest)",
+                    humantime::format_duration(e.after)
+                ),
+            );
+        }
+        if e.enabled && !self.recovery.enabled {
+            bad(
+                "recovery.evict.enabled".into(),
+                "found true with recovery.enabled: false; eviction follows a recovery's re-mirror, so it needs recovery on".into(),
+            );
+        }
         let l = &self.recovery.lease;
         if !is_dns_subdomain(&l.name) {
             bad(
@@ -1522,6 +1587,16 @@ recovery:
     duration: 15s
     renewDeadline: 10s
     retryPeriod: 2s
+  # After a re-mirror, evict Pods that still wait in ImagePullBackOff on the
+  # image, so their controller replaces them at once instead of after the
+  # kubelet's back-off (up to 5m). Only Pods with a controller (ReplicaSet,
+  # StatefulSet, DaemonSet, Job) whose first pull failure is older than
+  # `after`; through the Eviction API (PodDisruptionBudgets hold), at most
+  # perMinute a minute. Needs pods/eviction create.
+  evict:
+    enabled: false
+    after: 30s
+    perMinute: 10
 
 backfill:
   # Mirror the images that Pods already running and workload templates
@@ -1711,6 +1786,22 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
             (
                 "target: {registry: m.example.com}\nrecovery: {namespaces: [apps, web, apps]}\n",
                 "test.yaml: recovery.namespaces[2]: found \"apps\" again (first at recovery.namespaces[0])",
+            ),
+            (
+                "target: {registry: m.example.com}\nrecovery: {evict: {enabled: true, perMinute: 0}}\n",
+                "test.yaml: recovery.evict.perMinute: found 0, expected 1 to 600 (set recovery.evict.enabled: false to evict nothing)",
+            ),
+            (
+                "target: {registry: m.example.com}\nrecovery: {evict: {after: 2h}}\n",
+                "test.yaml: recovery.evict.after: found 2h, expected at most 1h (the kubelet retries a pull every 5m at the longest)",
+            ),
+            (
+                "target: {registry: m.example.com}\nrecovery: {enabled: false, evict: {enabled: true}}\n",
+                "test.yaml: recovery.evict.enabled: found true with recovery.enabled: false; eviction follows a recovery's re-mirror, so it needs recovery on",
+            ),
+            (
+                "target: {registry: m.example.com}\nrecovery: {evict: {enable: true}}\n",
+                "test.yaml:2:20: recovery.evict.enable: unknown field `enable`, expected one of `enabled`, `after`, `perMinute`",
             ),
             (
                 "target: {registry: m.example.com}\nplatforms: [linux]\n",

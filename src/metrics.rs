@@ -157,6 +157,10 @@ pub struct Metrics {
     /// `pinswap_remirrors_total{outcome}`: recoveries of one target image
     /// (`remirrored`, `present`, `failed`).
     pub remirrors: Family<OutcomeLabel, Counter>,
+    /// `pinswap_evictions_total{outcome}`: eviction attempts and decisions
+    /// for Pods stuck in pull back-off after a re-mirror (`evicted`,
+    /// `budget`, `gone`, `recovered`, `not_served`, `failed`, `dropped`).
+    pub evictions: Family<OutcomeLabel, Counter>,
     /// `pinswap_reverifications_total{outcome}`: re-verification HEADs
     /// (`present`, `missing`, `error`).
     pub reverifications: Family<OutcomeLabel, Counter>,
@@ -358,6 +362,12 @@ impl Metrics {
                 &mut r,
                 "remirrors",
                 "Recoveries of a target image after a pull failure or re-verification, by outcome (remirrored, present, failed)",
+                Family::default(),
+            ),
+            evictions: register(
+                &mut r,
+                "evictions",
+                "Evictions of Pods still in pull back-off after their image was mirrored again, by outcome (evicted, budget, gone, recovered, not_served, failed, dropped)",
                 Family::default(),
             ),
             reverifications: register(

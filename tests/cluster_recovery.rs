@@ -406,3 +406,252 @@ async fn a_platforms_filter_that_leaves_out_a_nodes_arch_is_reported_and_counted
     }
     no_forbidden(cluster, &rig);
 }
+
+// ---- eviction after a late re-mirror (recovery.evict) --------------------
+
+/// A source breaker that lets a returning source be asked again within a
+/// second (under `source`).
+const QUICK_BREAKER: &str = "  breaker: {backoff: 500ms, maxBackoff: 1s}";
+
+fn deployment(name: &str, image: &str) -> k8s_openapi::api::apps::v1::Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": image}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+/// The Deployment `app`'s Pods, as the API server has them.
+async fn pods_of(rig: &Rig, app: &str) -> Vec<Pod> {
+    let lp = ListParams::default().labels(&format!("app={app}"));
+    rig.pods().list(&lp).await.unwrap().items
+}
+
+/// Creates the Deployment `name` running `app:v1` and returns its one Pod,
+/// created by the ReplicaSet controller and rewritten by admission.
+async fn deploy(rig: &Rig, name: &str, app: &common::fixtures::Image) -> Pod {
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(rig.client.clone(), &rig.ns);
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment(name, &rig.source(IMAGE)),
+        )
+        .await
+        .unwrap();
+    until(
+        "the ReplicaSet creates a Pod",
+        Duration::from_secs(30),
+        || async { pods_of(rig, name).await.len() == 1 },
+    )
+    .await;
+    let p = pods_of(rig, name).await.remove(0);
+    assert_eq!(
+        images(&p, "containers"),
+        [format!("{}:v1@{}", rig.mirrored("app"), app.digest)]
+    );
+    assert!(
+        p.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "ReplicaSet" && o.controller == Some(true))
+    );
+    p
+}
+
+/// Waits until `old` is gone and the Deployment `name` has a new Pod, and
+/// returns it.
+async fn replaced(rig: &Rig, name: &str, old: &Pod) -> Pod {
+    let old_name = old.metadata.name.clone().unwrap();
+    let t = Instant::now();
+    while rig.pods().get_opt(&old_name).await.unwrap().is_some() {
+        let log = rig.served().log_text();
+        let said: Vec<&str> = log.lines().rev().take(25).collect();
+        assert!(
+            t.elapsed() < Duration::from_secs(40),
+            "the stuck Pod is not evicted after 40 s; pinswap said: {said:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    until("a replacement", Duration::from_secs(30), || async {
+        pods_of(rig, name)
+            .await
+            .iter()
+            .any(|p| p.metadata.uid != old.metadata.uid)
+    })
+    .await;
+    pods_of(rig, name)
+        .await
+        .into_iter()
+        .find(|p| p.metadata.uid != old.metadata.uid)
+        .unwrap()
+}
+
+async fn events_with(rig: &Rig, reason: &str) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(rig.client.clone(), &rig.ns);
+    let listed = events.list(&ListParams::default()).await.unwrap().items;
+    listed
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+async fn metric(rig: &Rig, series: &str) -> f64 {
+    let (_, text) = rig.served().health_get("/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0.0)
+}
+
+/// The source is down at the first pull failure; once it is back and the
+/// image is mirrored again, the Deployment's Pod (failing for longer than
+/// `after`) is evicted, kube-controller-manager's ReplicaSet controller
+/// creates a replacement, and admission rewrites it to the target. A bare
+/// Pod failing on the same image is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployments_pod_stuck_after_a_late_remirror_is_evicted_and_replaced() {
+    let cluster = Cluster::get();
+    let _g = cluster.lock().await;
+    let recovery = format!("{FAST}  evict: {{enabled: true, after: 3s}}\n");
+    let src = common::TestRegistry::plain().await;
+    let mut rig = Rig::start_with(cluster, "evict", &recovery, QUICK_BREAKER, src).await;
+    until("the replica leads", Duration::from_secs(30), || async {
+        rig.served().log_text().contains("leading: watching Pods")
+    })
+    .await;
+    let app = rig.push("app", "v1", 24).await;
+    let stuck = deploy(&rig, "web", &app).await;
+    let stuck_name = stuck.metadata.name.clone().unwrap();
+    rig.create(pod("solo", &[("app", &rig.source(IMAGE))], &[]))
+        .await
+        .unwrap();
+
+    rig.dst
+        .delete_manifest(&repo(&rig, "app"), &app.digest)
+        .await;
+    rig.src.kill();
+    report_pull_failure(&rig, &stuck_name, "app", "ErrImagePull").await;
+    report_pull_failure(&rig, "solo", "app", "ErrImagePull").await;
+    until("RemirrorFailed", Duration::from_secs(30), || async {
+        !events_with(&rig, "RemirrorFailed").await.is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    rig.src.restart().await;
+    remirrored(&rig, &app, "the image is served again").await;
+
+    let new = replaced(&rig, "web", &stuck).await;
+    assert_eq!(
+        images(&new, "containers"),
+        [format!("{}:v1@{}", rig.mirrored("app"), app.digest)],
+        "the replacement is rewritten and pinned"
+    );
+    let evicted = events_with(&rig, "EvictedAfterRemirror").await;
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    let regarding = evicted[0].regarding.clone().unwrap();
+    assert_eq!(regarding.name.as_deref(), Some(stuck_name.as_str()));
+    assert!(evicted[0].note.clone().unwrap().contains(&app.digest));
+    // The bare Pod is still there, still waiting.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let solo = rig.pods().get("solo").await.unwrap();
+    assert!(solo.metadata.deletion_timestamp.is_none());
+    assert_eq!(
+        metric(&rig, "pinswap_evictions_total{outcome=\"evicted\"}").await,
+        1.0
+    );
+    no_forbidden(cluster, &rig);
+}
+
+/// A real PodDisruptionBudget (its status computed by the disruption
+/// controller) refuses the eviction of a Pod that had run (phase Running:
+/// the API server ignores budgets for Pending Pods): 429, counted, retried;
+/// once the budget allows it, the Pod is evicted and replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disruption_budget_holds_the_eviction_until_it_allows_it() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let cluster = Cluster::get();
+    let _g = cluster.lock().await;
+    let recovery = format!("{FAST}  evict: {{enabled: true, after: 0s}}\n");
+    let src = common::TestRegistry::plain().await;
+    let rig = Rig::start_with(cluster, "evict-pdb", &recovery, QUICK_BREAKER, src).await;
+    until("the replica leads", Duration::from_secs(30), || async {
+        rig.served().log_text().contains("leading: watching Pods")
+    })
+    .await;
+    let app = rig.push("app", "v1", 25).await;
+    let stuck = deploy(&rig, "web", &app).await;
+    let stuck_name = stuck.metadata.name.clone().unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(rig.client.clone(), &rig.ns);
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    until(
+        "the disruption controller computes the budget",
+        Duration::from_secs(30),
+        || async {
+            let p = pdbs.get("web").await.unwrap();
+            let st = p.status.unwrap_or_default();
+            st.observed_generation == p.metadata.generation && st.expected_pods == 1
+        },
+    )
+    .await;
+
+    rig.dst
+        .delete_manifest(&repo(&rig, "app"), &app.digest)
+        .await;
+    // A Pod that ran, whose container restarted and cannot pull.
+    let stored = serde_json::to_value(rig.pods().get(&stuck_name).await.unwrap()).unwrap();
+    let mut failing = common::review::pull_failing(&stored, "app", "ErrImagePull");
+    failing["status"]["phase"] = "Running".into();
+    rig.pods()
+        .patch_status(
+            &stuck_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": failing["status"]})),
+        )
+        .await
+        .unwrap();
+    remirrored(&rig, &app, "the image is served again").await;
+    until("the budget refuses", Duration::from_secs(30), || async {
+        metric(&rig, "pinswap_evictions_total{outcome=\"budget\"}").await >= 1.0
+    })
+    .await;
+    let still = rig.pods().get(&stuck_name).await.unwrap();
+    assert!(
+        still.metadata.deletion_timestamp.is_none(),
+        "the budget held"
+    );
+
+    // The budget now lets unhealthy Pods go.
+    pdbs.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"unhealthyPodEvictionPolicy": "AlwaysAllow"}})),
+    )
+    .await
+    .unwrap();
+    let new = replaced(&rig, "web", &stuck).await;
+    assert_eq!(
+        images(&new, "containers"),
+        [format!("{}:v1@{}", rig.mirrored("app"), app.digest)]
+    );
+    assert_eq!(
+        metric(&rig, "pinswap_evictions_total{outcome=\"evicted\"}").await,
+        1.0
+    );
+    assert_eq!(events_with(&rig, "EvictedAfterRemirror").await.len(), 1);
+    no_forbidden(cluster, &rig);
+}

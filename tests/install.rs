@@ -792,24 +792,31 @@ async fn bad_options_and_configs_are_refused_by_name() {
     }
 }
 
+/// The objects `kubectl kustomize DIR` renders.
+async fn kustomize(dir: &Path) -> Vec<Value> {
+    let out = tokio::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .await
+        .expect("kubectl (1.32+, with kustomize v5) must be installed for this test");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    documents(&String::from_utf8(out.stdout).unwrap())
+}
+
 /// `kubectl kustomize deploy/overlays/<mode>` renders exactly what
 /// `pinswap manifests --tls <mode>` prints.
 #[tokio::test]
 async fn the_kustomize_overlays_render_what_pinswap_manifests_prints() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     for mode in ["cert-manager", "self-signed"] {
-        let out = tokio::process::Command::new("kubectl")
-            .arg("kustomize")
-            .arg(repo.join("deploy/overlays").join(mode))
-            .output()
+        let rendered: BTreeMap<_, _> = kustomize(&repo.join("deploy/overlays").join(mode))
             .await
-            .expect("kubectl (1.32+, with kustomize v5) must be installed for this test");
-        assert!(
-            out.status.success(),
-            "kubectl kustomize {mode}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let rendered: BTreeMap<_, _> = documents(&String::from_utf8(out.stdout).unwrap())
             .into_iter()
             .map(|o| (key(&o), o))
             .collect();
@@ -830,6 +837,92 @@ async fn the_kustomize_overlays_render_what_pinswap_manifests_prints() {
             );
         }
     }
+}
+
+/// Copies the directory tree `from` to `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+/// Eviction is granted only when the config turns it on: `pinswap
+/// manifests` adds `pods/eviction` create beside the Pod rules, the
+/// kustomize base has none, and `deploy/components/evict` adds exactly what
+/// `pinswap manifests` grants.
+#[tokio::test]
+async fn pods_eviction_is_granted_only_with_recovery_evict_enabled() {
+    let cluster_role = |objects: &[Value]| -> Vec<String> {
+        let g = grants(objects);
+        rules(&g[&k("ClusterRole", "", "pinswap")])
+    };
+    let base = cluster_role(&manifests(&["--tls", "cert-manager"]).await);
+    assert!(!base.iter().any(|r| r.contains("eviction")), "{base:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        "target: {registry: mirror.example.com/cache}\nrecovery: {evict: {enabled: true}}\n",
+    )
+    .unwrap();
+    let printed = manifests(&[
+        "--tls",
+        "cert-manager",
+        "--config",
+        config.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(
+        cluster_role(&printed),
+        [
+            "/pods get,list,watch ",
+            "events.k8s.io/events create,patch ",
+            "apps/daemonsets,deployments,replicasets,statefulsets list,watch ",
+            "batch/cronjobs,jobs list,watch ",
+            "/pods/eviction create "
+        ]
+    );
+    // Per namespace with recovery.namespaces.
+    std::fs::write(
+        &config,
+        "target: {registry: m.example.com}\nrecovery: {namespaces: [apps], evict: {enabled: true}}\n",
+    )
+    .unwrap();
+    let g = grants(&manifests(&["--config", config.to_str().unwrap()]).await);
+    assert_eq!(
+        rules(&g[&k("Role", "apps", "pinswap-recovery")]),
+        [
+            "/pods get,list,watch ",
+            "events.k8s.io/events create,patch ",
+            "apps/daemonsets,deployments,replicasets,statefulsets list,watch ",
+            "batch/cronjobs,jobs list,watch ",
+            "/pods/eviction create "
+        ]
+    );
+
+    // kustomize: the cert-manager overlay with the component.
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    copy_tree(&repo.join("deploy"), &dir.path().join("deploy"));
+    let overlay = dir.path().join("evict");
+    std::fs::create_dir(&overlay).unwrap();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../deploy/overlays/cert-manager]\ncomponents: [../deploy/components/evict]\n",
+    )
+    .unwrap();
+    let rendered = kustomize(&overlay).await;
+    assert_eq!(
+        find(&rendered, "ClusterRole", "pinswap"),
+        find(&printed, "ClusterRole", "pinswap")
+    );
 }
 
 // ---- the self-signed bootstrap -------------------------------------------

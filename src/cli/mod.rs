@@ -727,11 +727,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .await
         .map_err(|e| Usage(format!("{}: {e}", args.config.display())))?;
     // In-cluster config, else KUBECONFIG: kube's usual order.
-    let client = if config.source.image_pull_secrets || config.recovery.enabled || self_signed {
-        kube::Client::try_default().await.map_err(|e| e.to_string())
+    let kube_config = if config.source.image_pull_secrets || config.recovery.enabled || self_signed
+    {
+        kube::Config::infer().await.map_err(|e| e.to_string())
     } else {
         Err("not needed".into())
     };
+    let client = kube_config
+        .clone()
+        .and_then(|c| kube::Client::try_from(c).map_err(|e| e.to_string()));
+    let eviction_client = kube_config
+        .ok()
+        .filter(|_| config.recovery.evict.enabled)
+        .and_then(|c| crate::watch::evict::client_without_retry(c).ok());
     if config.source.image_pull_secrets {
         let client = client.clone().map_err(|e| {
             Usage(format!(
@@ -779,10 +787,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .refresh_credentials_every(crate::mirror::CREDENTIALS_REFRESH, token.clone()),
     );
     tokio::spawn(admission.mirror().clone().resume_copies(token.clone()));
-    let background = crate::watch::Background::start(
+    let background = crate::watch::Background::start_with(
         admission.mirror().clone(),
         &config,
         client.ok(),
+        eviction_client,
         token.clone(),
     );
     let served = crate::server::serve(opts, admission, metrics, async move {

@@ -514,6 +514,10 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
         if workloads {
             rules.extend(workload_rules());
         }
+        // Only when operators opt in: evicting disrupts.
+        if c.recovery.evict.enabled {
+            rules.push(rule(&[""], &["pods/eviction"], &["create"], &[]));
+        }
         rules
     };
     let mut cluster = Vec::new();

@@ -7,7 +7,8 @@
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use serde_json::{Value, json};
@@ -98,6 +99,25 @@ struct Slot {
     original: Option<Arc<Reference>>,
     /// An index into [`PULL_FAILURE_REASONS`].
     failing: Option<u8>,
+    /// While failing: when the watcher first saw it fail on this image, in
+    /// [`Ticks`] (fits in the slot's padding).
+    since: u32,
+}
+
+/// Times in the index: tenths of a second since the process's first use
+/// of it (13 years fit in a `u32`).
+struct Ticks;
+
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+impl Ticks {
+    fn now() -> u32 {
+        u32::try_from(EPOCH.elapsed().as_millis() / 100).unwrap_or(u32::MAX)
+    }
+
+    fn instant(t: u32) -> Instant {
+        *EPOCH + Duration::from_millis(u64::from(t) * 100)
+    }
 }
 
 impl Slot {
@@ -107,6 +127,7 @@ impl Slot {
 }
 
 /// A Pod's UID: the API server's are UUIDs, kept as their 16 bytes.
+#[derive(PartialEq, Eq)]
 enum Uid {
     Uuid([u8; 16]),
     Other(Box<str>),
@@ -154,6 +175,8 @@ struct Entry {
     slots: Box<[Slot]>,
     /// The list generation that last delivered this Pod.
     listed: u32,
+    /// It has a controller owner reference.
+    controlled: bool,
 }
 
 /// Pods by `namespace/name`.
@@ -195,22 +218,36 @@ impl PodIndex {
         if pod.images.is_empty() {
             return self.pods.remove(key.as_str()).map(previous);
         }
+        let old = self.pods.get(key.as_str());
+        let now = Ticks::now();
         let slots = pod
             .images
             .iter()
-            .map(|i| Slot {
-                slot: self.names.get(i.slot.as_str(), |s: &str| Arc::from(s)),
-                image: self.refs.get(&i.image, |r| Arc::new(r.clone())),
-                original: i
-                    .original
-                    .as_ref()
-                    .map(|o| self.refs.get(o, |r| Arc::new(r.clone()))),
-                failing: i.failing.as_deref().and_then(|f| {
+            .map(|i| {
+                let failing = i.failing.as_deref().and_then(|f| {
                     PULL_FAILURE_REASONS
                         .iter()
                         .position(|r| *r == f)
                         .and_then(|p| u8::try_from(p).ok())
-                }),
+                });
+                // A failure that goes on (ErrImagePull and ImagePullBackOff
+                // alternate) keeps its first sighting; one on another image,
+                // or after the Pod pulled, starts a new one.
+                let since = old
+                    .filter(|e| e.uid == Uid::of(pod.object.uid.as_deref()))
+                    .and_then(|e| e.slots.iter().find(|s| *s.slot == *i.slot))
+                    .filter(|s| s.failing.is_some() && *s.image == i.image)
+                    .map_or(now, |s| s.since);
+                Slot {
+                    slot: self.names.get(i.slot.as_str(), |s: &str| Arc::from(s)),
+                    image: self.refs.get(&i.image, |r| Arc::new(r.clone())),
+                    original: i
+                        .original
+                        .as_ref()
+                        .map(|o| self.refs.get(o, |r| Arc::new(r.clone()))),
+                    failing,
+                    since,
+                }
             })
             .collect();
         let pull = PullRefs::of(&pod.pull);
@@ -223,6 +260,7 @@ impl PodIndex {
             pull: self.pulls.get(&pull, |_| Arc::new(pull_clone(&pull))),
             slots,
             listed,
+            controlled: pod.controlled,
         };
         self.pods.insert(key.into_boxed_str(), entry).map(previous)
     }
@@ -286,6 +324,50 @@ impl PodIndex {
     }
 }
 
+impl PodIndex {
+    /// When the watcher first saw Pod `key` (with UID `uid`) fail to pull
+    /// the manifest `matches` accepts; `None` when it does not fail on it
+    /// now (or is another Pod by that name).
+    pub fn failing_since(
+        &self,
+        key: &str,
+        uid: Option<&str>,
+        mut matches: impl FnMut(&Reference) -> bool,
+    ) -> Option<Instant> {
+        let e = self.pods.get(key).filter(|e| e.uid == Uid::of(uid))?;
+        e.slots
+            .iter()
+            .filter(|s| s.failing.is_some() && matches(&s.image))
+            .map(|s| s.since)
+            .min()
+            .map(Ticks::instant)
+    }
+
+    /// Pods with a controller that fail to pull an image `matches`
+    /// accepts, each with the first such image and when the watcher first
+    /// saw that failure.
+    pub fn stuck(
+        &self,
+        mut matches: impl FnMut(&Reference) -> bool,
+        limit: usize,
+    ) -> Vec<(PodImages, TargetImage, Instant)> {
+        let mut out = Vec::new();
+        for (key, e) in self.pods.iter().filter(|(_, e)| e.controlled) {
+            if out.len() >= limit {
+                break;
+            }
+            if let Some(s) = e
+                .slots
+                .iter()
+                .find(|s| s.failing.is_some() && matches(&s.image))
+            {
+                out.push((pod_images(key, e), target_image(s), Ticks::instant(s.since)));
+            }
+        }
+        out
+    }
+}
+
 pub(super) fn pull_clone(p: &PullRefs) -> PullRefs {
     PullRefs {
         secrets: p.secrets.clone(),
@@ -323,6 +405,7 @@ fn pod_images(key: &str, e: &Entry) -> PodImages {
         pull: e.pull.to_value(),
         images: e.slots.iter().map(target_image).collect(),
         identity: Default::default(),
+        controlled: e.controlled,
     }
 }
 
@@ -369,6 +452,36 @@ mod tests {
             vec![(Arc::from("containers/app"), Some("ImagePullBackOff"))]
         );
         assert!(idx.find(|_, failing| failing, 10).is_empty());
+    }
+
+    #[test]
+    fn a_failure_keeps_its_first_sighting_until_the_pod_pulls() {
+        let mut idx = PodIndex::default();
+        let mut p = pod("ns", "p", Some("ErrImagePull"));
+        p.controlled = true;
+        idx.insert(&p, None);
+        let any = |_: &Reference| true;
+        let first = idx.failing_since("ns/p", Some("uid-p"), any).unwrap();
+        std::thread::sleep(Duration::from_millis(250));
+        // The kubelet's next status: back-off, the same failure.
+        let mut again = pod("ns", "p", Some("ImagePullBackOff"));
+        again.controlled = true;
+        idx.insert(&again, None);
+        assert_eq!(idx.failing_since("ns/p", Some("uid-p"), any), Some(first));
+        let stuck = idx.stuck(any, 10);
+        assert_eq!(stuck.len(), 1);
+        assert_eq!(stuck[0].2, first);
+        // Another Pod by that name is not this one.
+        assert_eq!(idx.failing_since("ns/p", Some("uid-q"), any), None);
+        // Pulled, then failing again: a new first sighting.
+        idx.insert(&pod("ns", "p", None), None);
+        assert_eq!(idx.failing_since("ns/p", Some("uid-p"), any), None);
+        idx.insert(&again, None);
+        let later = idx.failing_since("ns/p", Some("uid-p"), any).unwrap();
+        assert!(later > first, "{later:?} after {first:?}");
+        // Without a controller a Pod is never stuck for eviction.
+        idx.insert(&pod("ns", "p", Some("ErrImagePull")), None);
+        assert!(idx.stuck(any, 10).is_empty());
     }
 
     #[test]

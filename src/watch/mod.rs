@@ -12,6 +12,8 @@
 //! - [`usage`]: what the Pods and workload templates name now.
 //! - [`workloads`]: the leader's watches of workload templates.
 //! - [`backfill`]: mirrors what already runs and the target lacks.
+//! - [`evict`]: after a re-mirror, evicting controller-owned Pods still in
+//!   the kubelet's pull back-off (`recovery.evict`).
 //!
 //! The watcher is kube-runtime's `watcher` (list, then watch from the list's
 //! resourceVersion, with bookmarks; on 410 Gone it lists again), restarted
@@ -20,6 +22,7 @@
 //! leader, is still seen.
 
 pub mod backfill;
+pub mod evict;
 pub mod index;
 pub mod leader;
 pub mod nodes;
@@ -67,10 +70,29 @@ impl Background {
     ///
     /// Everything stops when `token` is cancelled; a leader then releases
     /// its Lease.
+    ///
+    /// Evictions (`recovery.evict`) go through `client` too, and so through
+    /// its retry policy: kube's default retries a 429 at once, so a
+    /// PodDisruptionBudget's refusal is retried out of the rate bound.
+    /// `serve` passes a client without it ([`Background::start_with`]).
     pub fn start(
         mirror: Arc<Mirror>,
         config: &Config,
         client: Option<kube::Client>,
+        token: CancellationToken,
+    ) -> Self {
+        let eviction = client.clone();
+        Self::start_with(mirror, config, client, eviction, token)
+    }
+
+    /// As [`Background::start`], evicting through `eviction`: a client
+    /// built without kube's default retry ([`evict::client_without_retry`]),
+    /// so that the evictor sees each 429 and retries it on its own bound.
+    pub fn start_with(
+        mirror: Arc<Mirror>,
+        config: &Config,
+        client: Option<kube::Client>,
+        eviction: Option<kube::Client>,
         token: CancellationToken,
     ) -> Self {
         let mut tasks = tokio::task::JoinSet::new();
@@ -78,14 +100,17 @@ impl Background {
         let client = client.filter(|_| r.enabled);
         let policy = crate::admission::policy::Policy::new(config, mirror.target().clone());
         let recovery = client.as_ref().zip(policy.ok()).map(|(c, policy)| {
-            Arc::new(Recovery::new(
-                mirror.clone(),
-                policy,
-                Some(c.clone()),
-                config.source.image_pull_secrets,
-                r.retry_initial,
-                r.retry_max,
-            ))
+            Arc::new(
+                Recovery::new(
+                    mirror.clone(),
+                    policy,
+                    Some(c.clone()),
+                    config.source.image_pull_secrets,
+                    r.retry_initial,
+                    r.retry_max,
+                )
+                .with_eviction(eviction.clone(), r),
+            )
         });
         // The workload watches (and so the usage record) run for the
         // backfill; each further user adds its condition here.

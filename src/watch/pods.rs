@@ -43,6 +43,9 @@ pub struct PodImages {
     pub images: Vec<TargetImage>,
     /// The `pinswap.dev/identity` annotation: slot → finding or repair.
     pub identity: BTreeMap<String, String>,
+    /// Whether an owner reference is its controller (`controller: true`),
+    /// which recreates it when it is evicted.
+    pub controlled: bool,
 }
 
 impl PodImages {
@@ -138,7 +141,47 @@ pub fn target_images(pod: &Pod, target: &MirrorTarget) -> PodImages {
         }}),
         images,
         identity: note(IDENTITY),
+        controlled: has_controller(pod),
     }
+}
+
+/// Whether one of `pod`'s owner references is its controller.
+pub fn has_controller(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true))
+}
+
+/// Whether `pod` still waits with a pull failure on `image` (a container
+/// whose spec names that manifest: registry, repository and digest).
+pub fn waits_on(pod: &Pod, image: &Reference) -> bool {
+    let same = |i: Option<&str>| {
+        i.and_then(|i| Reference::parse(i).ok()).is_some_and(|r| {
+            r.digest() == image.digest()
+                && r.repository() == image.repository()
+                && r.registry() == image.registry()
+        })
+    };
+    let (Some(spec), Some(status)) = (pod.spec.as_ref(), pod.status.as_ref()) else {
+        return false;
+    };
+    let waiting = |name: &str, statuses: Option<&Vec<ContainerStatus>>| {
+        statuses
+            .into_iter()
+            .flatten()
+            .find(|s| s.name == name)
+            .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.reason.as_deref())
+            .is_some_and(|r| PULL_FAILURE_REASONS.contains(&r))
+    };
+    let init = spec.init_containers.iter().flatten().any(|c| {
+        same(c.image.as_deref()) && waiting(&c.name, status.init_container_statuses.as_ref())
+    });
+    init || spec
+        .containers
+        .iter()
+        .any(|c| same(c.image.as_deref()) && waiting(&c.name, status.container_statuses.as_ref()))
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::{info, warn};
 
+use super::evict::Evictor;
 use super::index::PodIndex;
 use super::pods::{PodImages, TargetImage};
 use crate::admission::policy::Policy;
@@ -53,6 +54,9 @@ struct ImageState {
     done: Option<Instant>,
     failures: u32,
     retry_at: Option<Instant>,
+    /// A failed attempt found the manifest missing at the target: a later
+    /// attempt that finds it present knows it was mirrored again meanwhile.
+    lost: bool,
 }
 
 /// The recovery service: the Pod index the watcher feeds, and per-image
@@ -66,7 +70,10 @@ pub struct Recovery {
     pull_secrets: Option<PullSecrets>,
     retry_initial: Duration,
     retry_max: Duration,
-    pods: Mutex<PodIndex>,
+    pods: Arc<Mutex<PodIndex>>,
+    /// With `recovery.evict.enabled`: evicts Pods still in back-off after
+    /// a re-mirror.
+    evictor: Option<Arc<Evictor>>,
     images: Mutex<HashMap<String, ImageState>>,
     /// Recoveries and retry timers in flight.
     tasks: Mutex<tokio::task::JoinSet<()>>,
@@ -106,11 +113,36 @@ impl Recovery {
             pull_secrets,
             retry_initial,
             retry_max,
-            pods: Mutex::default(),
+            pods: Arc::default(),
+            evictor: None,
             images: Mutex::default(),
             tasks: Mutex::default(),
             identity_noted: Mutex::default(),
         }
+    }
+
+    /// With `config.evict.enabled` and a `client`: after each re-mirror,
+    /// evicts the Pods still stuck on the image ([`super::evict`]).
+    pub fn with_eviction(
+        mut self,
+        client: Option<kube::Client>,
+        config: &crate::config::Recovery,
+    ) -> Self {
+        if let (true, Some(c), Some(rec)) = (config.evict.enabled, client, &self.recorder) {
+            self.evictor = Some(Evictor::new(
+                c,
+                rec.clone(),
+                self.mirror.clone(),
+                self.pods.clone(),
+                config,
+            ));
+        }
+        self
+    }
+
+    /// The evictor, with `recovery.evict.enabled`.
+    pub fn evictor(&self) -> Option<&Arc<Evictor>> {
+        self.evictor.as_ref()
     }
 
     /// Takes in a Pod seen by the watcher: updates the index and starts a
@@ -250,6 +282,9 @@ impl Recovery {
         self.pods.lock().expect("pods lock").clear();
         self.metrics.watched_pods.set(0);
         self.images.lock().expect("images lock").clear();
+        if let Some(e) = &self.evictor {
+            e.clear();
+        }
     }
 
     /// A Pod known to the watcher whose images include `target`'s
@@ -377,17 +412,27 @@ impl Recovery {
             .mirror
             .recover(&img.image, img.original.as_ref(), cause, &pods)
             .await;
-        let (pods, retry) = {
+        // Only for eviction: whether the target lacks it (a failure may
+        // also be a verifying copy's, with the manifest there).
+        let missing = match (&res, &self.evictor) {
+            (Err(_), Some(_)) => matches!(self.mirror.head_target(&img.image).await, Ok(false)),
+            _ => false,
+        };
+        let (pods, retry, was_lost) = {
             let mut images = self.images.lock().expect("images lock");
             let st = images.entry(key.clone()).or_default();
             st.running = false;
+            st.lost |= missing;
+            let was_lost = st.lost;
+            // Kept while attempts fail; an attempt that worked ends it.
+            st.lost = was_lost && res.is_err();
             let pods = std::mem::take(&mut st.pods);
             match &res {
                 Ok(_) => {
                     st.done = Some(Instant::now());
                     st.failures = 0;
                     st.retry_at = None;
-                    (pods, None)
+                    (pods, None, was_lost)
                 }
                 Err(_) => {
                     st.failures += 1;
@@ -404,11 +449,22 @@ impl Recovery {
                         .min(self.retry_max)
                         .max(breaker);
                     st.retry_at = Some(Instant::now() + wait);
-                    (pods, Some(wait))
+                    (pods, Some(wait), was_lost)
                 }
             }
         };
         let event = match res {
+            Ok(Recovered::Present) if was_lost => {
+                // Missing at an attempt before, there now: another copy (a
+                // resumed one, an admission's) mirrored it again since the
+                // Pods failed.
+                Metrics::outcome(&self.metrics.remirrors, "present");
+                info!(image = %img.image, "target has the image again, mirrored since the pull failure");
+                if let Some(e) = &self.evictor {
+                    e.remirrored(&img.image);
+                }
+                None
+            }
             Ok(Recovered::Present) => {
                 Metrics::outcome(&self.metrics.remirrors, "present");
                 info!(image = %img.image, "target has the image; the pull failure has another cause");
@@ -417,6 +473,9 @@ impl Recovery {
             Ok(Recovered::Remirrored { source, seconds }) => {
                 Metrics::outcome(&self.metrics.remirrors, "remirrored");
                 info!(image = %img.image, %source, seconds, cause = cause.as_str(), "mirrored a lost image again");
+                if let Some(e) = &self.evictor {
+                    e.remirrored(&img.image);
+                }
                 Some(Event {
                     type_: EventType::Normal,
                     reason: REMIRRORED.into(),
@@ -511,7 +570,7 @@ fn image_key(image: &Reference) -> String {
 }
 
 /// Event notes are limited to 1 KiB by the API server.
-fn trim(mut s: String) -> String {
+pub(super) fn trim(mut s: String) -> String {
     if s.len() > 1000 {
         let mut cut = 1000;
         while !s.is_char_boundary(cut) {

@@ -122,6 +122,8 @@ MATRIX = [
     ("image-pull-secrets", {"imagePullSecrets": [{"name": "regcred"}], "config": PULL_SECRETS_CONFIG}, "pinswap", "pinswap"),
     ("recovery-off", {"config": {"target": {"registry": "m.example.com"}, "recovery": {"enabled": False}}}, "pinswap", "pinswap"),
     ("backfill-off", {"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}}}, "pinswap", "pinswap"),
+    ("evict", {"config": {"target": {"registry": "m.example.com"}, "recovery": {"evict": {"enabled": True}}}}, "pinswap", "pinswap"),
+    ("evict-namespaces", {"config": {"target": {"registry": "m.example.com"}, "recovery": {"namespaces": ["apps"], "evict": {"enabled": True, "after": "1m", "perMinute": 5}}}}, "pinswap", "pinswap"),
     (
         "observability",
         {
@@ -267,6 +269,13 @@ def test_the_matrix_renders_what_each_value_asks_for(chart):
         assert r[("Role", ns, "pinswap-recovery")] == ["/pods get,list,watch ", "events.k8s.io/events create,patch ", "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch "]
     assert rules_of(by["defaults"])[("ClusterRole", "", "pinswap")] == ["/pods get,list,watch ", "events.k8s.io/events create,patch ", "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch "]
     assert rules_of(by["backfill-off"])[("ClusterRole", "", "pinswap")] == ["/pods get,list,watch ", "events.k8s.io/events create,patch "]
+
+    # Evicting only when the config turns it on, beside the Pod rules.
+    assert "/pods/eviction create " not in rules_of(by["defaults"])[("ClusterRole", "", "pinswap")]
+    assert rules_of(by["evict"])[("ClusterRole", "", "pinswap")] == [
+        "/pods get,list,watch ", "events.k8s.io/events create,patch ", "/pods/eviction create "]
+    assert rules_of(by["evict-namespaces"])[("Role", "apps", "pinswap-recovery")] == [
+        "/pods get,list,watch ", "events.k8s.io/events create,patch ", "/pods/eviction create "]
 
     off = rules_of(by["recovery-off"])
     assert sorted(off) == [("ClusterRole", "", "pinswap-self-signed"), ("Role", "pinswap", "pinswap-self-signed")], off
@@ -422,6 +431,8 @@ EQUIVALENT = [
     ({"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "0.0.0.0:9443", "healthListen": "0.0.0.0:9090"}}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "platforms": ["linux/amd64"], "recovery": {"namespaces": ["apps"]}}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}}}, "pinswap", ["--tls", "self-signed"]),
+    ({"config": {"target": {"registry": "m.example.com"}, "recovery": {"evict": {"enabled": True}}}}, "pinswap", ["--tls", "self-signed"]),
+    ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "recovery": {"namespaces": ["apps", "web"], "evict": {"enabled": True, "perMinute": 5}}}}, "pinswap", ["--tls", "cert-manager"]),
 ]
 
 

@@ -17,6 +17,9 @@
 //!   Conflict);
 //! - MutatingWebhookConfigurations (cluster-scoped): GET, and PATCH with a
 //!   JSON patch (RFC 6902, `test` ops included; a failed one gets 422).
+//! - `pods/eviction` (policy/v1 Eviction): deletes the Pod, or 429 as a
+//!   PodDisruptionBudget would ([`KubeApi::refuse_evictions`]); RBAC
+//!   authorises it as `create` on `pods/eviction`.
 //!
 //! Errors are `Status` objects with the real API's reasons and messages.
 //! Pod lists page with `limit` and `continue`. Events are validated with
@@ -164,6 +167,10 @@ struct Store {
     rbac: Option<Rbac>,
     /// Requests refused by `rbac`: "verb path".
     forbidden: Vec<String>,
+    /// Evictions still to refuse with 429 (a PodDisruptionBudget).
+    refuse_evictions: u32,
+    /// Eviction requests: (`namespace/name`, HTTP code answered).
+    evictions: Vec<(String, u16)>,
     /// (namespace or "", resourceVersion) → the Pods a paged list started
     /// with, for its later pages.
     list_snapshots: HashMap<(&'static str, String, u64), Arc<Vec<Value>>>,
@@ -435,6 +442,10 @@ impl KubeApi {
                 get(read).put(replace).patch(patch),
             )
             .route(
+                "/api/v1/namespaces/{ns}/pods/{name}/eviction",
+                axum::routing::post(evict),
+            )
+            .route(
                 "/apis/{group}/v1/{plural}/{name}",
                 get(read_cluster).patch(json_patch_cluster),
             )
@@ -496,6 +507,14 @@ impl KubeApi {
     /// the Lease goes) is the install's, `pinswap`.
     pub fn install_client(&self) -> ::kube::Client {
         self.client_in(PINSWAP_USER.0)
+    }
+
+    /// As [`KubeApi::install_client`], without kube's default retry of
+    /// 429s, as `serve` evicts.
+    pub fn eviction_client(&self) -> ::kube::Client {
+        let mut config = ::kube::Config::new(self.url.parse().expect("server URL as a URI"));
+        config.default_namespace = PINSWAP_USER.0.to_owned();
+        pinswap::watch::evict::client_without_retry(config).expect("kube client")
     }
 
     /// A client whose default namespace is `ns`.
@@ -607,7 +626,7 @@ impl KubeApi {
         } else {
             "ADDED"
         };
-        self.emit(&mut st, kind, type_, ns, &stored);
+        emit(&self.shared, &mut st, kind, type_, ns, &stored);
         serde_json::from_value(stored).expect("stored object")
     }
 
@@ -622,7 +641,7 @@ impl KubeApi {
             .unwrap_or_else(|| panic!("delete_object: no {} {ns}/{name}", kind.1));
         st.rv += 1;
         obj["metadata"]["resourceVersion"] = st.rv.to_string().into();
-        self.emit(&mut st, kind, "DELETED", ns, &obj);
+        emit(&self.shared, &mut st, kind, "DELETED", ns, &obj);
     }
 
     /// Deletes a Pod, sending DELETED with a new resourceVersion.
@@ -787,22 +806,110 @@ impl KubeApi {
     /// under the lock with the write, so that a watch, which reads the
     /// history and subscribes under it too, sees every event once, in order.
     fn emit_pod(&self, st: &mut Store, type_: &str, ns: &str, pod: &Value) {
-        self.emit(st, PODS, type_, ns, pod)
+        emit(&self.shared, st, PODS, type_, ns, pod);
     }
 
-    /// [`KubeApi::emit_pod`] for any watchable kind.
-    fn emit(&self, st: &mut Store, kind: Kind, type_: &str, ns: &str, obj: &Value) {
-        let line: Arc<str> = json!({ "type": type_, "object": obj }).to_string().into();
-        st.pod_history
-            .push((kind.1, st.rv, ns.to_owned(), line.clone()));
-        let (rv, ns, plural) = (st.rv, ns.to_owned(), kind.1);
-        let _ = self.shared.feed.send(Feed::Pod {
-            plural,
-            rv,
-            ns,
-            line,
-        });
+    /// The next `n` evictions are refused with 429, as the API server
+    /// refuses one that a PodDisruptionBudget does not allow.
+    pub fn refuse_evictions(&self, n: u32) {
+        self.shared.lock().refuse_evictions = n;
     }
+
+    /// Every eviction request, in order: (`namespace/name`, HTTP code).
+    pub fn evictions(&self) -> Vec<(String, u16)> {
+        self.shared.lock().evictions.clone()
+    }
+
+    /// The Pods evicted (answered 201), as `namespace/name`, in order.
+    pub fn evicted(&self) -> Vec<String> {
+        let st = self.shared.lock();
+        let ok = st.evictions.iter().filter(|(_, code)| *code == 201);
+        ok.map(|(k, _)| k.clone()).collect()
+    }
+}
+
+/// See [`KubeApi::emit_pod`]; for any watchable kind.
+fn emit(shared: &Shared, st: &mut Store, kind: Kind, type_: &str, ns: &str, obj: &Value) {
+    let line: Arc<str> = json!({ "type": type_, "object": obj }).to_string().into();
+    st.pod_history
+        .push((kind.1, st.rv, ns.to_owned(), line.clone()));
+    let (rv, ns, plural) = (st.rv, ns.to_owned(), kind.1);
+    let _ = shared.feed.send(Feed::Pod {
+        plural,
+        rv,
+        ns,
+        line,
+    });
+}
+
+/// POST `pods/{name}/eviction`: a policy/v1 Eviction (apiVersion and kind
+/// may be left out, as the API server defaults them). As the API server
+/// does: the body's name must be the URL's, a `deleteOptions.preconditions`
+/// UID must be the Pod's (else 409), and unknown fields are dropped. A
+/// Pod evicted is deleted (DELETED to watches); [`KubeApi::refuse_evictions`]
+/// stands in for a PodDisruptionBudget that does not allow it (429).
+async fn evict(State(s): ApiState, Path(p): Params, body: Bytes) -> Response {
+    let (ns, name) = (p["ns"].clone(), p["name"].clone());
+    let (code, response) = evict_pod(&s, &ns, &name, &body);
+    s.lock().evictions.push((format!("{ns}/{name}"), code));
+    response
+}
+
+fn evict_pod(s: &Shared, ns: &str, name: &str, body: &[u8]) -> (u16, Response) {
+    let eviction: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return (400, bad_request(format!("decoding the Eviction: {e}"))),
+    };
+    let api_version = eviction["apiVersion"].as_str().unwrap_or("policy/v1");
+    let kind = eviction["kind"].as_str().unwrap_or("Eviction");
+    if (api_version, kind) != ("policy/v1", "Eviction") {
+        let message = format!("no kind \"{kind}\" is registered for version \"{api_version}\"");
+        return (400, bad_request(message));
+    }
+    if eviction["metadata"]["name"].as_str() != Some(name) {
+        let message = "name in URL does not match name in Eviction object".to_owned();
+        return (400, bad_request(message));
+    }
+    let mut st = s.lock();
+    let key = (PODS.1, ns.to_owned(), name.to_owned());
+    let Some(pod) = st.objects.get(&key).cloned() else {
+        return (404, not_found(PODS, name));
+    };
+    if let Some(uid) = eviction["deleteOptions"]["preconditions"]["uid"].as_str()
+        && pod["metadata"]["uid"].as_str() != Some(uid)
+    {
+        let message = format!(
+            "Operation cannot be fulfilled on {}: Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+            PODS.named(name),
+            pod["metadata"]["uid"].as_str().unwrap_or_default()
+        );
+        return (
+            409,
+            failure_about(409, "Conflict", message, Some((PODS, name))),
+        );
+    }
+    if st.refuse_evictions > 0 {
+        st.refuse_evictions -= 1;
+        let mut body = serde_json::to_value(status(
+            429,
+            "TooManyRequests",
+            "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            None,
+        ))
+        .expect("status");
+        body["details"] = json!({"causes": [{"reason": "DisruptionBudget",
+            "message": "The disruption budget test-pdb needs 1 healthy pods and has 1 currently"}]});
+        return (
+            429,
+            (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response(),
+        );
+    }
+    let mut pod = st.objects.remove(&key).expect("read above");
+    st.rv += 1;
+    pod["metadata"]["resourceVersion"] = st.rv.to_string().into();
+    emit(s, &mut st, PODS, "DELETED", ns, &pod);
+    let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+    (201, (StatusCode::CREATED, Json(ok)).into_response())
 }
 
 impl Drop for KubeApi {

@@ -342,6 +342,21 @@ impl TestRegistry {
     }
 
     async fn send(&self, rb: RequestBuilder, what: &str) -> reqwest::Response {
+        // Distribution's filesystem driver writes a manifest's link files in
+        // place, so a read racing a writer of the same manifest (a copy or a
+        // re-mirror still running) can get 500: asked again, it answers.
+        for _ in 0..4 {
+            let retry = rb.try_clone().expect("no streamed bodies here");
+            let resp = self.send_once(retry, what).await;
+            if resp.status() != StatusCode::INTERNAL_SERVER_ERROR {
+                return resp;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        self.send_once(rb, what).await
+    }
+
+    async fn send_once(&self, rb: RequestBuilder, what: &str) -> reqwest::Response {
         rb.send()
             .await
             .unwrap_or_else(|e| panic!("{what} on {}: {e}", self.host()))
