@@ -22,6 +22,7 @@ mod identity_check;
 mod recover;
 mod referrers;
 mod resume;
+pub mod retention;
 
 pub use recover::Recovered;
 

@@ -262,6 +262,21 @@ impl PodIndex {
         self.pulls.clear();
     }
 
+    /// Every image the indexed Pods name: each target image and the source
+    /// it was mirrored from, once each.
+    pub fn images(&self) -> Vec<Reference> {
+        let mut seen = HashSet::new();
+        for e in self.pods.values() {
+            for s in &e.slots {
+                seen.insert(s.image.clone());
+                if let Some(o) = &s.original {
+                    seen.insert(o.clone());
+                }
+            }
+        }
+        seen.into_iter().map(|r| (*r).clone()).collect()
+    }
+
     /// Pods whose target images `matches` accepts, each with the first such
     /// image.
     pub fn find(

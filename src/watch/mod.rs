@@ -116,6 +116,18 @@ impl Background {
                 lead_and_watch(c, rec, scope, l, t, metrics).await;
             });
         }
+        if let (Some(c), Some(rec)) = (&client, &recovery)
+            && config.retention.enabled
+        {
+            tasks.spawn(retention(
+                &mirror,
+                config,
+                c,
+                rec.clone(),
+                leader.clone(),
+                token.clone(),
+            ));
+        }
         if config.identity.scan_rate > 0 {
             let (m, t, rate) = (mirror.clone(), token.clone(), config.identity.scan_rate);
             tasks.spawn(async move {
@@ -164,6 +176,43 @@ impl Background {
     pub async fn stop(mut self) {
         self.token.cancel();
         while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// The leader's retention passes, with what the Pod index knows is in use.
+fn retention(
+    mirror: &Arc<Mirror>,
+    config: &Config,
+    client: &kube::Client,
+    recovery: Arc<Recovery>,
+    leader: watch::Receiver<bool>,
+    token: CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static {
+    let policy = crate::admission::policy::Policy::new(config, mirror.target().clone());
+    let store = crate::retention::Store::new(client.clone(), client.default_namespace());
+    let r = &config.retention;
+    let service = policy.map(|p| {
+        Arc::new(crate::retention::Retention::new(
+            mirror.clone(),
+            p,
+            store,
+            r,
+        ))
+    });
+    // For now the Pod index alone: its Pods' target images and their
+    // sources, synced once the Pod watch has listed. Workload templates
+    // join here when their watches exist.
+    let in_use: crate::retention::InUseSource = Arc::new(move || crate::retention::InUse {
+        synced: recovery.pods_synced(),
+        images: recovery.images_in_use(),
+    });
+    let interval = r.interval;
+    async move {
+        let Ok(service) = service else { return };
+        tokio::select! {
+            _ = crate::retention::run(service, in_use, interval, leader) => {}
+            _ = token.cancelled() => {}
+        }
     }
 }
 
@@ -245,12 +294,16 @@ async fn watch_pods(
             .map_ok(move |ev| (scope.clone(), ev))
             .boxed()
     });
+    let scopes = streams.len();
     let mut events = futures::stream::select_all(streams);
     // The list generation in progress per scope.
     let mut listing: HashMap<Option<String>, u32> = HashMap::new();
+    // Scopes that have listed once, for `Recovery::pods_synced`.
+    let mut listed: std::collections::HashSet<Option<String>> = Default::default();
     while let Some(ev) = events.next().await {
         match ev {
             Ok((scope, Event::Init)) => {
+                recovery.set_pods_synced(false);
                 listing.insert(scope, recovery.list_started());
             }
             Ok((scope, Event::InitApply(pod))) => {
@@ -263,6 +316,8 @@ async fn watch_pods(
                 if let Some(generation) = listing.remove(&scope) {
                     recovery.list_done(scope.as_deref(), generation);
                 }
+                listed.insert(scope);
+                recovery.set_pods_synced(listing.is_empty() && listed.len() == scopes);
             }
             Ok((_, Event::Apply(pod))) => {
                 recovery.pod_seen(pods::target_images(&pod, target), None);
