@@ -62,11 +62,13 @@ impl Mirror {
             Ok(Some(d)) if &d == digest => SourceCheck::Serves,
             Ok(Some(d)) => SourceCheck::NotServed(format!("the source answers {d} for it")),
             Ok(None) => SourceCheck::NotServed("the source no longer has this digest (404)".into()),
-            Err(MirrorError::SourceDown { kind, cause, .. }) if kind == ErrorCause::Credentials => {
-                SourceCheck::NotServed(format!(
-                    "the source refuses pinswap's credentials for it ({cause})"
-                ))
-            }
+            Err(MirrorError::SourceDown {
+                kind: ErrorCause::Credentials,
+                cause,
+                ..
+            }) => SourceCheck::NotServed(format!(
+                "the source refuses pinswap's credentials for it ({cause})"
+            )),
             Err(MirrorError::SourceDown { cause, .. }) => {
                 SourceCheck::Down(format!("source registry {key} cannot answer ({cause})"))
             }

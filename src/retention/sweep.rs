@@ -473,10 +473,12 @@ mod tests {
     #[test]
     fn anchors_name_their_source_digest() {
         let hex = "ab".repeat(32);
-        let (d, v) = anchor(&format!("pinswap-{hex}")).unwrap();
+        let plain = format!("pinswap-{hex}");
+        let (d, v) = anchor(&plain).unwrap();
         assert_eq!(d.to_string(), format!("sha256:{hex}"));
         assert_eq!(v, None);
-        let (_, v) = anchor(&format!("pinswap-{hex}-0123456789ab")).unwrap();
+        let variant = format!("pinswap-{hex}-0123456789ab");
+        let (_, v) = anchor(&variant).unwrap();
         assert_eq!(v, Some("0123456789ab"));
         assert!(anchor("pinswap-v1").is_none());
         assert!(anchor(&format!("pinswap-{hex}-x")).is_none());
