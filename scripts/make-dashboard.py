@@ -97,7 +97,7 @@ line([
  ("Retention removals and passes",[(rate("pinswap_retention_removed_total","outcome"),"removed: {{outcome}}"),(rate("pinswap_retention_passes_total","outcome"),"pass: {{outcome}}")],"ops","Images removed, that a dry run would remove, or whose removal failed; passes done, skipped (not_synced, source_down) or failed."),
 ])
 var=lambda n,label,query: {"name":n,"type":"query","label":label,"datasource":DS,"query":{"query":query,"refId":n},"definition":query,"refresh":2,"includeAll":True,"multi":True,"current":{}}
-dash={"title":"pinswap","uid":"pinswap","description":"pinswap admission webhook: admissions and decisions, copies, caches, recovery, identity findings, source and target health, the webhook listener.",
+dash={"title":"pinswap","uid":"pinswap","description":"pinswap admission webhook: admissions and decisions, copies, caches, recovery, identity findings, source and target health, the webhook listener, retention.",
  "tags":["pinswap","admission"],"schemaVersion":39,"version":1,"editable":True,"graphTooltip":1,"refresh":"30s",
  "time":{"from":"now-6h","to":"now"},
  "templating":{"list":[
