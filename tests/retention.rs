@@ -153,12 +153,35 @@ async fn idle(d: Duration) {
 
 const SHORT: Duration = Duration::from_secs(1);
 
+/// A rig, its config with `retention` keys, and a replica's metrics,
+/// admission and retention.
+async fn setup(
+    retention: &str,
+) -> (
+    Rig,
+    Config,
+    Arc<pinswap::metrics::Metrics>,
+    Admission,
+    Retention,
+) {
+    let r = rig().await;
+    let cfg = r.config(retention);
+    let metrics = Arc::new(pinswap::metrics::Metrics::new());
+    let adm = Admission::from_config(&cfg, metrics.clone()).unwrap();
+    let ret = r.retention(&cfg, &adm);
+    (r, cfg, metrics, adm, ret)
+}
+
+/// A pass that records first sight, then one past `unusedFor` (1s).
+async fn two_passes(ret: &Retention, used: &InUse) -> pinswap::retention::Report {
+    ret.sweep(used).await.unwrap();
+    idle(SHORT).await;
+    ret.sweep(used).await.unwrap()
+}
+
 #[tokio::test]
 async fn only_what_pinswap_wrote_is_removed() {
-    let r = rig().await;
-    let cfg = r.config("unusedFor: 1s");
-    let adm = Admission::from_config(&cfg, Arc::new(pinswap::metrics::Metrics::new())).unwrap();
-    let ret = r.retention(&cfg, &adm);
+    let (r, _, _, adm, ret) = setup("unusedFor: 1s").await;
     let gone = r.mirrored(&adm, "gone", 1).await;
     let signed = r.mirrored(&adm, "signed", 2).await;
     // Another tool's tag on a mirrored manifest (the referrers tag schema).
@@ -210,10 +233,7 @@ async fn only_what_pinswap_wrote_is_removed() {
 
 #[tokio::test]
 async fn images_in_use_stay_by_target_reference_source_tag_or_source_digest() {
-    let r = rig().await;
-    let cfg = r.config("unusedFor: 1s");
-    let adm = Admission::from_config(&cfg, Arc::new(pinswap::metrics::Metrics::new())).unwrap();
-    let ret = r.retention(&cfg, &adm);
+    let (r, _, _, adm, ret) = setup("unusedFor: 1s").await;
     let pod_image = r.mirrored(&adm, "pod", 11).await;
     let template = r.mirrored(&adm, "cron", 12).await;
     let pinned = r.mirrored(&adm, "pinned", 13).await;
@@ -231,9 +251,7 @@ async fn images_in_use_stay_by_target_reference_source_tag_or_source_digest() {
         ))
         .unwrap(),
     ];
-    ret.sweep(&in_use(&names)).await.unwrap();
-    idle(SHORT).await;
-    let report = ret.sweep(&in_use(&names)).await.unwrap();
+    let report = two_passes(&ret, &in_use(&names)).await;
     for m in [&pod_image, &template, &pinned] {
         assert_eq!(
             report.state(&m.key(&r.dst)),
@@ -249,11 +267,7 @@ async fn images_in_use_stay_by_target_reference_source_tag_or_source_digest() {
 
 #[tokio::test]
 async fn an_image_the_source_no_longer_serves_stays_and_is_reported() {
-    let r = rig().await;
-    let cfg = r.config("unusedFor: 1s");
-    let metrics = Arc::new(pinswap::metrics::Metrics::new());
-    let adm = Admission::from_config(&cfg, metrics.clone()).unwrap();
-    let ret = r.retention(&cfg, &adm);
+    let (r, _, metrics, adm, ret) = setup("unusedFor: 1s").await;
     let lost = r.mirrored(&adm, "lost", 21).await;
     let served = r.mirrored(&adm, "served", 22).await;
     // The source deletes one; the other's tag moves on, but its digest is
@@ -261,9 +275,7 @@ async fn an_image_the_source_no_longer_serves_stays_and_is_reported() {
     r.src.delete_manifest("shop/lost", &lost.image.digest).await;
     push_image(&r.src, "shop/served", Some("v1"), &Image::oci(1, 23)).await;
 
-    ret.sweep(&in_use(&[])).await.unwrap();
-    idle(SHORT).await;
-    let report = ret.sweep(&in_use(&[])).await.unwrap();
+    let report = two_passes(&ret, &in_use(&[])).await;
     let kept = report.find(&lost.key(&r.dst)).unwrap();
     assert_eq!(kept.state, State::Kept);
     assert!(kept.why.starts_with("unrecoverable"), "{}", kept.why);
@@ -286,33 +298,21 @@ async fn an_image_the_source_no_longer_serves_stays_and_is_reported() {
 
 #[tokio::test]
 async fn nothing_goes_while_a_source_cannot_answer_or_the_watches_have_not_synced() {
-    let mut r = rig().await;
-    let cfg = r.config("unusedFor: 1s");
-    let metrics = Arc::new(pinswap::metrics::Metrics::new());
-    let adm = Admission::from_config(&cfg, metrics.clone()).unwrap();
-    let ret = r.retention(&cfg, &adm);
+    let (mut r, _, metrics, adm, ret) = setup("unusedFor: 1s").await;
     let img = r.mirrored(&adm, "app", 31).await;
+    let not_synced = InUse {
+        synced: false,
+        images: Vec::new(),
+    };
 
     // Not synced: the pass does nothing, not even write the record.
-    let unsynced = ret
-        .sweep(&InUse {
-            synced: false,
-            images: Vec::new(),
-        })
-        .await
-        .unwrap();
+    let unsynced = ret.sweep(&not_synced).await.unwrap();
     assert!(unsynced.not_synced && unsynced.images.is_empty());
     assert!(r.record().is_none(), "no record written");
 
     ret.sweep(&in_use(&[])).await.unwrap();
     idle(SHORT).await;
-    let unsynced = ret
-        .sweep(&InUse {
-            synced: false,
-            images: Vec::new(),
-        })
-        .await
-        .unwrap();
+    let unsynced = ret.sweep(&not_synced).await.unwrap();
     assert!(unsynced.skipped.is_some());
     assert!(r.present(&img).await, "kept while not synced");
 
@@ -408,15 +408,9 @@ async fn an_image_new_to_the_record_counts_as_used_when_first_seen() {
 
 #[tokio::test]
 async fn a_dry_run_counts_and_removes_nothing() {
-    let r = rig().await;
-    let cfg = r.config("unusedFor: 1s, dryRun: true");
-    let metrics = Arc::new(pinswap::metrics::Metrics::new());
-    let adm = Admission::from_config(&cfg, metrics.clone()).unwrap();
-    let ret = r.retention(&cfg, &adm);
+    let (r, _, metrics, adm, ret) = setup("unusedFor: 1s, dryRun: true").await;
     let img = r.mirrored(&adm, "app", 61).await;
-    ret.sweep(&in_use(&[])).await.unwrap();
-    idle(SHORT).await;
-    let report = ret.sweep(&in_use(&[])).await.unwrap();
+    let report = two_passes(&ret, &in_use(&[])).await;
     assert_eq!(report.state(&img.key(&r.dst)), Some(State::Candidate));
     assert!(r.present(&img).await, "nothing removed");
     assert_eq!(r.dst.tags(&img.repo).await, ["v1"]);
@@ -443,20 +437,14 @@ async fn a_dry_run_counts_and_removes_nothing() {
 
 #[tokio::test]
 async fn a_removed_image_a_pod_needs_again_comes_back_through_recovery() {
-    let r = rig().await;
-    let cfg = r.config("unusedFor: 1s");
-    let metrics = Arc::new(pinswap::metrics::Metrics::new());
-    let adm = Admission::from_config(&cfg, metrics.clone()).unwrap();
-    let ret = r.retention(&cfg, &adm);
+    let (r, cfg, _, adm, ret) = setup("unusedFor: 1s").await;
     let img = r.mirrored(&adm, "app", 71).await;
     let target = Reference::parse(&img.target(&r.dst)).unwrap();
     assert!(
         adm.mirror().caches().has(&target).await,
         "cached at admission"
     );
-    ret.sweep(&in_use(&[])).await.unwrap();
-    idle(SHORT).await;
-    let report = ret.sweep(&in_use(&[])).await.unwrap();
+    let report = two_passes(&ret, &in_use(&[])).await;
     assert_eq!(report.state(&img.key(&r.dst)), Some(State::Removed));
     assert!(!r.has_digest(&img).await);
     // Admission no longer takes it for present.
