@@ -566,3 +566,29 @@ fn the_kustomize_component_grants_what_pinswap_manifests_does() {
         .collect();
     assert_eq!(component, printed);
 }
+
+/// A write that conflicts (someone else updated the record since it was
+/// read) reads the record again and writes once more.
+#[tokio::test]
+async fn a_conflicting_record_write_is_read_again_and_retried() {
+    let (r, _, _, adm, ret) = setup("unusedFor: 1h").await;
+    let img = r.mirrored(&adm, "app", 91).await;
+    let path = format!("/api/v1/namespaces/{NS}/configmaps/{CONFIG_MAP}");
+    ret.sweep(&in_use(&[])).await.unwrap();
+    let before = r.record().unwrap();
+    r.api.fail_next("PUT", &path, 409);
+    let used = Reference::parse(&img.target(&r.dst)).unwrap();
+    ret.sweep(&in_use(&[used])).await.unwrap();
+    let after = r.record().unwrap();
+    assert!(after.images[&img.key(&r.dst)] > before.images[&img.key(&r.dst)]);
+    let puts = r
+        .api
+        .requests()
+        .into_iter()
+        .filter(|q| q.method == "PUT" && q.path == path)
+        .count();
+    assert_eq!(
+        puts, 2,
+        "the conflicting write and the one after reading again"
+    );
+}
