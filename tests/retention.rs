@@ -216,6 +216,23 @@ async fn only_what_pinswap_wrote_is_removed() {
         r.dst.tags(&gone.repo).await.is_empty(),
         "its tag went with it"
     );
+    // The tag first (Distribution refuses a DELETE by tag), then the
+    // manifest by digest, which took the tag with it.
+    let log = r.dst.log();
+    let deletes: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("\"DELETE ") && l.contains(&gone.repo))
+        .collect();
+    let at = |what: &str| deletes.iter().position(|l| l.contains(what));
+    let by_tag = at(&format!("/v2/{}/manifests/v1 ", gone.repo));
+    let by_digest = at(&format!(
+        "/v2/{}/manifests/{} ",
+        gone.repo, gone.image.digest
+    ));
+    assert!(
+        by_tag.is_some() && by_tag < by_digest,
+        "DELETEs: {deletes:#?}"
+    );
     assert!(r.present(&signed).await, "another tag points at it: kept");
     assert_eq!(
         r.dst.head_manifest("tools/app", "v1").await.as_deref(),
