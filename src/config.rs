@@ -1243,7 +1243,7 @@ impl Config {
             );
         }
         self.retention
-            .problems("retention", self.recovery.enabled, &mut bad);
+            .problems("retention", &self.recovery, &mut bad);
         self.server_problems(&mut bad);
         if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
             bad(

@@ -47,7 +47,7 @@ impl Retention {
     pub(super) fn problems(
         &self,
         path: &str,
-        recovery: bool,
+        recovery: &super::Recovery,
         bad: &mut impl FnMut(String, String),
     ) {
         if self.unused_for.is_zero() {
@@ -62,11 +62,61 @@ impl Retention {
                 "found 0s, expected a duration above 0s such as 1h".into(),
             );
         }
-        if self.enabled && !recovery {
+        // The Pod watch is what is in use: Pods it does not see would lose
+        // their images.
+        if self.enabled && recovery.enabled && !recovery.namespaces.is_empty() {
+            bad(
+                format!("{path}.enabled"),
+                "found true with recovery.namespaces set; retention must see every Pod, or it would remove images that Pods in other namespaces use: leave recovery.namespaces empty".into(),
+            );
+        }
+        if self.enabled && !recovery.enabled {
             bad(
                 format!("{path}.enabled"),
                 "found true with recovery.enabled false; retention runs on the leader and learns what is in use from its Pod watch: turn recovery on".into(),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn problems(yaml: &str) -> String {
+        match Config::from_yaml(yaml, "t.yaml") {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn retention_needs_a_watch_of_every_pod() {
+        let base = "target: {registry: m.example.com}\n";
+        assert_eq!(
+            problems(&format!("{base}retention: {{enabled: true}}\n")),
+            ""
+        );
+        let off = problems(&format!(
+            "{base}recovery: {{enabled: false}}\nretention: {{enabled: true}}\n"
+        ));
+        assert!(
+            off.contains("retention.enabled: found true with recovery.enabled false"),
+            "{off}"
+        );
+        let some = problems(&format!(
+            "{base}recovery: {{namespaces: [apps]}}\nretention: {{enabled: true}}\n"
+        ));
+        assert!(
+            some.contains("retention.enabled: found true with recovery.namespaces set"),
+            "{some}"
+        );
+        let zero = problems(&format!(
+            "{base}retention: {{unusedFor: 0s, interval: 0s}}\n"
+        ));
+        assert!(zero.contains("retention.unusedFor: found 0s"), "{zero}");
+        assert!(zero.contains("retention.interval: found 0s"), "{zero}");
+        let unknown = problems(&format!("{base}retention: {{unusedfor: 1h}}\n"));
+        assert!(unknown.contains("unusedfor"), "{unknown}");
     }
 }
