@@ -116,6 +116,11 @@ impl Background {
                 lead_and_watch(c, rec, scope, l, t, metrics).await;
             });
         }
+        if config.retention.enabled && recovery.is_none() {
+            warn!(
+                "retention.enabled, but there is no Kubernetes API client: retention does not run (it needs the leader's Pod watch)"
+            );
+        }
         if let (Some(c), Some(rec)) = (&client, &recovery)
             && config.retention.enabled
         {
