@@ -39,6 +39,23 @@
 #              left unchanged. Needs kubectl, and Go or a built harness;
 #              BENCH_PRIVATE=0 skips it, BENCH_PRIVATE=1 fails without them
 #              (default: skipped with a note).
+#   swapper    k8s-image-swapper's webhook (built by scripts/build-peers.sh),
+#              the peer users would run instead, on the same rig with TLS:
+#              imageSwapPolicy always and imageCopyPolicy none, which rewrites
+#              without any registry call (its lowest cost per review), and an
+#              ECR target whose API (GetAuthorizationToken at startup) is moto
+#              on loopback: its AWS SDK (aws-sdk-go v1) has no endpoint
+#              setting, so it reaches moto through HTTPS_PROXY (moto_proxy,
+#              its CA given by AWS_CA_BUNDLE) and nothing leaves the machine.
+#              Against cached pinswap on the same Pods of 1, 5 and 20
+#              containers (distinct images, all mirrored), alternating, -c
+#              $BENCH_CONC unthrottled, and at 1,000 req/s with 5 containers.
+#              k8s-image-swapper cannot map a source with a port (its target
+#              reference "<ecr>/127.0.0.1:PORT/..." does not parse, and the
+#              request panics), so its Pods name the same images under
+#              registry.bench.internal, which it never contacts.
+#              Needs moto_proxy (pip install 'moto[server,proxy]'); skipped with
+#              the reason when the peer or moto is missing.
 # Cached pinswap uses the default caches (ttl 1h, resolutionTtl 30s).
 # With BASELINE_BIN (another pinswap build, e.g. the last release), another
 # instance of it with the cached config joins the 'max' rounds, so that a
@@ -47,7 +64,7 @@
 # usage: scripts/bench-admission.sh [--quick]     (--quick: 3 s per case, 1 round)
 # env: PINSWAP_BIN, CEILING_BIN (skip the cargo builds), BASELINE_BIN, BENCH_DURATION,
 #      BENCH_CONC, BENCH_ROUNDS; BENCH_CASES (which cases, space- or
-#      comma-separated; default "max 1000/s uncached stalled private");
+#      comma-separated; default "max 1000/s uncached stalled private swapper");
 #      BENCH_PRIVATE (above); PINSWAP_LOG (pinswap's log level; default info,
 #      one line per admission, to a file)
 # Results: target/bench/bench-admission.md (and .json)
@@ -58,7 +75,7 @@ DURATION=${BENCH_DURATION:-10s}
 CONC=${BENCH_CONC:-50}
 ROUNDS=${BENCH_ROUNDS:-2}
 if [ "${1:-}" = --quick ]; then DURATION=3s ROUNDS=1; fi
-ALL_CASES="max 1000/s uncached stalled private"
+ALL_CASES="max 1000/s uncached stalled private swapper"
 CASES=" ${BENCH_CASES:-$ALL_CASES} "
 CASES=${CASES//,/ }
 for c in $CASES; do
@@ -94,6 +111,26 @@ if want private && [ -z "$CLUSTER" ]; then
   CASES=${CASES/ private / }
 fi
 
+SWAPPER='' SWAPPER_SKIPPED=''
+if want swapper; then
+  if ! command -v go >/dev/null; then
+    SWAPPER_SKIPPED="Go is not installed (scripts/build-peers.sh builds the peer)"
+  elif ! command -v moto_proxy >/dev/null || ! python3 -c 'import multipart' 2>/dev/null; then
+    SWAPPER_SKIPPED="moto_proxy is not installed (pip install 'moto[server,proxy]==5.2.1')"
+  else
+    PEERS_DIR=$PWD/$(scripts/build-peers.sh)
+    if [ -x "$PEERS_DIR/k8s-image-swapper" ]; then
+      SWAPPER=$PEERS_DIR/k8s-image-swapper
+    else
+      SWAPPER_SKIPPED="k8s-image-swapper did not build: $(tail -n 1 "$PEERS_DIR/k8s-image-swapper.err")"
+    fi
+  fi
+  if [ -z "$SWAPPER" ]; then
+    echo "== swapper case skipped: $SWAPPER_SKIPPED"
+    CASES=${CASES/ swapper / }
+  fi
+fi
+
 if [ -z "${PINSWAP_BIN:-}" ] || [ -z "${CEILING_BIN:-}" ]; then
   echo "== building pinswap and the ceiling example (release)"
   cargo build --release --quiet --bin pinswap --example ceiling
@@ -108,7 +145,7 @@ PIDS=()
 cleanup() {
   local rc=$?
   if ((rc)); then
-    for log in "$WORK"/{cached,uncached,stalled,baseline,private,ceiling,cluster,psource}.log; do
+    for log in "$WORK"/{cached,uncached,stalled,baseline,private,ceiling,cluster,psource,swapper,moto}.log; do
       [ -s "$log" ] && { echo "== $(basename "$log") (last lines)" >&2; tail -n 5 "$log" | cut -c1-300 >&2; }
     done
   fi
@@ -169,6 +206,70 @@ fi
 
 make_certs "pinswap bench"
 
+# The swapper case's Pods: 20 distinct images (one layout under 20 names),
+# mirrored like the others, and reviews of 1, 5 and 20 containers.
+SWAP_HOOK='' ECR=123456789012.dkr.ecr.us-east-1.amazonaws.com
+if want swapper; then
+  : >"$WORK/fleet.txt"
+  for i in $(seq 20); do
+    $PINSWAP copy oci:examples/oci/hello:v1 "docker://$SRC/fleet/app$i:v1" >/dev/null
+    echo "$SRC/fleet/app$i:v1" >>"$WORK/fleet.txt"
+  done
+  $PINSWAP copy --from-file "$WORK/fleet.txt" --to "docker://$DST/mirror" >/dev/null
+  for n in 1 5 20; do
+    python3 - "$WORK/fleet.txt" "$n" >"$WORK/review-$n.json" <<'PY'
+import json, sys
+images = open(sys.argv[1]).read().split()[: int(sys.argv[2])]
+print(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+    "uid": "0b6e4c1a-3f2d-4e5b-8a7c-9d1e2f3a4b5c",
+    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+    "resource": {"group": "", "version": "v1", "resource": "pods"},
+    "namespace": "shop", "operation": "CREATE",
+    "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+    "object": {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"generateName": "fleet-", "namespace": "shop"},
+               "spec": {"containers": [{"name": f"c{i}", "image": im} for i, im in enumerate(images)]}},
+    "dryRun": False}}, separators=(",", ":")))
+PY
+    sed "s|\"$SRC/|\"registry.bench.internal/|g" "$WORK/review-$n.json" >"$WORK/review-swapper-$n.json"
+  done
+  MOTO=127.0.0.1:$(free_port)
+  MOTO_CA=$(python3 -c 'import moto.moto_proxy, os; print(os.path.dirname(moto.moto_proxy.__file__))')/ca.crt
+  (cd "$WORK" && AWS_EC2_METADATA_DISABLED=true exec moto_proxy -H 127.0.0.1 -p "${MOTO#*:}") >"$WORK/moto.log" 2>&1 &
+  PIDS+=($!)
+  # Ready when it answers the ECR call the peer makes at startup.
+  wait_for https://api.ecr.us-east-1.amazonaws.com/ $! moto_proxy -x "http://$MOTO" --cacert "$MOTO_CA" \
+    -X POST -H 'Content-Type: application/x-amz-json-1.1' \
+    -H 'X-Amz-Target: AmazonEC2ContainerRegistry_V20150921.GetAuthorizationToken' \
+    -H 'Authorization: AWS4-HMAC-SHA256 Credential=bench/20260101/us-east-1/ecr/aws4_request, SignedHeaders=host, Signature=0' \
+    --data '{}'
+  cat >"$WORK/swapper.yaml" <<YML
+dryRun: false
+logLevel: warn
+logFormat: json
+imageSwapPolicy: always
+imageCopyPolicy: none
+source:
+  registries: []
+target:
+  type: aws
+  aws:
+    accountId: "123456789012"
+    region: us-east-1
+YML
+  SWAP_HOOK=127.0.0.1:$(free_port)
+  # Every request of its AWS SDK goes to moto_proxy on loopback; no metadata
+  # service. Without KUBERNETES_SERVICE_HOST it reads no Secrets.
+  env -u KUBERNETES_SERVICE_HOST -u NO_PROXY -u no_proxy AWS_EC2_METADATA_DISABLED=true \
+    HTTPS_PROXY="http://$MOTO" HTTP_PROXY="http://$MOTO" AWS_CA_BUNDLE="$MOTO_CA" \
+    AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 \
+    "$SWAPPER" --config "$WORK/swapper.yaml" --listen-address "$SWAP_HOOK" \
+    --tls-cert-file "$WORK/tls.crt" --tls-key-file "$WORK/tls.key" >"$WORK/swapper.log" 2>&1 &
+  PIDS+=($!)
+  wait_for "https://$SWAP_HOOK/" $! k8s-image-swapper --cacert "$WORK/ca.crt"
+  echo "== k8s-image-swapper on $SWAP_HOOK (ECR API: moto_proxy on $MOTO); 20 fleet images mirrored to $DST/mirror"
+fi
+
 config() { # CACHE_LINE
   cat <<YML
 target: {registry: "$DST/mirror", insecure: true}
@@ -207,17 +308,26 @@ cat >"$WORK/review.json" <<JSON
  "dryRun":false}}
 JSON
 
-mutate() { # HOOK OUT [REVIEW [N]]: one request; fails unless N (default 3) containers are rewritten
+mutate() { # HOOK OUT [REVIEW [N [PATH PREFIX]]]: one request; fails unless N (default 3) containers are rewritten
   curl -fsS --cacert "$WORK/ca.crt" -H 'Content-Type: application/json' \
-    --data-binary @"${3:-$WORK/review.json}" "https://$1/mutate" -o "$2"
-  python3 - "$2" "$DST/mirror/" "${4:-3}" <<'PY'
+    --data-binary @"${3:-$WORK/review.json}" "https://$1${5:-/mutate}" -o "$2"
+  python3 - "$2" "${6:-$DST/mirror/}" "${4:-3}" <<'PY'
 import base64, json, sys
 resp = json.load(open(sys.argv[1]))["response"]
 patch = resp.get("patch") or []
 ops = json.loads(bytes(patch) if isinstance(patch, list) else base64.b64decode(patch))
-images = [o["value"] for o in ops if o["path"].endswith("/image")]
+# pinswap replaces each image; k8s-image-swapper's patch may replace the
+# whole container list instead.
+def images_in(v):
+    if isinstance(v, dict):
+        return [v["image"]] if "image" in v else [i for x in v.values() for i in images_in(x)]
+    return [i for x in v for i in images_in(x)] if isinstance(v, list) else []
+images = [o["value"] if o["path"].endswith("/image") else i
+          for o in ops for i in ([None] if o["path"].endswith("/image") else images_in(o.get("value")))]
+images = [i for i in images if i is not None]
 n = int(sys.argv[3])
-if len(images) != n or not all(i.startswith(sys.argv[2]) and "@sha256:" in i for i in images):
+pinned = sys.argv[2].endswith("/mirror/")
+if len(images) != n or not all(i.startswith(sys.argv[2]) and ("@sha256:" in i or not pinned) for i in images):
     sys.exit(f"expected {n} rewritten images, got {images} in {resp}")
 PY
 }
@@ -282,6 +392,12 @@ for _ in $(seq 20); do
     mutate "$HOOK_P" "$WORK/response-pub.json" "$WORK/review-public.json"
     mutate "$HOOK_P" "$WORK/response-priv.json" "$WORK/review-private.json"
   fi
+  if [ -n "$SWAP_HOOK" ]; then
+    for n in 1 5 20; do
+      mutate "$HOOK" "$WORK/response-$n.json" "$WORK/review-$n.json" "$n"
+      mutate "$SWAP_HOOK" "$WORK/response-swapper-$n.json" "$WORK/review-swapper-$n.json" "$n" /webhook "$ECR/"
+    done
+  fi
 done
 
 CEIL=127.0.0.1:$(free_port)
@@ -303,7 +419,7 @@ run() { # CASE WHO HOOK HEY-ARGS...: one hey run (of $REVIEW, default the review
   # -host: hey sends its Host value ("127.0.0.1:PORT") as the TLS SNI, which
   # rustls rejects (illegal_parameter); "localhost" is a valid SNI name.
   hey -z "$DURATION" "$@" -host localhost -m POST -T application/json -D "$review" \
-    "https://$hook/mutate" >"$WORK/hey.txt"
+    "https://$hook${URL_PATH:-/mutate}" >"$WORK/hey.txt"
   python3 - "$WORK/hey.txt" "$RESULTS" "$case" "$who" "$*" "$ROUND" <<'PY'
 import json, re, sys
 text, results, case, who, args, rnd = open(sys.argv[1]).read(), *sys.argv[2:]
@@ -352,6 +468,12 @@ for ROUND in $(seq "$ROUNDS"); do
     REVIEW=$WORK/review-public.json run max pullsecrets-public "$HOOK_P" -c "$CONC"
     REVIEW=$WORK/review-private.json run max pullsecrets-private "$HOOK_P" -c "$CONC"
   fi
+  if [ -n "$SWAP_HOOK" ]; then
+    for n in 1 5 20; do
+      REVIEW=$WORK/review-$n.json run max "pinswap-cached-$n" "$HOOK" -c "$CONC"
+      REVIEW=$WORK/review-swapper-$n.json URL_PATH=/webhook run max "k8s-image-swapper-$n" "$SWAP_HOOK" -c "$CONC"
+    done
+  fi
 done
 ROUND=0
 if [ -n "$HOOK_P" ]; then
@@ -365,6 +487,10 @@ fi
 if want 1000/s; then
   run 1000/s ceiling "$CEIL" -c 10 -q 100
   run 1000/s pinswap-cached "$HOOK" -c 10 -q 100
+fi
+if [ -n "$SWAP_HOOK" ]; then
+  REVIEW=$WORK/review-5.json run 1000/s pinswap-cached-5 "$HOOK" -c 10 -q 100
+  REVIEW=$WORK/review-swapper-5.json URL_PATH=/webhook run 1000/s k8s-image-swapper-5 "$SWAP_HOOK" -c 10 -q 100
 fi
 hits1=$(metric "$HEALTH" 'pinswap_cache_hits_total{cache="resolution"}')
 miss1=$(metric "$HEALTH" 'pinswap_cache_misses_total{cache="resolution"}')
@@ -405,6 +531,8 @@ cases = [("max", "ceiling"), ("max", "pinswap-cached"), ("max", "baseline-cached
          ("max", "pullsecrets-public"), ("max", "pullsecrets-private"), ("1000/s", "ceiling"),
          ("1000/s", "pinswap-cached"), ("10/s", "pinswap-uncached"), ("100/s", "pinswap-uncached"),
          ("max", "pinswap-uncached"), ("100/s", "pinswap-stalled")]
+cases += [("max", f"{w}-{n}") for n in (1, 5, 20) for w in ("pinswap-cached", "k8s-image-swapper")]
+cases += [("1000/s", "pinswap-cached-5"), ("1000/s", "k8s-image-swapper-5")]
 cases = [(c, w) for c, w in cases if any(r["case"] == c and r["who"] == w for r in rows)]
 res = {f"{w} {c}": agg(c, w) for c, w in cases}
 have = lambda key: key in res
@@ -458,6 +586,24 @@ for key, bound, name in [
         ("pinswap-stalled 100/s", 5, "source stalled, images at the target: p99 ≤ 5 ms, 100 req/s")]:
     if have(key):
         targets.append(f"| {name} | {verdict(res[key]['p99'] <= bound)}, {res[key]['p99']:.1f} ms |")
+peers = [n for n in (1, 5, 20) if have(f"k8s-image-swapper-{n} max")]
+if peers:
+    lines += ["", "Against k8s-image-swapper (imageSwapPolicy always, imageCopyPolicy none: no registry call), "
+              "the same Pods, alternating rounds:", "",
+              "| containers | pinswap req/s | k8s-image-swapper req/s | throughput ratio | pinswap p99 ms | k8s-image-swapper p99 ms |",
+              "|---|---|---|---|---|---|"]
+    for n in peers:
+        p, k = res[f"pinswap-cached-{n} max"], res[f"k8s-image-swapper-{n} max"]
+        lines.append(f"| {n} | {p['rps']:,.0f} | {k['rps']:,.0f} | {p['rps'] / k['rps']:.2f}× | {p['p99']:.1f} | {k['p99']:.1f} |")
+        targets.append(f"| cached throughput ≥ 1.5× k8s-image-swapper's, {n} container(s) | "
+                       f"{verdict(p['rps'] >= 1.5 * k['rps'])}, {p['rps'] / k['rps']:.2f}× |")
+    if have("k8s-image-swapper-5 1000/s"):
+        p, k = res["pinswap-cached-5 1000/s"], res["k8s-image-swapper-5 1000/s"]
+        lines.append("")
+        lines.append(f"At 1,000 req/s (`-c 10 -q 100`), 5 containers: pinswap p99 {p['p99']:.1f} ms, "
+                     f"k8s-image-swapper p99 {k['p99']:.1f} ms.")
+        targets.append(f"| p99 at 1,000 req/s ≤ k8s-image-swapper's (5 containers) | "
+                       f"{verdict(p['p99'] <= k['p99'])}, {p['p99']:.1f} vs {k['p99']:.1f} ms |")
 if summary:
     lines += ["", ". ".join(summary) + "."]
 if targets:

@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# Benchmark `pinswap copy` against `skopeo copy` between two loopback
-# Distribution registries (Debian `docker-registry`), on
+# Benchmark `pinswap copy` against the copy tools users would run instead:
+# `skopeo copy`, regclient's `regctl image copy` and go-containerregistry's
+# `crane copy` (the last two built by scripts/build-peers.sh), between two
+# loopback Distribution registries (Debian `docker-registry`), on
 #   (a) one 512 MiB layer, cold        (b) 10 x 20 MiB layers, cold
 #   (c) (b) again, warm (destination already has it)
 #   (d) 50 images sharing one 50 MiB base layer: `pinswap copy --from-file`
-#       against a bash loop of `skopeo copy` into the same mirror paths.
+#       against a bash loop of each peer into the same mirror paths.
 #   (e) 130 small layers into a new repository of a target that already
 #       holds them in another repository, which each tool copied there
 #       itself: skopeo mounts from its blob-info cache, pinswap from its
-#       blob location cache. Every run copies into a repository never used.
-# Wall time comes from hyperfine (both tools in one invocation per case),
+#       blob location cache; regctl and crane keep no such cache. Every run
+#       copies into a repository never used.
+# Wall time comes from hyperfine (every tool in one invocation per case),
 # peak RSS from `/usr/bin/time -v`. Every cold run starts from an empty
-# target registry and an empty skopeo blob-info cache.
+# target registry and an empty skopeo blob-info cache. A peer that does not
+# build is left out, with go's error.
 #
 # usage: scripts/bench-copy.sh [--quick] [--scale N] [--runs N]
 #   --quick     sizes / 16, 2 cold runs, 8 warm runs, no 2 GiB RSS run
 #   --scale N   divide every layer size by N (env BENCH_SCALE)
 #   --runs N    cold runs per tool (env BENCH_RUNS, default 5; warm: 4N)
-# env: PINSWAP_BIN (skip `cargo build --release`), BENCH_IMAGES (default 50)
+# env: PINSWAP_BIN (skip `cargo build --release`), BENCH_IMAGES (default 50),
+#      BENCH_PEERS (default "regctl crane"; skopeo always runs)
 # Results: target/bench/bench-copy.md and target/bench/<case>.json
 #
 # Command strings ($PINSWAP, $SKOPEO, $WARM_*) go to hyperfine as strings and
 # are word-split on purpose elsewhere, so paths must not contain spaces.
-# shellcheck disable=SC2086
+# shellcheck disable=SC2086,SC2046,SC2091
 set -euo pipefail
 
 # ---------------------------------------------------------------- registries
@@ -87,7 +92,7 @@ while (($#)); do
     --quick) QUICK=1; SCALE=${BENCH_SCALE:-16}; RUNS=${BENCH_RUNS:-2} ;;
     --scale) SCALE=$2; shift ;;
     --runs) RUNS=$2; shift ;;
-    -h|--help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -122,6 +127,10 @@ if [[ -z ${PINSWAP_BIN:-} ]]; then
   PINSWAP_BIN=$ROOT/target/release/pinswap
 fi
 PINSWAP_BIN=$(realpath "$PINSWAP_BIN")
+PEERS_DIR=''
+case " ${BENCH_PEERS-regctl crane} " in
+  *" regctl "* | *" crane "*) PEERS_DIR=$ROOT/$("$HERE/build-peers.sh") ;;
+esac
 
 # ---------------------------------------------------------------- work dir
 BENCH_WORK=$(mktemp -d "${TMPDIR:-/tmp}/pinswap-bench.XXXXXX")
@@ -144,6 +153,30 @@ log() { printf '\n== %s (%ss)\n' "$*" $((SECONDS - START)) >&2; }
 # which rewrites the manifest (other digests) and costs CPU.
 PINSWAP="$PINSWAP_BIN copy"
 SKOPEO="skopeo copy --src-tls-verify=false --dest-tls-verify=false -q --preserve-digests"
+# regctl and crane at their defaults too, over plain HTTP on loopback.
+declare -A COPY=([pinswap]=$PINSWAP [skopeo]=$SKOPEO
+  [regctl]="$PEERS_DIR/regctl --host reg=$SRC,tls=disabled --host reg=$DST,tls=disabled image copy"
+  [crane]="$PEERS_DIR/crane copy --insecure")
+TOOLS=(pinswap skopeo)
+for peer in ${BENCH_PEERS-regctl crane}; do
+  case $peer in
+    regctl | crane)
+      if [[ -x $PEERS_DIR/$peer ]]; then
+        TOOLS+=("$peer")
+      else
+        echo "peer $peer left out: scripts/build-peers.sh did not build it (see $PEERS_DIR/$peer.err)" >&2
+      fi
+      ;;
+    *) echo "BENCH_PEERS: unknown peer $peer (known: regctl crane)" >&2; exit 2 ;;
+  esac
+done
+# Each tool's reference form: pinswap and skopeo name the transport.
+ref() { # tool reference
+  case $1 in pinswap | skopeo) echo "docker://$2" ;; *) echo "$2" ;; esac
+}
+copy_cmd() { # tool source target: one copy's command line
+  echo "${COPY[$1]} $(ref "$1" "$2") $(ref "$1" "$3")"
+}
 PREPARE="$SELF __reset-target"
 
 # ---------------------------------------------------------------- fixtures
@@ -168,11 +201,15 @@ for i in $(seq "$IMAGES"); do
 done
 rm -rf "$LAYOUT" # the source registry has it all now
 MIRROR=$DST/mirror/127.0.0.1_$BENCH_SRC_PORT # mirror path of $SRC under $DST/mirror
-cat >"$BENCH_WORK/skopeo-loop.sh" <<EOF
+for tool in "${TOOLS[@]:1}"; do
+  t=''
+  [[ $tool == skopeo ]] && t=docker://
+  cat >"$BENCH_WORK/$tool-loop.sh" <<EOF
 while read -r ref; do
-  $SKOPEO "docker://\$ref" "docker://$MIRROR/\${ref#*/}"
+  ${COPY[$tool]} "$t\$ref" "$t$MIRROR/\${ref#*/}"
 done <"$LIST"
 EOF
+done
 
 # ---------------------------------------------------------------- helpers
 digest() { skopeo inspect --raw --tls-verify=false "docker://$1" | sha256sum | cut -d' ' -f1; }
@@ -193,20 +230,24 @@ rss() { # case tool command...: one run under /usr/bin/time -v, records peak RSS
   echo "$case $tool $(awk -F': ' '/Maximum resident set size/ { print $2 }' "$BENCH_WORK/time.txt")" \
     >>"$BENCH_WORK/rss.tsv"
 }
-bench() { # case hyperfine-options... -- pinswap-command skopeo-command
-  local case=$1 opts=()
+bench() { # case hyperfine-options... -- one command per tool, in TOOLS order
+  local case=$1 opts=() names=() tool
   shift
   while [[ $1 != -- ]]; do opts+=("$1"); shift; done
-  hyperfine --style basic "${opts[@]}" --export-json "$OUT/$case.json" \
-    -n pinswap "$2" -n skopeo "$3"
+  shift
+  for tool in "${TOOLS[@]}"; do names+=(-n "$tool" "$1"); shift; done
+  hyperfine --style basic "${opts[@]}" --export-json "$OUT/$case.json" "${names[@]}"
 }
 cold_image() { # case source-repo
-  local case=$1 src=$SRC/bench/$2:v1 pdst=$DST/pinswap/$2:v1 sdst=$DST/skopeo/$2:v1
+  local case=$1 src=$SRC/bench/$2:v1 cmds=() tool
   log "($case) cold: $src"
-  bench "$case" --warmup 0 --runs "$RUNS" --prepare "$PREPARE" -- \
-    "$PINSWAP docker://$src docker://$pdst" "$SKOPEO docker://$src docker://$sdst"
-  reset_target; rss "$case" pinswap $PINSWAP "docker://$src" "docker://$pdst"; verify "$src" "$pdst"
-  reset_target; rss "$case" skopeo $SKOPEO "docker://$src" "docker://$sdst"; verify "$src" "$sdst"
+  for tool in "${TOOLS[@]}"; do cmds+=("$(copy_cmd "$tool" "$src" "$DST/$tool/$2:v1")"); done
+  bench "$case" --warmup 0 --runs "$RUNS" --prepare "$PREPARE" -- "${cmds[@]}"
+  for tool in "${TOOLS[@]}"; do
+    reset_target
+    rss "$case" "$tool" $(copy_cmd "$tool" "$src" "$DST/$tool/$2:v1")
+    verify "$src" "$DST/$tool/$2:v1"
+  done
 }
 
 # ---------------------------------------------------------------- cases
@@ -215,32 +256,32 @@ cold_image b b
 
 log "(c) warm: destination already has bench/b"
 reset_target
-$PINSWAP "docker://$SRC/bench/b:v1" "docker://$DST/warm-pinswap/b:v1" >/dev/null
-$SKOPEO "docker://$SRC/bench/b:v1" "docker://$DST/warm-skopeo/b:v1"
-WARM_P="$PINSWAP docker://$SRC/bench/b:v1 docker://$DST/warm-pinswap/b:v1"
-WARM_S="$SKOPEO docker://$SRC/bench/b:v1 docker://$DST/warm-skopeo/b:v1"
-bench c --warmup 1 --runs "$WARM_RUNS" -- "$WARM_P" "$WARM_S"
-rss c pinswap $WARM_P
-rss c skopeo $WARM_S
+cmds=()
+for tool in "${TOOLS[@]}"; do
+  cmds+=("$(copy_cmd "$tool" "$SRC/bench/b:v1" "$DST/warm-$tool/b:v1")")
+  ${cmds[-1]} >/dev/null
+done
+bench c --warmup 1 --runs "$WARM_RUNS" -- "${cmds[@]}"
+for i in "${!TOOLS[@]}"; do rss c "${TOOLS[i]}" ${cmds[i]}; done
 
 log "(d) batch: $IMAGES images sharing one base layer"
-bench d --warmup 0 --runs "$RUNS" --prepare "$PREPARE" -- \
-  "$PINSWAP --from-file $LIST --to docker://$DST/mirror" "bash $BENCH_WORK/skopeo-loop.sh"
-reset_target; rss d pinswap $PINSWAP --from-file "$LIST" --to "docker://$DST/mirror"; verify_list
-reset_target; rss d skopeo bash "$BENCH_WORK/skopeo-loop.sh"; verify_list
+cmds=("$PINSWAP --from-file $LIST --to docker://$DST/mirror")
+for tool in "${TOOLS[@]:1}"; do cmds+=("bash $BENCH_WORK/$tool-loop.sh"); done
+bench d --warmup 0 --runs "$RUNS" --prepare "$PREPARE" -- "${cmds[@]}"
+for i in "${!TOOLS[@]}"; do reset_target; rss d "${TOOLS[i]}" ${cmds[i]}; verify_list; done
 
 log "(e) $E_LAYERS layers the target holds in another repository"
 reset_target
-$PINSWAP "docker://$SRC/bench/e:v1" "docker://$DST/held-pinswap/e:v1" >/dev/null
-$SKOPEO "docker://$SRC/bench/e:v1" "docker://$DST/held-skopeo/e:v1"
-NEW_P="$PINSWAP docker://$SRC/bench/e:v1 docker://$DST/e-pinswap/\$(cat $BENCH_WORK/e-repo):v1"
-NEW_S="$SKOPEO docker://$SRC/bench/e:v1 docker://$DST/e-skopeo/\$(cat $BENCH_WORK/e-repo):v1"
-bench e --warmup 1 --runs "$WARM_RUNS" --prepare "$SELF __next-repo" -- "$NEW_P" "$NEW_S"
-for tool in pinswap skopeo; do
+cmds=()
+for tool in "${TOOLS[@]}"; do
+  $(copy_cmd "$tool" "$SRC/bench/e:v1" "$DST/held-$tool/e:v1") >/dev/null
+  cmds+=("$(copy_cmd "$tool" "$SRC/bench/e:v1" "$DST/e-$tool/\$(cat $BENCH_WORK/e-repo):v1")")
+done
+bench e --warmup 1 --runs "$WARM_RUNS" --prepare "$SELF __next-repo" -- "${cmds[@]}"
+for tool in "${TOOLS[@]}"; do
   next_repo
   new=$DST/e-$tool/$(<"$BENCH_WORK/e-repo"):v1
-  if [[ $tool == pinswap ]]; then cmd=$PINSWAP; else cmd=$SKOPEO; fi
-  rss e $tool $cmd "docker://$SRC/bench/e:v1" "docker://$new"
+  rss e "$tool" $(copy_cmd "$tool" "$SRC/bench/e:v1" "$new")
   verify "$SRC/bench/e:v1" "$new"
 done
 E_MOUNTED=$(sed -n 's/.* \([0-9]*\) mounted.*/\1/p' "$BENCH_WORK/out-e-pinswap.txt")
@@ -259,9 +300,17 @@ log "report"
 machine="$(nproc) CPUs, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)"
 reg_version=$(docker-registry --version | awk '{ print $NF }')
 pinswap_version="$("$PINSWAP_BIN" --version) ($(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown))"
-python3 - "$OUT" "$BENCH_WORK/rss.tsv" >"$OUT/bench-copy.md" <<EOF
+peer_versions=""
+for tool in "${TOOLS[@]:2}"; do
+  case $tool in
+    regctl) peer_versions+="; regctl $("$PEERS_DIR/regctl" version --format '{{.VCSTag}}' 2>/dev/null || echo '?')" ;;
+    crane) peer_versions+="; crane $("$PEERS_DIR/crane" version 2>/dev/null || echo '?')" ;;
+  esac
+done
+python3 - "$OUT" "$BENCH_WORK/rss.tsv" "${TOOLS[*]}" >"$OUT/bench-copy.md" <<EOF
 import json, sys
-out, rss_file = sys.argv[1], sys.argv[2]
+out, rss_file, tools = sys.argv[1], sys.argv[2], sys.argv[3].split()
+peers = tools[1:]
 rss = {}
 for line in open(rss_file):
     case, tool, kib = line.split()
@@ -269,17 +318,38 @@ for line in open(rss_file):
 cases = [("a", "(a) 1 × $(mib $A_SIZE) layer, cold"),
          ("b", "(b) 10 × $(mib $B_SIZE) layers, cold"),
          ("c", "(c) warm copy of (b)"),
-         ("d", "(d) $IMAGES images sharing a $(mib $D_BASE) base, --from-file vs skopeo loop"),
+         ("d", "(d) $IMAGES images sharing a $(mib $D_BASE) base, --from-file vs a loop of each peer"),
          ("e", "(e) $E_LAYERS × $(mib $E_SIZE) layers the target holds elsewhere, into a new repository")]
-print("| case | pinswap s | skopeo s | time ratio | pinswap RSS MiB | skopeo RSS MiB | RSS ratio |")
-print("|---|---|---|---|---|---|---|")
+fmt = lambda r: f"{r['mean']:.3f} ± {r['stddev'] or 0:.3f}"
+print("Wall time (s, mean ± stddev) and pinswap's ratio to the fastest peer and to skopeo:")
+print()
+print("| case | " + " | ".join(tools) + " | ÷ fastest peer | ÷ skopeo |")
+print("|---|" + "---|" * (len(tools) + 2))
+verdicts = []
 for key, label in cases:
     res = {r["command"]: r for r in json.load(open(f"{out}/{key}.json"))["results"]}
-    p, s = res["pinswap"], res["skopeo"]
-    fmt = lambda r: f"{r['mean']:.3f} ± {r['stddev'] or 0:.3f}"
-    rp, rs = rss[key, "pinswap"], rss[key, "skopeo"]
-    print(f"| {label} | {fmt(p)} | {fmt(s)} | {p['mean'] / s['mean']:.2f}× "
-          f"| {rp:.1f} | {rs:.1f} | {rp / rs:.2f}× |")
+    p = res["pinswap"]["mean"]
+    fastest = min(peers, key=lambda t: res[t]["mean"])
+    rf, rs = p / res[fastest]["mean"], p / res["skopeo"]["mean"]
+    print(f"| {label} | " + " | ".join(fmt(res[t]) for t in tools)
+          + f" | {rf:.2f}× ({fastest}) | {rs:.2f}× |")
+    if key == "c":
+        verdicts.append(f"(c) ≤ 0.25× skopeo and ≤ 1× the fastest peer: "
+                        f"{'met' if rs <= 0.25 and rf <= 1 else 'missed'} ({rs:.2f}×, {rf:.2f}×)")
+    else:
+        verdicts.append(f"({key}) ≤ 0.8× the fastest peer: {'met' if rf <= 0.8 else 'missed'} ({rf:.2f}×)")
+print()
+print("Peak RSS (MiB) and pinswap's ratio to the smallest peer:")
+print()
+print("| case | " + " | ".join(tools) + " | ÷ smallest peer |")
+print("|---|" + "---|" * (len(tools) + 1))
+for key, label in cases:
+    small = min(peers, key=lambda t: rss[key, t])
+    r = rss[key, "pinswap"] / rss[key, small]
+    print(f"| {key} | " + " | ".join(f"{rss[key, t]:.1f}" for t in tools) + f" | {r:.2f}× ({small}) |")
+    verdicts.append(f"({key}) RSS ≤ 0.5× the smallest peer: {'met' if r <= 0.5 else 'missed'} ({r:.2f}×)")
+print()
+print("Targets: " + "; ".join(verdicts) + ".")
 print()
 if ("big", "pinswap") in rss:
     print(f"pinswap peak RSS, one 2048 MiB layer: {rss['big', 'pinswap']:.1f} MiB "
@@ -290,11 +360,11 @@ print()
 print("(e): pinswap mounted ${E_MOUNTED:-?} of the image's $((E_LAYERS + 1)) blobs.")
 print()
 print("Runs: $RUNS cold (empty target registry and skopeo blob-info cache before each), "
-      "$WARM_RUNS warm. Defaults: pinswap --jobs 4, skopeo 6 parallel blobs; "
-      "skopeo --preserve-digests. Skopeo RSS in (d) is the largest single skopeo process of the loop.$(
+      "$WARM_RUNS warm. Every tool at its defaults (pinswap --jobs 4, skopeo 6 parallel blobs); "
+      "skopeo --preserve-digests. A peer's RSS in (d) is its largest single process of the loop.$(
       ((SCALE == 1)) || echo " Layer sizes divided by $SCALE.")")
 print()
-print("Machine: $machine; skopeo $(skopeo --version | awk '{ print $3 }'); "
+print("Machine: $machine; skopeo $(skopeo --version | awk '{ print $3 }')$peer_versions; "
       "docker-registry $reg_version; $pinswap_version; $(hyperfine --version)")
 print()
 print("Total benchmark time: $((SECONDS - START)) s; load average at start $LOAD_START, "

@@ -68,6 +68,10 @@ line([
  ("Leader",[(f"max by (pod) (pinswap_leader{S})","{{pod}}")],"short","1 on the replica holding the Lease."),
  ("Watched Pods and nodes left out",[(f"max(pinswap_watched_pods{S})","Pods in the leader's index"),(f"max(pinswap_nodes_without_platform{S})","nodes the platforms filter leaves out")],"short","Leader only. Nodes left out: their os/arch is not in platforms."),
 ])
+line([
+ ("Backfill images by state",[(f"max by (state) (pinswap_backfill_images{S})","{{state}}")],"short","Leader only: images running Pods and workload templates name that admission would mirror. pending: not tried yet or waiting for the source; denied: private, no proof."),
+ ("Images the cluster names",[(f"max(pinswap_usage_images{S})","distinct references"),(rate("pinswap_usage_images_dropped_total"),"dropped past the bound")],"short","Leader only: distinct image references of watched Pods and templates."),
+])
 row("Identity findings")
 line([
  ("Image-ID findings",[(f"sum by (kind) (increase(pinswap_identity_findings_total{S}[$__range]))","{{kind}}")],"short","non_unique and collision findings in the time range; see ImageIdentityNotUnique Events."),

@@ -582,6 +582,36 @@ impl Default for Recovery {
     }
 }
 
+/// The backfill (docs/architecture.md §3 "Background"): the leader mirrors
+/// the images running Pods and workload templates name that the target does
+/// not hold yet. It runs where the Pod watcher runs (`recovery.enabled`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Backfill {
+    /// Mirror what is already running, and watch workload templates.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Images the backfill copies at once, apart from admission's copies.
+    #[serde(default = "backfill_concurrency")]
+    pub concurrency: usize,
+}
+
+impl Default for Backfill {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            concurrency: backfill_concurrency(),
+        }
+    }
+}
+
+fn backfill_concurrency() -> usize {
+    2
+}
+
+/// The most images the backfill copies at once.
+pub const MAX_BACKFILL_CONCURRENCY: usize = 64;
+
 /// The `coordination.k8s.io/v1` Lease that elects the recovery leader, with
 /// client-go's leader-election timings.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -909,6 +939,9 @@ pub struct Config {
     /// Pull-failure recovery and leader election.
     #[serde(default)]
     pub recovery: Recovery,
+    /// Mirroring what already runs.
+    #[serde(default)]
+    pub backfill: Backfill,
     /// Removal of mirrored images nothing uses any more.
     #[serde(default)]
     pub retention: Retention,
@@ -1242,6 +1275,15 @@ impl Config {
                 ),
             );
         }
+        if !(1..=MAX_BACKFILL_CONCURRENCY).contains(&self.backfill.concurrency) {
+            bad(
+                "backfill.concurrency".into(),
+                format!(
+                    "found {}, expected 1 to {MAX_BACKFILL_CONCURRENCY}",
+                    self.backfill.concurrency
+                ),
+            );
+        }
         self.retention
             .problems("retention", &self.recovery, &mut bad);
         self.server_problems(&mut bad);
@@ -1488,6 +1530,15 @@ recovery:
     renewDeadline: 10s
     retryPeriod: 2s
 
+backfill:
+  # Mirror the images that Pods already running and workload templates
+  # (Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs, CronJobs)
+  # name and the target lacks: once on becoming leader, then as they change.
+  # Runs with recovery; needs list/watch on those workload kinds. Running
+  # Pods are never restarted: their next replacement is rewritten.
+  enabled: true
+  # Images copied at once, apart from admission's copies.
+  concurrency: 2
 retention:
   # Remove images pinswap mirrored that no Pod (and no workload template)
   # has named for unusedFor. The leader does it; what may go, what stays and

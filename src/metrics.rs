@@ -190,8 +190,24 @@ pub struct Metrics {
     /// `pinswap_referrers_copied_total{outcome}`: referrers of mirrored
     /// images, per attempt (`copied`, `present`, `skipped`, `failed`).
     pub referrers_copied: Family<OutcomeLabel, Counter>,
+    /// `pinswap_usage_images`: distinct image references the leader's
+    /// Pods and workload templates name.
+    pub usage_images: Gauge,
+    /// `pinswap_usage_images_dropped_total`: references left out of the
+    /// usage record past its bound.
+    pub usage_images_dropped: Counter,
+    /// `pinswap_backfill_images{state}`: images the backfill handles, by
+    /// state (`present`, `copied`, `pending`, `failed`, `denied`).
+    pub backfill_images: Family<StateLabel, Gauge>,
     /// Retention of mirrored images (src/retention/).
     pub retention: RetentionMetrics,
+}
+
+/// Label `state`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// The state, e.g. `copied`.
+    pub state: String,
 }
 
 /// Label `action`: an AWS API action (`ecr:SetRepositoryPolicy`).
@@ -414,9 +430,37 @@ impl Metrics {
                 "Referrers (signatures, attestations, SBOMs) of mirrored images handled in the background, per attempt, by outcome (copied, present: already at the target, skipped: left out by referrers.artifactTypes or of a type not copied, failed: retried, then left to re-verification)",
                 Family::default(),
             ),
+            usage_images: register(
+                &mut r,
+                "usage_images",
+                "Distinct image references named by the Pods and workload templates the leader watches",
+                Gauge::default(),
+            ),
+            usage_images_dropped: register(
+                &mut r,
+                "usage_images_dropped",
+                "Image references left out of the leader's usage record past its bound (usage then counts as unsynced)",
+                Counter::default(),
+            ),
+            backfill_images: register(
+                &mut r,
+                "backfill_images",
+                "Images named by running Pods and workload templates that admission would mirror, by backfill state (present, copied, pending, failed, denied)",
+                Family::default(),
+            ),
             registry: r,
             registry_labels: std::sync::RwLock::default(),
         };
+        // Every state at zero from the start (a replica that never leads
+        // reports zeros, as for pinswap_watched_pods).
+        for state in ["present", "copied", "pending", "failed", "denied"] {
+            metrics
+                .backfill_images
+                .get_or_create(&StateLabel {
+                    state: state.to_owned(),
+                })
+                .set(0);
+        }
         for outcome in ["copied", "present", "skipped", "failed"] {
             metrics
                 .referrers_copied
@@ -725,13 +769,6 @@ mod tests {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
     }
-}
-
-/// Label `state` of `pinswap_retention_images`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabel {
-    /// `in_use`, `unused`, `kept`, `candidate` or `removed`.
-    pub state: String,
 }
 
 /// Retention passes and what they did.

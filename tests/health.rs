@@ -346,10 +346,13 @@ async fn unnamed_registries_share_one_label() {
     let mut src = TestRegistry::plain().await;
     let dst = TestRegistry::plain().await;
     let (adm, metrics) = admission(&format!(
-        "target: {{registry: \"{}/mirror\"}}\nsource: {{registries: [{{registry: \"*\"}}, {{registry: \"{}\"}}], breaker: {{failures: 1, backoff: 5m}}}}\nrecovery: {{enabled: false}}\n",
+        "target: {{registry: \"{}/mirror\"}}\nsource: {{registries: [{{registry: \"*\"}}, {{registry: \"{}\"}}], breaker: {{failures: 1, backoff: 5m}}}}\nrecovery: {{enabled: false}}\n\
+         server: {{admissionBudget: 20s}}\n",
         dst.host(),
         src.host()
     ));
+    // The budget is wide so that every refusal is counted on a loaded
+    // machine: a slot cut short by the budget is never sent.
     src.kill();
     admit_failing(&adm, &format!("{}/shop/app:v1", src.host())).await;
     let host = src.host();

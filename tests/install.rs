@@ -442,7 +442,9 @@ async fn rbac_grants_only_what_the_config_uses() {
         rules(&g[&k("ClusterRole", "", "pinswap")]),
         [
             "/pods get,list,watch ",
-            "events.k8s.io/events create,patch "
+            "events.k8s.io/events create,patch ",
+            "apps/daemonsets,deployments,replicasets,statefulsets list,watch ",
+            "batch/cronjobs,jobs list,watch "
         ]
     );
     assert_eq!(
@@ -479,7 +481,9 @@ async fn rbac_grants_only_what_the_config_uses() {
             rules(&g[&k("Role", ns, "pinswap-recovery")]),
             [
                 "/pods get,list,watch ",
-                "events.k8s.io/events create,patch "
+                "events.k8s.io/events create,patch ",
+                "apps/daemonsets,deployments,replicasets,statefulsets list,watch ",
+                "batch/cronjobs,jobs list,watch "
             ]
         );
     }
@@ -490,6 +494,21 @@ async fn rbac_grants_only_what_the_config_uses() {
     assert_eq!(
         rules(&g[&k("ClusterRole", "", "pinswap-self-signed")]),
         ["admissionregistration.k8s.io/mutatingwebhookconfigurations get,patch pinswap"]
+    );
+
+    // Backfill off: the Pod watch's rules alone, no workload kind.
+    std::fs::write(
+        &config,
+        "target: {registry: m.example.com}\nbackfill: {enabled: false}\n",
+    )
+    .unwrap();
+    let g = grants(&manifests(&["--config", config.to_str().unwrap()]).await);
+    assert_eq!(
+        rules(&g[&k("ClusterRole", "", "pinswap")]),
+        [
+            "/pods get,list,watch ",
+            "events.k8s.io/events create,patch "
+        ]
     );
 
     // Recovery off and no pull secrets: no ClusterRole at all.

@@ -63,9 +63,9 @@ fn api_error<T: std::fmt::Debug>(result: kube::Result<T>) -> Status {
 }
 
 /// The next watch event, within 5 s.
-async fn next<S>(stream: &mut S) -> WatchEvent<Pod>
+async fn next<S, K>(stream: &mut S) -> WatchEvent<K>
 where
-    S: futures::Stream<Item = kube::Result<WatchEvent<Pod>>> + Unpin,
+    S: futures::Stream<Item = kube::Result<WatchEvent<K>>> + Unpin,
 {
     match tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
         Ok(Some(Ok(event))) => event,
@@ -1004,4 +1004,77 @@ async fn leases_use_optimistic_concurrency() {
         r.path
             .starts_with("/apis/coordination.k8s.io/v1/namespaces/pinswap/leases/")
     }));
+}
+
+/// The workload kinds list (paged), watch from a list's resourceVersion
+/// and are authorised as the install grants: with the backfill on, list and
+/// watch of each; with it off, 403.
+#[tokio::test]
+async fn workloads_list_watch_and_are_authorised() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::batch::v1::CronJob;
+    use pinswap::install::manifests::Tls;
+    common::init();
+    let api = KubeApi::start().await;
+    let deployment = |ns: &str, name: &str| -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": "nginx:1"}]}}}
+        }))
+        .unwrap()
+    };
+    for i in 0..3 {
+        api.apply_object(deployment("apps", &format!("d{i}")));
+    }
+    let config = |extra: &str| {
+        pinswap::config::Config::from_yaml(
+            &format!("target: {{registry: m.example}}\n{extra}"),
+            "t",
+        )
+        .unwrap()
+    };
+    api.authorize_install(&config("backfill: {enabled: false}"), Tls::CertManager);
+    let all: Api<Deployment> = Api::all(api.client());
+    let err = api_error(all.list(&ListParams::default()).await);
+    assert_eq!(err.code, 403, "{}", err.message);
+    assert!(
+        err.message
+            .contains("cannot list resource \"deployments\" in API group \"apps\""),
+        "{}",
+        err.message
+    );
+
+    api.authorize_install(&config(""), Tls::CertManager);
+    let page = all.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(page.items.len(), 2);
+    let rest = all
+        .list(&ListParams::default().continue_token(page.metadata.continue_.as_deref().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(rest.items.len(), 1);
+    let rv = page.metadata.resource_version.unwrap();
+    let mut watch = all
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    api.apply_object(deployment("web", "new"));
+    api.delete_object::<Deployment>("apps", "d0");
+    match next(&mut watch).await {
+        WatchEvent::Added(d) => assert_eq!(d.metadata.name.as_deref(), Some("new")),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(next(&mut watch).await, WatchEvent::Deleted(_)));
+    // Another kind's events are not in this watch; its own list is empty.
+    let cron: Api<CronJob> = Api::namespaced(api.client(), "apps");
+    assert!(
+        cron.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(api.forbidden().len() == 1, "{:?}", api.forbidden());
 }

@@ -563,7 +563,9 @@ async fn a_leader_facing_a_hanging_api_server_steps_down_and_admission_goes_on()
     let (src, dst, api) = rig().await;
     let app = push(&src, "app", 445).await;
     let later = push(&src, "later", 446).await;
-    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut cfg = config(&src, &dst, "{reverify: 0s}");
+    // The Pod watch alone: no workload watches beside it.
+    cfg.backfill.enabled = false;
     let mut r = Replica::new(&cfg);
     let p = admit_and_store(&r, &api, "web", &app, &dst).await;
     r.start(&cfg, &api);
@@ -686,7 +688,9 @@ fn query_param(q: &common::kube::ApiRequest, key: &str) -> Option<String> {
 async fn the_watcher_survives_expired_history_and_closed_watches() {
     let (src, dst, api) = rig().await;
     let app = push(&src, "app", 451).await;
-    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut cfg = config(&src, &dst, "{reverify: 0s}");
+    // The Pod watch alone: no workload watches beside it.
+    cfg.backfill.enabled = false;
     let mut r = Replica::new(&cfg);
     let p = admit_and_store(&r, &api, "web", &app, &dst).await;
     r.start(&cfg, &api);
@@ -748,7 +752,9 @@ async fn the_watcher_resumes_from_a_bookmark() {
     let (src, dst, api) = rig().await;
     api.bookmark_every(Duration::from_millis(100));
     let app = push(&src, "app", 455).await;
-    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut cfg = config(&src, &dst, "{reverify: 0s}");
+    // The Pod watch alone: no workload watches beside it.
+    cfg.backfill.enabled = false;
     let mut r = Replica::new(&cfg);
     let p = admit_and_store(&r, &api, "web", &app, &dst).await;
     r.start(&cfg, &api);

@@ -477,6 +477,20 @@ fn grant(
     })
 }
 
+/// `list` and `watch` on the kinds whose Pod templates the leader watches
+/// (src/watch/workloads.rs).
+fn workload_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(
+            &["apps"],
+            &["daemonsets", "deployments", "replicasets", "statefulsets"],
+            &["list", "watch"],
+            &[],
+        ),
+        rule(&["batch"], &["cronjobs", "jobs"], &["list", "watch"], &[]),
+    ]
+}
+
 /// Least privilege for what the config turns on. Kubernetes cannot limit
 /// `create` by resourceName, so each create is confined to one namespace.
 /// The RBAC objects [`objects`] renders for `opts` (Roles, ClusterRoles
@@ -492,11 +506,19 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
     let mut out = Vec::new();
     // Pull-failure recovery: read Pods, record Events (events.k8s.io/v1,
     // as kube-runtime's Recorder writes them, patching repeats).
+    // The leader's workload-template watches run with the Pod watcher for
+    // each feature listed here (backfill, retention; a further user adds
+    // its own).
+    let workloads = c.backfill.enabled || c.retention.enabled;
     let watch = || {
-        vec![
+        let mut rules = vec![
             rule(&[""], &["pods"], &["get", "list", "watch"], &[]),
             rule(&["events.k8s.io"], &["events"], &["create", "patch"], &[]),
-        ]
+        ];
+        if workloads {
+            rules.extend(workload_rules());
+        }
+        rules
     };
     let mut cluster = Vec::new();
     if c.recovery.enabled {

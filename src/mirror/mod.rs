@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 mod access;
+pub mod backfill;
 pub mod health;
 mod identity_check;
 mod recover;
@@ -24,6 +25,7 @@ mod referrers;
 mod resume;
 pub mod retention;
 
+pub use backfill::Backfilled;
 pub use recover::Recovered;
 
 use crate::cache::{Caches, Purge};

@@ -113,6 +113,11 @@ impl Resumes {
         }
     }
 
+    /// Drops `key` without a word: its caller retries it itself.
+    pub(super) fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
     /// Makes every waiting image due now (a breaker closed).
     fn all_due(&self) {
         for p in self.lock().values_mut() {

@@ -17,7 +17,7 @@ use crate::reference::Reference;
 
 /// Shares equal values among Pods. Values no Pod holds any more are
 /// dropped once the interner has doubled since its last sweep.
-struct Interner<T: ?Sized + Eq + Hash> {
+pub(super) struct Interner<T: ?Sized + Eq + Hash> {
     set: HashSet<Arc<T>>,
     swept_at: usize,
 }
@@ -32,7 +32,7 @@ impl<T: ?Sized + Eq + Hash> Default for Interner<T> {
 }
 
 impl<T: ?Sized + Eq + Hash> Interner<T> {
-    fn get<Q>(&mut self, value: &Q, make: impl FnOnce(&Q) -> Arc<T>) -> Arc<T>
+    pub(super) fn get<Q>(&mut self, value: &Q, make: impl FnOnce(&Q) -> Arc<T>) -> Arc<T>
     where
         Arc<T>: Borrow<Q>,
         Q: ?Sized + Eq + Hash,
@@ -49,7 +49,7 @@ impl<T: ?Sized + Eq + Hash> Interner<T> {
         v
     }
 
-    fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.set.clear();
         self.swept_at = 0;
     }
@@ -57,13 +57,13 @@ impl<T: ?Sized + Eq + Hash> Interner<T> {
 
 /// What a Pod names to pull with: its `imagePullSecrets` and ServiceAccount.
 #[derive(PartialEq, Eq, Hash)]
-struct PullRefs {
+pub(super) struct PullRefs {
     secrets: Box<[Box<str>]>,
     service_account: Option<Box<str>>,
 }
 
 impl PullRefs {
-    fn of(pull: &Value) -> Self {
+    pub(super) fn of(pull: &Value) -> Self {
         let secrets = pull
             .pointer("/spec/imagePullSecrets")
             .and_then(Value::as_array)
@@ -82,7 +82,7 @@ impl PullRefs {
         }
     }
 
-    fn to_value(&self) -> Value {
+    pub(super) fn to_value(&self) -> Value {
         let secrets: Vec<Value> = self.secrets.iter().map(|n| json!({"name": n})).collect();
         json!({"spec": {
             "imagePullSecrets": (!secrets.is_empty()).then_some(secrets),
@@ -262,21 +262,6 @@ impl PodIndex {
         self.pulls.clear();
     }
 
-    /// Every image the indexed Pods name: each target image and the source
-    /// it was mirrored from, once each.
-    pub fn images(&self) -> Vec<Reference> {
-        let mut seen = HashSet::new();
-        for e in self.pods.values() {
-            for s in &e.slots {
-                seen.insert(s.image.clone());
-                if let Some(o) = &s.original {
-                    seen.insert(o.clone());
-                }
-            }
-        }
-        seen.into_iter().map(|r| (*r).clone()).collect()
-    }
-
     /// Pods whose target images `matches` accepts, each with the first such
     /// image.
     pub fn find(
@@ -301,7 +286,7 @@ impl PodIndex {
     }
 }
 
-fn pull_clone(p: &PullRefs) -> PullRefs {
+pub(super) fn pull_clone(p: &PullRefs) -> PullRefs {
     PullRefs {
         secrets: p.secrets.clone(),
         service_account: p.service_account.clone(),

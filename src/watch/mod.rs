@@ -9,6 +9,9 @@
 //! - [`recovery`]: invalidate, HEAD, re-mirror, Event; deduplicated and
 //!   retried per image.
 //! - [`reverify`]: periodic HEADs of cached target manifests.
+//! - [`usage`]: what the Pods and workload templates name now.
+//! - [`workloads`]: the leader's watches of workload templates.
+//! - [`backfill`]: mirrors what already runs and the target lacks.
 //!
 //! The watcher is kube-runtime's `watcher` (list, then watch from the list's
 //! resourceVersion, with bookmarks; on 410 Gone it lists again), restarted
@@ -16,17 +19,20 @@
 //! that was failing while the watch was down, or before this replica became
 //! leader, is still seen.
 
+pub mod backfill;
 pub mod index;
 pub mod leader;
 pub mod nodes;
 pub mod pods;
 pub mod recovery;
 pub mod reverify;
+pub mod usage;
+pub mod workloads;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
@@ -37,7 +43,9 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::mirror::Mirror;
+use backfill::Backfill;
 use recovery::Recovery;
+use usage::Usage;
 
 /// The running background work; [`Background::stop`] ends it.
 pub struct Background {
@@ -45,6 +53,7 @@ pub struct Background {
     tasks: tokio::task::JoinSet<()>,
     leader: watch::Receiver<bool>,
     recovery: Option<Arc<Recovery>>,
+    usage: Option<Arc<Usage>>,
 }
 
 impl Background {
@@ -78,6 +87,31 @@ impl Background {
                 r.retry_max,
             ))
         });
+        // The workload watches (and so the usage record) run for the
+        // backfill; each further user adds its condition here.
+        let workloads = config.backfill.enabled || config.retention.enabled;
+        let usage = client.as_ref().filter(|_| workloads).map(|_| {
+            let policy = crate::admission::policy::Policy::new(config, mirror.target().clone())
+                .ok()
+                .filter(|_| config.backfill.enabled);
+            Arc::new(Usage::new(mirror.metrics().clone(), policy))
+        });
+        let backfill = usage
+            .as_ref()
+            .zip(client.as_ref())
+            .filter(|_| config.backfill.enabled)
+            .map(|(u, c)| {
+                Arc::new(Backfill::new(
+                    mirror.clone(),
+                    u.clone(),
+                    Some(c.clone()).filter(|_| config.source.image_pull_secrets),
+                    backfill::Settings {
+                        concurrency: config.backfill.concurrency,
+                        retry_initial: r.retry_initial,
+                        retry_max: r.retry_max,
+                    },
+                ))
+            });
         let leader = match &client {
             Some(c) => {
                 let namespace = match r.lease.namespace.as_str() {
@@ -112,23 +146,27 @@ impl Background {
             };
             let (c, rec, l, t) = (c.clone(), rec.clone(), leader.clone(), token.clone());
             let metrics = mirror.metrics().clone();
+            let watched = Watched {
+                usage: usage.clone(),
+                backfill,
+            };
             tasks.spawn(async move {
-                lead_and_watch(c, rec, scope, l, t, metrics).await;
+                lead_and_watch(c, rec, scope, watched, l, t, metrics).await;
             });
         }
-        if config.retention.enabled && recovery.is_none() {
+        if config.retention.enabled && usage.is_none() {
             warn!(
-                "retention.enabled, but there is no Kubernetes API client: retention does not run (it needs the leader's Pod watch)"
+                "retention.enabled, but there is no Kubernetes API client: retention does not run (it needs the leader's Pod and workload watches)"
             );
         }
-        if let (Some(c), Some(rec)) = (&client, &recovery)
+        if let (Some(c), Some(u)) = (&client, &usage)
             && config.retention.enabled
         {
             tasks.spawn(retention(
                 &mirror,
                 config,
                 c,
-                rec.clone(),
+                u.clone(),
                 leader.clone(),
                 token.clone(),
             ));
@@ -164,7 +202,15 @@ impl Background {
             tasks,
             leader,
             recovery,
+            usage,
         }
+    }
+
+    /// What the leader's Pod and workload watches see, when they run
+    /// (recovery and backfill on, and a Kubernetes client); it is synced
+    /// only while this replica leads.
+    pub fn usage(&self) -> Option<Arc<Usage>> {
+        self.usage.clone()
     }
 
     /// Whether this replica leads now.
@@ -184,12 +230,13 @@ impl Background {
     }
 }
 
-/// The leader's retention passes, with what the Pod index knows is in use.
+/// The leader's retention passes, with what the usage record says is in
+/// use (Pods and workload templates).
 fn retention(
     mirror: &Arc<Mirror>,
     config: &Config,
     client: &kube::Client,
-    recovery: Arc<Recovery>,
+    usage: Arc<Usage>,
     leader: watch::Receiver<bool>,
     token: CancellationToken,
 ) -> impl Future<Output = ()> + Send + 'static {
@@ -204,12 +251,9 @@ fn retention(
             r,
         ))
     });
-    // For now the Pod index alone: its Pods' target images and their
-    // sources, synced once the Pod watch has listed. Workload templates
-    // join here when their watches exist.
     let in_use: crate::retention::InUseSource = Arc::new(move || crate::retention::InUse {
-        synced: recovery.pods_synced(),
-        images: recovery.images_in_use(),
+        synced: usage.synced(),
+        images: usage.images(),
     });
     let interval = r.interval;
     async move {
@@ -230,12 +274,19 @@ struct Scope {
     platforms: Option<Vec<crate::registry::manifest::PlatformSpec>>,
 }
 
+/// The usage record and the backfill, when they run.
+struct Watched {
+    usage: Option<Arc<Usage>>,
+    backfill: Option<Arc<Backfill>>,
+}
+
 /// Waits to lead, watches Pods (and nodes, with a `platforms` filter) while
 /// leading, and stops within one Lease retry period of losing the lead.
 async fn lead_and_watch(
     client: kube::Client,
     recovery: Arc<Recovery>,
     scope: Scope,
+    watched: Watched,
     mut leader: watch::Receiver<bool>,
     token: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
@@ -262,8 +313,25 @@ async fn lead_and_watch(
                 None => std::future::pending().await,
             }
         };
+        let usage = watched.usage.as_deref();
+        let workloads = async {
+            match &watched.usage {
+                Some(u) => {
+                    workloads::watch(client.clone(), u.clone(), scope.namespaces.clone()).await
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let backfill = async {
+            match &watched.backfill {
+                Some(b) => b.run().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = watch_pods(&client, &recovery, &scope.target, &scope.namespaces) => {}
+            _ = watch_pods(&client, &recovery, usage, &scope.target, &scope.namespaces) => {}
+            _ = workloads => {}
+            _ = backfill => {}
             _ = nodes => {}
             _ = lost => info!("not leading: Pod watcher stopped"),
             _ = token.cancelled() => {}
@@ -272,16 +340,23 @@ async fn lead_and_watch(
         // The nodes are the leader's to report; the alert takes the max.
         metrics.nodes_without_platform.set(0);
         recovery.clear();
+        if let Some(u) = &watched.usage {
+            u.clear();
+        }
+        if let Some(b) = &watched.backfill {
+            b.clear();
+        }
         if token.is_cancelled() {
             return;
         }
     }
 }
 
-/// Feeds every Pod event to `recovery`. Runs until dropped.
+/// Feeds every Pod event to `recovery` (and `usage`). Runs until dropped.
 async fn watch_pods(
     client: &kube::Client,
     recovery: &Arc<Recovery>,
+    usage: Option<&Usage>,
     target: &crate::reference::MirrorTarget,
     namespaces: &[String],
 ) {
@@ -293,44 +368,66 @@ async fn watch_pods(
             .map(|n| (Some(n.clone()), Api::namespaced(client.clone(), n)))
             .collect()
     };
+    if let Some(u) = usage {
+        for (scope, _) in &apis {
+            u.watch(usage::Kind::Pod, scope.as_deref());
+        }
+    }
     let streams = apis.into_iter().map(|(scope, api)| {
         watcher::watcher(api, watcher::Config::default())
             .default_backoff()
-            .map_ok(move |ev| (scope.clone(), ev))
+            .map(move |ev| (scope.clone(), ev))
             .boxed()
     });
-    let scopes = streams.len();
     let mut events = futures::stream::select_all(streams);
     // The list generation in progress per scope.
     let mut listing: HashMap<Option<String>, u32> = HashMap::new();
-    // Scopes that have listed once, for `Recovery::pods_synced`.
-    let mut listed: std::collections::HashSet<Option<String>> = Default::default();
-    while let Some(ev) = events.next().await {
+    let kind = usage::Kind::Pod;
+    while let Some((scope, ev)) = events.next().await {
+        let ns = scope.as_deref();
         match ev {
-            Ok((scope, Event::Init)) => {
-                recovery.set_pods_synced(false);
-                listing.insert(scope, recovery.list_started());
+            Ok(Event::Init) => {
+                listing.insert(scope.clone(), recovery.list_started());
+                if let Some(u) = usage {
+                    u.list_started(kind, ns);
+                }
             }
-            Ok((scope, Event::InitApply(pod))) => {
+            Ok(Event::InitApply(pod)) => {
                 let generation = listing.get(&scope).copied();
+                if let Some(u) = usage {
+                    u.seen(u.observe_pod(&pod), ns);
+                }
                 recovery.pod_seen(pods::target_images(&pod, target), generation);
             }
-            Ok((scope, Event::InitDone)) => {
+            Ok(Event::InitDone) => {
                 // Pods deleted while the watch was down are not in the new
                 // list: forget them.
                 if let Some(generation) = listing.remove(&scope) {
-                    recovery.list_done(scope.as_deref(), generation);
+                    recovery.list_done(ns, generation);
                 }
-                listed.insert(scope);
-                recovery.set_pods_synced(listing.is_empty() && listed.len() == scopes);
+                if let Some(u) = usage {
+                    u.list_done(kind, ns);
+                }
             }
-            Ok((_, Event::Apply(pod))) => {
+            Ok(Event::Apply(pod)) => {
+                if let Some(u) = usage {
+                    u.seen(u.observe_pod(&pod), ns);
+                }
                 recovery.pod_seen(pods::target_images(&pod, target), None);
             }
-            Ok((_, Event::Delete(pod))) => {
-                recovery.pod_deleted(&pods::target_images(&pod, target).key());
+            Ok(Event::Delete(pod)) => {
+                let key = pods::target_images(&pod, target).key();
+                if let Some(u) = usage {
+                    u.deleted(kind, &key);
+                }
+                recovery.pod_deleted(&key);
             }
-            Err(e) => warn!(error = %e, "Pod watch failed; retrying with backoff"),
+            Err(e) => {
+                if let Some(u) = usage {
+                    u.watch_failed(kind, ns);
+                }
+                warn!(error = %e, "Pod watch failed; retrying with backoff")
+            }
         }
     }
 }

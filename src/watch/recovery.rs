@@ -72,8 +72,6 @@ pub struct Recovery {
     tasks: Mutex<tokio::task::JoinSet<()>>,
     /// Pod key → UID, for Pods whose identity annotation has had its Event.
     identity_noted: Mutex<HashMap<String, String>>,
-    /// Every Pod watch has listed and none is listing again.
-    synced: std::sync::atomic::AtomicBool,
 }
 
 impl Recovery {
@@ -112,26 +110,7 @@ impl Recovery {
             images: Mutex::default(),
             tasks: Mutex::default(),
             identity_noted: Mutex::default(),
-            synced: Default::default(),
         }
-    }
-
-    /// Whether the index holds every Pod: each Pod watch has listed and
-    /// none is listing again.
-    pub fn pods_synced(&self) -> bool {
-        self.synced.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Set by the Pod watcher as its lists start and end.
-    pub fn set_pods_synced(&self, synced: bool) {
-        self.synced
-            .store(synced, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Every image the indexed Pods name: target images and their sources
-    /// (what retention keeps).
-    pub fn images_in_use(&self) -> Vec<Reference> {
-        self.pods.lock().expect("pods lock").images()
     }
 
     /// Takes in a Pod seen by the watcher: updates the index and starts a
@@ -268,7 +247,6 @@ impl Recovery {
     /// mirror's copy queue (copies are idempotent), but no Event follows.
     pub fn clear(&self) {
         self.tasks.lock().expect("tasks lock").abort_all();
-        self.set_pods_synced(false);
         self.pods.lock().expect("pods lock").clear();
         self.metrics.watched_pods.set(0);
         self.images.lock().expect("images lock").clear();

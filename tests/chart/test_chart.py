@@ -121,6 +121,7 @@ MATRIX = [
     ("failure-closed", {"config": {"target": {"registry": "m.example.com"}, "failurePolicy": "closed"}}, "pinswap", "pinswap"),
     ("image-pull-secrets", {"imagePullSecrets": [{"name": "regcred"}], "config": PULL_SECRETS_CONFIG}, "pinswap", "pinswap"),
     ("recovery-off", {"config": {"target": {"registry": "m.example.com"}, "recovery": {"enabled": False}}}, "pinswap", "pinswap"),
+    ("backfill-off", {"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}}}, "pinswap", "pinswap"),
     (
         "observability",
         {
@@ -263,7 +264,9 @@ def test_the_matrix_renders_what_each_value_asks_for(chart):
     r = rules_of(ps)
     assert r[("ClusterRole", "", "pinswap")] == ["/secrets,serviceaccounts get "]
     for ns in ("apps", "web"):
-        assert r[("Role", ns, "pinswap-recovery")] == ["/pods get,list,watch ", "events.k8s.io/events create,patch "]
+        assert r[("Role", ns, "pinswap-recovery")] == ["/pods get,list,watch ", "events.k8s.io/events create,patch ", "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch "]
+    assert rules_of(by["defaults"])[("ClusterRole", "", "pinswap")] == ["/pods get,list,watch ", "events.k8s.io/events create,patch ", "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch "]
+    assert rules_of(by["backfill-off"])[("ClusterRole", "", "pinswap")] == ["/pods get,list,watch ", "events.k8s.io/events create,patch "]
 
     off = rules_of(by["recovery-off"])
     assert sorted(off) == [("ClusterRole", "", "pinswap-self-signed"), ("Role", "pinswap", "pinswap-self-signed")], off
@@ -418,6 +421,7 @@ EQUIVALENT = [
     ),
     ({"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "0.0.0.0:9443", "healthListen": "0.0.0.0:9090"}}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "platforms": ["linux/amd64"], "recovery": {"namespaces": ["apps"]}}}, "pinswap", ["--tls", "self-signed"]),
+    ({"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}}}, "pinswap", ["--tls", "self-signed"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "retention": {"enabled": True, "unusedFor": "240h"}}}, "mirror", ["--tls", "cert-manager"]),
 ]
 

@@ -6,7 +6,9 @@
 //! - GET of core/v1 Secrets, ServiceAccounts and Pods;
 //! - Pods list and watch, cluster-wide or per namespace, with one global
 //!   resourceVersion, bookmarks, `timeoutSeconds`, and 410 Expired after
-//!   [`KubeApi::expire_history`];
+//!   [`KubeApi::expire_history`]; the same for the workload kinds apps/v1
+//!   Deployments, StatefulSets, DaemonSets, ReplicaSets and batch/v1 Jobs,
+//!   CronJobs ([`KubeApi::apply_object`]);
 //! - Events, core/v1 and events.k8s.io/v1 (one store, as in the real API):
 //!   POST (with `generateName`) and PATCH (merge, and strategic merge
 //!   treated as merge);
@@ -72,7 +74,13 @@ const WEBHOOKS: Kind = Kind(
     "admissionregistration.k8s.io",
     "mutatingwebhookconfigurations",
 );
-const KINDS: [Kind; 8] = [
+const DEPLOYMENTS: Kind = Kind("apps", "deployments");
+const STATEFUL_SETS: Kind = Kind("apps", "statefulsets");
+const DAEMON_SETS: Kind = Kind("apps", "daemonsets");
+const REPLICA_SETS: Kind = Kind("apps", "replicasets");
+const JOBS: Kind = Kind("batch", "jobs");
+const CRON_JOBS: Kind = Kind("batch", "cronjobs");
+const KINDS: [Kind; 14] = [
     SECRETS,
     CONFIG_MAPS,
     SERVICE_ACCOUNTS,
@@ -81,6 +89,22 @@ const KINDS: [Kind; 8] = [
     EVENTS,
     LEASES,
     WEBHOOKS,
+    DEPLOYMENTS,
+    STATEFUL_SETS,
+    DAEMON_SETS,
+    REPLICA_SETS,
+    JOBS,
+    CRON_JOBS,
+];
+/// The kinds that list and watch: (kind, apiVersion, `kind`).
+const WATCHABLE: [(Kind, &str, &str); 7] = [
+    (PODS, "v1", "Pod"),
+    (DEPLOYMENTS, "apps/v1", "Deployment"),
+    (STATEFUL_SETS, "apps/v1", "StatefulSet"),
+    (DAEMON_SETS, "apps/v1", "DaemonSet"),
+    (REPLICA_SETS, "apps/v1", "ReplicaSet"),
+    (JOBS, "batch/v1", "Job"),
+    (CRON_JOBS, "batch/v1", "CronJob"),
 ];
 
 impl Kind {
@@ -105,7 +129,12 @@ pub struct ApiRequest {
 /// What live watches are fed.
 #[derive(Clone)]
 enum Feed {
-    Pod { rv: u64, ns: String, line: Arc<str> },
+    Pod {
+        plural: &'static str,
+        rv: u64,
+        ns: String,
+        line: Arc<str>,
+    },
     Bookmark(u64),
     Close,
 }
@@ -116,8 +145,9 @@ struct Store {
     rv: u64,
     /// (plural, namespace, name) → the object as the API returns it.
     objects: BTreeMap<(&'static str, String, String), Value>,
-    /// Pod watch events: (resourceVersion, namespace, JSON line).
-    pod_history: Vec<(u64, String, Arc<str>)>,
+    /// Watch events of Pods and workloads: (plural, resourceVersion,
+    /// namespace, JSON line).
+    pod_history: Vec<(&'static str, u64, String, Arc<str>)>,
     /// A watch from an older resourceVersion gets 410 Expired.
     oldest_watchable: u64,
     requests: Vec<ApiRequest>,
@@ -138,7 +168,7 @@ struct Store {
     forbidden: Vec<String>,
     /// (namespace or "", resourceVersion) → the Pods a paged list started
     /// with, for its later pages.
-    list_snapshots: HashMap<(String, u64), Arc<Vec<Value>>>,
+    list_snapshots: HashMap<(&'static str, String, u64), Arc<Vec<Value>>>,
 }
 
 /// RBAC rules bound to one ServiceAccount: cluster-wide ones (a ClusterRole
@@ -399,6 +429,7 @@ impl KubeApi {
         let grouped = "/apis/{group}/v1/namespaces/{ns}/{plural}";
         let app = axum::Router::new()
             .route("/api/v1/pods", get(all_pods))
+            .route("/apis/{group}/v1/{plural}", get(list_all))
             .route("/api/v1/nodes", get(list_nodes))
             .route(core, get(list).post(create))
             .route(
@@ -560,6 +591,48 @@ impl KubeApi {
         };
         self.emit_pod(&mut st, type_, ns, &stored);
         serde_json::from_value(stored).expect("stored pod")
+    }
+
+    /// Creates or updates a workload (Deployment, StatefulSet, DaemonSet,
+    /// ReplicaSet, Job, CronJob; in `default` if it names no namespace),
+    /// sending ADDED or MODIFIED to watches. Returns it as stored.
+    pub fn apply_object<K>(&self, obj: K) -> K
+    where
+        K: Resource + Metadata<Ty = ObjectMeta> + Serialize + DeserializeOwned,
+    {
+        let kind = watchable::<K>();
+        let ns = obj.metadata().namespace.as_deref().unwrap_or("default");
+        let name = obj
+            .metadata()
+            .name
+            .as_deref()
+            .expect("apply_object: no name");
+        let mut st = self.shared.lock();
+        let mut value = serde_json::to_value(&obj).expect("serialise");
+        value["apiVersion"] = K::API_VERSION.into();
+        value["kind"] = K::KIND.into();
+        let (stored, previous) = st.write(kind, ns, name, value);
+        let type_ = if previous.is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.emit(&mut st, kind, type_, ns, &stored);
+        serde_json::from_value(stored).expect("stored object")
+    }
+
+    /// Deletes a workload, sending DELETED with a new resourceVersion.
+    pub fn delete_object<K: Resource>(&self, ns: &str, name: &str) {
+        let kind = watchable::<K>();
+        let mut st = self.shared.lock();
+        let key = (kind.1, ns.to_owned(), name.to_owned());
+        let mut obj = st
+            .objects
+            .remove(&key)
+            .unwrap_or_else(|| panic!("delete_object: no {} {ns}/{name}", kind.1));
+        st.rv += 1;
+        obj["metadata"]["resourceVersion"] = st.rv.to_string().into();
+        self.emit(&mut st, kind, "DELETED", ns, &obj);
     }
 
     /// Deletes a Pod, sending DELETED with a new resourceVersion.
@@ -724,10 +797,21 @@ impl KubeApi {
     /// under the lock with the write, so that a watch, which reads the
     /// history and subscribes under it too, sees every event once, in order.
     fn emit_pod(&self, st: &mut Store, type_: &str, ns: &str, pod: &Value) {
-        let line: Arc<str> = json!({ "type": type_, "object": pod }).to_string().into();
-        st.pod_history.push((st.rv, ns.to_owned(), line.clone()));
-        let (rv, ns) = (st.rv, ns.to_owned());
-        let _ = self.shared.feed.send(Feed::Pod { rv, ns, line });
+        self.emit(st, PODS, type_, ns, pod)
+    }
+
+    /// [`KubeApi::emit_pod`] for any watchable kind.
+    fn emit(&self, st: &mut Store, kind: Kind, type_: &str, ns: &str, obj: &Value) {
+        let line: Arc<str> = json!({ "type": type_, "object": obj }).to_string().into();
+        st.pod_history
+            .push((kind.1, st.rv, ns.to_owned(), line.clone()));
+        let (rv, ns, plural) = (st.rv, ns.to_owned(), kind.1);
+        let _ = self.shared.feed.send(Feed::Pod {
+            plural,
+            rv,
+            ns,
+            line,
+        });
     }
 }
 
@@ -737,6 +821,15 @@ impl Drop for KubeApi {
         self.task.abort();
         self.bookmarks.abort();
     }
+}
+
+/// The watchable kind of `K`.
+fn watchable<K: Resource>() -> Kind {
+    WATCHABLE
+        .iter()
+        .map(|(k, _, _)| *k)
+        .find(|k| k.0 == K::GROUP && k.1 == K::URL_PATH_SEGMENT)
+        .unwrap_or_else(|| panic!("the test API server does not watch {}", K::KIND))
 }
 
 /// Sends a BOOKMARK at the current resourceVersion, under the store's lock
@@ -957,7 +1050,23 @@ async fn all_pods(
     uri: axum::http::Uri,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    list_or_watch_pods(&s, &uri, None, q)
+    list_or_watch_pods(&s, &uri, PODS, None, q)
+}
+
+/// Cluster-wide list or watch of a workload kind.
+async fn list_all(
+    State(s): ApiState,
+    Path(p): Params,
+    uri: axum::http::Uri,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    match kind_of(&p) {
+        Some(k) if k != PODS && WATCHABLE.iter().any(|(w, _, _)| *w == k) => {
+            list_or_watch_pods(&s, &uri, k, None, q)
+        }
+        Some(_) => unsupported(),
+        None => no_such_resource(),
+    }
 }
 
 async fn list(
@@ -967,18 +1076,27 @@ async fn list(
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     match kind_of(&p) {
-        Some(PODS) => list_or_watch_pods(&s, &uri, Some(p["ns"].clone()), q),
+        Some(k) if WATCHABLE.iter().any(|(w, _, _)| *w == k) => {
+            list_or_watch_pods(&s, &uri, k, Some(p["ns"].clone()), q)
+        }
         Some(_) => unsupported(),
         None => no_such_resource(),
     }
 }
 
+/// List or watch `kind` (Pods or a workload kind).
 fn list_or_watch_pods(
     shared: &Shared,
     uri: &axum::http::Uri,
+    kind: Kind,
     ns: Option<String>,
     q: HashMap<String, String>,
 ) -> Response {
+    let (_, api_version, kind_name) = *WATCHABLE
+        .iter()
+        .find(|(k, _, _)| *k == kind)
+        .expect("a watchable kind");
+    let plural = kind.1;
     let expired = || ApiRequest {
         method: "GET".into(),
         path: uri.path().into(),
@@ -1003,7 +1121,7 @@ fn list_or_watch_pods(
     let pods_of = |st: &Store| -> Vec<Value> {
         st.objects
             .iter()
-            .filter(|((plural, ns, _), _)| *plural == "pods" && in_scope(ns))
+            .filter(|((p, ns, _), _)| *p == plural && in_scope(ns))
             .map(|(_, pod)| pod.clone())
             .collect()
     };
@@ -1041,7 +1159,7 @@ fn list_or_watch_pods(
         };
         // Later pages read the snapshot the first one took, as etcd's
         // list at the token's revision does.
-        let key = (ns_key.clone(), rv);
+        let key = (plural, ns_key.clone(), rv);
         // Shared, not copied: a paged list of N Pods reads N Pods, not N
         // per page.
         let all = match st.list_snapshots.get(&key) {
@@ -1052,10 +1170,6 @@ fn list_or_watch_pods(
         if end < all.len() {
             st.list_snapshots.insert(key, all.clone());
         }
-        let items = all[offset.min(end)..end]
-            .iter()
-            .map(|p| serde_json::from_value(p.clone()).expect("stored pod"))
-            .collect();
         let more = end < all.len();
         let metadata = ListMeta {
             resource_version: Some(rv.to_string()),
@@ -1063,6 +1177,19 @@ fn list_or_watch_pods(
             remaining_item_count: more.then(|| (all.len() - end) as i64),
             ..Default::default()
         };
+        if kind != PODS {
+            return Json(json!({
+                "kind": format!("{kind_name}List"),
+                "apiVersion": api_version,
+                "metadata": metadata,
+                "items": all[offset.min(end)..end],
+            }))
+            .into_response();
+        }
+        let items = all[offset.min(end)..end]
+            .iter()
+            .map(|p| serde_json::from_value(p.clone()).expect("stored pod"))
+            .collect();
         return Json(k8s_openapi::List::<Pod> { items, metadata }).into_response();
     }
 
@@ -1088,8 +1215,8 @@ fn list_or_watch_pods(
                 let newer = st
                     .pod_history
                     .iter()
-                    .filter(|(v, ns, _)| *v > rv && in_scope(ns));
-                (rv, newer.map(|(_, _, line)| line.clone()).collect())
+                    .filter(|(p, v, ns, _)| *p == plural && *v > rv && in_scope(ns));
+                (rv, newer.map(|(_, _, _, line)| line.clone()).collect())
             }
             Err(_) => return bad_request(format!("invalid resource version {rv:?}")),
         },
@@ -1098,7 +1225,7 @@ fn list_or_watch_pods(
     let mut backlog = backlog;
     if bookmarks && param("resourceVersion") == "0" {
         // kube-apiserver ends the synthetic ADDEDs with this bookmark.
-        let object = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {
+        let object = json!({"kind": kind_name, "apiVersion": api_version, "metadata": {
             "resourceVersion": since.to_string(),
             "annotations": {"k8s.io/initial-events-end": "true"},
         }});
@@ -1117,11 +1244,16 @@ fn list_or_watch_pods(
         async move {
             loop {
                 let line: Arc<str> = match rx.recv().await {
-                    Ok(Feed::Pod { rv, ns, line }) if rv > since && in_scope(&ns) => line,
+                    Ok(Feed::Pod {
+                        plural: p,
+                        rv,
+                        ns,
+                        line,
+                    }) if p == plural && rv > since && in_scope(&ns) => line,
                     // kube needs the apiVersion and kind the real API puts in
                     // a bookmark (k8s-openapi's WatchEvent::Bookmark leaves them out).
                     Ok(Feed::Bookmark(rv)) if bookmarks => {
-                        let object = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()}});
+                        let object = json!({"kind": kind_name, "apiVersion": api_version, "metadata": {"resourceVersion": rv.to_string()}});
                         json!({"type": "BOOKMARK", "object": object})
                             .to_string()
                             .into()

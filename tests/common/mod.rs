@@ -17,7 +17,7 @@
 //! - [`fixtures`]: images, indexes and artifacts built in-process, with their
 //!   exact bytes and digests, and [`push`] to put them in a registry;
 //! - [`skopeo`]: skopeo as an independent peer;
-//! - [`kube::KubeApi`]: an in-process Kubernetes API server (Pods list/watch,
+//! - [`kube::KubeApi`]: an in-process Kubernetes API server (Pods and workloads list/watch,
 //!   Events, Leases, Secrets, ServiceAccounts) and a `kube::Client` for it;
 //! - [`serve::Served`]: `pinswap serve` as a process, measured from outside,
 //!   with raw TLS clients that misbehave;
@@ -172,3 +172,26 @@ pub async fn wait_until(what: &str, timeout: std::time::Duration, mut cond: impl
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+/// As [`wait_until`] for an async `check`, polled every 50 ms.
+pub async fn eventually<F, Fut>(what: &str, timeout: std::time::Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Recovery timings that play leadership and backoff out in seconds.
+pub const FAST_RECOVERY: &str = "recovery:
+  retryInitial: 300ms
+  retryMax: 2s
+  lease: {duration: 2s, renewDeadline: 1500ms, retryPeriod: 200ms}
+";

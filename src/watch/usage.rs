@@ -1,0 +1,648 @@
+//! What the cluster's Pods and workload templates name now, as the leader's
+//! watches see them: every image reference (for retention), and the images
+//! admission would mirror with who names them (for the backfill).
+//!
+//! Bounded: references are shared among objects and counted, so an object
+//! costs its key and a few pointers. At most [`MAX_IMAGES`] distinct
+//! references are kept; past that, an object's further references are left
+//! out, counted in `pinswap_usage_images_dropped_total`, and [`Usage::synced`]
+//! says false until the watches start over, so nothing deletes on a partial
+//! view.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tracing::warn;
+
+use super::index::{Interner, PullRefs, pull_clone};
+use crate::admission::pod::{ORIGINAL_IMAGES, slots_for};
+use crate::admission::policy::Policy;
+use crate::metrics::Metrics;
+use crate::reference::Reference;
+
+/// Distinct image references kept at most.
+pub const MAX_IMAGES: usize = 100_000;
+
+/// The kinds whose objects name images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// `v1` Pods.
+    Pod,
+    /// `apps/v1` Deployments.
+    Deployment,
+    /// `apps/v1` StatefulSets.
+    StatefulSet,
+    /// `apps/v1` DaemonSets.
+    DaemonSet,
+    /// `apps/v1` ReplicaSets.
+    ReplicaSet,
+    /// `batch/v1` Jobs.
+    Job,
+    /// `batch/v1` CronJobs.
+    CronJob,
+}
+
+impl Kind {
+    /// The workload kinds (all but Pods).
+    pub const WORKLOADS: [Kind; 6] = [
+        Kind::Deployment,
+        Kind::StatefulSet,
+        Kind::DaemonSet,
+        Kind::ReplicaSet,
+        Kind::Job,
+        Kind::CronJob,
+    ];
+
+    /// The kind's name, as in `kind:`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Pod => "Pod",
+            Kind::Deployment => "Deployment",
+            Kind::StatefulSet => "StatefulSet",
+            Kind::DaemonSet => "DaemonSet",
+            Kind::ReplicaSet => "ReplicaSet",
+            Kind::Job => "Job",
+            Kind::CronJob => "CronJob",
+        }
+    }
+}
+
+/// What one object names: read once from it, then the object is dropped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    /// Its kind.
+    pub kind: Kind,
+    /// `namespace/name`.
+    pub key: String,
+    /// `{"spec": {"imagePullSecrets", "serviceAccountName"}}` of the Pod or
+    /// template, for [`crate::registry::pullsecrets::PullSecrets::for_pod`].
+    pub pull: Value,
+    /// Every image it names: container images as written, and the
+    /// `pinswap.dev/original-images` entries of a rewritten Pod.
+    pub images: Vec<Reference>,
+    /// Those admission would mirror (the policy passes them: allowlisted,
+    /// not under the target, no filter matches).
+    pub wanted: Vec<Reference>,
+}
+
+impl Observed {
+    /// Its namespace.
+    pub fn namespace(&self) -> &str {
+        self.key.split_once('/').map_or("default", |(ns, _)| ns)
+    }
+}
+
+/// Reads a Pod. `policy` decides which images admission would mirror;
+/// without it none are wanted.
+pub fn observe_pod(pod: &Pod, policy: Option<&Policy>) -> Observed {
+    let meta = &pod.metadata;
+    let spec = serde_json::to_value(&pod.spec).unwrap_or(Value::Null);
+    let mut extra: Vec<Reference> = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ORIGINAL_IMAGES))
+        .and_then(|v| serde_json::from_str::<HashMap<String, String>>(v).ok())
+        .into_iter()
+        .flatten()
+        .filter_map(|(_, i)| Reference::parse(&i).ok())
+        .collect();
+    extra.sort_by_key(|r| r.to_string());
+    let obj = || serde_json::to_value(pod).unwrap_or(Value::Null);
+    observe(Kind::Pod, meta, &spec, obj, extra, policy)
+}
+
+/// Reads the Pod template of a workload (`meta` is the workload's).
+/// Filters see a Pod made from the template, as at admission.
+pub fn observe_template(
+    kind: Kind,
+    meta: &ObjectMeta,
+    template: &PodTemplateSpec,
+    policy: Option<&Policy>,
+) -> Observed {
+    let spec = serde_json::to_value(&template.spec).unwrap_or(Value::Null);
+    let obj = || {
+        let mut m = serde_json::to_value(&template.metadata).unwrap_or(json!({}));
+        if let (Some(o), Some(ns)) = (m.as_object_mut(), &meta.namespace) {
+            o.insert("namespace".into(), json!(ns));
+        }
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": m, "spec": spec})
+    };
+    observe(kind, meta, &spec, obj, Vec::new(), policy)
+}
+
+fn observe(
+    kind: Kind,
+    meta: &ObjectMeta,
+    spec: &Value,
+    obj: impl FnOnce() -> Value,
+    extra: Vec<Reference>,
+    policy: Option<&Policy>,
+) -> Observed {
+    let key = format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or_default()
+    );
+    let filters = policy.is_some_and(Policy::has_filters);
+    let slots = slots_for(spec, filters);
+    let mut images: Vec<Reference> = slots
+        .iter()
+        .filter_map(|s| Reference::parse(&s.image).ok())
+        .collect();
+    let mut wanted = Vec::new();
+    if let Some(policy) = policy {
+        let prepared = match filters {
+            true => policy.prepare(&obj()),
+            false => None,
+        };
+        for s in &slots {
+            if let Ok(r) = policy.check(prepared.as_ref(), s)
+                && !wanted.contains(&r)
+            {
+                wanted.push(r);
+            }
+        }
+    }
+    for r in extra {
+        if !images.contains(&r) {
+            images.push(r);
+        }
+    }
+    images.dedup();
+    Observed {
+        kind,
+        key,
+        pull: json!({"spec": {
+            "imagePullSecrets": spec.get("imagePullSecrets"),
+            "serviceAccountName": spec.get("serviceAccountName"),
+        }}),
+        images,
+        wanted,
+    }
+}
+
+/// One watched object.
+struct Entry {
+    namespace: Arc<str>,
+    pull: Arc<PullRefs>,
+    images: Box<[Arc<Reference>]>,
+    wanted: Box<[Arc<Reference>]>,
+    /// The list generation that last delivered it.
+    listed: u32,
+}
+
+/// One watch: a kind in a namespace (or in all, `None`).
+type WatchKey = (Kind, Option<String>);
+
+#[derive(Default)]
+struct WatchState {
+    /// Its list generation in progress.
+    listing: Option<u32>,
+    /// A list completed since it was registered.
+    listed: bool,
+    /// It failed and has delivered nothing since.
+    erred: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    objects: HashMap<(Kind, Box<str>), Entry>,
+    /// Reference → objects naming it.
+    counts: HashMap<Arc<Reference>, u32>,
+    /// Wanted reference → objects wanting it.
+    wanted: HashMap<Arc<Reference>, u32>,
+    /// Wanted references of objects new or changed since the last
+    /// [`Usage::take_changed`].
+    changed: HashSet<Arc<Reference>>,
+    pulls: Interner<PullRefs>,
+    namespaces: Interner<str>,
+    watches: HashMap<WatchKey, WatchState>,
+    generation: u32,
+    /// References were left out for [`MAX_IMAGES`].
+    overflowed: bool,
+}
+
+/// What the cluster's Pods and workload templates name now, as the leader's watches see them.
+pub struct Usage {
+    inner: Mutex<Inner>,
+    changed: Notify,
+    metrics: Arc<Metrics>,
+    /// Decides which images admission would mirror; `None`: none (no
+    /// backfill).
+    policy: Option<Policy>,
+}
+
+impl Usage {
+    /// An empty record; the watches register with [`Usage::watch`].
+    /// `policy` decides which images are wanted (admission would mirror
+    /// them); with `None`, none are.
+    pub fn new(metrics: Arc<Metrics>, policy: Option<Policy>) -> Self {
+        Self {
+            inner: Mutex::default(),
+            changed: Notify::new(),
+            metrics,
+            policy,
+        }
+    }
+
+    /// [`observe_pod`] under this record's policy.
+    pub fn observe_pod(&self, pod: &Pod) -> Observed {
+        observe_pod(pod, self.policy.as_ref())
+    }
+
+    /// [`observe_template`] under this record's policy.
+    pub fn observe_template(
+        &self,
+        kind: Kind,
+        meta: &ObjectMeta,
+        template: &PodTemplateSpec,
+    ) -> Observed {
+        observe_template(kind, meta, template, self.policy.as_ref())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether every watch (Pods and each workload kind) has completed its initial list since this replica began leading, and none is currently re-listing after an error.
+    pub fn synced(&self) -> bool {
+        let inner = self.lock();
+        !inner.overflowed
+            && inner.watches.keys().any(|(k, _)| *k == Kind::Pod)
+            && inner
+                .watches
+                .values()
+                .all(|w| w.listed && w.listing.is_none() && !w.erred)
+    }
+
+    /// Every image reference named now by a Pod (container image as written, and for rewritten Pods also their `pinswap.dev/original-images` entries) or a workload template, deduplicated.
+    pub fn images(&self) -> Vec<Reference> {
+        self.lock().counts.keys().map(|r| (**r).clone()).collect()
+    }
+
+    /// Registers a watch that [`Usage::synced`] waits for.
+    pub fn watch(&self, kind: Kind, namespace: Option<&str>) {
+        self.lock()
+            .watches
+            .insert((kind, namespace.map(str::to_owned)), WatchState::default());
+    }
+
+    /// Forgets everything, watches included (leadership lost).
+    pub fn clear(&self) {
+        *self.lock() = Inner::default();
+        self.metrics.usage_images.set(0);
+    }
+
+    /// The watch of `kind` in `namespace` starts a (re-)list.
+    pub fn list_started(&self, kind: Kind, namespace: Option<&str>) {
+        let mut inner = self.lock();
+        inner.generation = inner.generation.wrapping_add(1);
+        let g = inner.generation;
+        let w = inner
+            .watches
+            .entry((kind, namespace.map(str::to_owned)))
+            .or_default();
+        w.listing = Some(g);
+        w.erred = false;
+    }
+
+    /// The watch's list ended: objects of its kind and namespace that it
+    /// did not deliver are gone.
+    pub fn list_done(&self, kind: Kind, namespace: Option<&str>) {
+        let mut inner = self.lock();
+        let key = (kind, namespace.map(str::to_owned));
+        let Some(g) = inner.watches.get_mut(&key).and_then(|w| w.listing.take()) else {
+            return;
+        };
+        if let Some(w) = inner.watches.get_mut(&key) {
+            w.listed = true;
+        }
+        let gone: Vec<(Kind, Box<str>)> = inner
+            .objects
+            .iter()
+            .filter(|((k, name), e)| {
+                *k == kind
+                    && e.listed != g
+                    && namespace
+                        .is_none_or(|ns| name.strip_prefix(ns).is_some_and(|r| r.starts_with('/')))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            inner.remove(&k);
+        }
+        self.metrics.usage_images.set(inner.counts.len() as i64);
+    }
+
+    /// The watch failed; it counts as unsynced until it delivers again.
+    pub fn watch_failed(&self, kind: Kind, namespace: Option<&str>) {
+        if let Some(w) = self
+            .lock()
+            .watches
+            .get_mut(&(kind, namespace.map(str::to_owned)))
+        {
+            w.erred = true;
+        }
+    }
+
+    /// Takes in an object seen by a watch (delivered by its current list,
+    /// or by the watch after it).
+    pub fn seen(&self, o: Observed, namespace: Option<&str>) {
+        let mut inner = self.lock();
+        let wk = (o.kind, namespace.map(str::to_owned));
+        let listing = match inner.watches.get_mut(&wk) {
+            Some(w) => {
+                w.erred = false;
+                w.listing
+            }
+            None => None,
+        };
+        let key = (o.kind, Box::<str>::from(o.key.as_str()));
+        let listed = match listing {
+            Some(g) => g,
+            None => inner.objects.get(&key).map_or(0, |e| e.listed),
+        };
+        let pull = PullRefs::of(&o.pull);
+        // Unchanged: only the list mark moves (status updates of Pods are
+        // most of a watch's events).
+        if let Some(e) = inner.objects.get_mut(&key)
+            && *e.pull == pull
+            && e.images.iter().map(|r| &**r).eq(o.images.iter())
+            && e.wanted.iter().map(|r| &**r).eq(o.wanted.iter())
+        {
+            e.listed = listed;
+            return;
+        }
+        inner.remove(&key);
+        let mut fresh = false;
+        let mut images = Vec::with_capacity(o.images.len());
+        for r in &o.images {
+            match inner.count(r, false) {
+                Some(r) => images.push(r),
+                None => self.overflow(&mut inner),
+            }
+        }
+        let mut wanted = Vec::with_capacity(o.wanted.len());
+        for r in &o.wanted {
+            match inner.count(r, true) {
+                Some(r) => {
+                    inner.changed.insert(r.clone());
+                    fresh = true;
+                    wanted.push(r)
+                }
+                None => self.overflow(&mut inner),
+            }
+        }
+        let entry = Entry {
+            namespace: inner.namespaces.get(o.namespace(), |s: &str| Arc::from(s)),
+            pull: inner.pulls.get(&pull, |p| Arc::new(pull_clone(p))),
+            images: images.into(),
+            wanted: wanted.into(),
+            listed,
+        };
+        inner.objects.insert(key, entry);
+        self.metrics.usage_images.set(inner.counts.len() as i64);
+        drop(inner);
+        if fresh {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Forgets a deleted object.
+    pub fn deleted(&self, kind: Kind, key: &str) {
+        let mut inner = self.lock();
+        inner.remove(&(kind, Box::from(key)));
+        self.metrics.usage_images.set(inner.counts.len() as i64);
+    }
+
+    fn overflow(&self, inner: &mut Inner) {
+        self.metrics.usage_images_dropped.inc();
+        if !inner.overflowed {
+            inner.overflowed = true;
+            warn!(
+                max = MAX_IMAGES,
+                "more distinct image references than the usage record keeps; leaving the rest out (usage counts as unsynced until the watches start over)"
+            );
+        }
+    }
+
+    /// Waits until an object names a wanted image anew.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await
+    }
+
+    /// The wanted images of objects new or changed since the last call.
+    pub(crate) fn take_changed(&self) -> HashSet<Arc<Reference>> {
+        std::mem::take(&mut self.lock().changed)
+    }
+
+    /// Every wanted image, deduplicated.
+    pub(crate) fn wanted(&self) -> Vec<Arc<Reference>> {
+        self.lock().wanted.keys().cloned().collect()
+    }
+
+    /// How many images are wanted.
+    pub(crate) fn wanted_len(&self) -> usize {
+        self.lock().wanted.len()
+    }
+
+    /// Whether `image` is wanted now.
+    pub(crate) fn is_wanted(&self, image: &Reference) -> bool {
+        self.lock().wanted.contains_key(image)
+    }
+
+    /// Up to `per_image` objects wanting each of `images`, as (namespace,
+    /// pull fields): whose credentials may prove access to a private image.
+    pub(crate) fn users(
+        &self,
+        images: &HashSet<Arc<Reference>>,
+        per_image: usize,
+    ) -> HashMap<Arc<Reference>, Vec<(String, Value)>> {
+        let inner = self.lock();
+        let mut out: HashMap<Arc<Reference>, Vec<(String, Value)>> = HashMap::new();
+        let mut seen: HashSet<(*const str, *const PullRefs, *const Reference)> = HashSet::new();
+        for e in inner.objects.values() {
+            for r in e.wanted.iter().filter(|r| images.contains(*r)) {
+                let users = out.entry(r.clone()).or_default();
+                // Objects with the same namespace and pull fields prove the same.
+                if users.len() < per_image
+                    && seen.insert((
+                        Arc::as_ptr(&e.namespace),
+                        Arc::as_ptr(&e.pull),
+                        Arc::as_ptr(r),
+                    ))
+                {
+                    users.push((e.namespace.to_string(), e.pull.to_value()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Objects recorded.
+    pub fn objects(&self) -> usize {
+        self.lock().objects.len()
+    }
+}
+
+impl Inner {
+    /// The shared reference for `r`, counted once more (in `wanted` too
+    /// when `wanted`); `None` when it is new and [`MAX_IMAGES`] are kept.
+    fn count(&mut self, r: &Reference, wanted: bool) -> Option<Arc<Reference>> {
+        let (map, other) = match wanted {
+            true => (&mut self.wanted, &self.counts),
+            false => (&mut self.counts, &self.wanted),
+        };
+        if let Some(k) = map.get_key_value(r).map(|(k, _)| k.clone()) {
+            *map.entry(k.clone()).or_default() += 1;
+            return Some(k);
+        }
+        if map.len() >= MAX_IMAGES {
+            return None;
+        }
+        // Wanted references share the allocation of the named ones.
+        let k = match other.get_key_value(r) {
+            Some((k, _)) => k.clone(),
+            None => Arc::new(r.clone()),
+        };
+        map.insert(k.clone(), 1);
+        Some(k)
+    }
+
+    fn remove(&mut self, key: &(Kind, Box<str>)) {
+        let Some(e) = self.objects.remove(key) else {
+            return;
+        };
+        for (map, refs) in [(&mut self.counts, &e.images), (&mut self.wanted, &e.wanted)] {
+            for r in refs.iter() {
+                if let Some(n) = map.get_mut(&**r) {
+                    *n -= 1;
+                    if *n == 0 {
+                        map.remove(&**r);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::reference::MirrorTarget;
+
+    fn policy() -> Policy {
+        let config = Config::from_yaml(
+            "target: {registry: mirror.example}\nsource: {registries: [{registry: docker.io}], filters: [{jmespath: \"obj.metadata.namespace == 'kube-system'\"}]}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        Policy::new(&config, MirrorTarget::parse("mirror.example").unwrap()).unwrap()
+    }
+
+    fn pod(ns: &str, name: &str, images: &[&str]) -> Pod {
+        let containers: Vec<Value> = images
+            .iter()
+            .enumerate()
+            .map(|(i, im)| json!({"name": format!("c{i}"), "image": im}))
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns, "annotations": {
+                ORIGINAL_IMAGES: r#"{"containers/c0":"docker.io/team/was:v0"}"#}},
+            "spec": {"containers": containers, "imagePullSecrets": [{"name": "regcred"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pod_names_its_images_and_wants_what_admission_mirrors() {
+        let p = policy();
+        let o = observe_pod(
+            &pod(
+                "apps",
+                "a",
+                &[
+                    "nginx:1",
+                    "quay.io/x/y:2",
+                    "mirror.example/docker.io/team/app:v1",
+                ],
+            ),
+            Some(&p),
+        );
+        assert_eq!(o.key, "apps/a");
+        let names: Vec<String> = o.images.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "docker.io/library/nginx:1",
+                "quay.io/x/y:2",
+                "mirror.example/docker.io/team/app:v1",
+                "docker.io/team/was:v0"
+            ]
+        );
+        let wanted: Vec<String> = o.wanted.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            wanted,
+            ["docker.io/library/nginx:1"],
+            "allowlist and target"
+        );
+        assert_eq!(o.pull["spec"]["imagePullSecrets"][0]["name"], "regcred");
+        let filtered = observe_pod(&pod("kube-system", "b", &["nginx:1"]), Some(&p));
+        assert!(filtered.wanted.is_empty(), "a filter matched");
+    }
+
+    #[test]
+    fn references_are_counted_and_shared() {
+        let u = Usage::new(Arc::new(Metrics::new()), None);
+        u.watch(Kind::Pod, None);
+        assert!(!u.synced());
+        u.list_started(Kind::Pod, None);
+        let p = policy();
+        for i in 0..1000 {
+            u.seen(
+                observe_pod(&pod("ns", &format!("p{i}"), &["nginx:1"]), Some(&p)),
+                None,
+            );
+        }
+        assert!(!u.synced(), "still listing");
+        u.list_done(Kind::Pod, None);
+        assert!(u.synced());
+        assert_eq!(u.images().len(), 2);
+        assert_eq!(u.wanted().len(), 1);
+        for i in 0..999 {
+            u.deleted(Kind::Pod, &format!("ns/p{i}"));
+        }
+        assert_eq!(u.images().len(), 2);
+        u.deleted(Kind::Pod, "ns/p999");
+        assert!(u.images().is_empty());
+        assert!(u.wanted().is_empty());
+        u.list_started(Kind::Pod, None);
+        assert!(!u.synced(), "re-listing");
+        u.watch(Kind::CronJob, None);
+        u.list_done(Kind::Pod, None);
+        assert!(!u.synced(), "the CronJob watch has not listed");
+    }
+
+    #[test]
+    fn a_list_forgets_objects_it_did_not_deliver() {
+        let u = Usage::new(Arc::new(Metrics::new()), None);
+        u.list_started(Kind::Pod, None);
+        u.seen(observe_pod(&pod("a", "kept", &["nginx:1"]), None), None);
+        u.seen(observe_pod(&pod("a", "gone", &["redis:7"]), None), None);
+        u.list_done(Kind::Pod, None);
+        u.list_started(Kind::Pod, None);
+        u.seen(observe_pod(&pod("a", "kept", &["nginx:1"]), None), None);
+        u.list_done(Kind::Pod, None);
+        let mut names: Vec<String> = u.images().iter().map(|r| r.to_string()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["docker.io/library/nginx:1", "docker.io/team/was:v0"]
+        );
+    }
+}

@@ -1,0 +1,114 @@
+//! The leader's watches of workload templates (Deployments, StatefulSets,
+//! DaemonSets, ReplicaSets, Jobs, CronJobs): only the images, pull fields
+//! and namespace of each template are kept, in [`Usage`]. kube-runtime's
+//! `watcher` lists (paged) and watches each kind, re-listing on 410 Gone.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tracing::warn;
+
+use super::usage::{Kind, Usage};
+
+/// Registers every workload watch with `usage` (so [`Usage::synced`] waits
+/// for them), then runs them until dropped.
+pub async fn watch(client: kube::Client, usage: Arc<Usage>, namespaces: Vec<String>) {
+    let scopes: Vec<Option<String>> = match namespaces.is_empty() {
+        true => vec![None],
+        false => namespaces.into_iter().map(Some).collect(),
+    };
+    for kind in Kind::WORKLOADS {
+        for s in &scopes {
+            usage.watch(kind, s.as_deref());
+        }
+    }
+    let (c, u, s) = (&client, &usage, &scopes);
+    tokio::join!(
+        watch_kind::<Deployment>(c, u, s, Kind::Deployment, |o| o
+            .spec
+            .as_ref()
+            .map(|s| &s.template)),
+        watch_kind::<StatefulSet>(c, u, s, Kind::StatefulSet, |o| o
+            .spec
+            .as_ref()
+            .map(|s| &s.template)),
+        watch_kind::<DaemonSet>(c, u, s, Kind::DaemonSet, |o| o
+            .spec
+            .as_ref()
+            .map(|s| &s.template)),
+        watch_kind::<ReplicaSet>(c, u, s, Kind::ReplicaSet, |o| o
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.as_ref())),
+        watch_kind::<Job>(c, u, s, Kind::Job, |o| o.spec.as_ref().map(|s| &s.template)),
+        watch_kind::<CronJob>(c, u, s, Kind::CronJob, |o| o
+            .spec
+            .as_ref()
+            .and_then(|s| s.job_template.spec.as_ref())
+            .map(|s| &s.template)),
+    );
+}
+
+/// Feeds every event of `kind`'s watches (one per scope) to `usage`.
+async fn watch_kind<K>(
+    client: &kube::Client,
+    usage: &Usage,
+    scopes: &[Option<String>],
+    kind: Kind,
+    template: fn(&K) -> Option<&PodTemplateSpec>,
+) where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let streams = scopes.iter().map(|scope| {
+        let api: Api<K> = match scope {
+            None => Api::all(client.clone()),
+            Some(ns) => Api::namespaced(client.clone(), ns),
+        };
+        let scope = scope.clone();
+        watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .map(move |ev| (scope.clone(), ev))
+            .boxed()
+    });
+    let mut events = futures::stream::select_all(streams);
+    let seen = |o: &K, scope: Option<&str>| match template(o) {
+        Some(t) => usage.seen(usage.observe_template(kind, o.meta(), t), scope),
+        None => usage.deleted(kind, &key(o)),
+    };
+    while let Some((scope, ev)) = events.next().await {
+        let scope = scope.as_deref();
+        match ev {
+            Ok(Event::Init) => usage.list_started(kind, scope),
+            Ok(Event::InitApply(o) | Event::Apply(o)) => seen(&o, scope),
+            Ok(Event::InitDone) => usage.list_done(kind, scope),
+            Ok(Event::Delete(o)) => usage.deleted(kind, &key(&o)),
+            Err(e) => {
+                usage.watch_failed(kind, scope);
+                warn!(kind = kind.as_str(), error = %e, "workload watch failed; retrying with backoff");
+            }
+        }
+    }
+}
+
+/// `namespace/name`, as [`super::usage::Observed::key`] has it.
+fn key<K: Resource>(o: &K) -> String {
+    format!(
+        "{}/{}",
+        o.namespace().unwrap_or_else(|| "default".into()),
+        o.name_any()
+    )
+}
