@@ -736,41 +736,6 @@ impl ServerMetrics {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_and_labels() {
-        let m = Metrics::new();
-        m.admission("rewritten");
-        m.cache("existence", true);
-        m.copy_bytes.inc_by(42);
-        m.invalidated("existence", "pull_failure", 2);
-        Metrics::outcome(&m.remirrors, "remirrored");
-        m.leader.set(1);
-        m.server.connection_closed("webhook", "header_timeout");
-        m.server.request_refused("body_memory");
-        let text = m.encode();
-        for want in [
-            "pinswap_admissions_total{outcome=\"rewritten\"} 1",
-            "pinswap_cache_hits_total{cache=\"existence\"} 1",
-            "pinswap_copy_bytes_total 42",
-            "# TYPE pinswap_admission_duration_seconds histogram",
-            "pinswap_cache_invalidations_total{cache=\"existence\",cause=\"pull_failure\"} 2",
-            "pinswap_remirrors_total{outcome=\"remirrored\"} 1",
-            "pinswap_leader 1",
-            "pinswap_watched_pods 0",
-            "pinswap_nodes_without_platform 0",
-            "pinswap_pull_failures_total 0",
-            "pinswap_connections_closed_total{listener=\"webhook\",reason=\"header_timeout\"} 1",
-            "pinswap_requests_refused_total{reason=\"body_memory\"} 1",
-        ] {
-            assert!(text.contains(want), "missing {want:?} in\n{text}");
-        }
-    }
-}
-
 /// Retention passes and what they did.
 pub struct RetentionMetrics {
     /// `pinswap_retention_passes_total{outcome}`: `done`, `not_synced`,
@@ -815,6 +780,41 @@ impl RetentionMetrics {
                 "Unused images kept because their source no longer serves them",
                 Gauge::default(),
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_labels() {
+        let m = Metrics::new();
+        m.admission("rewritten");
+        m.cache("existence", true);
+        m.copy_bytes.inc_by(42);
+        m.invalidated("existence", "pull_failure", 2);
+        Metrics::outcome(&m.remirrors, "remirrored");
+        m.leader.set(1);
+        m.server.connection_closed("webhook", "header_timeout");
+        m.server.request_refused("body_memory");
+        let text = m.encode();
+        for want in [
+            "pinswap_admissions_total{outcome=\"rewritten\"} 1",
+            "pinswap_cache_hits_total{cache=\"existence\"} 1",
+            "pinswap_copy_bytes_total 42",
+            "# TYPE pinswap_admission_duration_seconds histogram",
+            "pinswap_cache_invalidations_total{cache=\"existence\",cause=\"pull_failure\"} 2",
+            "pinswap_remirrors_total{outcome=\"remirrored\"} 1",
+            "pinswap_leader 1",
+            "pinswap_watched_pods 0",
+            "pinswap_nodes_without_platform 0",
+            "pinswap_pull_failures_total 0",
+            "pinswap_connections_closed_total{listener=\"webhook\",reason=\"header_timeout\"} 1",
+            "pinswap_requests_refused_total{reason=\"body_memory\"} 1",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
     }
 }
