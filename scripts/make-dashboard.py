@@ -96,8 +96,13 @@ line([
  ("Requests refused",[(rate("pinswap_requests_refused_total","reason"),"{{reason}}")],"reqps","413, 503 when the body budget is full, 408 for late bodies."),
  ("Request bodies in memory",[(f"sum(pinswap_body_bytes_in_flight{S})","in flight"),(f"max(pinswap_body_budget_bytes{S})","budget")],"bytes","Bytes held for request bodies, against server.bodyMemory."),
 ])
+row("Retention")
+line([
+ ("Retention images by state",[(f"max by (state) (pinswap_retention_images{S})","{{state}}"),(f"max(pinswap_retention_unrecoverable{S})","kept: unrecoverable")],"short","Leader only, as of the last pass: in_use, unused (for less than unusedFor), kept, candidate (dry run, or a source could not answer), removed. Unrecoverable: the source no longer serves them."),
+ ("Retention removals and passes",[(rate("pinswap_retention_removed_total","outcome"),"removed: {{outcome}}"),(rate("pinswap_retention_passes_total","outcome"),"pass: {{outcome}}")],"ops","Images removed, that a dry run would remove, or whose removal failed; passes done, skipped (not_synced, source_down) or failed."),
+])
 var=lambda n,label,query: {"name":n,"type":"query","label":label,"datasource":DS,"query":{"query":query,"refId":n},"definition":query,"refresh":2,"includeAll":True,"multi":True,"current":{}}
-dash={"title":"pinswap","uid":"pinswap","description":"pinswap admission webhook: admissions and decisions, copies, caches, recovery, identity findings, source and target health, the webhook listener.",
+dash={"title":"pinswap","uid":"pinswap","description":"pinswap admission webhook: admissions and decisions, copies, caches, recovery, identity findings, source and target health, the webhook listener, retention.",
  "tags":["pinswap","admission"],"schemaVersion":39,"version":1,"editable":True,"graphTooltip":1,"refresh":"30s",
  "time":{"from":"now-6h","to":"now"},
  "templating":{"list":[

@@ -16,7 +16,9 @@ use crate::reference::MirrorTarget;
 use crate::registry::manifest::PlatformSpec;
 
 mod aws;
+mod retention;
 pub use aws::{Aws, EcrOptions, EncryptionConfiguration, ImageScanningConfiguration, Tag};
+pub use retention::Retention;
 
 /// Config loading errors. Each names the file and the key path.
 #[derive(Debug, thiserror::Error)]
@@ -483,7 +485,7 @@ fn socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<std::net::SocketAddr, 
 }
 
 /// Durations as `8s`, `500ms`, `1h 30m` (humantime), serialised the same way.
-mod duration {
+pub(crate) mod duration {
     use super::*;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -980,6 +982,9 @@ pub struct Config {
     /// Mirroring what already runs.
     #[serde(default)]
     pub backfill: Backfill,
+    /// Removal of mirrored images nothing uses any more.
+    #[serde(default)]
+    pub retention: Retention,
     /// `open` or `closed`.
     #[serde(default)]
     pub failure_policy: FailurePolicy,
@@ -1344,6 +1349,8 @@ impl Config {
                 ),
             );
         }
+        self.retention
+            .problems("retention", &self.recovery, &mut bad);
         self.server_problems(&mut bad);
         if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
             bad(
@@ -1607,6 +1614,15 @@ backfill:
   enabled: true
   # Images copied at once, apart from admission's copies.
   concurrency: 2
+retention:
+  # Remove images pinswap mirrored that no Pod (and no workload template)
+  # has named for unusedFor. The leader does it; what may go, what stays and
+  # why: docs/operations.md#retention.
+  enabled: false
+  unusedFor: 720h
+  interval: 1h
+  # Log and count what would be removed, and remove nothing.
+  dryRun: false
 
 identity:
   # Config-digest (image ID) collisions: warn (annotate, Event, metric, log),

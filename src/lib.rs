@@ -19,5 +19,6 @@ pub mod metrics;
 pub mod mirror;
 pub mod reference;
 pub mod registry;
+pub mod retention;
 pub mod server;
 pub mod watch;

@@ -203,6 +203,8 @@ pub struct Metrics {
     /// `pinswap_backfill_images{state}`: images the backfill handles, by
     /// state (`present`, `copied`, `pending`, `failed`, `denied`).
     pub backfill_images: Family<StateLabel, Gauge>,
+    /// Retention of mirrored images (src/retention/).
+    pub retention: RetentionMetrics,
 }
 
 /// Label `state`.
@@ -401,6 +403,7 @@ impl Metrics {
                 Family::default(),
             ),
             server: ServerMetrics::register(&mut r),
+            retention: RetentionMetrics::register(&mut r),
             source_failures: register(
                 &mut r,
                 "source_failures",
@@ -740,6 +743,54 @@ impl ServerMetrics {
                 reason: reason.to_owned(),
             })
             .inc();
+    }
+}
+
+/// Retention passes and what they did.
+pub struct RetentionMetrics {
+    /// `pinswap_retention_passes_total{outcome}`: `done`, `not_synced`,
+    /// `source_down`, `error`.
+    pub passes: Family<OutcomeLabel, Counter>,
+    /// `pinswap_retention_removed_total{outcome}`: images (target
+    /// `repository@digest`) `removed`, that a dry run would remove
+    /// (`dry_run`), or whose removal `failed`.
+    pub removed: Family<OutcomeLabel, Counter>,
+    /// `pinswap_retention_images{state}`: the images of the last pass, by
+    /// state.
+    pub images: Family<StateLabel, Gauge>,
+    /// `pinswap_retention_unrecoverable`: images kept because their source
+    /// no longer serves them (they could not be mirrored again).
+    pub unrecoverable: Gauge,
+}
+
+impl RetentionMetrics {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            passes: register(
+                r,
+                "retention_passes",
+                "Retention passes, by outcome",
+                Family::default(),
+            ),
+            removed: register(
+                r,
+                "retention_removed",
+                "Images removed by retention (or that a dry run would remove), by outcome",
+                Family::default(),
+            ),
+            images: register(
+                r,
+                "retention_images",
+                "Mirrored images in the last retention pass, by state",
+                Family::default(),
+            ),
+            unrecoverable: register(
+                r,
+                "retention_unrecoverable",
+                "Unused images kept because their source no longer serves them",
+                Gauge::default(),
+            ),
+        }
     }
 }
 

@@ -468,3 +468,62 @@ async fn converted_config_mirrors_into_a_created_repository() {
             .any(|t| t.key() == "cost-centre" && t.value() == "platform")
     );
 }
+
+/// Retention's ECR calls against moto: the repositories pinswap created
+/// are listed with DescribeRepositories, and BatchDeleteImage (tags, then
+/// the digest) removes the image, read back with ListImages. moto drops an
+/// image with its last tag, so the order itself is not observable here.
+#[tokio::test]
+async fn retention_lists_repositories_and_deletes_tags_then_the_digest() {
+    let Some(moto) = MotoServer::start().await else {
+        return;
+    };
+    let cfg = config("", "");
+    let aws = cfg.target.aws.clone().unwrap();
+    let host = cfg.target.registry.split('/').next().unwrap().to_owned();
+    let ecr = Ecr::connect_with(&aws, &host, moto.sdk("testing", "testing").await).await;
+    let repo = "cache/docker.io/library/app";
+    ecr.ensure_repository(repo).await.unwrap();
+    let client = aws_sdk_ecr::Client::new(&moto.sdk("testing", "testing").await);
+    let img = Image::oci(1, 7301);
+    let put = |tag: &'static str| {
+        client
+            .put_image()
+            .repository_name(repo)
+            .image_manifest(String::from_utf8(img.manifest.clone()).unwrap())
+            .image_manifest_media_type(&img.media_type)
+            .image_tag(tag)
+            .send()
+    };
+    put("v1").await.unwrap();
+    put("pinswap-keep").await.unwrap();
+    assert!(ecr.repositories().await.unwrap().contains(&repo.to_owned()));
+    let images = || async {
+        let listed = client
+            .list_images()
+            .repository_name(repo)
+            .send()
+            .await
+            .unwrap();
+        listed
+            .image_ids()
+            .iter()
+            .map(|i| {
+                (
+                    i.image_tag().map(str::to_owned),
+                    i.image_digest().map(str::to_owned),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(images().await.len(), 2, "{:?}", images().await);
+    let digest = pinswap::reference::Digest::parse(&img.digest).unwrap();
+    ecr.delete_image(repo, &["v1".to_owned(), "pinswap-keep".to_owned()], &digest)
+        .await
+        .unwrap();
+    assert_eq!(images().await, Vec::new());
+    // Already gone: no failure.
+    ecr.delete_image(repo, &["v1".to_owned()], &digest)
+        .await
+        .unwrap();
+}

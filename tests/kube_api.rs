@@ -132,7 +132,7 @@ async fn secrets_and_service_accounts() {
     assert_eq!(missing.message, "secrets \"nope\" not found");
     let other_ns: Api<Secret> = Api::namespaced(api.client(), "elsewhere");
     assert_eq!(api_error(other_ns.get("pull").await).code, 404);
-    // A resource the server doesn't serve is a 404 Status too, not an empty body.
+    // A missing ConfigMap is a 404 Status too, not an empty body.
     let cms: Api<ConfigMap> = Api::namespaced(api.client(), "apps");
     assert_eq!(api_error(cms.get("x").await).reason, "NotFound");
 

@@ -59,6 +59,9 @@ pub const SELF_SIGNED_RBAC: &str = "pinswap-self-signed";
 pub const LEADER_RBAC: &str = "pinswap-leader";
 /// Name of the per-namespace Role used when `recovery.namespaces` is set.
 pub const RECOVERY_RBAC: &str = "pinswap-recovery";
+/// Name of the Role that lets the leader keep the retention record (a
+/// ConfigMap of the same name, `crate::retention::CONFIG_MAP`).
+pub const RETENTION_RBAC: &str = "pinswap-retention";
 /// The headless Service that selects the replicas' health port
 /// (`/metrics`, probes) for scraping, apart from the webhook's Service.
 pub const METRICS_SERVICE: &str = "pinswap-metrics";
@@ -504,8 +507,9 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
     // Pull-failure recovery: read Pods, record Events (events.k8s.io/v1,
     // as kube-runtime's Recorder writes them, patching repeats).
     // The leader's workload-template watches run with the Pod watcher for
-    // each feature listed here (backfill; a further user adds its own).
-    let workloads = c.backfill.enabled;
+    // each feature listed here (backfill, retention; a further user adds
+    // its own).
+    let workloads = c.backfill.enabled || c.retention.enabled;
     let watch = || {
         let mut rules = vec![
             rule(&[""], &["pods"], &["get", "list", "watch"], &[]),
@@ -559,6 +563,25 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
                     &["leases"],
                     &["get", "update"],
                     &[lease],
+                ),
+            ],
+        )?);
+    }
+    if c.recovery.enabled && c.retention.enabled {
+        // `create` cannot be limited by resourceNames (the name is not
+        // known when a create is authorised): any ConfigMap of this
+        // namespace may be created; only the record may be read or changed.
+        out.extend(grant(
+            RETENTION_RBAC,
+            Some(ns),
+            ns,
+            vec![
+                rule(&[""], &["configmaps"], &["create"], &[]),
+                rule(
+                    &[""],
+                    &["configmaps"],
+                    &["get", "update"],
+                    &[crate::retention::CONFIG_MAP],
                 ),
             ],
         )?);

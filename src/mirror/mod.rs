@@ -23,6 +23,7 @@ mod identity_check;
 mod recover;
 mod referrers;
 mod resume;
+pub mod retention;
 
 pub use backfill::Backfilled;
 pub use recover::Recovered;

@@ -545,6 +545,102 @@ impl BeforePush for Ecr {
     }
 }
 
+/// Retention's calls (src/retention/).
+impl Ecr {
+    /// Every repository of the registry, by `ecr:DescribeRepositories`
+    /// (ECR serves no `/v2/_catalog`).
+    ///
+    /// # Errors
+    /// [`EcrError::Denied`] naming the IAM action, other API and call errors.
+    pub async fn repositories(&self) -> Result<Vec<String>> {
+        const ACTION: &str = "ecr:DescribeRepositories";
+        let mut out = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let page = self
+                .client
+                .describe_repositories()
+                .registry_id(&self.account)
+                .set_next_token(next.take())
+                .send()
+                .await
+                .map_err(|e| EcrError::from_sdk(ACTION, None, &e))?;
+            out.extend(
+                page.repositories()
+                    .iter()
+                    .filter_map(|r| r.repository_name().map(str::to_owned)),
+            );
+            match page.next_token() {
+                Some(t) if !t.is_empty() => next = Some(t.to_owned()),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// Removes an image with `ecr:BatchDeleteImage`: its `tags` first, then
+    /// the manifest by `digest`. An image already gone is no failure.
+    ///
+    /// # Errors
+    /// [`EcrError::Denied`] naming the IAM action, other API and call
+    /// errors, and a failure ECR reports for one of the ids.
+    pub async fn delete_image(
+        &self,
+        repository: &str,
+        tags: &[String],
+        digest: &crate::reference::Digest,
+    ) -> Result<()> {
+        use aws_sdk_ecr::types::ImageIdentifier;
+        let by_tag = tags
+            .iter()
+            .map(|t| ImageIdentifier::builder().image_tag(t).build())
+            .collect::<Vec<_>>();
+        let by_digest = vec![
+            ImageIdentifier::builder()
+                .image_digest(digest.as_str())
+                .build(),
+        ];
+        for ids in [by_tag, by_digest] {
+            if ids.is_empty() {
+                continue;
+            }
+            self.batch_delete(repository, ids).await?;
+        }
+        Ok(())
+    }
+
+    async fn batch_delete(
+        &self,
+        repository: &str,
+        ids: Vec<aws_sdk_ecr::types::ImageIdentifier>,
+    ) -> Result<()> {
+        const ACTION: &str = "ecr:BatchDeleteImage";
+        let out = self
+            .client
+            .batch_delete_image()
+            .registry_id(&self.account)
+            .repository_name(repository)
+            .set_image_ids(Some(ids))
+            .send()
+            .await
+            .map_err(|e| EcrError::from_sdk(ACTION, Some(repository), &e))?;
+        let failed = out.failures().iter().find(|f| {
+            f.failure_code() != Some(&aws_sdk_ecr::types::ImageFailureCode::ImageNotFound)
+        });
+        match failed {
+            None => Ok(()),
+            Some(f) => Err(EcrError::Api {
+                action: ACTION,
+                repository: Some(repository.to_owned()),
+                code: f
+                    .failure_code()
+                    .map(|c| c.as_str().to_owned())
+                    .unwrap_or_default(),
+                message: f.failure_reason().unwrap_or_default().to_owned(),
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod check;
 pub mod client;
 pub mod copy;
+pub mod delete;
 pub mod ecr;
 pub mod guard;
 pub mod layout;

@@ -114,7 +114,7 @@ impl Background {
         });
         // The workload watches (and so the usage record) run for the
         // backfill; each further user adds its condition here.
-        let workloads = config.backfill.enabled;
+        let workloads = config.backfill.enabled || config.retention.enabled;
         let usage = client.as_ref().filter(|_| workloads).map(|_| {
             let policy = crate::admission::policy::Policy::new(config, mirror.target().clone())
                 .ok()
@@ -179,6 +179,23 @@ impl Background {
                 lead_and_watch(c, rec, scope, watched, l, t, metrics).await;
             });
         }
+        if config.retention.enabled && usage.is_none() {
+            warn!(
+                "retention.enabled, but there is no Kubernetes API client: retention does not run (it needs the leader's Pod and workload watches)"
+            );
+        }
+        if let (Some(c), Some(u)) = (&client, &usage)
+            && config.retention.enabled
+        {
+            tasks.spawn(retention(
+                &mirror,
+                config,
+                c,
+                u.clone(),
+                leader.clone(),
+                token.clone(),
+            ));
+        }
         if config.identity.scan_rate > 0 {
             let (m, t, rate) = (mirror.clone(), token.clone(), config.identity.scan_rate);
             tasks.spawn(async move {
@@ -235,6 +252,41 @@ impl Background {
     pub async fn stop(mut self) {
         self.token.cancel();
         while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// The leader's retention passes, with what the usage record says is in
+/// use (Pods and workload templates).
+fn retention(
+    mirror: &Arc<Mirror>,
+    config: &Config,
+    client: &kube::Client,
+    usage: Arc<Usage>,
+    leader: watch::Receiver<bool>,
+    token: CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static {
+    let policy = crate::admission::policy::Policy::new(config, mirror.target().clone());
+    let store = crate::retention::Store::new(client.clone(), client.default_namespace());
+    let r = &config.retention;
+    let service = policy.map(|p| {
+        Arc::new(crate::retention::Retention::new(
+            mirror.clone(),
+            p,
+            store,
+            r,
+        ))
+    });
+    let in_use: crate::retention::InUseSource = Arc::new(move || crate::retention::InUse {
+        synced: usage.synced(),
+        images: usage.images(),
+    });
+    let interval = r.interval;
+    async move {
+        let Ok(service) = service else { return };
+        tokio::select! {
+            _ = crate::retention::run(service, in_use, interval, leader) => {}
+            _ = token.cancelled() => {}
+        }
     }
 }
 

@@ -433,6 +433,7 @@ EQUIVALENT = [
     ({"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "recovery": {"evict": {"enabled": True}}}}, "pinswap", ["--tls", "self-signed"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "recovery": {"namespaces": ["apps", "web"], "evict": {"enabled": True, "perMinute": 5}}}}, "pinswap", ["--tls", "cert-manager"]),
+    ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "retention": {"enabled": True, "unusedFor": "240h"}}}, "mirror", ["--tls", "cert-manager"]),
 ]
 
 
@@ -481,7 +482,7 @@ def test_the_dashboard_queries_only_documented_metrics_and_covers_each_area():
     assert used - documented == set()
     assert documented - used == set(), "every metric has a panel"
     rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
-    assert rows == ["Admissions and decisions", "Copies", "Caches", "Recovery", "Identity findings", "Source and target health", "Webhook listener"]
+    assert rows == ["Admissions and decisions", "Copies", "Caches", "Recovery", "Identity findings", "Source and target health", "Webhook listener", "Retention"]
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
     made = subprocess.run(["python3", REPO / "scripts" / "make-dashboard.py", "-"], check=True, capture_output=True, text=True)

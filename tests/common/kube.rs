@@ -53,7 +53,7 @@ use base64::Engine as _;
 use futures::{FutureExt as _, StreamExt as _, stream};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Status, StatusDetails};
 use k8s_openapi::{ByteString, Metadata, Resource};
@@ -72,6 +72,7 @@ const PODS: Kind = Kind("", "pods");
 const CORE_EVENTS: Kind = Kind("", "events");
 const EVENTS: Kind = Kind("events.k8s.io", "events");
 const LEASES: Kind = Kind("coordination.k8s.io", "leases");
+const CONFIG_MAPS: Kind = Kind("", "configmaps");
 const WEBHOOKS: Kind = Kind(
     "admissionregistration.k8s.io",
     "mutatingwebhookconfigurations",
@@ -82,8 +83,9 @@ const DAEMON_SETS: Kind = Kind("apps", "daemonsets");
 const REPLICA_SETS: Kind = Kind("apps", "replicasets");
 const JOBS: Kind = Kind("batch", "jobs");
 const CRON_JOBS: Kind = Kind("batch", "cronjobs");
-const KINDS: [Kind; 13] = [
+const KINDS: [Kind; 14] = [
     SECRETS,
+    CONFIG_MAPS,
     SERVICE_ACCOUNTS,
     PODS,
     CORE_EVENTS,
@@ -575,6 +577,14 @@ impl KubeApi {
 
     pub fn webhook_configuration(&self, name: &str) -> Option<MutatingWebhookConfiguration> {
         self.get(WEBHOOKS, "", name)
+    }
+
+    pub fn config_map(&self, ns: &str, name: &str) -> Option<ConfigMap> {
+        self.get(CONFIG_MAPS, ns, name)
+    }
+
+    pub fn put_config_map(&self, ns: &str, cm: ConfigMap) -> ConfigMap {
+        self.put(CONFIG_MAPS, ns, &cm).0
     }
 
     pub fn lease(&self, ns: &str, name: &str) -> Option<Lease> {
@@ -1409,6 +1419,9 @@ async fn create(State(s): ApiState, Path(p): Params, body: Bytes) -> Response {
         Some(EVENTS) => create_as::<Event>(&s, EVENTS, &p["ns"], &body, check_event),
         Some(LEASES) => create_as::<Lease>(&s, LEASES, &p["ns"], &body, |_, _, _| vec![]),
         Some(SECRETS) => create_as::<Secret>(&s, SECRETS, &p["ns"], &body, |_, _, _| vec![]),
+        Some(CONFIG_MAPS) => {
+            create_as::<ConfigMap>(&s, CONFIG_MAPS, &p["ns"], &body, |_, _, _| vec![])
+        }
         Some(_) => Err(unsupported()),
         None => Err(no_such_resource()),
     };
@@ -1636,7 +1649,7 @@ fn check_core_event(e: &CoreEvent, _old: Option<&CoreEvent>, ns: &str) -> Vec<Ca
     }
 }
 
-/// PUT, for Leases and Secrets: a `metadata.resourceVersion` other than the
+/// PUT, for Leases, Secrets and ConfigMaps: a `metadata.resourceVersion` other than the
 /// stored one gets 409 Conflict; none at all is an unconditional update.
 async fn replace(State(s): ApiState, Path(p): Params, body: Bytes) -> Response {
     match kind_of(&p) {
@@ -1645,6 +1658,10 @@ async fn replace(State(s): ApiState, Path(p): Params, body: Bytes) -> Response {
         }
         Some(SECRETS) => secret_update_allowed(&s, &p["ns"], &p["name"], &body)
             .and_then(|()| replace_as::<Secret>(&s, SECRETS, &p["ns"], &p["name"], &body))
+            .unwrap_or_else(|e| e),
+        // As the API server: no create on update, a stale resourceVersion
+        // gets 409.
+        Some(CONFIG_MAPS) => replace_as::<ConfigMap>(&s, CONFIG_MAPS, &p["ns"], &p["name"], &body)
             .unwrap_or_else(|e| e),
         Some(_) => unsupported(),
         None => no_such_resource(),

@@ -107,7 +107,7 @@ two releases never share one (a namespace cannot contain ':').
 {{/* Whether the leader watches workload templates, with the Pod watcher: for
 the backfill (each further user adds its condition to the `or`). */}}
 {{- define "pinswap.workloads" -}}
-{{- if or (dig "backfill" "enabled" true .Values.config) }}true{{ end }}
+{{- if or (dig "backfill" "enabled" true .Values.config) (dig "retention" "enabled" false .Values.config) }}true{{ end }}
 {{- end }}
 
 {{/* Ignore or Fail: the value, else from config.failurePolicy. */}}

@@ -1,0 +1,248 @@
+//! Retention: the leader removes from the target the images pinswap
+//! mirrored that no Pod and no workload template has named for
+//! `retention.unusedFor` (docs/operations.md#retention).
+//!
+//! What is in use comes in as an [`InUse`] per pass. Each rule below keeps
+//! an image; an image is removed only when none applies:
+//! 1. Only what pinswap wrote: repositories under the target's mirror path
+//!    whose first component maps back to an allowed source registry, and
+//!    only pinswap's tags there (the source's tags and the anchor tags
+//!    `pinswap-<hex>[-<variant>]`). A manifest that any other tag points
+//!    at (the referrers tag schema `sha256-<hex>...`) is never removed.
+//! 2. Nothing in use: an image a Pod or template names (as a target
+//!    reference, or a source reference through the mirror path; a tag keeps
+//!    the manifest the target tag points at, a digest that manifest and the
+//!    copies anchored to it), and the child manifests of an index in use.
+//! 3. Nothing the source no longer serves under the same digest: it could
+//!    not be mirrored again. It stays, logged and counted.
+//! 4. Nothing while a source cannot answer (its breaker not closed) or the
+//!    Kubernetes watches have not synced.
+//! 5. Last use survives restarts and leader changes ([`store`]). An image
+//!    not in the record counts as used when retention first sees it; an
+//!    image the full record cannot track is never removed.
+//! 6. Tags go before manifests. Distribution cannot delete a tag (DELETE by
+//!    tag is unsupported); deleting the manifest by digest removes its tags.
+//!    Blobs are left to the registry's garbage collection.
+//! 7. `dryRun` logs and counts, and removes nothing.
+
+pub mod store;
+mod sweep;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::admission::policy::Policy;
+use crate::metrics::Metrics;
+use crate::mirror::Mirror;
+use crate::reference::Reference;
+pub use store::{CONFIG_MAP, Record, Store};
+
+/// Errors of a retention pass.
+#[derive(Debug, thiserror::Error)]
+pub enum RetentionError {
+    /// The API server refused or failed a request about the record.
+    #[error("retention record ConfigMap {namespace}/{name}: {source}")]
+    Record {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// kube's error.
+        source: kube::Error,
+    },
+    /// Others kept writing the record.
+    #[error(
+        "retention record ConfigMap {namespace}/{CONFIG_MAP}: conflicting writes {attempts} times in a row"
+    )]
+    Conflict {
+        /// Its namespace.
+        namespace: String,
+        /// Writes tried.
+        attempts: usize,
+    },
+    /// The target could not be listed.
+    #[error("listing the target: {0}")]
+    Target(#[from] crate::mirror::MirrorError),
+    /// The ECR target's repositories could not be listed.
+    #[error("listing the target: {0}")]
+    Ecr(#[from] crate::registry::ecr::EcrError),
+    /// A target request failed while listing.
+    #[error("listing the target: {0}")]
+    Registry(#[from] crate::registry::RegistryError),
+}
+
+/// What is in use now, as the leader's watches know it.
+#[derive(Debug, Clone, Default)]
+pub struct InUse {
+    /// Every watch has listed and none is listing again.
+    pub synced: bool,
+    /// Every image a Pod or a workload template names: target references,
+    /// or source references (mapped through the mirror path).
+    pub images: Vec<Reference>,
+}
+
+/// Yields what is in use, once per pass.
+pub type InUseSource = Arc<dyn Fn() -> InUse + Send + Sync>;
+
+/// An image's state in a pass (the `state` label of
+/// `pinswap_retention_images`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Named by a Pod or template (or a child of an index that is).
+    InUse,
+    /// Unused for less than `unusedFor`.
+    Unused,
+    /// Unused for `unusedFor`, and kept: it could not be mirrored again,
+    /// another tag points at it, or the record cannot track it.
+    Kept,
+    /// Due for removal: in a dry run, or in a pass that removes nothing
+    /// (a source could not answer).
+    Candidate,
+    /// Removed in this pass.
+    Removed,
+}
+
+impl State {
+    /// Every state, as the gauge lists them.
+    pub const ALL: [State; 5] = [
+        Self::InUse,
+        Self::Unused,
+        Self::Kept,
+        Self::Candidate,
+        Self::Removed,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InUse => "in_use",
+            Self::Unused => "unused",
+            Self::Kept => "kept",
+            Self::Candidate => "candidate",
+            Self::Removed => "removed",
+        }
+    }
+}
+
+/// One target manifest in a pass.
+#[derive(Debug, Clone)]
+pub struct Image {
+    /// `registry/repository@digest`.
+    pub image: Reference,
+    /// The tags pointing at it.
+    pub tags: Vec<String>,
+    /// What the pass made of it.
+    pub state: State,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Why the pass removed nothing, when it did not run through.
+    pub skipped: Option<String>,
+    /// The pass was skipped because the watches have not synced.
+    pub not_synced: bool,
+    /// Every manifest under pinswap's tags, with its state.
+    pub images: Vec<Image>,
+    /// Removals that failed: image and why.
+    pub failed: Vec<(Reference, String)>,
+}
+
+impl Report {
+    /// The state of `image` (`registry/repository@digest`), if the pass saw it.
+    pub fn state(&self, image: &str) -> Option<State> {
+        self.find(image).map(|i| i.state)
+    }
+
+    /// The entry of `image`, if the pass saw it.
+    pub fn find(&self, image: &str) -> Option<&Image> {
+        self.images.iter().find(|i| i.image.to_string() == image)
+    }
+
+    /// Images in `state`.
+    pub fn count(&self, state: State) -> usize {
+        self.images.iter().filter(|i| i.state == state).count()
+    }
+}
+
+/// The retention service: the leader runs [`Retention::sweep`] every
+/// `retention.interval` ([`run`]).
+pub struct Retention {
+    mirror: Arc<Mirror>,
+    policy: Policy,
+    store: Store,
+    unused_for: Duration,
+    dry_run: bool,
+    metrics: Arc<Metrics>,
+}
+
+impl Retention {
+    /// Retention of `mirror`'s target under `config`'s `retention` block,
+    /// with the record in `store`; `policy` is the source allowlist.
+    pub fn new(
+        mirror: Arc<Mirror>,
+        policy: Policy,
+        store: Store,
+        config: &crate::config::Retention,
+    ) -> Self {
+        Self {
+            metrics: mirror.metrics().clone(),
+            mirror,
+            policy,
+            store,
+            unused_for: config.unused_for,
+            dry_run: config.dry_run,
+        }
+    }
+}
+
+/// Runs a pass every `interval` while this replica leads (`leader`), with
+/// what `in_use` yields. A pass skipped because the watches have not
+/// synced is tried again within 5 s.
+pub async fn run(
+    retention: Arc<Retention>,
+    in_use: InUseSource,
+    interval: Duration,
+    mut leader: watch::Receiver<bool>,
+) {
+    let soon = interval.min(Duration::from_secs(5));
+    loop {
+        while !*leader.borrow_and_update() {
+            if leader.changed().await.is_err() {
+                return;
+            }
+        }
+        info!(every = %humantime::format_duration(interval), "leading: retention passes start");
+        let mut next = soon;
+        loop {
+            let lost = async {
+                while *leader.borrow_and_update() {
+                    if leader.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(next) => {}
+                _ = lost => break,
+            }
+            if !*leader.borrow() {
+                break;
+            }
+            next = match retention.sweep(&in_use()).await {
+                Ok(r) if r.not_synced => soon,
+                Ok(_) => interval,
+                Err(e) => {
+                    warn!(error = %e, "retention pass failed; nothing removed");
+                    interval
+                }
+            };
+        }
+        info!("not leading: retention passes stop");
+    }
+}

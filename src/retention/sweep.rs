@@ -1,0 +1,508 @@
+//! One retention pass: list what pinswap wrote at the target, map what is
+//! in use onto it, update the record, check the sources, remove.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use tracing::{info, warn};
+
+use super::{Image, InUse, Report, Retention, RetentionError, State};
+use crate::metrics::{Metrics, StateLabel};
+use crate::mirror::retention::SourceCheck;
+use crate::reference::{Digest, Reference};
+use crate::registry::delete::Deleted;
+
+/// A target repository pinswap mirrors into.
+struct Repository {
+    /// `registry/repository`, no tag or digest.
+    target: Reference,
+    /// The source it mirrors (no tag or digest).
+    source: Reference,
+    /// Manifest → the tags pointing at it.
+    manifests: BTreeMap<Digest, Vec<String>>,
+}
+
+/// The source digest an anchor tag names (`pinswap-<hex>` or
+/// `pinswap-<hex>-<variant>`), with its variant.
+fn anchor(tag: &str) -> Option<(Digest, Option<&str>)> {
+    let rest = tag.strip_prefix("pinswap-")?;
+    let (hex, variant) = match rest.split_once('-') {
+        Some((h, v)) => (h, Some(v)),
+        None => (rest, None),
+    };
+    let lower_hex = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    if hex.len() != 64 || !lower_hex(hex) || variant.is_some_and(|v| v.len() != 12 || !lower_hex(v))
+    {
+        return None;
+    }
+    Some((Digest::parse(&format!("sha256:{hex}")).ok()?, variant))
+}
+
+/// Whether `tag` is one pinswap writes: anything but the referrers tag
+/// schema (`sha256-<hex>`, with cosign's `.sig`, `.att`, `.sbom`), which
+/// names signatures and attestations by their subject.
+fn is_own(tag: &str) -> bool {
+    !(tag.starts_with("sha256-") || tag.starts_with("sha512-"))
+}
+
+/// The registry a mirror path component names (the inverse of
+/// [`crate::reference::registry_path_component`]).
+fn registry_of(component: &str) -> Option<String> {
+    let (host, port) = match component.rsplit_once('_') {
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => (h, Some(p)),
+        _ => (component, None),
+    };
+    let groups: Vec<&str> = host.split('-').collect();
+    let host = if groups.len() == 8 && groups.iter().all(|g| u16::from_str_radix(g, 16).is_ok()) {
+        format!("[{}]", groups.join(":"))
+    } else if host.contains('.') || host == "localhost" {
+        host.to_owned()
+    } else {
+        return None;
+    };
+    Some(match port {
+        Some(p) => format!("{host}:{p}"),
+        None => host,
+    })
+}
+
+impl Retention {
+    /// The source `repository` (under the target, without the registry)
+    /// mirrors, when it is a mirror path of an allowed source.
+    fn source_of(&self, repository: &str) -> Option<Reference> {
+        let target = self.mirror.target();
+        let rest = match target.prefix() {
+            Some(p) => repository.strip_prefix(p)?.strip_prefix('/')?,
+            None => repository,
+        };
+        let (component, path) = rest.split_once('/')?;
+        let source = Reference::parse(&format!("{}/{path}", registry_of(component)?)).ok()?;
+        let source = source.without_tag();
+        let back = target.map(&source).ok()?;
+        (back.repository() == repository && self.policy.source_allowed(&source).is_ok())
+            .then_some(source)
+    }
+
+    /// Every repository pinswap mirrors into, with its manifests by tag.
+    async fn list(
+        &self,
+        client: &crate::registry::client::Registry,
+    ) -> Result<Vec<Repository>, RetentionError> {
+        let registry = self.mirror.target().registry();
+        let mut out = Vec::new();
+        let names = match self.mirror.ecr() {
+            Some(ecr) => ecr.repositories().await?,
+            None => client.catalog().await?,
+        };
+        for name in names {
+            let Some(source) = self.source_of(&name) else {
+                continue;
+            };
+            let Ok(target) = Reference::parse(&format!("{registry}/{name}")) else {
+                continue;
+            };
+            let target = target.without_tag();
+            let mut manifests: BTreeMap<Digest, Vec<String>> = BTreeMap::new();
+            for tag in client.tags(&target).await? {
+                let Ok(tagged) = target.with_tag(&tag) else {
+                    continue;
+                };
+                if let Some(d) = client.manifest_digest(&tagged).await? {
+                    manifests.entry(d).or_default().push(tag);
+                }
+            }
+            out.push(Repository {
+                target,
+                source,
+                manifests,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The manifests `in_use` names, as `registry/repository@digest`.
+    fn in_use(&self, in_use: &InUse, repos: &[Repository]) -> HashSet<String> {
+        let target = self.mirror.target();
+        let by_name: HashMap<String, &Repository> =
+            repos.iter().map(|r| (r.target.to_string(), r)).collect();
+        let mut out = HashSet::new();
+        for image in &in_use.images {
+            let mapped = match target.contains(image) {
+                true => image.clone(),
+                false => match target.map(image) {
+                    Ok(m) => m,
+                    Err(_) => continue,
+                },
+            };
+            let repo = mapped.without_tag().without_digest();
+            if let Some(d) = mapped.digest() {
+                out.insert(repo.with_digest(d.clone()).to_string());
+            }
+            let Some(listed) = by_name.get(&repo.to_string()) else {
+                continue;
+            };
+            for (d, tags) in &listed.manifests {
+                let named = tags.iter().any(|t| {
+                    Some(t.as_str()) == mapped.tag()
+                        || anchor(t).is_some_and(|(s, _)| Some(&s) == mapped.digest())
+                });
+                if named {
+                    out.insert(repo.with_digest(d.clone()).to_string());
+                }
+            }
+        }
+        out
+    }
+
+    /// Adds the child manifests of the indexes in use in `repo` to `used`.
+    async fn children_in_use(
+        &self,
+        client: &crate::registry::client::Registry,
+        repo: &Repository,
+        used: &mut HashSet<String>,
+    ) -> Result<(), RetentionError> {
+        let parents: Vec<Reference> = repo
+            .manifests
+            .keys()
+            .map(|d| repo.target.with_digest(d.clone()))
+            .filter(|r| used.contains(&r.to_string()))
+            .collect();
+        for parent in parents {
+            let Some(m) = client.get_manifest_raw(&parent).await? else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&m.bytes) else {
+                continue;
+            };
+            for child in v["manifests"].as_array().into_iter().flatten() {
+                if let Some(d) = child["digest"].as_str().and_then(|d| Digest::parse(d).ok()) {
+                    used.insert(repo.target.with_digest(d).to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The source digests a target manifest with `tags` was copied from:
+    /// those its anchor tags name; else its own digest when copies keep
+    /// the source's digest. `None` when not known.
+    fn source_digests(&self, digest: &Digest, tags: &[String]) -> Option<Vec<Digest>> {
+        let variant = self.mirror.copy_variant();
+        let anchored: Vec<Digest> = tags
+            .iter()
+            .filter_map(|t| anchor(t))
+            .filter(|(_, v)| *v == variant)
+            .map(|(d, _)| d)
+            .collect();
+        match (anchored.is_empty(), variant) {
+            (false, _) => Some(anchored),
+            (true, None) => Some(vec![digest.clone()]),
+            (true, Some(_)) => None,
+        }
+    }
+
+    /// One pass with what `in_use` says is in use.
+    ///
+    /// # Errors
+    /// The target could not be listed, or the record not read or written:
+    /// nothing is removed then.
+    pub async fn sweep(&self, in_use: &InUse) -> Result<Report, RetentionError> {
+        let passes = &self.metrics.retention.passes;
+        if !in_use.synced {
+            info!(
+                "retention pass skipped: the Kubernetes watches have not listed everything yet, so what is in use is not known"
+            );
+            Metrics::outcome(passes, "not_synced");
+            return Ok(Report {
+                skipped: Some("the Kubernetes watches have not synced".into()),
+                not_synced: true,
+                ..Report::default()
+            });
+        }
+        let result = self.pass(in_use).await;
+        match &result {
+            Ok(r) if r.skipped.is_some() => Metrics::outcome(passes, "source_down"),
+            Ok(_) => Metrics::outcome(passes, "done"),
+            Err(_) => Metrics::outcome(passes, "error"),
+        }
+        if let Ok(r) = &result {
+            let m = &self.metrics.retention;
+            for s in State::ALL {
+                m.images
+                    .get_or_create(&StateLabel {
+                        state: s.as_str().into(),
+                    })
+                    .set(r.count(s) as i64);
+            }
+            let unrecoverable = r
+                .images
+                .iter()
+                .filter(|i| i.why.starts_with(UNRECOVERABLE))
+                .count();
+            m.unrecoverable.set(unrecoverable as i64);
+        }
+        result
+    }
+
+    async fn pass(&self, in_use: &InUse) -> Result<Report, RetentionError> {
+        let client = self.mirror.target_client().await?;
+        let repos = self.list(&client).await?;
+        let mut used = self.in_use(in_use, &repos);
+        let now = Timestamp::now();
+        let keys: Vec<String> = repos
+            .iter()
+            .flat_map(|r| {
+                r.manifests
+                    .keys()
+                    .map(|d| r.target.with_digest(d.clone()).to_string())
+            })
+            .collect();
+        // What is in use first, so the cap never leaves one of them out.
+        let mut tracked = HashSet::new();
+        let record = self
+            .store
+            .update(now, |rec| {
+                tracked.clear();
+                let listed: HashSet<&String> = keys.iter().collect();
+                // Gone from the target: forgotten (it starts again if it
+                // comes back).
+                rec.images
+                    .retain(|k, _| listed.contains(k) || used.contains(k));
+                let mut bytes = rec.bytes();
+                for k in keys.iter().filter(|k| used.contains(*k)) {
+                    if rec.seen(k, now, &mut bytes) {
+                        tracked.insert(k.clone());
+                    }
+                }
+                for k in keys.iter().filter(|k| !used.contains(*k)) {
+                    let first = !rec.images.contains_key(k);
+                    let known = match first {
+                        true => rec.seen(k, now, &mut bytes),
+                        false => true,
+                    };
+                    if known {
+                        tracked.insert(k.clone());
+                    }
+                }
+            })
+            .await?;
+        let unused_for = self.unused_for;
+        let due = |k: &str| -> Option<Duration> {
+            let last = record.images.get(k)?;
+            // A last use ahead of this clock (another leader's) is idle 0.
+            let idle = Duration::try_from(now.duration_since(*last)).unwrap_or_default();
+            (idle >= unused_for).then_some(idle)
+        };
+        // Child manifests of indexes in use, in repositories with anything due.
+        for repo in &repos {
+            let any_due = repo.manifests.keys().any(|d| {
+                let k = repo.target.with_digest(d.clone()).to_string();
+                !used.contains(&k) && due(&k).is_some()
+            });
+            if any_due {
+                self.children_in_use(&client, repo, &mut used).await?;
+            }
+        }
+        let mut report = Report::default();
+        let mut candidates = Vec::new();
+        let mut down = None;
+        for repo in &repos {
+            for (d, tags) in &repo.manifests {
+                let image = repo.target.with_digest(d.clone());
+                let k = image.to_string();
+                let (state, why) = if used.contains(&k) {
+                    (
+                        State::InUse,
+                        "named by a Pod or workload template".to_owned(),
+                    )
+                } else if !tracked.contains(&k) {
+                    (
+                        State::Kept,
+                        format!(
+                            "the retention record is full ({} images); an untracked image is never removed",
+                            store_cap()
+                        ),
+                    )
+                } else if let Some(idle) = due(&k) {
+                    match self.check(repo, d, tags, &mut down).await {
+                        Ok(()) => {
+                            candidates.push(report.images.len());
+                            (
+                                State::Candidate,
+                                format!("unused for {}", humantime::format_duration(round(idle))),
+                            )
+                        }
+                        Err(why) => (State::Kept, why),
+                    }
+                } else {
+                    (
+                        State::Unused,
+                        "unused for less than retention.unusedFor".to_owned(),
+                    )
+                };
+                if state == State::Kept && why.starts_with(UNRECOVERABLE) {
+                    warn!(image = %k, tags = ?tags, %why, "retention keeps an unused image: it could not be mirrored again");
+                }
+                report.images.push(Image {
+                    image,
+                    tags: tags.clone(),
+                    state,
+                    why,
+                });
+            }
+        }
+        if let Some(why) = down {
+            warn!(%why, candidates = candidates.len(), "retention pass removes nothing: a source cannot answer");
+            report.skipped = Some(why);
+            return Ok(report);
+        }
+        for i in candidates {
+            let img = &mut report.images[i];
+            if self.dry_run {
+                info!(image = %img.image, tags = ?img.tags, why = %img.why, "retention dry run: would remove");
+                Metrics::outcome(&self.metrics.retention.removed, "dry_run");
+                continue;
+            }
+            match self.remove(&client, &img.image, &img.tags).await {
+                Ok(()) => {
+                    info!(image = %img.image, tags = ?img.tags, why = %img.why, "retention removed an unused image");
+                    Metrics::outcome(&self.metrics.retention.removed, "removed");
+                    self.mirror.forget_removed(&img.image, &img.tags).await;
+                    img.state = State::Removed;
+                }
+                Err(e) => {
+                    warn!(image = %img.image, error = %e, "retention could not remove an unused image");
+                    Metrics::outcome(&self.metrics.retention.removed, "failed");
+                    report.failed.push((img.image.clone(), e));
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Whether a due manifest may go: only pinswap's tags point at it and
+    /// its source still serves what it was copied from. `Err` says why it
+    /// stays. A source that cannot answer sets `down`.
+    async fn check(
+        &self,
+        repo: &Repository,
+        digest: &Digest,
+        tags: &[String],
+        down: &mut Option<String>,
+    ) -> Result<(), String> {
+        if let Some(t) = tags.iter().find(|t| !is_own(t)) {
+            return Err(format!("tag {t} is not one pinswap writes"));
+        }
+        let Some(sources) = self.source_digests(digest, tags) else {
+            return Err(format!(
+                "{UNRECOVERABLE}: a copy made under a platform filter or repair, with no anchor tag naming its source digest"
+            ));
+        };
+        for s in sources {
+            let pinned = repo.source.with_digest(s);
+            match self.mirror.source_serves(&pinned).await {
+                SourceCheck::Serves => {}
+                SourceCheck::NotServed(why) => {
+                    return Err(format!("{UNRECOVERABLE}: {pinned}: {why}"));
+                }
+                SourceCheck::Down(why) => {
+                    down.get_or_insert(why.clone());
+                    return Err(format!("not checked: {why}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes `image`: its tags first where the registry deletes tags,
+    /// then the manifest by digest (which removes the tags left).
+    async fn remove(
+        &self,
+        client: &crate::registry::client::Registry,
+        image: &Reference,
+        tags: &[String],
+    ) -> Result<(), String> {
+        if let Some(ecr) = self.mirror.ecr() {
+            return ecr
+                .delete_image(image.repository(), tags, image.digest().expect("a digest"))
+                .await
+                .map_err(|e| e.to_string());
+        }
+        let repo = image.without_digest();
+        for t in tags {
+            let tagged = repo.with_tag(t).map_err(|e| e.to_string())?;
+            match client.delete_manifest(&tagged).await {
+                Ok(Deleted::Deleted | Deleted::Absent) => {}
+                // Distribution: the manifest's deletion removes its tags.
+                Ok(Deleted::Unsupported) => break,
+                Err(crate::registry::RegistryError::Http { status: 400, .. }) => break,
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let d = image.digest().expect("a digest");
+        match client.delete_manifest_digest(&repo, d).await {
+            Ok(Deleted::Deleted | Deleted::Absent) => Ok(()),
+            Ok(Deleted::Unsupported) => Err(
+                "the target registry refuses deletes (Distribution: storage.delete.enabled)".into(),
+            ),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// How a kept image that could not be mirrored again is described.
+const UNRECOVERABLE: &str = "unrecoverable";
+
+fn store_cap() -> usize {
+    super::store::MAX_IMAGES
+}
+
+/// `d` in whole seconds, for logs.
+fn round(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anchors_name_their_source_digest() {
+        let hex = "ab".repeat(32);
+        let plain = format!("pinswap-{hex}");
+        let (d, v) = anchor(&plain).unwrap();
+        assert_eq!(d.to_string(), format!("sha256:{hex}"));
+        assert_eq!(v, None);
+        let variant = format!("pinswap-{hex}-0123456789ab");
+        let (_, v) = anchor(&variant).unwrap();
+        assert_eq!(v, Some("0123456789ab"));
+        assert!(anchor("pinswap-v1").is_none());
+        assert!(anchor(&format!("pinswap-{hex}-x")).is_none());
+    }
+
+    #[test]
+    fn mirror_path_components_name_their_registry() {
+        for r in [
+            "docker.io",
+            "127.0.0.1:5001",
+            "localhost:5000",
+            "[fd00::a:1]:443",
+        ] {
+            let c = crate::reference::registry_path_component(r);
+            let back = registry_of(&c).unwrap();
+            assert_eq!(crate::reference::registry_path_component(&back), c, "{r}");
+        }
+        assert_eq!(registry_of("team"), None);
+    }
+
+    #[test]
+    fn referrers_tags_are_not_pinswaps() {
+        assert!(is_own("v1"));
+        assert!(is_own("pinswap-abc"));
+        assert!(!is_own(&format!("sha256-{}.sig", "a".repeat(64))));
+    }
+}
