@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::index::PodIndex;
-use super::pods::{has_controller, waits_on};
+use super::pods::{has_controller, same_pinned, waits_on};
 use super::recovery::trim;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
@@ -151,14 +151,16 @@ impl Evictor {
     /// the Pods with a controller that the watcher sees failing on it, each
     /// due `after` past its first failure.
     pub fn remirrored(self: &Arc<Self>, image: &Reference) {
-        let stuck = self.pods.lock().expect("pods lock").stuck(
-            |i| {
-                i.digest() == image.digest()
-                    && i.repository() == image.repository()
-                    && i.registry() == image.registry()
-            },
-            MAX_QUEUED,
-        );
+        // Only an image pinned by digest: for a tag, the HEAD before an
+        // eviction could not tell the content the Pods failed on.
+        if image.digest().is_none() {
+            return;
+        }
+        let stuck = self
+            .pods
+            .lock()
+            .expect("pods lock")
+            .stuck(|i| same_pinned(i, image), MAX_QUEUED);
         if stuck.is_empty() {
             return;
         }
@@ -275,11 +277,7 @@ impl Evictor {
             self.pods
                 .lock()
                 .expect("pods lock")
-                .failing_since(&key, item.uid.as_deref(), |i| {
-                    i.digest() == item.image.digest()
-                        && i.repository() == item.image.repository()
-                        && i.registry() == item.image.registry()
-                });
+                .failing_since(&key, item.uid.as_deref(), |i| same_pinned(i, &item.image));
         // It failed again since it was queued (a pull that worked, then
         // another loss): its own `after` counts from then.
         if let Some(since) = since

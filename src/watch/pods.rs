@@ -145,24 +145,43 @@ pub fn target_images(pod: &Pod, target: &MirrorTarget) -> PodImages {
     }
 }
 
-/// Whether one of `pod`'s owner references is its controller.
+/// Controllers that create a replacement as soon as one of their Pods is
+/// evicted. A Pod another controller owns (a workflow engine's, a CI
+/// system's) may not be replaced, so eviction leaves it alone.
+const REPLACING_CONTROLLERS: [(&str, &str); 4] = [
+    ("apps/v1", "ReplicaSet"),
+    ("apps/v1", "StatefulSet"),
+    ("apps/v1", "DaemonSet"),
+    ("batch/v1", "Job"),
+];
+
+/// Whether `pod`'s controller (its owner reference with `controller: true`)
+/// is a ReplicaSet, StatefulSet, DaemonSet or Job.
 pub fn has_controller(pod: &Pod) -> bool {
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true))
+    pod.metadata.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true)
+            && REPLACING_CONTROLLERS
+                .iter()
+                .any(|(v, k)| o.api_version == *v && o.kind == *k)
+    })
+}
+
+/// Whether `a` and `b` name one manifest by digest: registry, repository
+/// and a digest both carry. References without a digest never match, as
+/// nothing says which content they named.
+pub fn same_pinned(a: &Reference, b: &Reference) -> bool {
+    a.digest().is_some()
+        && a.digest() == b.digest()
+        && a.repository() == b.repository()
+        && a.registry() == b.registry()
 }
 
 /// Whether `pod` still waits with a pull failure on `image` (a container
 /// whose spec names that manifest: registry, repository and digest).
 pub fn waits_on(pod: &Pod, image: &Reference) -> bool {
     let same = |i: Option<&str>| {
-        i.and_then(|i| Reference::parse(i).ok()).is_some_and(|r| {
-            r.digest() == image.digest()
-                && r.repository() == image.repository()
-                && r.registry() == image.registry()
-        })
+        i.and_then(|i| Reference::parse(i).ok())
+            .is_some_and(|r| same_pinned(&r, image))
     };
     let (Some(spec), Some(status)) = (pod.spec.as_ref(), pod.status.as_ref()) else {
         return false;
@@ -190,6 +209,52 @@ mod tests {
 
     fn pod(v: Value) -> Pod {
         serde_json::from_value(v).unwrap()
+    }
+
+    fn owned_by(api_version: &str, kind: &str, controller: bool) -> Pod {
+        pod(json!({"metadata": {"name": "p", "ownerReferences": [{
+            "apiVersion": api_version, "kind": kind, "name": "o",
+            "uid": "00000000-0000-4000-8000-000000000001", "controller": controller
+        }]}}))
+    }
+
+    #[test]
+    fn only_controllers_that_replace_their_pods_count() {
+        for (v, k) in REPLACING_CONTROLLERS {
+            assert!(has_controller(&owned_by(v, k, true)), "{k}");
+            assert!(
+                !has_controller(&owned_by(v, k, false)),
+                "{k}, not controller"
+            );
+        }
+        // A workflow step and a pipeline task are not recreated when evicted.
+        assert!(!has_controller(&owned_by(
+            "argoproj.io/v1alpha1",
+            "Workflow",
+            true
+        )));
+        assert!(!has_controller(&owned_by("tekton.dev/v1", "TaskRun", true)));
+        assert!(!has_controller(&pod(json!({"metadata": {"name": "bare"}}))));
+    }
+
+    #[test]
+    fn references_without_a_digest_never_name_the_same_manifest() {
+        let d = format!("sha256:{}", "b".repeat(64));
+        let r = |s: &str| Reference::parse(s).unwrap();
+        let pinned = r(&format!("mirror.example/m/app:v1@{d}"));
+        assert!(same_pinned(
+            &pinned,
+            &r(&format!("mirror.example/m/app@{d}"))
+        ));
+        assert!(!same_pinned(
+            &pinned,
+            &r(&format!("mirror.example/m/other@{d}"))
+        ));
+        // Two tag-only references of one repository, even one tag: what
+        // each named is unknown.
+        let v1 = r("mirror.example/m/app:v1");
+        assert!(!same_pinned(&v1, &r("mirror.example/m/app:v2")));
+        assert!(!same_pinned(&v1, &v1));
     }
 
     #[test]
