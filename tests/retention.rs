@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::fixtures::Image;
 use common::kube::KubeApi;
 use common::review::{admit, pod, pull_failing};
-use common::{TestRegistry, push_image, push_manifest};
+use common::{TestRegistry, push_image, push_index, push_manifest};
 use k8s_openapi::api::core::v1::Pod;
 use pinswap::admission::Admission;
 use pinswap::admission::policy::Policy;
@@ -246,6 +246,44 @@ async fn only_what_pinswap_wrote_is_removed() {
         Some(unmapped.digest.as_str())
     );
     assert!(r.api.forbidden().is_empty(), "{:?}", r.api.forbidden());
+}
+
+/// A tagged child of an index that stays (another tool's tag keeps it
+/// here) stays too: removing it would leave the index pointing at a
+/// manifest the target no longer has, for good if its source lost it.
+#[tokio::test]
+async fn the_children_of_an_index_that_stays_stay() {
+    let (r, _, _, _adm, ret) = setup("unusedFor: 1s").await;
+    let idx = common::fixtures::Index::oci(21, false);
+    push_index(&r.src, "shop/multi", Some("v1"), &idx).await;
+    let repo = format!("mirror/127.0.0.1_{}/shop/multi", r.src.port());
+    push_index(&r.dst, &repo, Some("v1"), &idx).await;
+    // The amd64 child once pinned on its own: its anchor tag.
+    let child = &idx.children[0];
+    let anchor = format!("pinswap-{}", &child.digest["sha256:".len()..]);
+    push_manifest(&r.dst, &repo, &anchor, &child.media_type, &child.manifest).await;
+    let foreign = format!("sha256-{}", &idx.digest["sha256:".len()..]);
+    push_manifest(&r.dst, &repo, &foreign, &idx.media_type, &idx.manifest).await;
+
+    let report = two_passes(&ret, &in_use(&[])).await;
+    let key = |d: &str| format!("{}/{repo}@{d}", r.dst.host());
+    assert_eq!(
+        report.state(&key(&idx.digest)),
+        Some(State::Kept),
+        "{:?}",
+        report.images
+    );
+    assert_eq!(
+        report.state(&key(&child.digest)),
+        Some(State::InUse),
+        "{:?}",
+        report.images
+    );
+    assert_eq!(
+        r.dst.head_manifest(&repo, &child.digest).await.as_deref(),
+        Some(child.digest.as_str()),
+        "the child is still at the target"
+    );
 }
 
 #[tokio::test]

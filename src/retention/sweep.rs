@@ -158,7 +158,10 @@ impl Retention {
         out
     }
 
-    /// Adds the child manifests of the indexes in use in `repo` to `used`.
+    /// Adds the child manifests of every index listed in `repo` to `used`:
+    /// an index that stays (in use, not yet due, or kept for a reason of
+    /// its own) must keep its children; a child of an index removed now
+    /// goes at a later pass, once nothing lists it.
     async fn children_in_use(
         &self,
         client: &crate::registry::client::Registry,
@@ -169,7 +172,6 @@ impl Retention {
             .manifests
             .keys()
             .map(|d| repo.target.with_digest(d.clone()))
-            .filter(|r| used.contains(&r.to_string()))
             .collect();
         for parent in parents {
             let Some(m) = client.get_manifest_raw(&parent).await? else {
@@ -297,7 +299,7 @@ impl Retention {
             let idle = Duration::try_from(now.duration_since(*last)).unwrap_or_default();
             (idle >= unused_for).then_some(idle)
         };
-        // Child manifests of indexes in use, in repositories with anything due.
+        // Child manifests of the indexes listed, in repositories with anything due.
         for repo in &repos {
             let any_due = repo.manifests.keys().any(|d| {
                 let k = repo.target.with_digest(d.clone()).to_string();
@@ -433,8 +435,17 @@ impl Retention {
                 .map_err(|e| e.to_string());
         }
         let repo = image.without_digest();
+        let d = image.digest().expect("a digest");
         for t in tags {
             let tagged = repo.with_tag(t).map_err(|e| e.to_string())?;
+            // A tag moved since the listing (an admission copied the
+            // source's new content under it) names another image now: only
+            // a tag still on this manifest goes.
+            match client.manifest_digest(&tagged).await {
+                Ok(Some(now)) if now == *d => {}
+                Ok(_) => continue,
+                Err(e) => return Err(e.to_string()),
+            }
             match client.delete_manifest(&tagged).await {
                 Ok(Deleted::Deleted | Deleted::Absent) => {}
                 // Distribution: the manifest's deletion removes its tags.
@@ -443,7 +454,6 @@ impl Retention {
                 Err(e) => return Err(e.to_string()),
             }
         }
-        let d = image.digest().expect("a digest");
         match client.delete_manifest_digest(&repo, d).await {
             Ok(Deleted::Deleted | Deleted::Absent) => Ok(()),
             Ok(Deleted::Unsupported) => Err(
