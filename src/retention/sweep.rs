@@ -132,7 +132,17 @@ impl Retention {
         let mut out = HashSet::new();
         for image in &in_use.images {
             let mapped = match target.contains(image) {
-                true => image.clone(),
+                // Host names match ignoring case (`contains` does too), so
+                // the key takes the target's own spelling of its registry.
+                true => match Reference::new(
+                    target.registry(),
+                    image.repository(),
+                    image.tag(),
+                    image.digest().cloned(),
+                ) {
+                    Ok(m) => m,
+                    Err(_) => image.clone(),
+                },
                 false => match target.map(image) {
                     Ok(m) => m,
                     Err(_) => continue,
