@@ -276,9 +276,9 @@ fn retention(
             r,
         ))
     });
-    let in_use: crate::retention::InUseSource = Arc::new(move || crate::retention::InUse {
-        synced: usage.synced(),
-        images: usage.images(),
+    let in_use: crate::retention::InUseSource = Arc::new(move || {
+        let (synced, images) = usage.snapshot();
+        crate::retention::InUse { synced, images }
     });
     let interval = r.interval;
     async move {

@@ -270,13 +270,26 @@ impl Usage {
 
     /// Whether every watch (Pods and each workload kind) has completed its initial list since this replica began leading, and none is currently re-listing after an error.
     pub fn synced(&self) -> bool {
-        let inner = self.lock();
+        Self::all_synced(&self.lock())
+    }
+
+    fn all_synced(inner: &Inner) -> bool {
         !inner.overflowed
             && inner.watches.keys().any(|(k, _)| *k == Kind::Pod)
             && inner
                 .watches
                 .values()
                 .all(|w| w.listed && w.listing.is_none() && !w.erred)
+    }
+
+    /// [`Usage::synced`] and [`Usage::images`] under one lock, so that a
+    /// [`Usage::clear`] between them (leadership lost) cannot pair "synced"
+    /// with an empty list.
+    pub fn snapshot(&self) -> (bool, Vec<Reference>) {
+        let inner = self.lock();
+        let synced = Self::all_synced(&inner);
+        let images = inner.counts.keys().map(|r| (**r).clone()).collect();
+        (synced, images)
     }
 
     /// Every image reference named now by a Pod (container image as written, and for rewritten Pods also their `pinswap.dev/original-images` entries) or a workload template, deduplicated.
