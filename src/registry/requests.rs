@@ -255,42 +255,33 @@ impl Registry {
             self.base(),
             r.repository()
         );
-        // Distribution refuses one of two identical pushes that race
-        // (another replica copying the same image): DIGEST_INVALID or
-        // MANIFEST_BLOB_UNKNOWN while the other writer's child manifests or
-        // links are half written. Asked again shortly, or found stored by
-        // the other writer, the push is done; a 400 that stays is returned.
-        let pushed = match r.tag() {
-            Some(_) => r.without_digest(),
-            None => r.without_tag().with_digest(manifest.digest.clone()),
-        };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let resp = self
-                .send(&push(r), &name, || {
-                    self.http()
-                        .put(&url)
-                        .header(CONTENT_TYPE, content_type.clone())
-                        .body(manifest.bytes.clone())
-                })
-                .await?;
-            match resp.status().as_u16() {
-                200..=299 => return Ok(()),
-                400 => {
-                    let refused = self.refusal(resp, &name, "PUT manifest").await;
-                    if let Ok(Some(d)) = self.head_manifest(&pushed).await
-                        && d == manifest.digest
-                    {
-                        return Ok(());
-                    }
-                    if attempt >= 3 {
-                        return Err(refused);
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(200 * attempt)).await;
+        let resp = self
+            .send(&push(r), &name, || {
+                self.http()
+                    .put(&url)
+                    .header(CONTENT_TYPE, content_type.clone())
+                    .body(manifest.bytes.clone())
+            })
+            .await?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(()),
+            400 => {
+                let refused = self.refusal(resp, &name, "PUT manifest").await;
+                // Distribution refuses one of two identical PUTs that race
+                // (another replica copying the same image): DIGEST_INVALID
+                // or MANIFEST_BLOB_UNKNOWN while the other writer's files
+                // are half written. If the registry answers with this very
+                // manifest now, the push is done.
+                let pushed = match r.tag() {
+                    Some(_) => r.without_digest(),
+                    None => r.without_tag().with_digest(manifest.digest.clone()),
+                };
+                match self.head_manifest(&pushed).await {
+                    Ok(Some(d)) if d == manifest.digest => Ok(()),
+                    _ => Err(refused),
                 }
-                _ => return Err(self.refusal(resp, &name, "PUT manifest").await),
             }
+            _ => Err(self.refusal(resp, &name, "PUT manifest").await),
         }
     }
 
