@@ -234,15 +234,19 @@ async fn two_replicas_share_a_target_and_hand_over_recovery() {
     }
     assert_eq!(revisions(&dst, &repo("multi")), want_revisions);
     // Each replica pushed it at most once: one completed upload (or
-    // mount) per blob and one PUT per manifest, whatever its three
-    // concurrent admissions did. Both may have pushed it: copies are
-    // deduplicated within a process, not across replicas.
+    // mount) per blob and one accepted PUT per manifest, whatever its
+    // three concurrent admissions did. Both may have pushed it: copies are
+    // deduplicated within a process, not across replicas. A PUT that the
+    // registry refused while the other replica's writes were landing, and
+    // that was asked again, is not a second push.
     let count = |front: &Front, repo: &str, is: &dyn Fn(&str, &str) -> bool| {
         let prefix = format!("/v2/{repo}/");
         front
-            .requests()
+            .answered()
             .iter()
-            .filter(|(m, p)| p.starts_with(&prefix) && is(m, p))
+            .filter(|(m, p, status)| {
+                (200..300).contains(status) && p.starts_with(&prefix) && is(m, p)
+            })
             .count()
     };
     let blob_pushes = |front: &Front, repo: &str, digest: &str| {

@@ -399,6 +399,35 @@ async fn the_chunked_upload_maps_errors_as_every_request_does() {
     );
 }
 
+/// A manifest PUT that the registry refuses with MANIFEST_BLOB_UNKNOWN,
+/// as Distribution does while another writer rewrites the blob's link, is
+/// asked again, and the copy completes: one refused PUT and one accepted,
+/// and the target holds the manifest byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_put_refused_while_another_writer_lands_is_asked_again() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let front = Front::start(&dst.host()).await;
+    let img = Image::oci(2, 7321);
+    push_image(&src, "raced", Some("v1"), &img).await;
+    front.set(Mode::RefuseFirst("PUT", "/manifests/", 400, None));
+    copy(&[
+        &format!("docker://{}/raced:v1", src.host()),
+        &format!("docker://{}/m/raced:v1", front.host()),
+    ])
+    .await;
+    let puts: Vec<u16> = front
+        .answered()
+        .into_iter()
+        .filter(|(m, p, _)| m == "PUT" && p == "/v2/m/raced/manifests/v1")
+        .map(|(_, _, status)| status)
+        .collect();
+    assert_eq!(puts, [400, 201], "{}", show(&front));
+    let (bytes, _, digest) = dst.get_manifest("m/raced", "v1").await.unwrap();
+    common::assert_bytes_eq(&bytes, &img.manifest, "manifest");
+    assert_eq!(digest, img.digest);
+}
+
 /// The remembered locations in the CLI's cache file: (registry, digest,
 /// repository).
 fn cached_locations(cache: &Path) -> Vec<(String, String, String)> {

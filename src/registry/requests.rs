@@ -255,33 +255,45 @@ impl Registry {
             self.base(),
             r.repository()
         );
-        let resp = self
-            .send(&push(r), &name, || {
-                self.http()
-                    .put(&url)
-                    .header(CONTENT_TYPE, content_type.clone())
-                    .body(manifest.bytes.clone())
-            })
-            .await?;
-        match resp.status().as_u16() {
-            200..=299 => Ok(()),
-            400 => {
-                let refused = self.refusal(resp, &name, "PUT manifest").await;
-                // Distribution refuses one of two identical PUTs that race
-                // (another replica copying the same image): DIGEST_INVALID
-                // or MANIFEST_BLOB_UNKNOWN while the other writer's files
-                // are half written. If the registry answers with this very
-                // manifest now, the push is done.
-                let pushed = match r.tag() {
-                    Some(_) => r.without_digest(),
-                    None => r.without_tag().with_digest(manifest.digest.clone()),
-                };
-                match self.head_manifest(&pushed).await {
-                    Ok(Some(d)) if d == manifest.digest => Ok(()),
-                    _ => Err(refused),
+        let pushed = match r.tag() {
+            Some(_) => r.without_digest(),
+            None => r.without_tag().with_digest(manifest.digest.clone()),
+        };
+        // Distribution refuses a manifest PUT while another writer (another
+        // replica copying the same image) is rewriting the link files of
+        // its blobs or children: it truncates a link before it writes it,
+        // so for a moment the blob reads as unknown. The refusal names
+        // DIGEST_INVALID or a *_UNKNOWN code. If the registry then answers
+        // with this very manifest, the push is done; otherwise the PUT,
+        // which is idempotent, is asked again, briefly.
+        let mut waits = [50u64, 200, 800].into_iter();
+        loop {
+            let resp = self
+                .send(&push(r), &name, || {
+                    self.http()
+                        .put(&url)
+                        .header(CONTENT_TYPE, content_type.clone())
+                        .body(manifest.bytes.clone())
+                })
+                .await?;
+            match resp.status().as_u16() {
+                200..=299 => return Ok(()),
+                400 => {
+                    let refused = self.refusal(resp, &name, "PUT manifest").await;
+                    if let Ok(Some(d)) = self.head_manifest(&pushed).await
+                        && d == manifest.digest
+                    {
+                        return Ok(());
+                    }
+                    match waits.next() {
+                        Some(ms) if racing_refusal(&refused) => {
+                            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                        }
+                        _ => return Err(refused),
+                    }
                 }
+                _ => return Err(self.refusal(resp, &name, "PUT manifest").await),
             }
-            _ => Err(self.refusal(resp, &name, "PUT manifest").await),
         }
     }
 
@@ -751,9 +763,45 @@ fn next_link(headers: &reqwest::header::HeaderMap) -> Option<String> {
         })
 }
 
+/// Whether a refused manifest PUT reads as one that raced another writer
+/// of the same repository (see [`Registry::push_manifest`]).
+fn racing_refusal(e: &RegistryError) -> bool {
+    matches!(
+        e,
+        RegistryError::Http { code: Some(code), .. }
+            if matches!(
+                code.as_str(),
+                "DIGEST_INVALID" | "MANIFEST_BLOB_UNKNOWN" | "BLOB_UNKNOWN" | "MANIFEST_UNKNOWN"
+            )
+    )
+}
+
 #[cfg(test)]
 mod link_tests {
-    use super::next_link;
+    use super::{RegistryError, next_link, racing_refusal};
+
+    #[test]
+    fn only_refusals_of_unknown_parts_read_as_racing() {
+        let refused = |code: Option<&str>| RegistryError::Http {
+            registry: "r".into(),
+            reference: "r/a:v1".into(),
+            operation: "PUT manifest",
+            status: 400,
+            code: code.map(str::to_owned),
+            message: "m".into(),
+        };
+        for code in [
+            "MANIFEST_BLOB_UNKNOWN",
+            "DIGEST_INVALID",
+            "BLOB_UNKNOWN",
+            "MANIFEST_UNKNOWN",
+        ] {
+            assert!(racing_refusal(&refused(Some(code))), "{code}");
+        }
+        for code in [Some("MANIFEST_INVALID"), Some("TAG_INVALID"), None] {
+            assert!(!racing_refusal(&refused(code)), "{code:?}");
+        }
+    }
 
     #[test]
     fn next_links() {

@@ -2,7 +2,7 @@
 //! answers all of them with one status (429 with `Retry-After`, 503), as a
 //! rate-limited or failing registry does, and records the method and path
 //! of each request that reached it, in order, with its `Authorization`
-//! header. The registry behind it is a
+//! header and the status it was answered with. The registry behind it is a
 //! real Distribution process; only the refusals are the front's own.
 //!
 //! Passing through is transparent: the client's `Host` goes upstream
@@ -59,6 +59,9 @@ struct Shared {
     /// (method, path with query, arrival, end of the response body) of
     /// every request, in arrival order; no end while the body streams.
     spans: Mutex<Vec<Span>>,
+    /// (method, path with query, status) of every answer, in the order
+    /// the answers were made.
+    answered: Mutex<Vec<(String, String, u16)>>,
 }
 
 type Span = (String, String, Instant, Option<Instant>);
@@ -100,6 +103,7 @@ impl Front {
             seen: Mutex::default(),
             authorizations: Mutex::default(),
             spans: Mutex::default(),
+            answered: Mutex::default(),
         });
         let app = axum::Router::new()
             .fallback(handle)
@@ -159,6 +163,12 @@ impl Front {
         self.shared.seen.lock().unwrap().clone()
     }
 
+    /// (method, path with query, status) of every request answered so
+    /// far, in the order of the answers.
+    pub fn answered(&self) -> Vec<(String, String, u16)> {
+        self.shared.answered.lock().unwrap().clone()
+    }
+
     /// (method, path with query, `Authorization` header) of every request
     /// seen so far, in order; `None` for a request without one.
     pub fn authorizations(&self) -> Vec<(String, String, Option<String>)> {
@@ -175,6 +185,7 @@ impl Front {
         self.shared.seen.lock().unwrap().clear();
         self.shared.authorizations.lock().unwrap().clear();
         self.shared.spans.lock().unwrap().clear();
+        self.shared.answered.lock().unwrap().clear();
     }
 
     /// The most requests with this method (`*`: any) whose path contains
@@ -208,6 +219,22 @@ impl Drop for Front {
 }
 
 async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    let (method, path) = (
+        req.method().to_string(),
+        req.uri()
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_default(),
+    );
+    let resp = respond(s.clone(), req).await;
+    s.answered
+        .lock()
+        .unwrap()
+        .push((method, path, resp.status().as_u16()));
+    resp
+}
+
+async fn respond(s: Arc<Shared>, req: Request) -> Response {
     let path = req
         .uri()
         .path_and_query()
@@ -282,6 +309,9 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         let code = match status {
             401 => "UNAUTHORIZED",
             429 => "TOOMANYREQUESTS",
+            // What Distribution answers a manifest PUT whose blob it
+            // cannot read at that moment.
+            400 => "MANIFEST_BLOB_UNKNOWN",
             _ => "UNAVAILABLE",
         };
         let mut resp = Response::new(Body::from(format!(
