@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::platform::PlatformSpec;
 use crate::reference::MirrorTarget;
-use crate::registry::manifest::PlatformSpec;
 
 mod aws;
 mod retention;

@@ -35,13 +35,14 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 
+use crate::platform::PlatformSpec;
 use crate::reference::{Digest, Reference};
 use crate::registry::RegistryError;
 use crate::registry::check::sha256_digest;
 use crate::registry::client::Registry;
 use crate::registry::manifest::{
-    DOCKER_MANIFEST, Descriptor, ManifestError, ManifestKind, OCI_MANIFEST, PlatformSpec,
-    RawManifest, filter_index,
+    DOCKER_MANIFEST, Descriptor, ManifestError, ManifestKind, OCI_MANIFEST, RawManifest,
+    filter_index,
 };
 
 /// The label a repaired config carries: `sha256:<hex>` over the ordered

@@ -6,7 +6,8 @@
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use pinswap::reference::Digest;
-use pinswap::registry::manifest::{PlatformSpec, RawManifest, filter_index};
+use pinswap::platform::PlatformSpec;
+use pinswap::registry::manifest::{RawManifest, filter_index};
 
 const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 

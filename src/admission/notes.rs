@@ -1,4 +1,5 @@
-//! Keeping pinswap's annotations inside the API server's annotation limit.
+//! pinswap's annotations: their keys, and keeping them inside the API
+//! server's annotation limit.
 //!
 //! The API server refuses an object whose annotations (keys plus values)
 //! total more than 256 KiB, so per-slot notes on a Pod with thousands of
@@ -10,7 +11,19 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::pod::{DECISIONS, IDENTITY, ORIGINAL_IMAGES, SOURCES};
+/// Annotation: JSON map of slot → original image, for rewritten slots.
+pub const ORIGINAL_IMAGES: &str = "pinswap.dev/original-images";
+/// Annotation: JSON map of slot → why it was or was not rewritten.
+pub const DECISIONS: &str = "pinswap.dev/decisions";
+/// Annotation: JSON map of slot → image-ID finding or repair.
+pub const IDENTITY: &str = "pinswap.dev/identity";
+/// Annotation: JSON map of slot → the source pinned to the digest that was
+/// mirrored (`registry/repository[:tag]@digest`), for rewritten slots.
+/// Recovery reads it to mirror the same content again.
+pub const SOURCES: &str = "pinswap.dev/sources";
+
+/// pinswap's own annotations.
+pub const OURS: [&str; 4] = [ORIGINAL_IMAGES, DECISIONS, IDENTITY, SOURCES];
 
 /// The API server's limit on the total size of an object's annotations
 /// (`TotalAnnotationSizeLimitB`).

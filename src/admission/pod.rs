@@ -8,19 +8,7 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
 use serde_json::Value;
 
-/// Annotation: JSON map of slot → original image, for rewritten slots.
-pub const ORIGINAL_IMAGES: &str = "pinswap.dev/original-images";
-/// Annotation: JSON map of slot → why it was or was not rewritten.
-pub const DECISIONS: &str = "pinswap.dev/decisions";
-/// Annotation: JSON map of slot → image-ID finding or repair.
-pub const IDENTITY: &str = "pinswap.dev/identity";
-/// Annotation: JSON map of slot → the source pinned to the digest that was
-/// mirrored (`registry/repository[:tag]@digest`), for rewritten slots.
-/// Recovery reads it to mirror the same content again.
-pub const SOURCES: &str = "pinswap.dev/sources";
-
-/// pinswap's own annotations.
-pub const OURS: [&str; 4] = [ORIGINAL_IMAGES, DECISIONS, IDENTITY, SOURCES];
+use super::notes::{DECISIONS, IDENTITY, ORIGINAL_IMAGES, OURS, SOURCES};
 
 /// The per-slot notes a patch writes into annotations.
 pub struct Notes<'a> {

@@ -19,11 +19,11 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
+use crate::platform::PlatformSpec;
 use crate::reference::{Digest, MirrorTarget, Reference};
 use crate::registry::auth::{CredentialSources, Credentials};
 use crate::registry::copy::{Copier, CopyOptions, CopyReport, Endpoint};
 use crate::registry::locations::BlobLocations;
-use crate::registry::manifest::PlatformSpec;
 use crate::registry::referrers::{ReferrerCopier, ReferrerOptions, ReferrersReport};
 use crate::registry::{ClientPool, PoolOptions};
 

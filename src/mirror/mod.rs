@@ -32,11 +32,11 @@ use crate::cache::{Caches, Purge};
 use crate::config::{Auth, CollisionPolicy, Config, CopyPolicy, Platforms, SwapPolicy};
 use crate::identity::{Facts, Record, Repair};
 use crate::metrics::{ErrorCause, Metrics};
+use crate::platform::PlatformSpec;
 use crate::reference::{Digest, MirrorTarget, Reference, ReferenceError, normalize_registry};
 use crate::registry::auth::{CredentialSources, Credentials};
 use crate::registry::copy::{Copier, CopyError, CopyOptions, Endpoint};
 use crate::registry::ecr::Ecr;
-use crate::registry::manifest::PlatformSpec;
 use crate::registry::pullsecrets::PodCredentials;
 use crate::registry::{ClientPool, PoolOptions, RegistryError, Role};
 

@@ -25,9 +25,10 @@ use super::check::sha256_digest;
 use super::client::{ClientPool, Mount, Registry, Role};
 use super::layout::Layout;
 use super::locations::BlobLocations;
-use super::manifest::{Descriptor, ManifestKind, PlatformSpec, RawManifest, filter_index};
+use super::manifest::{Descriptor, ManifestKind, RawManifest, filter_index};
 use super::session::BlobStream;
 use super::{RegistryError, Result};
+use crate::platform::PlatformSpec;
 use crate::reference::{Reference, ReferenceError};
 
 /// One side of a copy: `docker://REF` or `oci:DIR[:REF]`.

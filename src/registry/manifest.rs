@@ -12,6 +12,7 @@
 use bytes::Bytes;
 use serde::Deserialize;
 
+use crate::platform::{Platform, PlatformSpec};
 use crate::reference::Digest;
 
 /// OCI image manifest.
@@ -63,18 +64,6 @@ pub struct Descriptor {
     /// Alternate URLs (foreign layers); never fetched.
     #[serde(default)]
     pub urls: Option<Vec<String>>,
-}
-
-/// An index entry's platform (image-spec §image index).
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct Platform {
-    /// e.g. `amd64`.
-    pub architecture: String,
-    /// e.g. `linux`.
-    pub os: String,
-    /// e.g. `v8`.
-    #[serde(default)]
-    pub variant: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -222,66 +211,6 @@ impl RawManifest {
     }
 }
 
-/// A platform filter entry, `os/arch[/variant]` as in `--platform`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlatformSpec {
-    /// e.g. `linux`.
-    pub os: String,
-    /// e.g. `arm64`.
-    pub architecture: String,
-    /// e.g. `v8`; `None` matches any variant.
-    pub variant: Option<String>,
-}
-
-impl std::str::FromStr for PlatformSpec {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let parts: Vec<&str> = s.split('/').collect();
-        let ok = |p: &str| {
-            !p.is_empty()
-                && p.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
-        };
-        match parts.as_slice() {
-            [os, arch] if ok(os) && ok(arch) => Ok(Self {
-                os: os.to_string(),
-                architecture: arch.to_string(),
-                variant: None,
-            }),
-            [os, arch, v] if ok(os) && ok(arch) && ok(v) => Ok(Self {
-                os: os.to_string(),
-                architecture: arch.to_string(),
-                variant: Some(v.to_string()),
-            }),
-            _ => Err(format!(
-                "invalid platform {s:?}: expected os/arch[/variant], e.g. linux/arm64/v8"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for PlatformSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.os, self.architecture)?;
-        match &self.variant {
-            Some(v) => write!(f, "/{v}"),
-            None => Ok(()),
-        }
-    }
-}
-
-impl PlatformSpec {
-    /// Whether an index entry's platform matches.
-    pub fn matches(&self, p: &Platform) -> bool {
-        self.os == p.os
-            && self.architecture == p.architecture
-            && self
-                .variant
-                .as_ref()
-                .is_none_or(|v| p.variant.as_deref() == Some(v.as_str()))
-    }
-}
-
 /// Writes an index holding only the entries whose platform matches one of
 /// `platforms`. The result is new JSON (compact, keys in serde_json's order),
 /// so its digest differs from the source index's: this is the one place the
@@ -423,10 +352,6 @@ mod tests {
         assert!(
             e.to_string().contains("matches platform(s) linux/arm64/v7"),
             "{e}"
-        );
-        assert_eq!(
-            "linux".parse::<PlatformSpec>().unwrap_err(),
-            "invalid platform \"linux\": expected os/arch[/variant], e.g. linux/arm64/v8"
         );
     }
 }

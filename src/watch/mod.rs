@@ -296,7 +296,7 @@ struct Scope {
     /// Pods' namespaces; every namespace when empty.
     namespaces: Vec<String>,
     /// The `platforms` filter, when set: nodes are watched against it.
-    platforms: Option<Vec<crate::registry::manifest::PlatformSpec>>,
+    platforms: Option<Vec<crate::platform::PlatformSpec>>,
 }
 
 /// The usage record and the backfill, when they run.

@@ -18,7 +18,7 @@ use kube::runtime::watcher::{self, Event};
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
-use crate::registry::manifest::PlatformSpec;
+use crate::platform::PlatformSpec;
 
 const OS_LABEL: &str = "kubernetes.io/os";
 const ARCH_LABEL: &str = "kubernetes.io/arch";

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, ObjectReference, Pod};
 use kube::Resource;
 use serde_json::{Value, json};
 
-use crate::admission::pod::{IDENTITY, ORIGINAL_IMAGES, SOURCES};
+use crate::admission::notes::{IDENTITY, ORIGINAL_IMAGES, SOURCES};
 use crate::reference::{MirrorTarget, Reference};
 
 /// `waiting.reason`s that mean the kubelet could not pull the image

@@ -19,7 +19,8 @@ use tokio::sync::Notify;
 use tracing::warn;
 
 use super::index::{Interner, PullRefs, pull_clone};
-use crate::admission::pod::{ORIGINAL_IMAGES, slots_for};
+use crate::admission::notes::ORIGINAL_IMAGES;
+use crate::admission::pod::slots_for;
 use crate::admission::policy::Policy;
 use crate::metrics::Metrics;
 use crate::reference::Reference;

@@ -20,7 +20,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::Admission;
-use super::pod::{self, IDENTITY, ORIGINAL_IMAGES, SOURCES};
+use super::notes::{IDENTITY, ORIGINAL_IMAGES, SOURCES};
+use super::pod;
 use super::yaml::YamlError;
 use super::yaml::doc::{self, Document, Kind, Node};
 use super::yaml::edit::{self, Edits, New};

@@ -1,0 +1,101 @@
+//! The file map of docs/architecture.md (§9) against the tree: every file
+//! under `src/` and `scripts/` is named there, and every file it names
+//! exists, so the map cannot go stale.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// The section of `doc` from the heading that starts with `heading` to the
+/// next heading of its level.
+fn section<'a>(doc: &'a str, heading: &str) -> &'a str {
+    let start = doc
+        .find(heading)
+        .unwrap_or_else(|| panic!("no heading {heading:?}"));
+    let rest = &doc[start + heading.len()..];
+    match rest.find("\n## ") {
+        Some(end) => &rest[..end],
+        None => rest,
+    }
+}
+
+/// What a bare file name ends with; other words in backticks with a dot
+/// are config keys (`recovery.evict`).
+const FILE_ENDINGS: [&str; 7] = [".rs", ".sh", ".py", ".cjs", ".go", ".yaml", ".json"];
+
+/// The files a table row names. A path in backticks with a `/` sets the
+/// directory that the bare file names after it (`pods.rs`) are in; a path
+/// ending in `/` is a directory, not a file.
+fn named_files(row: &str) -> Vec<String> {
+    let mut files = Vec::new();
+    let mut dir = String::new();
+    for (i, part) in row.split('`').enumerate() {
+        // Prose, globs and patterns (`os/arch[/variant]`) are not paths.
+        let path_like = part
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c));
+        if i % 2 == 0 || !path_like {
+            continue;
+        }
+        if let Some(slash) = part.rfind('/') {
+            dir = part[..=slash].to_owned();
+            if slash + 1 < part.len() {
+                files.push(part.to_owned());
+            }
+        } else if !dir.is_empty() && FILE_ENDINGS.iter().any(|e| part.ends_with(e)) {
+            files.push(format!("{dir}{part}"));
+        }
+    }
+    files
+}
+
+fn tree(dir: &Path, root: &Path, out: &mut BTreeSet<String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            tree(&path, root, out);
+        } else {
+            let rel = path.strip_prefix(root).unwrap();
+            out.insert(rel.to_string_lossy().into_owned());
+        }
+    }
+}
+
+#[test]
+fn the_file_map_names_every_source_file_and_script() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let map = section(&doc, "## 9. Files");
+    let named: BTreeSet<String> = map
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .flat_map(named_files)
+        .collect();
+    let mut files = BTreeSet::new();
+    for dir in ["src", "scripts"] {
+        tree(&root.join(dir), root, &mut files);
+    }
+    let unnamed: Vec<_> = files.difference(&named).collect();
+    assert!(
+        unnamed.is_empty(),
+        "in the tree, not in docs/architecture.md §9: {unnamed:?}"
+    );
+    let gone: Vec<_> = named.iter().filter(|f| !root.join(f).exists()).collect();
+    assert!(
+        gone.is_empty(),
+        "in docs/architecture.md §9, not in the tree: {gone:?}"
+    );
+}
+
+#[test]
+fn a_row_names_bare_files_in_the_directory_before_them() {
+    assert_eq!(
+        named_files(
+            "| `src/watch/mod.rs`, `pods.rs`, `src/install/` | x (`manifests.rs`; `a b`, `os/arch[/v]`) |"
+        ),
+        [
+            "src/watch/mod.rs",
+            "src/watch/pods.rs",
+            "src/install/manifests.rs"
+        ]
+    );
+}
