@@ -15,6 +15,8 @@ pub mod policy;
 mod review;
 pub mod yaml;
 
+pub use review::ReviewError;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,9 +51,6 @@ const MAX_CONCURRENT_IMAGES: usize = 16;
 const DENIAL_ERRORS: usize = 10;
 const DENIAL_ERROR_CHARS: usize = 400;
 
-/// The AdmissionReview versions the API server sends.
-const REVIEW_VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
-
 /// `prefix: e1; e2; …; and N more`, each error escaped and clipped.
 fn denial(prefix: &str, errors: &[String]) -> String {
     let mut listed: Vec<String> = errors
@@ -63,14 +62,6 @@ fn denial(prefix: &str, errors: &[String]) -> String {
         listed.push(format!("and {} more", errors.len() - DENIAL_ERRORS));
     }
     format!("{prefix}: {}", listed.join("; "))
-}
-
-/// Why a request body is not an AdmissionReview; the server answers 400.
-#[derive(Debug, thiserror::Error)]
-pub enum ReviewError {
-    /// Not JSON, or not an AdmissionReview with a request.
-    #[error("malformed AdmissionReview: {0}")]
-    Malformed(String),
 }
 
 /// Answers AdmissionReviews for Pods.
@@ -211,32 +202,10 @@ impl Admission {
         // Decisions stop a little early: patching, annotating and encoding
         // the answer take time proportional to the slots.
         let deadline = start + self.budget - self.budget / 10;
-        let review: review::ReviewIn =
-            serde_json::from_slice(&body).map_err(|e| ReviewError::Malformed(e.to_string()))?;
+        let (api_version, mut req) = review::decode(&body)?;
         drop(body);
-        if !REVIEW_VERSIONS.contains(&review.api_version.as_str())
-            || review.kind != "AdmissionReview"
-        {
-            return Err(ReviewError::Malformed(format!(
-                "found apiVersion {:?} kind {:?}, expected an AdmissionReview of admission.k8s.io/v1 or admission.k8s.io/v1beta1",
-                clip(&review.api_version, 64),
-                clip(&review.kind, 64),
-            )));
-        }
-        let Some(mut req) = review.request else {
-            return Err(ReviewError::Malformed(
-                "the AdmissionReview has no request".into(),
-            ));
-        };
         let object = req.object.take();
-        if object.as_ref().is_some_and(|o| !o.is_object()) {
-            return Err(ReviewError::Malformed(
-                "request.object is not a JSON object".into(),
-            ));
-        }
-        let (resp, outcome) = self
-            .answer(&req, &review.api_version, object, deadline)
-            .await;
+        let (resp, outcome) = self.answer(&req, &api_version, object, deadline).await;
         self.metrics.admission(outcome);
         self.metrics
             .admission_seconds

@@ -14,14 +14,56 @@ use kube::core::admission::{AdmissionResponse, Operation};
 use kube::core::{GroupVersionKind, Status, TypeMeta};
 use serde::Deserialize;
 
+use crate::logsafe::clip;
+
+/// The AdmissionReview versions the API server sends.
+const REVIEW_VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
+
+/// Why a request body is not an AdmissionReview; the server answers 400.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// Not JSON, or not an AdmissionReview with a request.
+    #[error("malformed AdmissionReview: {0}")]
+    Malformed(String),
+}
+
+/// The review's `apiVersion` and its request, checked: an AdmissionReview
+/// of a version the API server sends, with a request whose `object`, if
+/// any, is a JSON object.
+///
+/// # Errors
+/// [`ReviewError::Malformed`], naming what is wrong.
+pub(crate) fn decode(body: &[u8]) -> Result<(String, Request), ReviewError> {
+    let review: ReviewIn =
+        serde_json::from_slice(body).map_err(|e| ReviewError::Malformed(e.to_string()))?;
+    if !REVIEW_VERSIONS.contains(&review.api_version.as_str()) || review.kind != "AdmissionReview" {
+        return Err(ReviewError::Malformed(format!(
+            "found apiVersion {:?} kind {:?}, expected an AdmissionReview of admission.k8s.io/v1 or admission.k8s.io/v1beta1",
+            clip(&review.api_version, 64),
+            clip(&review.kind, 64),
+        )));
+    }
+    let Some(req) = review.request else {
+        return Err(ReviewError::Malformed(
+            "the AdmissionReview has no request".into(),
+        ));
+    };
+    if req.object.as_ref().is_some_and(|o| !o.is_object()) {
+        return Err(ReviewError::Malformed(
+            "request.object is not a JSON object".into(),
+        ));
+    }
+    Ok((review.api_version, req))
+}
+
 /// The envelope: `apiVersion`, `kind` and `request`; a `response` in the
 /// body is ignored.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct ReviewIn {
-    /// `admission.k8s.io/v1` or `admission.k8s.io/v1beta1` (checked by the caller).
+struct ReviewIn {
+    /// `admission.k8s.io/v1` or `admission.k8s.io/v1beta1` (checked by [`decode`]).
     pub api_version: String,
-    /// `AdmissionReview` (checked by the caller).
+    /// `AdmissionReview` (checked by [`decode`]).
     pub kind: String,
     /// Absent in a malformed review.
     #[serde(default)]
