@@ -17,6 +17,7 @@ pub mod install;
 pub mod logsafe;
 pub mod metrics;
 pub mod mirror;
+pub mod mutate;
 pub mod platform;
 pub mod reference;
 pub mod registry;

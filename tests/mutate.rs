@@ -890,7 +890,7 @@ async fn kpt_runs_it_as_an_exec_function() {
     );
 }
 
-/// Every kind `pinswap mutate` names (src/admission/mutate/), each with its
+/// Every kind `pinswap mutate` names (src/mutate/), each with its
 /// pod template where the API puts it: (apiVersion, kind, the lines between
 /// the object's `metadata` and its template, the template's indentation,
 /// JSON pointer to the template).

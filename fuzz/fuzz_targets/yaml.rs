@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pinswap::admission::yaml::doc::{self, Kind, Node};
+use pinswap::mutate::yaml::doc::{self, Kind, Node};
 
 fn spans(src: &str, node: &Node) {
     assert!(src.get(node.span.clone()).is_some(), "span {:?}", node.span);

@@ -8,12 +8,10 @@
 //! Any error leaves its slot unchanged (fail open) unless `failurePolicy` is
 //! `closed`, which denies the Pod naming the image and the cause.
 
-pub mod mutate;
 pub mod notes;
 pub mod pod;
 pub mod policy;
 mod review;
-pub mod yaml;
 
 pub use review::ReviewError;
 
@@ -62,6 +60,38 @@ fn denial(prefix: &str, errors: &[String]) -> String {
         listed.push(format!("and {} more", errors.len() - DENIAL_ERRORS));
     }
     format!("{prefix}: {}", listed.join("; "))
+}
+
+/// How [`Admission::decide_template`] decided one slot.
+#[derive(Debug, Clone)]
+pub enum SlotOutcome {
+    /// Rewrite to `image`.
+    Rewrite {
+        /// The new image.
+        image: String,
+        /// Why (this run's reason).
+        reason: String,
+        /// The source pinned to the digest mirrored; empty when unknown.
+        source: String,
+    },
+    /// Left alone on purpose (a filter, the allowlist, already mirrored).
+    Skip(String),
+    /// Left alone because it is not at the target (not copied, copy not
+    /// done, dry run).
+    Keep(String),
+    /// Left alone because of an error.
+    Error(String),
+}
+
+/// One slot and its outcome.
+#[derive(Debug, Clone)]
+pub struct SlotDecision {
+    /// The slot.
+    pub slot: pod::Slot,
+    /// What happened.
+    pub outcome: SlotOutcome,
+    /// The identity finding, if any.
+    pub identity: Option<String>,
 }
 
 /// Answers AdmissionReviews for Pods.
@@ -425,7 +455,7 @@ impl Admission {
         obj: &serde_json::Value,
         template: &serde_json::Value,
         dry_run: bool,
-    ) -> Vec<mutate::SlotDecision> {
+    ) -> Vec<SlotDecision> {
         let slots = pod::slots(template.get("spec").unwrap_or(&serde_json::Value::Null));
         let deadline = Instant::now() + self.budget;
         let outcomes = self
@@ -434,18 +464,18 @@ impl Admission {
         slots
             .into_iter()
             .zip(outcomes)
-            .map(|(slot, (o, identity))| mutate::SlotDecision {
+            .map(|(slot, (o, identity))| SlotDecision {
                 slot,
                 identity,
                 outcome: match o {
-                    Outcome::Rewrite(image, reason, source, _) => mutate::SlotOutcome::Rewrite {
+                    Outcome::Rewrite(image, reason, source, _) => SlotOutcome::Rewrite {
                         image,
                         reason,
                         source,
                     },
-                    Outcome::Skip(why) => mutate::SlotOutcome::Skip(why),
-                    Outcome::Keep(why) => mutate::SlotOutcome::Keep(why),
-                    Outcome::Error(why, _) | Outcome::Deny(why) => mutate::SlotOutcome::Error(why),
+                    Outcome::Skip(why) => SlotOutcome::Skip(why),
+                    Outcome::Keep(why) => SlotOutcome::Keep(why),
+                    Outcome::Error(why, _) | Outcome::Deny(why) => SlotOutcome::Error(why),
                 },
             })
             .collect()

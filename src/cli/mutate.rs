@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::Usage;
 use crate::admission::Admission;
-use crate::admission::mutate::{self, Options, SlotReport, Status, krm};
+use crate::mutate::{self, Options, SlotReport, Status, krm};
 
 /// `pinswap mutate -c FILE [-f PATH]... [--in-place|--check] [--json]`, or
 /// `pinswap mutate --krm`.

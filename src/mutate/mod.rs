@@ -2,7 +2,7 @@
 //! (GitOps). Multi-document YAML or JSON in; the same text out, with only
 //! the image scalars of Pods and pod templates changed and pinswap's
 //! annotations added or updated. Comments, key order, quoting, indentation
-//! and line endings stay byte for byte (see [`super::yaml::edit`]).
+//! and line endings stay byte for byte (see [`yaml::edit`]).
 //!
 //! Kinds: Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job,
 //! ReplicationController, PodTemplate, CronJob, and the items of a `List`.
@@ -13,18 +13,18 @@
 //! the [`SlotReport`]s instead.
 
 pub mod krm;
+pub mod yaml;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::Value;
 
-use super::Admission;
-use super::notes::{IDENTITY, ORIGINAL_IMAGES, SOURCES};
-use super::pod;
-use super::yaml::YamlError;
-use super::yaml::doc::{self, Document, Kind, Node};
-use super::yaml::edit::{self, Edits, New};
+use crate::admission::notes::{IDENTITY, ORIGINAL_IMAGES, SOURCES};
+use crate::admission::{Admission, SlotDecision, SlotOutcome};
+use yaml::YamlError;
+use yaml::doc::{self, Document, Kind, Node};
+use yaml::edit::{self, Edits, New};
 
 /// Errors reading or rewriting one input; each names the document or place.
 #[derive(Debug, thiserror::Error)]
@@ -43,38 +43,6 @@ pub enum MutateError {
     /// A KRM `ResourceList` is malformed.
     #[error("{0}")]
     ResourceList(String),
-}
-
-/// How [`Admission::decide_template`] decided one slot.
-#[derive(Debug, Clone)]
-pub enum SlotOutcome {
-    /// Rewrite to `image`.
-    Rewrite {
-        /// The new image.
-        image: String,
-        /// Why (this run's reason).
-        reason: String,
-        /// The source pinned to the digest mirrored; empty when unknown.
-        source: String,
-    },
-    /// Left alone on purpose (a filter, the allowlist, already mirrored).
-    Skip(String),
-    /// Left alone because it is not at the target (not copied, copy not
-    /// done, dry run).
-    Keep(String),
-    /// Left alone because of an error.
-    Error(String),
-}
-
-/// One slot and its outcome.
-#[derive(Debug, Clone)]
-pub struct SlotDecision {
-    /// The slot.
-    pub slot: pod::Slot,
-    /// What happened.
-    pub outcome: SlotOutcome,
-    /// The identity finding, if any.
-    pub identity: Option<String>,
 }
 
 /// What happened to one image, in a report.

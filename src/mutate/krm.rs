@@ -11,11 +11,11 @@
 
 use serde_json::{Value, json};
 
+use super::yaml::doc::{self, Document, Kind, Node, column};
+use super::yaml::edit::{self, Edits};
+use super::yaml::to_yaml;
 use super::{MutateError, Mutated, Options, SlotReport, Status, rewrite};
 use crate::admission::Admission;
-use crate::admission::yaml::doc::{self, Document, Kind, Node, column};
-use crate::admission::yaml::edit::{self, Edits};
-use crate::admission::yaml::to_yaml;
 
 /// The `apiVersion` of a `ResourceList`.
 pub const API_VERSION: &str = "config.kubernetes.io/v1";
