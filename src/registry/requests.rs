@@ -1,7 +1,7 @@
-//! The distribution-spec requests we make ourselves rather than through
-//! oci-client: manifest HEAD, GET and PUT, blob HEAD, GET and monolithic
-//! upload, the tag and catalog lists (docs/architecture.md §8 "Our own
-//! resolution HEAD").
+//! The distribution-spec reads we make ourselves rather than through
+//! oci-client: manifest HEAD and GET, blob HEAD and GET, the tag, catalog
+//! and referrers lists (docs/architecture.md §8 "Our own resolution HEAD");
+//! the pushes are in `upload.rs`.
 //!
 //! Why: oci-client authenticates each request through its token cache, and
 //! on a registry that sends no challenge (most plain and loopback ones) it
@@ -15,7 +15,7 @@
 
 use bytes::Bytes;
 use futures::StreamExt;
-use reqwest::header::{ACCEPT as ACCEPT_HEADER, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use reqwest::header::{ACCEPT as ACCEPT_HEADER, CONTENT_TYPE};
 
 use super::check::{DigestCheck, Hasher, checked};
 use super::client::Registry;
@@ -32,7 +32,7 @@ fn pull(r: &Reference) -> [String; 1] {
     [format!("repository:{}:pull", r.repository())]
 }
 
-fn push(r: &Reference) -> [String; 1] {
+pub(super) fn push(r: &Reference) -> [String; 1] {
     [format!("repository:{}:pull,push", r.repository())]
 }
 
@@ -43,7 +43,7 @@ const MAX_LIST_BYTES: usize = 16 * 1024 * 1024;
 
 /// The path component naming `r` in a manifest URL: its digest when it has
 /// one, else its tag (`latest` by default).
-fn manifest_ref(r: &Reference) -> String {
+pub(super) fn manifest_ref(r: &Reference) -> String {
     match r.digest() {
         Some(d) => d.to_string(),
         None => r.tag().unwrap_or("latest").to_owned(),
@@ -232,71 +232,6 @@ impl Registry {
         RawManifest::parse(Bytes::from(body), actual, None).map_err(|e| bad(e.to_string()))
     }
 
-    /// `PUT` the manifest bytes unchanged, with their mediaType as
-    /// Content-Type, under `r`'s tag (or digest when it has none).
-    ///
-    /// # Errors
-    /// Registry errors (e.g. 400 `MANIFEST_BLOB_UNKNOWN` when a blob is missing).
-    pub async fn push_manifest(&self, r: &Reference, manifest: &RawManifest) -> Result<()> {
-        let name = r.to_string();
-        let reference = match r.tag() {
-            Some(t) => t.to_owned(),
-            None => manifest.digest.to_string(),
-        };
-        let content_type = http::HeaderValue::from_str(&manifest.media_type).map_err(|e| {
-            RegistryError::Manifest {
-                registry: self.host().to_owned(),
-                reference: name.clone(),
-                reason: format!("mediaType is not a valid header value: {e}"),
-            }
-        })?;
-        let url = format!(
-            "{}/v2/{}/manifests/{reference}",
-            self.base(),
-            r.repository()
-        );
-        let pushed = match r.tag() {
-            Some(_) => r.without_digest(),
-            None => r.without_tag().with_digest(manifest.digest.clone()),
-        };
-        // Distribution refuses a manifest PUT while another writer (another
-        // replica copying the same image) is rewriting the link files of
-        // its blobs or children: it truncates a link before it writes it,
-        // so for a moment the blob reads as unknown. The refusal names
-        // DIGEST_INVALID or a *_UNKNOWN code. If the registry then answers
-        // with this very manifest, the push is done; otherwise the PUT,
-        // which is idempotent, is asked again, briefly.
-        let mut waits = [50u64, 200, 800].into_iter();
-        loop {
-            let resp = self
-                .send(&push(r), &name, || {
-                    self.http()
-                        .put(&url)
-                        .header(CONTENT_TYPE, content_type.clone())
-                        .body(manifest.bytes.clone())
-                })
-                .await?;
-            match resp.status().as_u16() {
-                200..=299 => return Ok(()),
-                400 => {
-                    let refused = self.refusal(resp, &name, "PUT manifest").await;
-                    if let Ok(Some(d)) = self.head_manifest(&pushed).await
-                        && d == manifest.digest
-                    {
-                        return Ok(());
-                    }
-                    match waits.next() {
-                        Some(ms) if racing_refusal(&refused) => {
-                            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-                        }
-                        _ => return Err(refused),
-                    }
-                }
-                _ => return Err(self.refusal(resp, &name, "PUT manifest").await),
-            }
-        }
-    }
-
     /// Whether the repository of `r` has blob `digest` (`HEAD`).
     ///
     /// # Errors
@@ -352,87 +287,6 @@ impl Registry {
             .map(|r| r.map_err(std::io::Error::other))
             .boxed();
         Ok(checked(stream, desc.clone(), DigestCheck::Here))
-    }
-
-    /// One streamed upload of `stream` as blob `desc` (distribution-spec
-    /// §Pushing a blob monolithically: `POST` to open a session, then `PUT
-    /// ?digest=` with the bytes). The registry verifies the digest on the
-    /// PUT; a stream error aborts the body, so nothing is committed.
-    ///
-    /// # Errors
-    /// Registry errors, or the stream's own error.
-    pub(crate) async fn push_blob_whole(
-        &self,
-        r: &Reference,
-        desc: &Descriptor,
-        stream: BlobStream,
-    ) -> Result<()> {
-        let name = format!("{}@{}", r.name(), desc.digest);
-        let start = format!("{}/v2/{}/blobs/uploads/", self.base(), r.repository());
-        let resp = self
-            .send(&push(r), &name, || {
-                self.http().post(&start).header(CONTENT_LENGTH, 0)
-            })
-            .await?;
-        if resp.status() != reqwest::StatusCode::ACCEPTED {
-            return Err(self.refusal(resp, &name, "POST blob upload").await);
-        }
-        let location = self.upload_location(&resp, &name)?;
-        let mut url = reqwest::Url::parse(&location).map_err(|e| RegistryError::Other {
-            registry: self.host().to_owned(),
-            reference: name.clone(),
-            operation: "blob upload",
-            message: format!("bad Location: {e}"),
-        })?;
-        url.query_pairs_mut().append_pair("digest", &desc.digest);
-        // The body streams once, so no retry: the token was just used.
-        let mut req = self
-            .http()
-            .put(url)
-            .header(CONTENT_TYPE, "application/octet-stream")
-            .header(CONTENT_LENGTH, desc.size)
-            .body(reqwest::Body::wrap_stream(stream));
-        // Credentials only to the registry's own origin.
-        if self.session().is_own(&location)
-            && let Some(h) = self.auth_header(&push(r), &name).await?
-        {
-            req = req.header(AUTHORIZATION, h);
-        }
-        let resp = req.send().await.map_err(|e| self.transport(e))?;
-        match resp.status().as_u16() {
-            201 => Ok(()),
-            _ => Err(self.refusal(resp, &name, "PUT blob").await),
-        }
-    }
-
-    /// The absolute upload URL a `Location` header names.
-    pub(crate) fn upload_location(&self, resp: &reqwest::Response, name: &str) -> Result<String> {
-        let loc = resp
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| RegistryError::Other {
-                registry: self.host().to_owned(),
-                reference: name.to_owned(),
-                operation: "blob upload",
-                message: "the registry sent no Location header".into(),
-            })?;
-        let location = match loc.starts_with('/') {
-            true => format!("{}{loc}", self.base()),
-            false => loc.to_owned(),
-        };
-        // From the registry: a literal address is checked here, a name when
-        // it is resolved.
-        self.session()
-            .guard()
-            .check_str(&location)
-            .map_err(|e| RegistryError::Other {
-                registry: self.host().to_owned(),
-                reference: name.to_owned(),
-                operation: "blob upload",
-                message: format!("Location {location}: {e}"),
-            })?;
-        Ok(location)
     }
 }
 
@@ -676,49 +530,6 @@ impl Registry {
             etag,
         }))
     }
-
-    /// `PUT` `bytes` as manifest `r` (its tag) with Content-Type
-    /// `media_type`, on condition `when` (`If-Match` an ETag read before,
-    /// or `If-None-Match: *` for a tag that was absent). `Ok(false)` when
-    /// the registry answers 412: someone else wrote the tag meanwhile.
-    /// Registries that keep no ETags ignore the condition.
-    ///
-    /// # Errors
-    /// As [`Registry::refusal`].
-    pub async fn put_manifest_if(
-        &self,
-        r: &Reference,
-        bytes: Bytes,
-        media_type: &'static str,
-        when: Precondition,
-    ) -> Result<bool> {
-        let name = r.to_string();
-        let url = format!(
-            "{}/v2/{}/manifests/{}",
-            self.base(),
-            r.repository(),
-            manifest_ref(r)
-        );
-        let resp = self
-            .send(&push(r), &name, || {
-                let req = self
-                    .http()
-                    .put(&url)
-                    .header(CONTENT_TYPE, media_type)
-                    .body(bytes.clone());
-                match &when {
-                    Precondition::Match(etag) => req.header(reqwest::header::IF_MATCH, etag),
-                    Precondition::Absent => req.header(reqwest::header::IF_NONE_MATCH, "*"),
-                    Precondition::None => req,
-                }
-            })
-            .await?;
-        match resp.status().as_u16() {
-            200..=299 => Ok(true),
-            412 => Ok(false),
-            _ => Err(self.refusal(resp, &name, "PUT manifest").await),
-        }
-    }
 }
 
 /// A manifest as [`Registry::get_manifest_raw`] read it.
@@ -763,45 +574,9 @@ fn next_link(headers: &reqwest::header::HeaderMap) -> Option<String> {
         })
 }
 
-/// Whether a refused manifest PUT reads as one that raced another writer
-/// of the same repository (see [`Registry::push_manifest`]).
-fn racing_refusal(e: &RegistryError) -> bool {
-    matches!(
-        e,
-        RegistryError::Http { code: Some(code), .. }
-            if matches!(
-                code.as_str(),
-                "DIGEST_INVALID" | "MANIFEST_BLOB_UNKNOWN" | "BLOB_UNKNOWN" | "MANIFEST_UNKNOWN"
-            )
-    )
-}
-
 #[cfg(test)]
 mod link_tests {
-    use super::{RegistryError, next_link, racing_refusal};
-
-    #[test]
-    fn only_refusals_of_unknown_parts_read_as_racing() {
-        let refused = |code: Option<&str>| RegistryError::Http {
-            registry: "r".into(),
-            reference: "r/a:v1".into(),
-            operation: "PUT manifest",
-            status: 400,
-            code: code.map(str::to_owned),
-            message: "m".into(),
-        };
-        for code in [
-            "MANIFEST_BLOB_UNKNOWN",
-            "DIGEST_INVALID",
-            "BLOB_UNKNOWN",
-            "MANIFEST_UNKNOWN",
-        ] {
-            assert!(racing_refusal(&refused(Some(code))), "{code}");
-        }
-        for code in [Some("MANIFEST_INVALID"), Some("TAG_INVALID"), None] {
-            assert!(!racing_refusal(&refused(code)), "{code:?}");
-        }
-    }
+    use super::next_link;
 
     #[test]
     fn next_links() {

@@ -274,6 +274,35 @@ impl Session {
         }
     }
 
+    /// The absolute upload URL a `Location` header names.
+    pub(crate) fn upload_location(&self, resp: &reqwest::Response, name: &str) -> Result<String> {
+        let loc = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| RegistryError::Other {
+                registry: self.host.clone(),
+                reference: name.to_owned(),
+                operation: "blob upload",
+                message: "the registry sent no Location header".into(),
+            })?;
+        let location = match loc.starts_with('/') {
+            true => format!("{}{loc}", self.base()),
+            false => loc.to_owned(),
+        };
+        // From the registry: a literal address is checked here, a name when
+        // it is resolved.
+        self.guard()
+            .check_str(&location)
+            .map_err(|e| RegistryError::Other {
+                registry: self.host.clone(),
+                reference: name.to_owned(),
+                operation: "blob upload",
+                message: format!("Location {location}: {e}"),
+            })?;
+        Ok(location)
+    }
+
     /// Drops the cached token for `scopes` (a registry refused it early).
     pub(crate) fn forget_token(&self, scopes: &[String]) {
         self.tokens

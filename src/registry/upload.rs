@@ -1,6 +1,9 @@
-//! Streamed chunked blob upload (distribution-spec §Pushing a blob in chunks:
-//! `POST` to open a session, one `PATCH` per chunk with `Content-Range`, then
-//! `PUT ?digest=` to close it).
+//! Every push: manifests (plain, and conditional for the tags pinswap
+//! merges into), the monolithic blob upload, and the streamed chunked one
+//! (distribution-spec §Pushing a blob in chunks: `POST` to open a session,
+//! one `PATCH` per chunk with `Content-Range`, then `PUT ?digest=` to close
+//! it). All of them send through [`Session`] and read the upload
+//! `Location` there, once.
 //!
 //! Why not oci-client's: its chunked upload buffers every chunk (4 MiB) in
 //! memory and waits for each PATCH before reading the next, so a 512 MiB
@@ -16,10 +19,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, LOCATION};
+use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
 use tokio::sync::Mutex;
 
-use super::manifest::Descriptor;
+use super::client::Registry;
+use super::manifest::{Descriptor, RawManifest};
+use super::requests::{Precondition, manifest_ref, push};
 use super::session::{BlobStream, Session};
 use super::{RegistryError, Result, chain};
 use crate::reference::Reference;
@@ -74,14 +79,6 @@ fn take(shared: Shared, len: u64) -> impl futures::Stream<Item = std::io::Result
 }
 
 impl Upload<'_> {
-    fn absolute(&self, location: &str) -> String {
-        if location.starts_with('/') {
-            format!("{}{location}", self.session.base())
-        } else {
-            location.to_owned()
-        }
-    }
-
     fn name(&self, desc: &Descriptor) -> String {
         format!("{}@{}", self.reference.name(), desc.digest)
     }
@@ -118,32 +115,6 @@ impl Upload<'_> {
             .await)
     }
 
-    fn location(&self, resp: &reqwest::Response, desc: &Descriptor) -> Result<String> {
-        let location = resp
-            .headers()
-            .get(LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .map(|l| self.absolute(l))
-            .ok_or_else(|| RegistryError::Other {
-                registry: self.session.host().to_owned(),
-                reference: self.name(desc),
-                operation: "blob upload",
-                message: "the registry sent no Location header".into(),
-            })?;
-        // From the registry: a literal address is checked here, a name when
-        // it is resolved.
-        self.session
-            .guard()
-            .check_str(&location)
-            .map_err(|e| RegistryError::Other {
-                registry: self.session.host().to_owned(),
-                reference: self.name(desc),
-                operation: "blob upload",
-                message: format!("Location {location}: {e}"),
-            })?;
-        Ok(location)
-    }
-
     /// Uploads `stream` as `desc` in chunks of `self.chunk` bytes.
     ///
     /// # Errors
@@ -166,7 +137,7 @@ impl Upload<'_> {
             })
             .await;
         let resp = self.check(resp, desc, "POST blob upload", 202).await?;
-        let mut location = self.location(&resp, desc)?;
+        let mut location = self.session.upload_location(&resp, &self.name(desc))?;
         let shared: Shared = Arc::new(Mutex::new((stream, None)));
         let mut offset = 0u64;
         while offset < desc.size {
@@ -187,7 +158,7 @@ impl Upload<'_> {
             }
             let resp = req.send().await.map_err(|e| self.session.transport(e));
             let resp = self.check(resp, desc, "PATCH blob upload", 202).await?;
-            location = self.location(&resp, desc)?;
+            location = self.session.upload_location(&resp, &self.name(desc))?;
             offset += len;
         }
         // The stream's end carries the digest verdict: drain it before
@@ -221,9 +192,208 @@ impl Upload<'_> {
     }
 }
 
+/// The pushes of `Registry`: manifests (plain and conditional) and the
+/// monolithic blob upload; the chunked one is [`Upload`].
+impl Registry {
+    /// `PUT` the manifest bytes unchanged, with their mediaType as
+    /// Content-Type, under `r`'s tag (or digest when it has none).
+    ///
+    /// # Errors
+    /// Registry errors (e.g. 400 `MANIFEST_BLOB_UNKNOWN` when a blob is missing).
+    pub async fn push_manifest(&self, r: &Reference, manifest: &RawManifest) -> Result<()> {
+        let name = r.to_string();
+        let reference = match r.tag() {
+            Some(t) => t.to_owned(),
+            None => manifest.digest.to_string(),
+        };
+        let content_type = http::HeaderValue::from_str(&manifest.media_type).map_err(|e| {
+            RegistryError::Manifest {
+                registry: self.host().to_owned(),
+                reference: name.clone(),
+                reason: format!("mediaType is not a valid header value: {e}"),
+            }
+        })?;
+        let url = format!(
+            "{}/v2/{}/manifests/{reference}",
+            self.base(),
+            r.repository()
+        );
+        let pushed = match r.tag() {
+            Some(_) => r.without_digest(),
+            None => r.without_tag().with_digest(manifest.digest.clone()),
+        };
+        // Distribution refuses a manifest PUT while another writer (another
+        // replica copying the same image) is rewriting the link files of
+        // its blobs or children: it truncates a link before it writes it,
+        // so for a moment the blob reads as unknown. The refusal names
+        // DIGEST_INVALID or a *_UNKNOWN code. If the registry then answers
+        // with this very manifest, the push is done; otherwise the PUT,
+        // which is idempotent, is asked again, briefly.
+        let mut waits = [50u64, 200, 800].into_iter();
+        loop {
+            let resp = self
+                .send(&push(r), &name, || {
+                    self.http()
+                        .put(&url)
+                        .header(CONTENT_TYPE, content_type.clone())
+                        .body(manifest.bytes.clone())
+                })
+                .await?;
+            match resp.status().as_u16() {
+                200..=299 => return Ok(()),
+                400 => {
+                    let refused = self.refusal(resp, &name, "PUT manifest").await;
+                    if let Ok(Some(d)) = self.head_manifest(&pushed).await
+                        && d == manifest.digest
+                    {
+                        return Ok(());
+                    }
+                    match waits.next() {
+                        Some(ms) if racing_refusal(&refused) => {
+                            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                        }
+                        _ => return Err(refused),
+                    }
+                }
+                _ => return Err(self.refusal(resp, &name, "PUT manifest").await),
+            }
+        }
+    }
+
+    /// One streamed upload of `stream` as blob `desc` (distribution-spec
+    /// §Pushing a blob monolithically: `POST` to open a session, then `PUT
+    /// ?digest=` with the bytes). The registry verifies the digest on the
+    /// PUT; a stream error aborts the body, so nothing is committed.
+    ///
+    /// # Errors
+    /// Registry errors, or the stream's own error.
+    pub(crate) async fn push_blob_whole(
+        &self,
+        r: &Reference,
+        desc: &Descriptor,
+        stream: BlobStream,
+    ) -> Result<()> {
+        let name = format!("{}@{}", r.name(), desc.digest);
+        let start = format!("{}/v2/{}/blobs/uploads/", self.base(), r.repository());
+        let resp = self
+            .send(&push(r), &name, || {
+                self.http().post(&start).header(CONTENT_LENGTH, 0)
+            })
+            .await?;
+        if resp.status() != reqwest::StatusCode::ACCEPTED {
+            return Err(self.refusal(resp, &name, "POST blob upload").await);
+        }
+        let location = self.session().upload_location(&resp, &name)?;
+        let mut url = reqwest::Url::parse(&location).map_err(|e| RegistryError::Other {
+            registry: self.host().to_owned(),
+            reference: name.clone(),
+            operation: "blob upload",
+            message: format!("bad Location: {e}"),
+        })?;
+        url.query_pairs_mut().append_pair("digest", &desc.digest);
+        // The body streams once, so no retry: the token was just used.
+        let mut req = self
+            .http()
+            .put(url)
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .header(CONTENT_LENGTH, desc.size)
+            .body(reqwest::Body::wrap_stream(stream));
+        // Credentials only to the registry's own origin.
+        if self.session().is_own(&location)
+            && let Some(h) = self.auth_header(&push(r), &name).await?
+        {
+            req = req.header(AUTHORIZATION, h);
+        }
+        let resp = req.send().await.map_err(|e| self.transport(e))?;
+        match resp.status().as_u16() {
+            201 => Ok(()),
+            _ => Err(self.refusal(resp, &name, "PUT blob").await),
+        }
+    }
+
+    /// `PUT` `bytes` as manifest `r` (its tag) with Content-Type
+    /// `media_type`, on condition `when` (`If-Match` an ETag read before,
+    /// or `If-None-Match: *` for a tag that was absent). `Ok(false)` when
+    /// the registry answers 412: someone else wrote the tag meanwhile.
+    /// Registries that keep no ETags ignore the condition.
+    ///
+    /// # Errors
+    /// As [`Registry::refusal`].
+    pub async fn put_manifest_if(
+        &self,
+        r: &Reference,
+        bytes: Bytes,
+        media_type: &'static str,
+        when: Precondition,
+    ) -> Result<bool> {
+        let name = r.to_string();
+        let url = format!(
+            "{}/v2/{}/manifests/{}",
+            self.base(),
+            r.repository(),
+            manifest_ref(r)
+        );
+        let resp = self
+            .send(&push(r), &name, || {
+                let req = self
+                    .http()
+                    .put(&url)
+                    .header(CONTENT_TYPE, media_type)
+                    .body(bytes.clone());
+                match &when {
+                    Precondition::Match(etag) => req.header(reqwest::header::IF_MATCH, etag),
+                    Precondition::Absent => req.header(reqwest::header::IF_NONE_MATCH, "*"),
+                    Precondition::None => req,
+                }
+            })
+            .await?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(true),
+            412 => Ok(false),
+            _ => Err(self.refusal(resp, &name, "PUT manifest").await),
+        }
+    }
+}
+
+/// Whether a refused manifest PUT reads as one that raced another writer
+/// of the same repository (see [`Registry::push_manifest`]).
+fn racing_refusal(e: &RegistryError) -> bool {
+    matches!(
+        e,
+        RegistryError::Http { code: Some(code), .. }
+            if matches!(
+                code.as_str(),
+                "DIGEST_INVALID" | "MANIFEST_BLOB_UNKNOWN" | "BLOB_UNKNOWN" | "MANIFEST_UNKNOWN"
+            )
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_refusals_of_unknown_parts_read_as_racing() {
+        let refused = |code: Option<&str>| RegistryError::Http {
+            registry: "r".into(),
+            reference: "r/a:v1".into(),
+            operation: "PUT manifest",
+            status: 400,
+            code: code.map(str::to_owned),
+            message: "m".into(),
+        };
+        for code in [
+            "MANIFEST_BLOB_UNKNOWN",
+            "DIGEST_INVALID",
+            "BLOB_UNKNOWN",
+            "MANIFEST_UNKNOWN",
+        ] {
+            assert!(racing_refusal(&refused(Some(code))), "{code}");
+        }
+        for code in [Some("MANIFEST_INVALID"), Some("TAG_INVALID"), None] {
+            assert!(!racing_refusal(&refused(code)), "{code:?}");
+        }
+    }
 
     #[tokio::test]
     async fn take_splits_items_across_chunks() {
