@@ -827,18 +827,33 @@ impl Default for Memory {
 /// `pinswap manifests` sets.
 pub const ASSUMED_MEMORY_LIMIT: u64 = 512 * 1024 * 1024;
 
+/// A memory size that [`Memory::parse`] does not take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "found {found:?}, expected bytes such as 64Mi, 1Gi or 500M, or a share of the memory limit such as 25%{}",
+    if *percent { " (1% to 100%)" } else { "" }
+)]
+pub struct InvalidMemory {
+    /// The value given.
+    pub found: String,
+    /// Whether it was a percentage out of range.
+    pub percent: bool,
+}
+
 impl Memory {
     /// Parses `64Mi`, `1Gi`, `500M`, `1048576` or `25%`.
     ///
     /// # Errors
     /// A message naming the accepted forms.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let form =
-            "expected bytes such as 64Mi, 1Gi or 500M, or a share of the memory limit such as 25%";
+    pub fn parse(s: &str) -> Result<Self, InvalidMemory> {
+        let invalid = |percent| InvalidMemory {
+            found: s.to_owned(),
+            percent,
+        };
         if let Some(p) = s.strip_suffix('%') {
             return match p.parse::<u8>() {
                 Ok(n @ 1..=100) => Ok(Memory::Percent(n)),
-                _ => Err(format!("found {s:?}, {form} (1% to 100%)")),
+                _ => Err(invalid(true)),
             };
         }
         let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -851,14 +866,14 @@ impl Memory {
             "k" => 1000,
             "M" => 1_000_000,
             "G" => 1_000_000_000,
-            _ => return Err(format!("found {s:?}, {form}")),
+            _ => return Err(invalid(false)),
         };
         digits
             .parse::<u64>()
             .ok()
             .and_then(|n| n.checked_mul(scale))
             .map(Memory::Bytes)
-            .ok_or_else(|| format!("found {s:?}, {form}"))
+            .ok_or_else(|| invalid(false))
     }
 
     /// The byte count, with a percentage taken of `limit`.

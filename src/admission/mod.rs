@@ -9,7 +9,7 @@
 //! `closed`, which denies the Pod naming the image and the cause.
 
 pub mod notes;
-pub mod pod;
+pub(crate) mod pod;
 pub mod policy;
 mod review;
 
@@ -26,10 +26,10 @@ use tracing::{debug, info, warn};
 use crate::config::{Config, FailurePolicy};
 use crate::logsafe::{Untrusted, clip};
 use crate::metrics::{ErrorCause, Metrics};
-use crate::mirror::Mirror;
+use crate::mirror::{Mirror, MirrorError, NotReady};
 use crate::reference::Reference;
 use crate::registry::pullsecrets::PodCredentials;
-use policy::{Policy, Skip};
+use policy::{Policy, PolicyError, Skip};
 
 /// Bounds an annotation value, so many slots cannot push the Pod past the
 /// API server's 256 KiB annotation limit.
@@ -144,17 +144,28 @@ enum Undecided {
     Failed(String, ErrorCause),
 }
 
+/// Why the admission handler cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    /// The mirror service: credentials, the target, ECR.
+    #[error(transparent)]
+    Mirror(#[from] Box<MirrorError>),
+    /// A filter does not compile.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
 impl Admission {
     /// Builds the handler from a validated config.
     ///
     /// # Errors
-    /// A message when a filter does not compile (validation normally caught
-    /// it already).
+    /// [`AdmissionError::Policy`] when a filter does not compile (validation
+    /// normally caught it already).
     pub fn new(
         config: &Config,
         mirror: Arc<Mirror>,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, AdmissionError> {
         Ok(Self {
             pull_secrets: None,
             policy: Policy::new(config, mirror.target().clone())?.with_metrics(metrics.clone()),
@@ -172,8 +183,8 @@ impl Admission {
     /// # Errors
     /// A message naming the config key whose credentials cannot be read, or
     /// the filter that does not compile.
-    pub fn from_config(config: &Config, metrics: Arc<Metrics>) -> Result<Self, String> {
-        let mirror = Mirror::from_config(config, metrics.clone()).map_err(|e| e.to_string())?;
+    pub fn from_config(config: &Config, metrics: Arc<Metrics>) -> Result<Self, AdmissionError> {
+        let mirror = Mirror::from_config(config, metrics.clone()).map_err(Box::new)?;
         Self::new(config, Arc::new(mirror), metrics)
     }
 
@@ -182,10 +193,10 @@ impl Admission {
     ///
     /// # Errors
     /// As [`Admission::from_config`], and AWS errors naming the IAM action.
-    pub async fn connect(config: &Config, metrics: Arc<Metrics>) -> Result<Self, String> {
+    pub async fn connect(config: &Config, metrics: Arc<Metrics>) -> Result<Self, AdmissionError> {
         let mirror = Mirror::connect(config, metrics.clone())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(Box::new)?;
         Self::new(config, Arc::new(mirror), metrics)
     }
 
@@ -213,7 +224,7 @@ impl Admission {
     ///
     /// # Errors
     /// Why not, in one line (see [`Mirror::target_ready`]).
-    pub async fn ready(&self) -> Result<(), String> {
+    pub async fn ready(&self) -> Result<(), NotReady> {
         self.mirror.target_ready().await
     }
 

@@ -24,6 +24,30 @@ pub enum Skip {
 /// The decision of a container with `imagePullPolicy: Never`.
 pub const NEVER_PULLED: &str = "imagePullPolicy is Never: the node must already hold this image under its own name, so it is left unchanged (rewriteImagePullPolicyNever: true rewrites it)";
 
+/// A policy that cannot be compiled from the config.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// A `source.filters` entry is not a JMESPath expression.
+    #[error("source.filters[{index}].jmespath: {reason}")]
+    Filter {
+        /// Its position in `source.filters`.
+        index: usize,
+        /// jmespath's error.
+        reason: String,
+    },
+}
+
+/// Why a registry is never contacted as a source.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceRefused {
+    /// A link-local or metadata address.
+    #[error("registry {0} is link-local or a metadata address; never contacted")]
+    Metadata(String),
+    /// Not in `source.registries`.
+    #[error("registry {0} is not in source.registries")]
+    NotListed(String),
+}
+
 /// The compiled slot policy.
 pub struct Policy {
     filters: Vec<(String, jmespath::Expression<'static>)>,
@@ -68,8 +92,8 @@ impl Policy {
     /// Compiles the config's filters and allowlist.
     ///
     /// # Errors
-    /// A message naming the filter that does not compile.
-    pub fn new(config: &Config, target: MirrorTarget) -> Result<Self, String> {
+    /// [`PolicyError::Filter`] naming the filter that does not compile.
+    pub fn new(config: &Config, target: MirrorTarget) -> Result<Self, PolicyError> {
         let filters = config
             .source
             .filters
@@ -78,7 +102,10 @@ impl Policy {
             .map(|(i, f)| {
                 jmespath::compile(&f.jmespath)
                     .map(|e| (f.jmespath.clone(), e))
-                    .map_err(|e| format!("source.filters[{i}].jmespath: {e}"))
+                    .map_err(|e| PolicyError::Filter {
+                        index: i,
+                        reason: e.to_string(),
+                    })
             })
             .collect::<Result<_, _>>()?;
         let any = config.source.registries.iter().any(|r| r.registry == "*");
@@ -165,7 +192,8 @@ impl Policy {
         if self.target.contains(&reference) {
             return Err(Skip::Keep("already under the target".into()));
         }
-        self.source_allowed(&reference).map_err(Skip::Keep)?;
+        self.source_allowed(&reference)
+            .map_err(|e| Skip::Keep(e.to_string()))?;
         Ok(reference)
     }
 
@@ -174,20 +202,14 @@ impl Policy {
     /// The pull-failure recovery checks Pod annotations with this too.
     ///
     /// # Errors
-    /// Why not, in words.
-    pub fn source_allowed(&self, reference: &Reference) -> Result<(), String> {
+    /// [`SourceRefused`], saying why not.
+    pub fn source_allowed(&self, reference: &Reference) -> Result<(), SourceRefused> {
         if is_refused_host(reference.registry()) {
-            return Err(format!(
-                "registry {} is link-local or a metadata address; never contacted",
-                reference.registry()
-            ));
+            return Err(SourceRefused::Metadata(reference.registry().to_owned()));
         }
         let registry = crate::reference::normalize_registry(reference.registry());
         if !self.any && !self.allowed.contains(&registry) {
-            return Err(format!(
-                "registry {} is not in source.registries",
-                reference.registry()
-            ));
+            return Err(SourceRefused::NotListed(reference.registry().to_owned()));
         }
         Ok(())
     }

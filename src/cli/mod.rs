@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 mod check;
-pub mod install;
+pub(crate) mod install;
 mod meta;
 mod mutate;
 

@@ -115,7 +115,7 @@ pub struct Options {
 
 /// Why the objects cannot be built.
 #[derive(Debug, thiserror::Error)]
-pub enum ManifestError {
+pub enum InstallError {
     /// `--namespace` is not an RFC 1123 label.
     #[error(
         "--namespace {0:?}: not a valid namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)"
@@ -176,44 +176,44 @@ pub enum ManifestError {
 /// Each object is a JSON value with `apiVersion` and `kind`.
 ///
 /// # Errors
-/// [`ManifestError::Namespace`], [`ManifestError::Replicas`],
-/// [`ManifestError::ImagePullSecret`] and [`ManifestError::Budget`] for
+/// [`InstallError::Namespace`], [`InstallError::Replicas`],
+/// [`InstallError::ImagePullSecret`] and [`InstallError::Budget`] for
 /// options that cannot work;
-/// [`ManifestError::InCluster`] listing every config setting the Pod could
+/// [`InstallError::InCluster`] listing every config setting the Pod could
 /// not honour.
-pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
+pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
     if !is_dns_label(&opts.namespace) {
-        return Err(ManifestError::Namespace(opts.namespace.clone()));
+        return Err(InstallError::Namespace(opts.namespace.clone()));
     }
     if ["default", "kube-system", "kube-public", "kube-node-lease"]
         .contains(&opts.namespace.as_str())
     {
-        return Err(ManifestError::SystemNamespace(opts.namespace.clone()));
+        return Err(InstallError::SystemNamespace(opts.namespace.clone()));
     }
     if let Err(e) = crate::reference::Reference::parse(&opts.image) {
-        return Err(ManifestError::Image {
+        return Err(InstallError::Image {
             image: opts.image.clone(),
             reason: e.to_string(),
         });
     }
     if opts.replicas < 1 {
-        return Err(ManifestError::Replicas(opts.replicas));
+        return Err(InstallError::Replicas(opts.replicas));
     }
     if let Some(bad) = opts
         .image_pull_secrets
         .iter()
         .find(|s| !is_dns_subdomain(s))
     {
-        return Err(ManifestError::ImagePullSecret(bad.clone()));
+        return Err(InstallError::ImagePullSecret(bad.clone()));
     }
     if opts.config.server.admission_budget.as_secs_f64() >= f64::from(TIMEOUT_SECONDS) {
-        return Err(ManifestError::Budget {
+        return Err(InstallError::Budget {
             budget: humantime::format_duration(opts.config.server.admission_budget).to_string(),
         });
     }
     let problems = in_cluster_problems(&opts.config);
     if !problems.is_empty() {
-        return Err(ManifestError::InCluster(problems));
+        return Err(InstallError::InCluster(problems));
     }
     let ns = opts.namespace.as_str();
     let account = ServiceAccount {
@@ -240,8 +240,8 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, ManifestError> {
     Ok(out)
 }
 
-fn value<T: serde::Serialize>(kind: &'static str, object: &T) -> Result<Value, ManifestError> {
-    serde_json::to_value(object).map_err(|source| ManifestError::Serialize { kind, source })
+fn value<T: serde::Serialize>(kind: &'static str, object: &T) -> Result<Value, InstallError> {
+    serde_json::to_value(object).map_err(|source| InstallError::Serialize { kind, source })
 }
 
 /// Renders objects as one multi-document YAML stream, with a header naming
@@ -437,7 +437,7 @@ fn grant(
     namespace: Option<&str>,
     sa_ns: &str,
     rules: Vec<PolicyRule>,
-) -> Result<[Value; 2], ManifestError> {
+) -> Result<[Value; 2], InstallError> {
     Ok(match namespace {
         Some(ns) => [
             value(
@@ -499,8 +499,8 @@ fn workload_rules() -> Vec<PolicyRule> {
 /// API server authorises requests with them.
 ///
 /// # Errors
-/// [`ManifestError::Serialize`] only.
-pub fn rbac(opts: &Options) -> Result<Vec<Value>, ManifestError> {
+/// [`InstallError::Serialize`] only.
+pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
     let ns = opts.namespace.as_str();
     let c = &opts.config;
     let mut out = Vec::new();
@@ -1117,7 +1117,7 @@ mod tests {
                 ..opts(Tls::SelfSigned)
             };
             assert!(
-                matches!(objects(&o), Err(ManifestError::Namespace(_))),
+                matches!(objects(&o), Err(InstallError::Namespace(_))),
                 "{bad}"
             );
         }

@@ -128,8 +128,8 @@ impl Breakers {
     }
 
     /// How many breakers are kept (for tests of the bound).
-    #[doc(hidden)]
-    pub fn held(&self) -> usize {
+    #[cfg(test)]
+    fn held(&self) -> usize {
         self.others.run_pending_tasks();
         self.named.len() + self.others.entry_count() as usize
     }

@@ -17,13 +17,13 @@ use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 mod access;
-pub mod backfill;
-pub mod health;
+pub(crate) mod backfill;
+pub(crate) mod health;
 mod identity_check;
 mod recover;
 mod referrers;
 mod resume;
-pub mod retention;
+pub(crate) mod retention;
 
 pub use backfill::Backfilled;
 pub use recover::Recovered;
@@ -39,6 +39,27 @@ use crate::registry::copy::{Copier, CopyError, CopyOptions, Endpoint};
 use crate::registry::ecr::Ecr;
 use crate::registry::pullsecrets::PodCredentials;
 use crate::registry::{ClientPool, PoolOptions, RegistryError, Role};
+
+/// Why the target cannot be used now (`/readyz`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// It does not answer `GET /v2/`.
+    #[error("target {host} unreachable: {reason}")]
+    Unreachable {
+        /// The target registry.
+        host: String,
+        /// The transport error chain.
+        reason: String,
+    },
+    /// Its client cannot be built, or it answered with an error.
+    #[error("target {host}: {reason}")]
+    Refused {
+        /// The target registry.
+        host: String,
+        /// What failed.
+        reason: String,
+    },
+}
 
 /// Errors deciding about one image. Each names the image.
 #[derive(Debug, thiserror::Error)]
@@ -779,22 +800,26 @@ impl Mirror {
     /// # Errors
     /// Why not, in one line: `target HOST unreachable: ...` when it does
     /// not answer, `target HOST: ...` when it answers with an error.
-    pub async fn target_ready(&self) -> Result<(), String> {
+    pub async fn target_ready(&self) -> Result<(), NotReady> {
         let host = self.target.registry();
         let client = self
             .pool
             .get(host, Role::Target)
             .await
             .map_err(|e| match e {
-                RegistryError::Unreachable { reason, .. } => {
-                    format!("target {host} unreachable: {reason}")
-                }
-                other => format!("target {host}: {other}"),
+                RegistryError::Unreachable { reason, .. } => NotReady::Unreachable {
+                    host: host.to_owned(),
+                    reason,
+                },
+                other => NotReady::Refused {
+                    host: host.to_owned(),
+                    reason: other.to_string(),
+                },
             })?;
-        client
-            .ping()
-            .await
-            .map_err(|reason| format!("target {host} unreachable: {reason}"))
+        client.ping().await.map_err(|e| NotReady::Unreachable {
+            host: host.to_owned(),
+            reason: e.reason,
+        })
     }
 
     /// The `cause` label of `pinswap_admission_errors_total` for `e`.

@@ -2,7 +2,7 @@
 //! (GitOps). Multi-document YAML or JSON in; the same text out, with only
 //! the image scalars of Pods and pod templates changed and pinswap's
 //! annotations added or updated. Comments, key order, quoting, indentation
-//! and line endings stay byte for byte (see [`yaml::edit`]).
+//! and line endings stay byte for byte (see `yaml::edit`).
 //!
 //! Kinds: Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job,
 //! ReplicationController, PodTemplate, CronJob, and the items of a `List`.
@@ -12,7 +12,7 @@
 //! so `mutate` on its own output changes no byte. Each run's reasons go to
 //! the [`SlotReport`]s instead.
 
-pub mod krm;
+pub(crate) mod krm;
 pub mod yaml;
 
 use std::collections::BTreeMap;

@@ -541,6 +541,14 @@ pub enum Mount {
     Failed,
 }
 
+/// A registry that does not answer `GET /v2/` ([`Registry::ping`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct PingError {
+    /// The transport error chain.
+    pub reason: String,
+}
+
 impl Registry {
     /// `host[:port]` as given to the pool.
     pub fn host(&self) -> &str {
@@ -551,7 +559,7 @@ impl Registry {
     ///
     /// # Errors
     /// The transport error chain when it does not.
-    pub async fn ping(&self) -> std::result::Result<(), String> {
+    pub async fn ping(&self) -> std::result::Result<(), PingError> {
         self.session
             .http
             .get(format!("{}/v2/", self.session.base))
@@ -559,7 +567,7 @@ impl Registry {
             .send()
             .await
             .map(drop)
-            .map_err(|e| chain(&e))
+            .map_err(|e| PingError { reason: chain(&e) })
     }
 
     /// `scheme://host[:port]` of the registry's API.

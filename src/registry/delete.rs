@@ -11,7 +11,7 @@ use crate::reference::{Digest, Reference};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {
     /// Accepted (202).
-    Deleted,
+    Accepted,
     /// Nothing to delete (404).
     Absent,
     /// The registry does not delete this way: a tag on Distribution, or
@@ -41,7 +41,7 @@ impl Registry {
             .send(&scopes, &name, || self.http().delete(&url))
             .await?;
         match resp.status().as_u16() {
-            200..=299 => Ok(Deleted::Deleted),
+            200..=299 => Ok(Deleted::Accepted),
             404 => Ok(Deleted::Absent),
             405 => Ok(Deleted::Unsupported),
             _ => match self.refusal(resp, &name, "DELETE manifest").await {

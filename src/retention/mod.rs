@@ -25,7 +25,7 @@
 //!    Blobs are left to the registry's garbage collection.
 //! 7. `dryRun` logs and counts, and removes nothing.
 
-pub mod store;
+pub(crate) mod store;
 mod sweep;
 
 use std::sync::Arc;

@@ -457,7 +457,7 @@ impl Retention {
                 Err(e) => return Err(e.to_string()),
             }
             match client.delete_manifest(&tagged).await {
-                Ok(Deleted::Deleted | Deleted::Absent) => {}
+                Ok(Deleted::Accepted | Deleted::Absent) => {}
                 // Distribution: the manifest's deletion removes its tags.
                 Ok(Deleted::Unsupported) => break,
                 Err(crate::registry::RegistryError::Http { status: 400, .. }) => break,
@@ -465,7 +465,7 @@ impl Retention {
             }
         }
         match client.delete_manifest_digest(&repo, d).await {
-            Ok(Deleted::Deleted | Deleted::Absent) => Ok(()),
+            Ok(Deleted::Accepted | Deleted::Absent) => Ok(()),
             Ok(Deleted::Unsupported) => Err(
                 "the target registry refuses deletes (Distribution: storage.delete.enabled)".into(),
             ),

@@ -30,8 +30,8 @@
 //!   accepting, requests in flight finish (up to `server.drainTimeout`), and
 //!   the health server stops last.
 
-pub mod budget;
-pub mod conn;
+pub(crate) mod budget;
+pub(crate) mod conn;
 mod reload;
 
 use std::future::Future;
@@ -497,7 +497,7 @@ fn health_routes(
             get(async move || {
                 let now = match stopping.load(Ordering::Acquire) {
                     true => Err("shutting down".to_owned()),
-                    false => admission.ready().await,
+                    false => admission.ready().await.map_err(|e| e.to_string()),
                 };
                 readiness.observe(&now);
                 match now {

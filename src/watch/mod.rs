@@ -21,16 +21,16 @@
 //! that was failing while the watch was down, or before this replica became
 //! leader, is still seen.
 
-pub mod backfill;
+pub(crate) mod backfill;
 pub mod evict;
-pub mod index;
-pub mod leader;
-pub mod nodes;
-pub mod pods;
+pub(crate) mod index;
+pub(crate) mod leader;
+pub(crate) mod nodes;
+pub(crate) mod pods;
 pub mod recovery;
-pub mod reverify;
-pub mod usage;
-pub mod workloads;
+pub(crate) mod reverify;
+pub(crate) mod usage;
+pub(crate) mod workloads;
 
 use std::collections::HashMap;
 use std::sync::Arc;

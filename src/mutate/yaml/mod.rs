@@ -1,10 +1,10 @@
 //! YAML for `pinswap mutate`: documents read with the byte span of every
-//! node ([`doc`]), edits of the original text at those spans ([`edit`]), and
-//! a writer for YAML pinswap makes itself ([`emit`]).
+//! node (`doc`), edits of the original text at those spans (`edit`), and
+//! a writer for YAML pinswap makes itself (`emit`).
 
 pub mod doc;
-pub mod edit;
-pub mod emit;
+pub(crate) mod edit;
+pub(crate) mod emit;
 
 pub use emit::to_yaml;
 
