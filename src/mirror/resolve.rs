@@ -1,0 +1,194 @@
+//! Source resolution: tags to digests, through the resolution cache and
+//! the source's breaker.
+
+use super::*;
+
+impl Mirror {
+    /// How long until `src`'s registry may be asked again (zero while its
+    /// breaker is closed): recovery waits at least this before retrying.
+    pub fn source_retry_in(&self, src: &Reference) -> Duration {
+        self.breakers.retry_in(&Self::source_key(src))
+    }
+
+    /// Runs `work`, a request to `src`'s registry, through its circuit
+    /// breaker: refused at once while the breaker is open, bounded by
+    /// `source.timeout` and half the time left before `deadline`, and
+    /// counted as an answer or an outage. An outage becomes
+    /// [`MirrorError::SourceDown`]; other errors pass through.
+    pub(super) async fn ask_source<T>(
+        &self,
+        src: &Reference,
+        deadline: Option<Instant>,
+        work: impl Future<Output = Result<T, MirrorError>>,
+    ) -> Result<T, MirrorError> {
+        let registry = Self::source_key(src);
+        let down = |cause: String, kind: ErrorCause| MirrorError::SourceDown {
+            image: src.to_string(),
+            registry: registry.clone(),
+            cause,
+            consequence: "not read from it".into(),
+            kind,
+        };
+        let attempt = self.breakers.attempt(&registry).map_err(|open| {
+            down(
+                format!("circuit breaker open after {open}"),
+                ErrorCause::Source,
+            )
+        })?;
+        let limit = match deadline {
+            Some(d) => {
+                let now = Instant::now();
+                self.source_timeout
+                    .min(d.saturating_duration_since(now) / 2)
+            }
+            None => self.source_timeout.max(Duration::from_secs(30)),
+        };
+        match tokio::time::timeout(limit, work).await {
+            Err(_) => {
+                let ms = Duration::from_millis(limit.as_millis() as u64);
+                let cause = format!("no answer within {}", humantime::format_duration(ms));
+                // A wait cut to less than half of `source.timeout` by the
+                // admission's budget says little: a busy machine can miss
+                // a 20 ms window with a healthy source. Only longer waits
+                // count against it (docs/architecture.md §3).
+                if limit < self.source_timeout / 2 {
+                    attempt.abandoned();
+                } else {
+                    attempt.failed(crate::registry::Outage::Timeout, cause.clone(), None);
+                }
+                Err(down(cause, ErrorCause::Source))
+            }
+            Ok(Ok(v)) => {
+                attempt.answered();
+                Ok(v)
+            }
+            Ok(Err(e)) => match source_outage(&e, &registry) {
+                Some((outage, retry_after, cause)) => {
+                    attempt.failed(outage, cause.clone(), retry_after);
+                    Err(down(cause, outage_kind(outage)))
+                }
+                None => {
+                    attempt.answered();
+                    Err(e)
+                }
+            },
+        }
+    }
+
+    /// Tag → manifest digest on the source, cached for `cache.resolutionTtl`,
+    /// through the source's circuit breaker.
+    pub(super) async fn resolve(
+        &self,
+        src: &Reference,
+        creds: Option<&Credentials>,
+        deadline: Option<Instant>,
+    ) -> Result<Digest, MirrorError> {
+        if let Some(d) = src.digest() {
+            return Ok(d.clone());
+        }
+        if let Some(d) = self.cached_resolution(src).await {
+            return Ok(d);
+        }
+        let key = src.to_string();
+        // Boxed: the request's future is about ten times the size of the
+        // rest of an admission's, and every cached admission moved it
+        // around (memmove was the largest cost in the profile).
+        Box::pin(self.resolve_at_source(src, key, creds, deadline)).await
+    }
+
+    /// `src`'s digest from the resolution cache, counted as a hit; `None`
+    /// (not counted: the lookup that follows counts) on a miss.
+    pub(super) async fn cached_resolution(&self, src: &Reference) -> Option<Digest> {
+        let d = self.caches.resolution()?.get(&src.to_string()).await?;
+        self.metrics.cache(crate::cache::RESOLUTION, true);
+        Some(d)
+    }
+
+    /// [`Mirror::resolve`] past the cache: one request per key at a time.
+    pub(super) async fn resolve_at_source(
+        &self,
+        src: &Reference,
+        key: String,
+        creds: Option<&Credentials>,
+        deadline: Option<Instant>,
+    ) -> Result<Digest, MirrorError> {
+        let fetch = self.ask_source(src, deadline, async {
+            self.metrics.cache(crate::cache::RESOLUTION, false);
+            let client = self
+                .pool
+                .get_with(src.registry(), Role::Source, creds)
+                .await?;
+            Ok::<_, MirrorError>(match client.head_manifest(src).await? {
+                Some(d) => d,
+                // HEAD has no body; GET brings the registry's own error code.
+                None => client.get_manifest(src).await?.digest,
+            })
+        });
+        match self.caches.resolution() {
+            // While the breaker is open or half-open, a caller must not wait
+            // on another's lookup: that one may be the probe, which waits
+            // out `source.timeout`. Each asks the breaker itself, and all
+            // but the probe are refused at once and use the target's copy.
+            Some(c) if !self.breakers.is_closed(&Self::source_key(src)) => {
+                let d = fetch.await?;
+                c.insert(key, d.clone()).await;
+                Ok(d)
+            }
+            // One lookup per key at a time: callers arriving while it runs
+            // wait for it instead of resolving again (moka's coalescing).
+            Some(c) => {
+                let mut missed = false;
+                let d = c
+                    .try_get_with(key, async {
+                        missed = true;
+                        fetch.await
+                    })
+                    .await
+                    .map_err(|e| match Arc::try_unwrap(e) {
+                        Ok(e) => e,
+                        Err(shared) => shared.for_waiter(src, &self.target_key()),
+                    })?;
+                if !missed {
+                    self.metrics.cache(crate::cache::RESOLUTION, true);
+                }
+                Ok(d)
+            }
+            None => fetch.await,
+        }
+    }
+
+    /// Resolves `src` (a tag, no digest; no filter or repair, so the
+    /// target's digest is the source's) and, when the resolution is not
+    /// cached and the existence cache does not vouch for the tag's last
+    /// digest, asks the target for the tag at the same time: an uncached
+    /// admission then waits for one round trip instead of two, with no
+    /// extra request. Returns the source digest and, when asked, the
+    /// target's answer.
+    ///
+    /// # Errors
+    /// The resolution's; the target's answer is the caller's to read.
+    pub(super) async fn resolve_and_look_ahead(
+        &self,
+        src: &Reference,
+        tag: &str,
+        creds: Option<&Credentials>,
+        deadline: Option<Instant>,
+    ) -> Result<(Digest, Option<Result<Option<Digest>, MirrorError>>), MirrorError> {
+        if let Some(d) = self.cached_resolution(src).await {
+            return Ok((d, None));
+        }
+        let tagged = self.target.map(&src.without_digest().with_tag(tag)?)?;
+        let vouched = match self.held_tags.get(&tagged.to_string()).await {
+            Some(d) => self.caches.vouches(&tagged.with_digest(d)).await,
+            None => false,
+        };
+        if vouched {
+            return Ok((self.resolve(src, creds, deadline).await?, None));
+        }
+        let (digest, ahead) = tokio::join!(
+            self.resolve(src, creds, deadline),
+            Box::pin(self.target_tag_digest(&tagged))
+        );
+        Ok((digest?, Some(ahead)))
+    }
+}
