@@ -206,25 +206,26 @@ impl Mirror {
         deadline: Option<Instant>,
     ) -> Result<Answer, MirrorError> {
         let registry = pinned.registry();
-        self.ask_source(pinned, deadline, async {
-            let client = match (creds, baseline) {
-                (Some(c), _) => self.pool.get_with(registry, Role::Source, Some(c)).await,
-                (None, Baseline::Configured) => self.pool.get(registry, Role::Source).await,
-                (None, Baseline::Anonymous) => {
-                    self.pool.get_anonymous(registry, Role::Source).await
+        self.resolver
+            .ask(pinned, deadline, async {
+                let client = match (creds, baseline) {
+                    (Some(c), _) => self.pool.get_with(registry, Role::Source, Some(c)).await,
+                    (None, Baseline::Configured) => self.pool.get(registry, Role::Source).await,
+                    (None, Baseline::Anonymous) => {
+                        self.pool.get_anonymous(registry, Role::Source).await
+                    }
+                };
+                let client = match client {
+                    Ok(c) => c,
+                    Err(e) => return refusal(e),
+                };
+                match client.head_manifest(pinned).await {
+                    Ok(Some(_)) => Ok(Answer::Read),
+                    Ok(None) => Ok(Answer::Refused("HTTP 404".into())),
+                    Err(e) => refusal(e),
                 }
-            };
-            let client = match client {
-                Ok(c) => c,
-                Err(e) => return refusal(e),
-            };
-            match client.head_manifest(pinned).await {
-                Ok(Some(_)) => Ok(Answer::Read),
-                Ok(None) => Ok(Answer::Refused("HTTP 404".into())),
-                Err(e) => refusal(e),
-            }
-        })
-        .await
+            })
+            .await
     }
 
     /// What the Pod with `pod`'s credentials may be given of `source` (the

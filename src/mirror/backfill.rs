@@ -84,7 +84,7 @@ impl Mirror {
         if !wait.is_zero() {
             return Err(MirrorError::SourceDown {
                 image: src.to_string(),
-                registry: Self::source_key(&plan.source),
+                registry: super::resolve::source_key(&plan.source),
                 cause: "circuit breaker open".into(),
                 consequence: "backfilled once it answers".into(),
                 kind: ErrorCause::Source,
@@ -93,10 +93,10 @@ impl Mirror {
         let start = Instant::now();
         // Waited for (`true`): no copy slot is taken; the caller bounds how
         // many run.
-        if let Err(f) = self.copy(&plan, creds.as_ref(), true, false).await {
+        if let Err(f) = self.queue.copy(&plan, creds.as_ref(), true, false).await {
             // The backfill retries it itself, outside the copy slots the
             // resume queue's retries take.
-            self.resumes.forget(&self.key(&plan));
+            self.queue.resumes().forget(&super::queue::key(&plan));
             return Err(MirrorError::CopyFailed {
                 image: plan.source.to_string(),
                 reason: f.reason,

@@ -1,7 +1,22 @@
 //! Building the mirror service from the config, and reading its
 //! credentials again while it runs.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use moka::future::Cache;
+use tracing::{info, warn};
+
+use super::{Mirror, MirrorError, access, copy_variant, health, queue, referrers, resolve, resume};
+use crate::cache::Caches;
+use crate::config::{Auth, Config, Platforms};
+use crate::metrics::Metrics;
+use crate::reference::{MirrorTarget, normalize_registry};
+use crate::registry::auth::{CredentialSources, Credentials};
+use crate::registry::copy::{Copier, CopyOptions};
+use crate::registry::ecr::Ecr;
+use crate::registry::{ClientPool, PoolOptions, Role};
 
 /// How often `pinswap serve` reads the config's `auth` blocks again.
 pub const CREDENTIALS_REFRESH: Duration = Duration::from_secs(300);
@@ -207,6 +222,29 @@ impl Mirror {
                 breakers.clone(),
             ))
         });
+        let caches = Arc::new(Caches::new(&config.cache, metrics.clone()));
+        let target_key = normalize_registry(target.registry());
+        let resolver = resolve::Resolver::new(
+            pool.clone(),
+            breakers.clone(),
+            caches.clone(),
+            metrics.clone(),
+            config.source.timeout,
+            target_key.clone(),
+        );
+        let queue = queue::Queue::new(queue::QueueParts {
+            copier,
+            verifier,
+            pool: pool.clone(),
+            metrics: metrics.clone(),
+            caches: caches.clone(),
+            breakers,
+            resumes: Arc::new(resume::Resumes::new(config.source.breaker.clone())),
+            referrers,
+            source_timeout: config.source.timeout,
+            target_key,
+            variant: copy_variant(&platforms, config.identity.collisions),
+        });
         Ok(Self {
             target,
             swap: config.swap_policy,
@@ -215,9 +253,7 @@ impl Mirror {
             pin: config.pin,
             pool,
             auths,
-            copier,
-            verifier,
-            caches: Arc::new(Caches::new(&config.cache, metrics.clone())),
+            caches,
             metrics: metrics.clone(),
             planned: Cache::builder()
                 .time_to_live(Duration::from_secs(24 * 3600))
@@ -228,7 +264,6 @@ impl Mirror {
                 .time_to_idle(Duration::from_secs(24 * 3600))
                 .max_capacity(100_000)
                 .build(),
-            variant: copy_variant(&platforms, config.identity.collisions),
             platforms,
             collisions: config.identity.collisions,
             record: Arc::default(),
@@ -237,8 +272,6 @@ impl Mirror {
                 .max_capacity(10_000)
                 .build(),
             reported: Mutex::default(),
-            inflight: Arc::default(),
-            copy_slots: Arc::new(Semaphore::new(4)),
             held_tags: Cache::builder()
                 // moka panics on a TTL over 1000 years; cache.ttl has no
                 // upper bound, and a century is as good as forever here.
@@ -250,12 +283,10 @@ impl Mirror {
                 )
                 .max_capacity(100_000)
                 .build(),
-            breakers,
-            source_timeout: config.source.timeout,
-            resumes: Arc::new(resume::Resumes::new(config.source.breaker.clone())),
+            resolver,
+            queue,
             ecr,
             access: access::Access::new(config),
-            referrers,
         })
     }
 

@@ -1,7 +1,12 @@
 //! The mirror's errors: why a decision failed, why the target is not
 //! ready, and which outage an error shows.
 
-use super::*;
+use std::time::Duration;
+
+use crate::metrics::ErrorCause;
+use crate::reference::{Reference, ReferenceError, normalize_registry};
+use crate::registry::RegistryError;
+use crate::registry::copy::CopyError;
 
 /// Why the target cannot be used now (`/readyz`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

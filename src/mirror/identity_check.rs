@@ -70,7 +70,7 @@ impl Mirror {
             self.platforms.clone(),
         );
         let (pinned, creds) = (pinned.clone(), creds.cloned());
-        let breakers = self.breakers.clone();
+        let breakers = self.resolver.breakers().clone();
         let target_key = self.target_key();
         let task = tokio::spawn(async move {
             cache

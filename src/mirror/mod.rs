@@ -6,15 +6,11 @@
 //! - `identity_check`: identity facts, findings and the repaired copy;
 //! - `recover`: re-verification and restoring a lost image.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
-use futures::future::{BoxFuture, Shared};
 use moka::future::Cache;
-use tokio::sync::Semaphore;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 mod access;
 pub(crate) mod backfill;
@@ -37,21 +33,19 @@ pub use error::{MirrorError, NotReady};
 pub use recover::Recovered;
 
 use build::HELD_TAGS_TTL_MAX;
-use error::{copy_kind, outage_kind, source_outage};
+use error::outage_kind;
 use plan::{Assessed, Plan};
-use queue::{CopyFailure, CopyHandle};
+use queue::CopyFailure;
 
 use crate::cache::{Caches, Purge};
-use crate::config::{Auth, CollisionPolicy, Config, CopyPolicy, Platforms, SwapPolicy};
-use crate::identity::{Facts, Record, Repair};
+use crate::config::{Auth, CollisionPolicy, CopyPolicy, SwapPolicy};
+use crate::identity::Record;
 use crate::metrics::{ErrorCause, Metrics};
 use crate::platform::PlatformSpec;
-use crate::reference::{Digest, MirrorTarget, Reference, ReferenceError, normalize_registry};
-use crate::registry::auth::{CredentialSources, Credentials};
-use crate::registry::copy::{Copier, CopyError, CopyOptions, Endpoint};
+use crate::reference::{Digest, MirrorTarget, Reference, normalize_registry};
 use crate::registry::ecr::Ecr;
 use crate::registry::pullsecrets::PodCredentials;
-use crate::registry::{ClientPool, PoolOptions, RegistryError, Role};
+use crate::registry::{ClientPool, RegistryError, Role};
 
 /// The outcome for one image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,9 +81,6 @@ pub struct Mirror {
     /// The config's `auth` blocks: (registry, side, block, key path), read
     /// again by [`Mirror::refresh_credentials`].
     auths: Vec<(String, Role, Auth, String)>,
-    copier: Arc<Copier>,
-    /// As `copier`, with `verify_target`: restores lost blobs and children.
-    verifier: Arc<Copier>,
     metrics: Arc<Metrics>,
     caches: Arc<Caches>,
     /// Source digest → target digest (differs with a platform filter).
@@ -101,32 +92,23 @@ pub struct Mirror {
     sources: Cache<String, Reference>,
     platforms: Vec<PlatformSpec>,
     collisions: CollisionPolicy,
-    /// [`copy_variant`] of this config: `Some` when a copy's digest may
-    /// differ from the source's.
-    variant: Option<String>,
     record: Arc<Record>,
     /// Pinned source → identity facts and repair plan.
     assessed: Cache<String, Arc<Assessed>>,
     /// Findings already logged and counted, so each is reported once.
     reported: Mutex<std::collections::HashSet<String>>,
-    inflight: Arc<Mutex<HashMap<String, CopyHandle>>>,
-    copy_slots: Arc<Semaphore>,
     /// Target `repository:tag` → the digest it was last seen to hold, so
     /// the target's copy can stand in for a failing source without a HEAD
     /// while the existence cache vouches for it.
     held_tags: Cache<String, Digest>,
-    /// The source registries' circuit breakers.
-    breakers: Arc<health::Breakers>,
-    /// How long an admission waits for a source to resolve (`source.timeout`).
-    source_timeout: Duration,
-    /// Copies that failed because their source could not answer, to retry.
-    resumes: Arc<resume::Resumes>,
+    /// Source resolution through the breakers and the resolution cache.
+    resolver: resolve::Resolver,
+    /// The copies in flight, their slots and resumes.
+    queue: queue::Queue,
     /// The ECR target (`target.aws`): its registry token and repositories.
     ecr: Option<Arc<Ecr>>,
     /// Who may be given a private image: settings and proofs.
     access: access::Access,
-    /// Copies referrers after their image (`referrers`); `None` when off.
-    referrers: Option<Arc<referrers::Follower>>,
 }
 
 /// The tag a digest-only source gets at the target, so "delete untagged"
@@ -230,19 +212,52 @@ impl Mirror {
         normalize_registry(self.target.registry())
     }
 
-    /// The breaker key and metric label of `src`'s registry.
-    fn source_key(src: &Reference) -> String {
-        normalize_registry(src.registry())
-    }
-
     /// The anchor tag at the target for source digest `d`: the plain one
     /// while copies keep the source's digest, else the one naming this
     /// config's platform filter and repair setting.
     pub(crate) fn anchor(&self, d: &Digest) -> String {
-        match &self.variant {
-            None => anchor_tag(d),
-            Some(v) => variant_anchor_tag(d, v),
+        self.queue.anchor(d)
+    }
+
+    /// How long until `src`'s registry may be asked again (zero while its
+    /// breaker is closed): recovery waits at least this before retrying.
+    pub fn source_retry_in(&self, src: &Reference) -> Duration {
+        self.resolver.retry_in(src)
+    }
+
+    /// Waits for every copy started so far (a CLI run must not exit while
+    /// `copyPolicy: delayed` copies are still in flight), and the referrers
+    /// they handed on. Returns how many failed.
+    pub async fn wait_for_copies(&self) -> usize {
+        self.queue.wait().await
+    }
+
+    /// Purges cache entries: all of them with `None`; else those `selector`
+    /// names. A reference under the target selects existence entries of
+    /// that repository (narrowed by its tag and digest when written); any
+    /// other reference is a source, and selects its resolution entries and
+    /// the existence entries of where it mirrors to. A selector without a
+    /// tag or digest covers the whole repository. Returns how many entries
+    /// went.
+    ///
+    /// # Errors
+    /// [`MirrorError::Reference`] for a malformed selector.
+    pub async fn purge(&self, selector: Option<&str>) -> Result<u64, MirrorError> {
+        let Some(s) = selector else {
+            return Ok(self.caches.purge(&Purge::All).await);
+        };
+        let parsed = Reference::parse(s)?;
+        let last = s.rsplit('/').next().unwrap_or(s);
+        let r = match last.split('@').next().is_some_and(|n| n.contains(':')) {
+            true => parsed,
+            false => parsed.without_tag(),
+        };
+        if self.target.contains(&r) {
+            return Ok(self.caches.purge(&Purge::Existence(r)).await);
         }
+        let mapped = self.target.map(&r)?;
+        Ok(self.caches.purge(&Purge::Resolution(r)).await
+            + self.caches.purge(&Purge::Existence(mapped)).await)
     }
 }
 
@@ -265,7 +280,7 @@ impl Mirror {
     /// while referrers travel: signatures over the source's index do not
     /// apply to the filtered one, which has a digest of its own.
     fn filtered_referrers_note(&self, plan: &Plan) -> String {
-        if self.referrers.is_none() || !self.copier.filters_platforms() {
+        if self.queue.referrers().is_none() || !self.queue.copier().filters_platforms() {
             return String::new();
         }
         match (plan.source.digest(), plan.target.digest()) {
@@ -394,12 +409,12 @@ impl Mirror {
             CopyPolicy::None if always => Ok(rewrite("swapPolicy always (copyPolicy none)")),
             CopyPolicy::None => Ok(keep("not at the target and copyPolicy is none")),
             CopyPolicy::Delayed => {
-                drop(self.copy(&plan, creds, false, false));
+                drop(self.queue.copy(&plan, creds, false, false));
                 let wait = self.source_retry_in(&plan.source);
                 if !wait.is_zero() && !always {
                     return Ok(keep(&format!(
                         "not at the target yet; its source {} cannot answer, so the copy waits for it",
-                        Self::source_key(&plan.source)
+                        resolve::source_key(&plan.source)
                     )));
                 }
                 Ok(if always {
@@ -409,7 +424,7 @@ impl Mirror {
                 })
             }
             CopyPolicy::Immediate | CopyPolicy::Force => {
-                let handle = self.copy(&plan, creds, true, false);
+                let handle = self.queue.copy(&plan, creds, true, false);
                 // The admission's own timeout ends at `deadline` too: waiting
                 // until that same instant, not a duration computed a moment
                 // later, lets this wait answer ("copy still running") rather
@@ -455,6 +470,7 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     /// The copy-queue key whose next copy task panics (a stand-in for a
     /// bug anywhere under the copy).
@@ -500,12 +516,12 @@ mod tests {
             Config::from_yaml("target: {registry: \"127.0.0.1:9/mirror\"}\nsource: {registries: [{registry: \"127.0.0.1:9\"}]}\n", "t.yaml").unwrap();
         let m = Mirror::from_config(&config, Arc::new(Metrics::new())).unwrap();
         let plan = plan("127.0.0.1:9/shop/app:v1");
-        let key = m.key(&plan);
+        let key = queue::key(&plan);
         *PANIC_FOR.lock().unwrap() = Some(key.clone());
-        let first = m.copy(&plan, None, true, false).await.unwrap_err();
+        let first = m.queue.copy(&plan, None, true, false).await.unwrap_err();
         assert!(first.reason.contains("panic"), "{}", first.reason);
-        assert!(m.inflight.lock().unwrap().is_empty(), "entry removed");
-        let second = m.copy(&plan, None, true, false).await.unwrap_err();
+        assert!(m.queue.is_idle(), "entry removed");
+        let second = m.queue.copy(&plan, None, true, false).await.unwrap_err();
         assert!(
             !second.reason.contains("panic"),
             "a new copy, which fails on its own (nothing listens): {}",
@@ -545,6 +561,7 @@ mod tests {
 #[cfg(test)]
 mod future_size {
     use super::*;
+    use crate::config::Config;
 
     /// Every admission moves its decision's future around; the paths that
     /// send a request are boxed so that a cached decision does not carry
@@ -557,7 +574,7 @@ mod future_size {
         let r = Reference::parse("127.0.0.1:9/a:b").unwrap();
         let pod = PodCredentials::none();
         let decide = std::mem::size_of_val(&m.decide(&r, Instant::now(), &pod));
-        let resolve = std::mem::size_of_val(&m.resolve(&r, None, None));
+        let resolve = std::mem::size_of_val(&m.resolver.resolve(&r, None, None));
         assert!(decide <= 6 * 1024, "decide's future is {decide} bytes");
         assert!(resolve <= 2 * 1024, "resolve's future is {resolve} bytes");
     }

@@ -1,7 +1,18 @@
 //! Plans: where a source image lives at the target, the target checks,
 //! held tags and stand-ins while a source is down.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{debug, warn};
+
+use super::{Mirror, MirrorError};
+use crate::config::CollisionPolicy;
+use crate::identity::{Facts, Repair};
+use crate::reference::{Digest, Reference};
+use crate::registry::Role;
+use crate::registry::auth::Credentials;
+use crate::registry::copy::Endpoint;
 
 /// A source image mapped to where it lives at the target.
 #[derive(Debug, Clone)]
@@ -145,7 +156,7 @@ impl Mirror {
             None => self.anchor(source_digest),
         };
         let tagged = self.target.map(&pinned.without_digest().with_tag(&tag)?)?;
-        let (d, read) = match self.variant {
+        let (d, read) = match self.queue.variant() {
             None => (source_digest.clone(), false),
             Some(_) => match self.planned.get(&pinned.to_string()).await {
                 Some(d) => (d, false),
@@ -218,7 +229,7 @@ impl Mirror {
         let target = tagged.with_digest(d.clone());
         // The source digest is the target's unless a filter or a repair
         // made the copy; then only this process's own record knows it.
-        let unchanged = self.variant.is_none();
+        let unchanged = self.queue.variant().is_none();
         let (source, known) = match unchanged {
             true => (src.with_digest(d), true),
             false => match self.sources.get(&target.without_tag().to_string()).await {
@@ -336,13 +347,13 @@ impl Mirror {
         creds: Option<&Credentials>,
         deadline: Option<Instant>,
     ) -> Result<Plan, MirrorError> {
-        let unchanged = self.variant.is_none();
+        let unchanged = self.queue.variant().is_none();
         let (source_digest, ahead) = match src.tag() {
             Some(tag) if src.digest().is_none() && unchanged => {
                 self.resolve_and_look_ahead(src, tag, creds, deadline)
                     .await?
             }
-            _ => (self.resolve(src, creds, deadline).await?, None),
+            _ => (self.resolver.resolve(src, creds, deadline).await?, None),
         };
         let pinned_source = src.with_digest(source_digest.clone());
         if src.digest().is_none()
@@ -353,14 +364,15 @@ impl Mirror {
         // With a platform filter the target holds a filtered index with its
         // own digest; planned_digest computes it without pushing anything.
         // Content under a digest never changes, so it is cached by digest.
-        let target_digest = match self.copier.filters_platforms() {
+        let target_digest = match self.queue.copier().filters_platforms() {
             false => source_digest.clone(),
             // Boxed, as in `resolve`: a request's future is large.
             true => Box::pin(self.planned.try_get_with(
                 pinned_source.to_string(),
-                self.ask_source(src, deadline, async {
+                self.resolver.ask(src, deadline, async {
                     Ok(self
-                        .copier
+                        .queue
+                        .copier()
                         .planned_digest(&Endpoint::Registry(pinned_source.clone()), creds)
                         .await?)
                 }),
@@ -474,5 +486,40 @@ impl Mirror {
             self.caches.verified(target).await;
         }
         Ok(present)
+    }
+
+    /// Resolves `src` (a tag, no digest; no filter or repair, so the
+    /// target's digest is the source's) and, when the resolution is not
+    /// cached and the existence cache does not vouch for the tag's last
+    /// digest, asks the target for the tag at the same time: an uncached
+    /// admission then waits for one round trip instead of two, with no
+    /// extra request. Returns the source digest and, when asked, the
+    /// target's answer.
+    ///
+    /// # Errors
+    /// The resolution's; the target's answer is the caller's to read.
+    pub(super) async fn resolve_and_look_ahead(
+        &self,
+        src: &Reference,
+        tag: &str,
+        creds: Option<&Credentials>,
+        deadline: Option<Instant>,
+    ) -> Result<(Digest, Option<Result<Option<Digest>, MirrorError>>), MirrorError> {
+        if let Some(d) = self.resolver.cached(src).await {
+            return Ok((d, None));
+        }
+        let tagged = self.target.map(&src.without_digest().with_tag(tag)?)?;
+        let vouched = match self.held_tags.get(&tagged.to_string()).await {
+            Some(d) => self.caches.vouches(&tagged.with_digest(d)).await,
+            None => false,
+        };
+        if vouched {
+            return Ok((self.resolver.resolve(src, creds, deadline).await?, None));
+        }
+        let (digest, ahead) = tokio::join!(
+            self.resolver.resolve(src, creds, deadline),
+            Box::pin(self.target_tag_digest(&tagged))
+        );
+        Ok((digest?, Some(ahead)))
     }
 }

@@ -1,7 +1,26 @@
 //! The copy queue: copies in flight shared by every waiter, their slots,
-//! and the purge.
+//! and the resumes of those whose source could not answer. [`Queue`] holds
+//! what a copy needs, so a copy task never reaches back into the mirror.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use tokio::sync::Semaphore;
+use tracing::{debug, info, warn};
+
+use super::error::copy_kind;
+use super::plan::Plan;
+use super::resolve::source_key;
+use super::{anchor_tag, health, identity_check, referrers, resume, variant_anchor_tag};
+use crate::cache::Caches;
+use crate::metrics::{ErrorCause, Metrics};
+use crate::reference::{Digest, normalize_registry};
+use crate::registry::auth::Credentials;
+use crate::registry::copy::{Copier, CopyError, Endpoint};
+use crate::registry::{ClientPool, Role};
 
 /// Why a copy failed: the error in words and its kind.
 #[derive(Debug, Clone)]
@@ -15,10 +34,7 @@ pub(super) struct CopyFailure {
 pub(super) type CopyHandle = Shared<BoxFuture<'static, Result<u64, CopyFailure>>>;
 
 /// A copy-queue entry, removed from the map when the copy's task ends.
-pub(super) struct Inflight(
-    pub(super) Arc<Mutex<HashMap<String, CopyHandle>>>,
-    pub(super) String,
-);
+struct Inflight(Arc<Mutex<HashMap<String, CopyHandle>>>, String);
 
 impl Drop for Inflight {
     fn drop(&mut self) {
@@ -29,10 +45,105 @@ impl Drop for Inflight {
     }
 }
 
-impl Mirror {
-    /// The existence-cache and copy-queue key: `repository:tag@digest`.
-    pub(super) fn key(&self, plan: &Plan) -> String {
-        plan.target.to_string()
+/// The existence-cache and copy-queue key: `repository:tag@digest`.
+pub(super) fn key(plan: &Plan) -> String {
+    plan.target.to_string()
+}
+
+/// What every copy needs, and the copies in flight.
+pub(super) struct Queue {
+    inflight: Arc<Mutex<HashMap<String, CopyHandle>>>,
+    /// Slots for background copies (admissions' copies start at once).
+    slots: Arc<Semaphore>,
+    copier: Arc<Copier>,
+    /// As `copier`, with `verify_target`: restores lost blobs and children.
+    verifier: Arc<Copier>,
+    pool: Arc<ClientPool>,
+    metrics: Arc<Metrics>,
+    caches: Arc<Caches>,
+    breakers: Arc<health::Breakers>,
+    /// Copies that failed because their source could not answer, to retry.
+    resumes: Arc<resume::Resumes>,
+    /// Copies referrers after their image (`referrers`); `None` when off.
+    referrers: Option<Arc<referrers::Follower>>,
+    /// How long a breaker's probe waits for the source.
+    source_timeout: Duration,
+    /// The target registry, normalised, as errors name it.
+    target_key: String,
+    /// [`super::copy_variant`] of this config: `Some` when a copy's digest
+    /// may differ from the source's.
+    variant: Option<String>,
+}
+
+/// The parts a [`Queue`] is built from.
+pub(super) struct QueueParts {
+    pub(super) copier: Arc<Copier>,
+    pub(super) verifier: Arc<Copier>,
+    pub(super) pool: Arc<ClientPool>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) caches: Arc<Caches>,
+    pub(super) breakers: Arc<health::Breakers>,
+    pub(super) resumes: Arc<resume::Resumes>,
+    pub(super) referrers: Option<Arc<referrers::Follower>>,
+    pub(super) source_timeout: Duration,
+    pub(super) target_key: String,
+    pub(super) variant: Option<String>,
+}
+
+impl Queue {
+    pub(super) fn new(p: QueueParts) -> Self {
+        Self {
+            inflight: Arc::default(),
+            slots: Arc::new(Semaphore::new(4)),
+            copier: p.copier,
+            verifier: p.verifier,
+            pool: p.pool,
+            metrics: p.metrics,
+            caches: p.caches,
+            breakers: p.breakers,
+            resumes: p.resumes,
+            referrers: p.referrers,
+            source_timeout: p.source_timeout,
+            target_key: p.target_key,
+            variant: p.variant,
+        }
+    }
+
+    /// The copier (no target verification).
+    pub(super) fn copier(&self) -> &Arc<Copier> {
+        &self.copier
+    }
+
+    /// The referrers follower, when referrers travel.
+    pub(super) fn referrers(&self) -> Option<&Arc<referrers::Follower>> {
+        self.referrers.as_ref()
+    }
+
+    /// Copies waiting for their source to answer again.
+    pub(super) fn resumes(&self) -> &resume::Resumes {
+        &self.resumes
+    }
+
+    /// The copy variant of this config, when copies may differ from the
+    /// source's digest.
+    pub(super) fn variant(&self) -> Option<&str> {
+        self.variant.as_deref()
+    }
+
+    /// The anchor tag at the target for source digest `d`: the plain one
+    /// while copies keep the source's digest, else the one naming this
+    /// config's platform filter and repair setting.
+    pub(super) fn anchor(&self, d: &Digest) -> String {
+        match &self.variant {
+            None => anchor_tag(d),
+            Some(v) => variant_anchor_tag(d, v),
+        }
+    }
+
+    /// Whether no copy is in flight.
+    #[cfg(test)]
+    pub(super) fn is_idle(&self) -> bool {
+        self.inflight.lock().expect("inflight lock").is_empty()
     }
 
     /// Starts (or joins) the copy for `plan`; it runs to the end in the
@@ -50,7 +161,7 @@ impl Mirror {
         waited_for: bool,
         resumed: bool,
     ) -> CopyHandle {
-        let key = self.key(plan);
+        let key = key(plan);
         let mut inflight = self.inflight.lock().expect("inflight lock");
         if let Some(h) = inflight.get(&key) {
             return h.clone();
@@ -67,11 +178,11 @@ impl Mirror {
             true => self.verifier.clone(),
             false => self.copier.clone(),
         };
-        let (metrics, slots) = (self.metrics.clone(), self.copy_slots.clone());
+        let (metrics, slots) = (self.metrics.clone(), self.slots.clone());
         let (breakers, resumes, retry) =
             (self.breakers.clone(), self.resumes.clone(), plan.clone());
-        let source_key = Self::source_key(&plan.source);
-        let target_key = self.target_key();
+        let source_key = source_key(&plan.source);
+        let target_key = self.target_key.clone();
         let (caches, inflight_map, k) = (self.caches.clone(), self.inflight.clone(), key.clone());
         let follower = self.referrers.clone();
         let source_timeout = self.source_timeout.max(Duration::from_secs(30));
@@ -96,7 +207,7 @@ impl Mirror {
             // shared with every later caller for the life of the process.
             let _entry = Inflight(inflight_map, k.clone());
             #[cfg(test)]
-            tests::maybe_panic(&k);
+            super::tests::maybe_panic(&k);
             let _permit = match waited_for {
                 true => None,
                 false => Some(slots.acquire_owned().await.expect("never closed")),
@@ -274,7 +385,7 @@ impl Mirror {
     /// Waits for every copy started so far (a CLI run must not exit while
     /// `copyPolicy: delayed` copies are still in flight). Returns how many
     /// failed.
-    pub async fn wait_for_copies(&self) -> usize {
+    pub(super) async fn wait(&self) -> usize {
         let handles: Vec<CopyHandle> = self
             .inflight
             .lock()
@@ -292,33 +403,5 @@ impl Mirror {
             f.idle().await;
         }
         failed
-    }
-
-    /// Purges cache entries: all of them with `None`; else those `selector`
-    /// names. A reference under the target selects existence entries of
-    /// that repository (narrowed by its tag and digest when written); any
-    /// other reference is a source, and selects its resolution entries and
-    /// the existence entries of where it mirrors to. A selector without a
-    /// tag or digest covers the whole repository. Returns how many entries
-    /// went.
-    ///
-    /// # Errors
-    /// [`MirrorError::Reference`] for a malformed selector.
-    pub async fn purge(&self, selector: Option<&str>) -> Result<u64, MirrorError> {
-        let Some(s) = selector else {
-            return Ok(self.caches.purge(&Purge::All).await);
-        };
-        let parsed = Reference::parse(s)?;
-        let last = s.rsplit('/').next().unwrap_or(s);
-        let r = match last.split('@').next().is_some_and(|n| n.contains(':')) {
-            true => parsed,
-            false => parsed.without_tag(),
-        };
-        if self.target.contains(&r) {
-            return Ok(self.caches.purge(&Purge::Existence(r)).await);
-        }
-        let mapped = self.target.map(&r)?;
-        Ok(self.caches.purge(&Purge::Resolution(r)).await
-            + self.caches.purge(&Purge::Existence(mapped)).await)
     }
 }

@@ -66,7 +66,7 @@ impl Mirror {
     /// replica planned) to the background follow again, so referrers that
     /// appeared at the source since the copy reach the target too.
     pub async fn refresh_referrers(&self, target: &Reference) {
-        let (Some(follower), Some(digest)) = (&self.referrers, target.digest()) else {
+        let (Some(follower), Some(digest)) = (self.queue.referrers(), target.digest()) else {
             return;
         };
         let Some(source) = self.sources.get(&target.without_tag().to_string()).await else {
@@ -218,6 +218,7 @@ impl Mirror {
             .await?;
         let start = Instant::now();
         let restored = self
+            .queue
             .copy(&plan, creds.as_ref(), false, false)
             .await
             .map_err(|f| MirrorError::CopyFailed {
@@ -269,7 +270,7 @@ impl Mirror {
         // A platform filter or a repair gives the mirror a digest of its own:
         // plan the hint again (by its digest when it pins one, else by its
         // tag as it resolves now) and accept it if it plans to `digest`.
-        if self.copier.filters_platforms() || self.collisions == CollisionPolicy::Repair {
+        if self.queue.copier().filters_platforms() || self.collisions == CollisionPolicy::Repair {
             let hint = match hint.digest() {
                 Some(_) => hint.clone(),
                 None => hint.without_digest(),

@@ -1,13 +1,64 @@
 //! Source resolution: tags to digests, through the resolution cache and
-//! the source's breaker.
+//! the source's breaker. [`Resolver`] holds what it needs; the mirror asks
+//! it and never reaches past it to the breakers or the cache.
 
-use super::*;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-impl Mirror {
+use super::error::{MirrorError, outage_kind, source_outage};
+use super::health;
+use crate::cache::{self, Caches};
+use crate::metrics::{ErrorCause, Metrics};
+use crate::reference::{Digest, Reference, normalize_registry};
+use crate::registry::auth::Credentials;
+use crate::registry::{ClientPool, Role};
+
+/// The breaker key and metric label of `src`'s registry.
+pub(super) fn source_key(src: &Reference) -> String {
+    normalize_registry(src.registry())
+}
+
+/// Asks source registries for digests, each through its circuit breaker.
+pub(super) struct Resolver {
+    pool: Arc<ClientPool>,
+    breakers: Arc<health::Breakers>,
+    caches: Arc<Caches>,
+    metrics: Arc<Metrics>,
+    /// How long an admission waits for a source (`source.timeout`).
+    timeout: Duration,
+    /// The target registry, normalised, as errors name it.
+    target_key: String,
+}
+
+impl Resolver {
+    pub(super) fn new(
+        pool: Arc<ClientPool>,
+        breakers: Arc<health::Breakers>,
+        caches: Arc<Caches>,
+        metrics: Arc<Metrics>,
+        timeout: Duration,
+        target_key: String,
+    ) -> Self {
+        Self {
+            pool,
+            breakers,
+            caches,
+            metrics,
+            timeout,
+            target_key,
+        }
+    }
+
+    /// The source registries' circuit breakers.
+    pub(super) fn breakers(&self) -> &Arc<health::Breakers> {
+        &self.breakers
+    }
+
     /// How long until `src`'s registry may be asked again (zero while its
-    /// breaker is closed): recovery waits at least this before retrying.
-    pub fn source_retry_in(&self, src: &Reference) -> Duration {
-        self.breakers.retry_in(&Self::source_key(src))
+    /// breaker is closed).
+    pub(super) fn retry_in(&self, src: &Reference) -> Duration {
+        self.breakers.retry_in(&source_key(src))
     }
 
     /// Runs `work`, a request to `src`'s registry, through its circuit
@@ -15,13 +66,13 @@ impl Mirror {
     /// `source.timeout` and half the time left before `deadline`, and
     /// counted as an answer or an outage. An outage becomes
     /// [`MirrorError::SourceDown`]; other errors pass through.
-    pub(super) async fn ask_source<T>(
+    pub(super) async fn ask<T>(
         &self,
         src: &Reference,
         deadline: Option<Instant>,
         work: impl Future<Output = Result<T, MirrorError>>,
     ) -> Result<T, MirrorError> {
-        let registry = Self::source_key(src);
+        let registry = source_key(src);
         let down = |cause: String, kind: ErrorCause| MirrorError::SourceDown {
             image: src.to_string(),
             registry: registry.clone(),
@@ -38,10 +89,9 @@ impl Mirror {
         let limit = match deadline {
             Some(d) => {
                 let now = Instant::now();
-                self.source_timeout
-                    .min(d.saturating_duration_since(now) / 2)
+                self.timeout.min(d.saturating_duration_since(now) / 2)
             }
-            None => self.source_timeout.max(Duration::from_secs(30)),
+            None => self.timeout.max(Duration::from_secs(30)),
         };
         match tokio::time::timeout(limit, work).await {
             Err(_) => {
@@ -51,7 +101,7 @@ impl Mirror {
                 // admission's budget says little: a busy machine can miss
                 // a 20 ms window with a healthy source. Only longer waits
                 // count against it (docs/architecture.md §3).
-                if limit < self.source_timeout / 2 {
+                if limit < self.timeout / 2 {
                     attempt.abandoned();
                 } else {
                     attempt.failed(crate::registry::Outage::Timeout, cause.clone(), None);
@@ -86,34 +136,34 @@ impl Mirror {
         if let Some(d) = src.digest() {
             return Ok(d.clone());
         }
-        if let Some(d) = self.cached_resolution(src).await {
+        if let Some(d) = self.cached(src).await {
             return Ok(d);
         }
         let key = src.to_string();
         // Boxed: the request's future is about ten times the size of the
         // rest of an admission's, and every cached admission moved it
         // around (memmove was the largest cost in the profile).
-        Box::pin(self.resolve_at_source(src, key, creds, deadline)).await
+        Box::pin(self.at_source(src, key, creds, deadline)).await
     }
 
     /// `src`'s digest from the resolution cache, counted as a hit; `None`
     /// (not counted: the lookup that follows counts) on a miss.
-    pub(super) async fn cached_resolution(&self, src: &Reference) -> Option<Digest> {
+    pub(super) async fn cached(&self, src: &Reference) -> Option<Digest> {
         let d = self.caches.resolution()?.get(&src.to_string()).await?;
-        self.metrics.cache(crate::cache::RESOLUTION, true);
+        self.metrics.cache(cache::RESOLUTION, true);
         Some(d)
     }
 
-    /// [`Mirror::resolve`] past the cache: one request per key at a time.
-    pub(super) async fn resolve_at_source(
+    /// [`Resolver::resolve`] past the cache: one request per key at a time.
+    async fn at_source(
         &self,
         src: &Reference,
         key: String,
         creds: Option<&Credentials>,
         deadline: Option<Instant>,
     ) -> Result<Digest, MirrorError> {
-        let fetch = self.ask_source(src, deadline, async {
-            self.metrics.cache(crate::cache::RESOLUTION, false);
+        let fetch = self.ask(src, deadline, async {
+            self.metrics.cache(cache::RESOLUTION, false);
             let client = self
                 .pool
                 .get_with(src.registry(), Role::Source, creds)
@@ -129,7 +179,7 @@ impl Mirror {
             // on another's lookup: that one may be the probe, which waits
             // out `source.timeout`. Each asks the breaker itself, and all
             // but the probe are refused at once and use the target's copy.
-            Some(c) if !self.breakers.is_closed(&Self::source_key(src)) => {
+            Some(c) if !self.breakers.is_closed(&source_key(src)) => {
                 let d = fetch.await?;
                 c.insert(key, d.clone()).await;
                 Ok(d)
@@ -146,49 +196,14 @@ impl Mirror {
                     .await
                     .map_err(|e| match Arc::try_unwrap(e) {
                         Ok(e) => e,
-                        Err(shared) => shared.for_waiter(src, &self.target_key()),
+                        Err(shared) => shared.for_waiter(src, &self.target_key),
                     })?;
                 if !missed {
-                    self.metrics.cache(crate::cache::RESOLUTION, true);
+                    self.metrics.cache(cache::RESOLUTION, true);
                 }
                 Ok(d)
             }
             None => fetch.await,
         }
-    }
-
-    /// Resolves `src` (a tag, no digest; no filter or repair, so the
-    /// target's digest is the source's) and, when the resolution is not
-    /// cached and the existence cache does not vouch for the tag's last
-    /// digest, asks the target for the tag at the same time: an uncached
-    /// admission then waits for one round trip instead of two, with no
-    /// extra request. Returns the source digest and, when asked, the
-    /// target's answer.
-    ///
-    /// # Errors
-    /// The resolution's; the target's answer is the caller's to read.
-    pub(super) async fn resolve_and_look_ahead(
-        &self,
-        src: &Reference,
-        tag: &str,
-        creds: Option<&Credentials>,
-        deadline: Option<Instant>,
-    ) -> Result<(Digest, Option<Result<Option<Digest>, MirrorError>>), MirrorError> {
-        if let Some(d) = self.cached_resolution(src).await {
-            return Ok((d, None));
-        }
-        let tagged = self.target.map(&src.without_digest().with_tag(tag)?)?;
-        let vouched = match self.held_tags.get(&tagged.to_string()).await {
-            Some(d) => self.caches.vouches(&tagged.with_digest(d)).await,
-            None => false,
-        };
-        if vouched {
-            return Ok((self.resolve(src, creds, deadline).await?, None));
-        }
-        let (digest, ahead) = tokio::join!(
-            self.resolve(src, creds, deadline),
-            Box::pin(self.target_tag_digest(&tagged))
-        );
-        Ok((digest?, Some(ahead)))
     }
 }

@@ -164,7 +164,7 @@ impl Mirror {
     /// retry is then the breaker's probe), and every one as soon as a
     /// breaker closes. Runs until `token` is cancelled (`pinswap serve`).
     pub async fn resume_copies(self: Arc<Self>, token: tokio_util::sync::CancellationToken) {
-        let mut closings = self.breakers.closings();
+        let mut closings = self.resolver.breakers().closings();
         loop {
             tokio::select! {
                 _ = token.cancelled() => return,
@@ -172,23 +172,28 @@ impl Mirror {
                     if r.is_err() {
                         return;
                     }
-                    self.resumes.all_due();
+                    self.queue.resumes().all_due();
                 }
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             let mut probing = HashSet::new();
-            let due = self.resumes.take_due(|p| {
-                retry_now(&self.breakers, &Self::source_key(&p.source), &mut probing)
+            let breakers = self.resolver.breakers();
+            let due = self.queue.resumes().take_due(|p| {
+                retry_now(
+                    breakers,
+                    &super::resolve::source_key(&p.source),
+                    &mut probing,
+                )
             });
             for (plan, creds) in due {
-                drop(self.copy(&plan, creds.as_ref(), false, true));
+                drop(self.queue.copy(&plan, creds.as_ref(), false, true));
             }
         }
     }
 
     /// How many copies wait for their source to answer again.
     pub fn copies_waiting_for_source(&self) -> usize {
-        self.resumes.len()
+        self.queue.resumes().len()
     }
 }
 

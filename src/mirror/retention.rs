@@ -37,7 +37,7 @@ impl Mirror {
     /// The name of the setting a copy's digest may differ from the
     /// source's under ([`super::copy_variant`]), when one is set.
     pub fn copy_variant(&self) -> Option<&str> {
-        self.variant.as_deref()
+        self.queue.variant()
     }
 
     /// Whether the source still serves `pinned` (a source reference with a
@@ -48,13 +48,13 @@ impl Mirror {
         let Some(digest) = pinned.digest() else {
             return SourceCheck::NotServed("no digest to compare".into());
         };
-        let key = Self::source_key(pinned);
-        if !self.breakers.is_closed(&key) {
+        let key = super::resolve::source_key(pinned);
+        if !self.resolver.breakers().is_closed(&key) {
             return SourceCheck::Down(format!(
                 "source registry {key} cannot answer (its circuit breaker is not closed)"
             ));
         }
-        let head = self.ask_source(pinned, None, async {
+        let head = self.resolver.ask(pinned, None, async {
             let client = self.pool.get(pinned.registry(), Role::Source).await?;
             Ok(client.head_manifest(&pinned.without_tag()).await?)
         });
