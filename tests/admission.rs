@@ -1202,7 +1202,6 @@ async fn thousands_of_containers_are_admitted_within_the_budget_with_annotations
 /// the target's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn source_and_pull_secret_credentials_never_reach_the_target() {
-    use base64::Engine as _;
     use common::front::Front;
     common::init();
     let (src, private, dst) = (
@@ -1218,12 +1217,6 @@ async fn source_and_pull_secret_credentials_never_reach_the_target() {
     let (app, own) = (Image::oci(2, 961), Image::oci(2, 962));
     push_image(&src, "shop/app", Some("v1"), &app).await;
     push_image(&private, "private/app", Some("v1"), &own).await;
-    let basic = |user: &str, password: &str| {
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
-        )
-    };
     let kube = common::kube::KubeApi::start().await;
     // The Pod's pull secret: the private source, and the target too.
     let auths = serde_json::json!({"auths": {
@@ -1291,21 +1284,20 @@ async fn source_and_pull_secret_credentials_never_reach_the_target() {
 
     // Each source was read with its own credentials (else this test would
     // prove nothing about them)...
-    let sent = |f: &Front| -> Vec<String> {
-        let mut v: Vec<String> = f
-            .authorizations()
-            .into_iter()
-            .filter_map(|(_, _, a)| a)
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    assert_eq!(sent(&sf), [basic("puller", "Source-Secret-1")]);
-    assert_eq!(sent(&pf), [basic("secret-user", "Pull-Secret-2")]);
+    assert_eq!(
+        sf.credentials_sent(),
+        [common::basic_auth("puller", "Source-Secret-1")]
+    );
+    assert_eq!(
+        pf.credentials_sent(),
+        [common::basic_auth("secret-user", "Pull-Secret-2")]
+    );
     // ...and the target saw only its own, on every request that carried any,
     // the pushes among them.
-    assert_eq!(sent(&tf), [basic("mirror", "Target-Secret-3")]);
+    assert_eq!(
+        tf.credentials_sent(),
+        [common::basic_auth("mirror", "Target-Secret-3")]
+    );
     let pushes = tf
         .authorizations()
         .into_iter()

@@ -6,52 +6,15 @@ mod common;
 
 use std::sync::Arc;
 
+use common::cli::{pinswap, pinswap_env};
 use common::fixtures::{Blob, Image, Index};
 use common::skopeo;
 use common::{TcpCutProxy, TestRegistry, pinswap_bin, push_image, push_index};
 use serde_json::Value;
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs the binary with `args` (async, so an in-process proxy keeps working).
-async fn pinswap(args: &[&str]) -> Out {
-    pinswap_env(args, &[]).await
-}
-
-async fn pinswap_env(args: &[&str], env: &[(&str, &str)]) -> Out {
-    let cache = common::cache_home();
-    let mut cmd = tokio::process::Command::new(pinswap_bin());
-    cmd.args(args)
-        .env("XDG_CACHE_HOME", cache.path())
-        .env_remove("PINSWAP_SRC_CREDS")
-        .env_remove("PINSWAP_DEST_CREDS")
-        .env_remove("REGISTRY_AUTH_FILE")
-        // No ambient Docker config: each test says where credentials come from.
-        .env("DOCKER_CONFIG", "/nonexistent-pinswap-test");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().await.expect("run pinswap");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
 /// Runs a copy with `--json`, asserts success, returns the first image's report.
 async fn copy_json(args: &[&str]) -> Value {
-    let mut all = vec!["copy", "--json"];
-    all.extend_from_slice(args);
-    let out = pinswap(&all).await;
-    assert_eq!(out.code, 0, "pinswap {all:?} failed:\n{}", out.stderr);
-    let v: Value = serde_json::from_str(&out.stdout).expect("--json output is JSON");
-    assert_eq!(v["failed"], 0, "{v}");
-    v["images"][0].clone()
+    common::cli::copy_json(None, args).await
 }
 
 /// An OCI image made of these layers, with a config unique to `n`.
@@ -1415,7 +1378,6 @@ async fn concurrent_copies_of_one_index_under_two_tags_both_succeed() {
 /// with the target's credentials too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn source_credentials_never_reach_the_target() {
-    use base64::Engine as _;
     use common::front::Front;
     let src = TestRegistry::plain_auth("puller", "Source-Secret-1").await;
     let dst = TestRegistry::plain_auth("mirror", "Target-Secret-3").await;
@@ -1456,24 +1418,14 @@ async fn source_credentials_never_reach_the_target() {
     for (repo, img) in [("shop/app", &first), ("shop/web", &second)] {
         assert_image(&dst, &format!("mirror/{comp}/{repo}"), "v1", img).await;
     }
-    let basic = |user: &str, password: &str| {
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
-        )
-    };
-    let sent = |f: &Front| -> Vec<String> {
-        let mut v: Vec<String> = f
-            .authorizations()
-            .into_iter()
-            .filter_map(|(_, _, a)| a)
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    assert_eq!(sent(&sf), [basic("puller", "Source-Secret-1")]);
-    assert_eq!(sent(&tf), [basic("mirror", "Target-Secret-3")]);
+    assert_eq!(
+        sf.credentials_sent(),
+        [common::basic_auth("puller", "Source-Secret-1")]
+    );
+    assert_eq!(
+        tf.credentials_sent(),
+        [common::basic_auth("mirror", "Target-Secret-3")]
+    );
     let mounts = tf
         .authorizations()
         .into_iter()

@@ -14,43 +14,34 @@ use std::sync::Arc;
 
 use common::front::{Front, Mode};
 use common::review::{admit, pod};
-use common::{Blob, Image, Index, TestRegistry, pinswap_bin, push_image, push_index};
+use common::{Blob, Image, Index, TestRegistry, push_image, push_index};
 use pinswap::admission::Admission;
 use pinswap::config::Config;
 use pinswap::metrics::Metrics;
 use serde_json::{Value, json};
 
-/// `pinswap copy --json ARGS...` with a cache of its own, asserting
-/// success; the first report.
+/// `pinswap copy --json --no-referrers ARGS...` with a cache of its own,
+/// asserting success; the first report. These counts are the image's own;
+/// referrers add their requests after it (counted in tests/referrers.rs).
 async fn copy(args: &[&str]) -> Value {
     copy_in(common::cache_home().path(), args).await
 }
 
 /// As [`copy`], with `cache` as `XDG_CACHE_HOME`.
 async fn copy_in(cache: &Path, args: &[&str]) -> Value {
-    let (ok, report, stderr) = try_copy_in(cache, args).await;
-    assert!(ok, "copy {args:?}: {stderr}");
-    report
+    common::cli::copy_json(Some(cache), &no_referrers(args)).await
 }
 
 /// As [`copy_in`], success or not: (succeeded, first report, stderr).
 async fn try_copy_in(cache: &Path, args: &[&str]) -> (bool, Value, String) {
-    let out = tokio::process::Command::new(pinswap_bin())
-        .arg("copy")
-        .arg("--json")
-        // These counts are the image's own; referrers add their requests
-        // after it (counted in tests/referrers.rs).
-        .arg("--no-referrers")
-        .args(args)
-        .env("XDG_CACHE_HOME", cache)
-        .env("DOCKER_CONFIG", "/nonexistent-pinswap-test")
-        .env_remove("REGISTRY_AUTH_FILE")
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.success(), v["images"][0].clone(), stderr)
+    let (out, report) = common::cli::try_copy_json(Some(cache), &no_referrers(args)).await;
+    (out.code == 0, report, out.stderr)
+}
+
+fn no_referrers<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["--no-referrers"];
+    all.extend_from_slice(args);
+    all
 }
 
 fn show(front: &Front) -> String {

@@ -175,6 +175,18 @@ impl Front {
         self.shared.authorizations.lock().unwrap().clone()
     }
 
+    /// Every distinct `Authorization` value sent so far, sorted.
+    pub fn credentials_sent(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .authorizations()
+            .into_iter()
+            .filter_map(|(_, _, a)| a)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
     /// Every request seen so far.
     pub fn total(&self) -> u64 {
         self.shared.seen.lock().unwrap().len() as u64

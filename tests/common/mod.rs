@@ -16,6 +16,8 @@
 //! - [`moto::MotoServer`]: moto as the ECR, STS and IAM API on loopback;
 //! - [`fixtures`]: images, indexes and artifacts built in-process, with their
 //!   exact bytes and digests, and [`push`] to put them in a registry;
+//! - [`recovery`]: the recovery rig (registries, the API double,
+//!   replicas with their background work, images to prune);
 //! - [`skopeo`]: skopeo as an independent peer;
 //! - [`kube::KubeApi`]: an in-process Kubernetes API server (Pods and workloads list/watch,
 //!   Events, Leases, Secrets, ServiceAccounts) and a `kube::Client` for it;
@@ -25,12 +27,14 @@
 //!   through the API double or a real API server's admin client;
 //! - [`tools`]: cosign, oras and a referrers-API registry from
 //!   `scripts/build-tools.sh`;
+//! - [`cli`]: the binary run with no ambient credentials, and `copy --json`;
 //! - [`pinswap_bin`]: the path of the binary under test.
 //!
 //! Helpers panic with context instead of returning errors: they are test code.
 //! Each test binary uses a subset, hence the `allow` below.
 #![allow(dead_code, unused_imports)]
 
+pub mod cli;
 pub mod cluster;
 pub mod fixtures;
 pub mod forward;
@@ -40,6 +44,7 @@ pub mod metrics;
 pub mod moto;
 pub mod proxy;
 pub mod push;
+pub mod recovery;
 pub mod registry;
 pub mod review;
 pub mod serve;
@@ -132,6 +137,16 @@ pub async fn run_pinswap_with_input(args: &[&str], input: &str) -> (i32, String,
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The `Authorization` value of HTTP Basic credentials.
+pub fn basic_auth(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    let pair = format!("{user}:{password}");
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(pair)
     )
 }
 

@@ -1,0 +1,323 @@
+//! Eviction after a late re-mirror (`recovery.evict`): Pods a controller
+//! owns that are still in the kubelet's back-off are evicted once `after`
+//! has passed, within a disruption budget and `perMinute`, and not at all
+//! when it is off.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::TestRegistry;
+use common::kube::KubeApi;
+use common::recovery::*;
+use common::review::{admit, pod, pull_failing};
+use pinswap::config::Config;
+use serde_json::Value;
+
+/// `pod` as its ReplicaSet creates it: a controller owner reference.
+fn owned(mut pod: Value) -> Value {
+    pod["metadata"]["ownerReferences"] = serde_json::json!([{
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8f7c",
+        "uid": "00000000-0000-4000-8000-0000000000aa", "controller": true,
+        "blockOwnerDeletion": true
+    }]);
+    pod
+}
+
+/// `pod` running its container `app` (the kubelet pulled the image).
+fn running(pod: &Value) -> Value {
+    let mut pod = pod.clone();
+    let image = pod["spec"]["containers"][0]["image"].clone();
+    pod["status"] = serde_json::json!({
+        "phase": "Running",
+        "containerStatuses": [{
+            "name": "app", "image": image, "imageID": "", "ready": true, "restartCount": 0,
+            "started": true, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        }]
+    });
+    pod
+}
+
+/// [`config`] with `recovery.evict: EVICT`, and a source breaker that
+/// lets a returning source be asked again within a second.
+fn evict_config(src: &TestRegistry, dst: &TestRegistry, evict: &str) -> Config {
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\n  breaker: {{backoff: 500ms, maxBackoff: 1s}}\ncopyPolicy: immediate\ncopyDeadline: 8s\nserver: {{admissionBudget: 8s}}\ncache: {{reverify: 0s}}\n{FAST}  evict: {evict}\n",
+        dst.host(),
+        src.host()
+    );
+    Config::from_yaml(&yaml, "test.yaml").unwrap()
+}
+
+/// Admits `name` (owned by a ReplicaSet when `controlled`) and stores it.
+async fn admit_owned(
+    r: &Replica,
+    api: &KubeApi,
+    name: &str,
+    img: &Pushed,
+    controlled: bool,
+) -> Value {
+    let bare = pod("shop", name, &[("app", &img.source)]);
+    let p = if controlled { owned(bare) } else { bare };
+    let (patched, _) = admit(&r.adm, &p).await;
+    assert!(
+        patched["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap()
+            .contains(&img.image.digest),
+        "rewritten and pinned"
+    );
+    store(api, &patched);
+    patched
+}
+
+/// The source down when Pods first fail to pull a pruned image, so they go
+/// into back-off; the source back `down_for` later; returns when the
+/// image is served again and its `ImageRemirrored` Event is recorded on
+/// `first`.
+async fn late_remirror(
+    api: &KubeApi,
+    src: &mut TestRegistry,
+    dst: &TestRegistry,
+    img: &Pushed,
+    failing: &[&Value],
+    first: &str,
+) {
+    prune(dst, img).await;
+    src.kill();
+    for p in failing {
+        store(api, &pull_failing(p, "app", "ErrImagePull"));
+    }
+    eventually(
+        "a RemirrorFailed Event",
+        Duration::from_secs(20),
+        || async { !events_for(api, first, "RemirrorFailed").is_empty() },
+    )
+    .await;
+}
+
+async fn source_back(
+    api: &KubeApi,
+    src: &mut TestRegistry,
+    dst: &TestRegistry,
+    img: &Pushed,
+    first: &str,
+) {
+    src.restart().await;
+    eventually("the image served again", Duration::from_secs(30), || {
+        served_again(dst, img)
+    })
+    .await;
+    eventually(
+        "an ImageRemirrored Event",
+        Duration::from_secs(10),
+        || async { !events_for(api, first, "ImageRemirrored").is_empty() },
+    )
+    .await;
+}
+
+/// The late re-mirror: a Pod with a controller that failed more than
+/// `after` before it is evicted at once; one whose failure was seen later
+/// is evicted when its `after` has passed (a timer); a bare Pod, a Pod
+/// that pulled by itself meanwhile and a Pod failing on another image are
+/// left alone.
+#[tokio::test]
+async fn pods_still_in_back_off_after_a_late_remirror_are_evicted_once_after_has_passed() {
+    let (mut src, dst, api) = rig().await;
+    let app = push(&src, "app", 441).await;
+    let other = push(&src, "other", 442).await;
+    let cfg = evict_config(&src, &dst, "{enabled: true, after: 8s}");
+    let mut r = Replica::new(&cfg);
+    let web = admit_owned(&r, &api, "web-0", &app, true).await;
+    let solo = admit_owned(&r, &api, "solo", &app, false).await;
+    let healed = admit_owned(&r, &api, "healed", &app, true).await;
+    let late = admit_owned(&r, &api, "late", &app, true).await;
+    let elsewhere = admit_owned(&r, &api, "elsewhere", &other, true).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    wait_watching(&api).await;
+
+    // web-0 and solo fail while the source is down, more than `after`
+    // before it returns.
+    late_remirror(&api, &mut src, &dst, &app, &[&web, &solo], "web-0").await;
+    // A Pod failing on an image the target still has: no re-mirror of it.
+    store(&api, &pull_failing(&elsewhere, "app", "ErrImagePull"));
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    // healed and late fail just before it returns: within `after`.
+    for p in [&healed, &late] {
+        store(&api, &pull_failing(p, "app", "ImagePullBackOff"));
+    }
+    eventually("both failures seen", Duration::from_secs(10), || async {
+        r.metric("pinswap_pull_failures_total") >= 5.0
+    })
+    .await;
+    source_back(&api, &mut src, &dst, &app, "web-0").await;
+    // healed's kubelet retry pulls the image on its own.
+    store(&api, &running(&healed));
+
+    eventually("web-0 evicted", Duration::from_secs(10), || async {
+        api.pod("shop", "web-0").is_none()
+    })
+    .await;
+    // At the re-mirror, late's failure is younger than `after`: it stays.
+    assert_eq!(api.evicted(), ["shop/web-0"], "{:?}", api.evictions());
+    assert!(api.pod("shop", "late").is_some());
+    let ev = events_for(&api, "web-0", "EvictedAfterRemirror");
+    assert_eq!(ev.len(), 1, "{:?}", api.events());
+    assert_eq!(ev[0]["type"], "Normal");
+    assert_eq!(ev[0]["reportingController"], "pinswap");
+    let note = ev[0]["note"].as_str().unwrap();
+    assert!(note.contains(&app.image.digest), "{note}");
+
+    // late, when its `after` has passed: a timer.
+    eventually("late evicted", Duration::from_secs(15), || async {
+        api.pod("shop", "late").is_none()
+    })
+    .await;
+    assert_eq!(api.evicted(), ["shop/web-0", "shop/late"]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for name in ["solo", "healed", "elsewhere"] {
+        assert!(api.pod("shop", name).is_some(), "{name} was not evicted");
+        assert!(events_for(&api, name, "EvictedAfterRemirror").is_empty());
+    }
+    assert_eq!(api.evictions().len(), 2, "{:?}", api.evictions());
+    assert_eq!(
+        r.metric("pinswap_evictions_total{outcome=\"evicted\"}"),
+        2.0
+    );
+    assert_eq!(
+        r.metric("pinswap_evictions_total{outcome=\"recovered\"}"),
+        1.0,
+        "healed was checked once more and found running"
+    );
+    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    r.stop().await;
+}
+
+/// A PodDisruptionBudget's 429 is retried later and counted; the Pod is
+/// evicted once the budget allows it.
+#[tokio::test]
+async fn an_eviction_a_budget_refuses_is_retried_until_it_allows_it() {
+    let (src, dst, api) = rig().await;
+    let app = push(&src, "app", 443).await;
+    let cfg = evict_config(&src, &dst, "{enabled: true, after: 0s}");
+    let mut r = Replica::new(&cfg);
+    let web = admit_owned(&r, &api, "web-0", &app, true).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    wait_watching(&api).await;
+    api.refuse_evictions(2);
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&web, "app", "ErrImagePull"));
+    eventually("a refused eviction", Duration::from_secs(20), || async {
+        !api.evictions().is_empty()
+    })
+    .await;
+    let refused = Instant::now();
+    assert_eq!(api.evictions()[0].1, 429, "{:?}", api.evictions());
+    eventually("the eviction", Duration::from_secs(30), || async {
+        api.pod("shop", "web-0").is_none()
+    })
+    .await;
+    // 5 s, then 10 s more: backoff, not a tight loop.
+    assert!(
+        refused.elapsed() >= Duration::from_secs(14),
+        "{:?} {:?}",
+        refused.elapsed(),
+        api.evictions()
+    );
+    let codes: Vec<u16> = api.evictions().iter().map(|(_, c)| *c).collect();
+    assert_eq!(codes, [429, 429, 201]);
+    assert_eq!(r.metric("pinswap_evictions_total{outcome=\"budget\"}"), 2.0);
+    assert_eq!(
+        r.metric("pinswap_evictions_total{outcome=\"evicted\"}"),
+        1.0
+    );
+    assert_eq!(events_for(&api, "web-0", "EvictedAfterRemirror").len(), 1);
+    r.stop().await;
+}
+
+/// 100 Pods stuck on one image: no more than `perMinute` evictions in the
+/// first minute; the rest wait their turn.
+#[tokio::test]
+async fn evictions_after_a_large_outage_are_held_to_per_minute() {
+    let (mut src, dst, api) = rig().await;
+    let app = push(&src, "app", 444).await;
+    let cfg = evict_config(&src, &dst, "{enabled: true, after: 1s, perMinute: 7}");
+    let mut r = Replica::new(&cfg);
+    let mut pods = Vec::new();
+    for i in 0..100 {
+        pods.push(admit_owned(&r, &api, &format!("web-{i}"), &app, true).await);
+    }
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    wait_watching(&api).await;
+    let failing: Vec<&Value> = pods.iter().collect();
+    late_remirror(&api, &mut src, &dst, &app, &failing, "web-0").await;
+    eventually("every failure seen", Duration::from_secs(10), || async {
+        r.metric("pinswap_pull_failures_total") == 100.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    source_back(&api, &mut src, &dst, &app, "web-0").await;
+    eventually("the first evictions", Duration::from_secs(10), || async {
+        api.evicted().len() == 7
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let evicted = api.evicted();
+    assert_eq!(evicted.len(), 7, "{evicted:?}");
+    assert_eq!(api.evictions().len(), 7, "no request beyond the bound");
+    let distinct: std::collections::HashSet<_> = evicted.iter().collect();
+    assert_eq!(distinct.len(), 7);
+    let left = (0..100)
+        .filter(|i| api.pod("shop", &format!("web-{i}")).is_some())
+        .count();
+    assert_eq!(left, 93);
+    let queued =
+        r.bg.as_ref()
+            .and_then(|b| b.recovery())
+            .and_then(|rec| rec.evictor())
+            .map(|e| e.queued());
+    assert_eq!(queued, Some(93), "the rest wait their turn");
+    r.stop().await;
+}
+
+/// Off by default: the same late re-mirror evicts nothing, and the
+/// install grants no `pods/eviction`.
+#[tokio::test]
+async fn with_eviction_off_nothing_is_evicted_and_none_is_granted() {
+    let (mut src, dst, api) = rig().await;
+    let app = push(&src, "app", 445).await;
+    // Off by default; and off means off, even with `after: 0s`.
+    assert!(!config(&src, &dst, "{}").recovery.evict.enabled);
+    let cfg = evict_config(&src, &dst, "{enabled: false, after: 0s}");
+    let mut r = Replica::new(&cfg);
+    let web = admit_owned(&r, &api, "web-0", &app, true).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    wait_watching(&api).await;
+    late_remirror(&api, &mut src, &dst, &app, &[&web], "web-0").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    source_back(&api, &mut src, &dst, &app, "web-0").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(api.evictions().is_empty(), "{:?}", api.evictions());
+    assert!(
+        api.forbidden().is_empty(),
+        "not even tried: {:?}",
+        api.forbidden()
+    );
+    assert!(api.pod("shop", "web-0").is_some());
+    let opts = pinswap::install::manifests::Options {
+        namespace: "pinswap".into(),
+        replicas: 1,
+        tls: pinswap::install::manifests::Tls::CertManager,
+        image: "registry.example/pinswap:0".into(),
+        image_pull_secrets: Vec::new(),
+        config_text: String::new(),
+        config: cfg.clone(),
+    };
+    let rbac = serde_json::to_string(&pinswap::install::manifests::rbac(&opts).unwrap()).unwrap();
+    assert!(!rbac.contains("pods/eviction"), "{rbac}");
+    r.stop().await;
+}
