@@ -1,6 +1,7 @@
 //! The file map of docs/architecture.md (§9) against the tree: every file
-//! under `src/` and `scripts/` is named there, and every file it names
-//! exists, so the map cannot go stale.
+//! under `src/` and `scripts/`, every integration test and every harness
+//! file is named there, and every file it names exists, so the map cannot
+//! go stale.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -97,5 +98,65 @@ fn a_row_names_bare_files_in_the_directory_before_them() {
             "src/watch/pods.rs",
             "src/install/manifests.rs"
         ]
+    );
+}
+
+/// The words in backticks of the §9 row that starts with `start`.
+fn row_words(map: &str, start: &str) -> BTreeSet<String> {
+    let row = map
+        .lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no row {start:?} in docs/architecture.md §9"));
+    row.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The `.rs` files directly in `dir`, by name.
+fn rust_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".rs"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_file_map_names_every_test_file_and_harness_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let map = section(&doc, "## 9. Files");
+    // The cluster suite (`cluster_*.rs`) has a row of its own.
+    let tests = row_words(map, "| `tests/*.rs`");
+    let unnamed: Vec<_> = rust_files(&root.join("tests"))
+        .into_iter()
+        .filter(|f| !f.starts_with("cluster_"))
+        .map(|f| f.trim_end_matches(".rs").to_owned())
+        .filter(|stem| !tests.contains(stem))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "test files not in the `tests/*.rs` row of docs/architecture.md §9: {unnamed:?}"
+    );
+    let gone: Vec<_> = tests
+        .iter()
+        .filter(|t| *t != "tests/*.rs" && !root.join(format!("tests/{t}.rs")).exists())
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "named in the `tests/*.rs` row, not in tests/: {gone:?}"
+    );
+    let harness = row_words(map, "| `tests/common/`");
+    let unnamed: Vec<_> = rust_files(&root.join("tests/common"))
+        .into_iter()
+        .filter(|f| !harness.contains(f))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "harness files not in the `tests/common/` row of docs/architecture.md §9: {unnamed:?}"
     );
 }

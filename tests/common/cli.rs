@@ -14,6 +14,19 @@ pub struct Out {
     pub stderr: String,
 }
 
+impl Out {
+    /// Asserts that standard error says `what`.
+    #[track_caller]
+    pub fn says(&self, what: impl AsRef<str>) {
+        let what = what.as_ref();
+        assert!(
+            self.stderr.contains(what),
+            "stderr does not say {what:?}:\n{}",
+            self.stderr
+        );
+    }
+}
+
 /// Runs `pinswap args` with `env` set, no credential variables or Docker
 /// config from the environment, and the blob location cache in `cache`
 /// (a fresh directory when `None`). Async, so servers in the test process

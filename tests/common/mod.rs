@@ -18,6 +18,7 @@
 //!   exact bytes and digests, and [`push`] to put them in a registry;
 //! - [`recovery`]: the recovery rig (registries, the API double,
 //!   replicas with their background work, images to prune);
+//! - [`identity`]: Spin apps sharing one config, and the identity configs;
 //! - [`skopeo`]: skopeo as an independent peer;
 //! - [`kube::KubeApi`]: an in-process Kubernetes API server (Pods and workloads list/watch,
 //!   Events, Leases, Secrets, ServiceAccounts) and a `kube::Client` for it;
@@ -27,21 +28,34 @@
 //!   through the API double or a real API server's admin client;
 //! - [`tools`]: cosign, oras and a referrers-API registry from
 //!   `scripts/build-tools.sh`;
+//! - [`admission`]: AdmissionReview fixtures and an admission rig;
+//! - [`api_objects`], [`judge`]: Pods, metadata and watch helpers of the
+//!   API double's self-test, and both API servers set up alike;
+//! - [`manifests`]: `pinswap manifests` decoded into objects;
+//! - [`mutating`]: running `pinswap mutate`, its manifests and configs;
 //! - [`cli`]: the binary run with no ambient credentials, and `copy --json`;
+//! - [`copying`]: byte-exact checks of a copy at the target;
 //! - [`pinswap_bin`]: the path of the binary under test.
 //!
 //! Helpers panic with context instead of returning errors: they are test code.
 //! Each test binary uses a subset, hence the `allow` below.
 #![allow(dead_code, unused_imports)]
 
+pub mod admission;
+pub mod api_objects;
 pub mod cli;
 pub mod cluster;
+pub mod copying;
 pub mod fixtures;
 pub mod forward;
 pub mod front;
+pub mod identity;
+pub mod judge;
 pub mod kube;
+pub mod manifests;
 pub mod metrics;
 pub mod moto;
+pub mod mutating;
 pub mod proxy;
 pub mod push;
 pub mod recovery;
