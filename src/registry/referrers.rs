@@ -280,41 +280,24 @@ impl ReferrerCopier {
         count: &mut usize,
         report: &mut ReferrersReport,
     ) -> Vec<Digest> {
-        // The lookups are independent reads of the source: asked together,
-        // they cost one round trip where they cost four, which is most of a
-        // warm copy's time. What they find is copied in the same order.
-        let tagged = COSIGN_TAGS
-            .iter()
-            .filter(|(_, artifact_type)| self.opts.allows(Some(artifact_type)))
-            .map(|(suffix, _)| async move {
-                let tag = fallback_tag(subject, Some(suffix));
-                let what = format!("{}:{tag}", src.name());
-                let refs = src
-                    .with_tag(&tag)
-                    .and_then(|from| Ok((from, dst.with_tag(&tag)?)));
-                let head = match &refs {
-                    Ok((from, _)) => Some(sc.manifest_digest(from).await),
-                    Err(_) => None,
-                };
-                (what, refs, head)
-            });
-        let (tagged, listed) = tokio::join!(
-            futures::future::join_all(tagged),
-            self.listed(sc, src, subject)
-        );
         let mut found = Vec::new();
-        for (what, refs, head) in tagged {
-            let ((from, to), head) = match (refs, head) {
-                (Ok(r), head) => (r, head),
-                (Err(e), _) => {
+        for (suffix, artifact_type) in COSIGN_TAGS {
+            if !self.opts.allows(Some(artifact_type)) {
+                continue;
+            }
+            let tag = fallback_tag(subject, Some(suffix));
+            let what = format!("{}:{tag}", src.name());
+            let (from, to) = match (src.with_tag(&tag), dst.with_tag(&tag)) {
+                (Ok(f), Ok(t)) => (f, t),
+                (Err(e), _) | (_, Err(e)) => {
                     report.fail(&what, e);
                     continue;
                 }
             };
-            let digest = match head {
-                Some(Ok(Some(d))) => d,
-                Some(Ok(None)) | None => continue,
-                Some(Err(e)) => {
+            let digest = match sc.manifest_digest(&from).await {
+                Ok(Some(d)) => d,
+                Ok(None) => continue,
+                Err(e) => {
                     report.fail(&what, e);
                     continue;
                 }
@@ -330,7 +313,7 @@ impl ReferrerCopier {
             }
         }
 
-        let listed = match listed {
+        let listed = match self.listed(sc, src, subject).await {
             Ok(l) => l,
             Err(e) => {
                 report.fail(&format!("{}@{subject}", src.name()), e);
