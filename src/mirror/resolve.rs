@@ -1,6 +1,6 @@
 //! Source resolution: tags to digests, through the resolution cache and
-//! the source's breaker. [`Resolver`] holds what it needs; the mirror asks
-//! it and never reaches past it to the breakers or the cache.
+//! the source's breaker. [`Resolver`] holds what it needs and knows nothing
+//! of the mirror, which asks it for digests and for the breakers.
 
 use std::future::Future;
 use std::sync::Arc;
