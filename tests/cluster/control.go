@@ -3,14 +3,16 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
 
 // serveControl answers the suite's requests for faults a real cluster has
 // but a client cannot cause: compaction and an API server restart.
-func serveControl(cp *controlPlane, store *etcdStore) (*http.Server, error) {
+func serveControl(cp *controlPlane, store *etcdStore, nd *node) (*http.Server, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -45,6 +47,21 @@ func serveControl(cp *controlPlane, store *etcdStore) (*http.Server, error) {
 	})
 	post("/apiserver/start", func(ctx context.Context) (string, error) {
 		return "started", cp.startAPIServer(ctx)
+	})
+	// POST /node/expose with body HOST:PORT (a loopback registry): the
+	// address at the node IP that reaches it from Pods, and containerd too.
+	mux.HandleFunc("/node/expose", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || nd == nil {
+			http.Error(w, "POST, on a harness started with -node", http.StatusMethodNotAllowed)
+			return
+		}
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 256))
+		addr, err := nd.expose(strings.TrimSpace(string(body)))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintln(w, addr)
 	})
 	mux.HandleFunc("/revision", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, store.Revision())

@@ -70,7 +70,7 @@ func newControlPlane(dir string, p *pki, etcdURL string) (*controlPlane, error) 
 		port:            port,
 		adminKubeconfig: filepath.Join(dir, "admin.kubeconfig"),
 		kcmKubeconfig:   filepath.Join(dir, "controller-manager.kubeconfig"),
-		failed:          make(chan error, 4),
+		failed:          make(chan error, 8),
 	}
 	if err := os.WriteFile(filepath.Join(dir, "audit-policy.yaml"), []byte(auditPolicy), 0o600); err != nil {
 		return nil, err
@@ -157,6 +157,14 @@ func (cp *controlPlane) apiserverArgs() []string {
 		"--audit-log-path=" + filepath.Join(cp.dir, "audit.log"),
 		"--audit-log-mode=blocking",
 		"--profiling=false",
+		// A webhook's Service is reached at its endpoints' addresses: the
+		// harness runs no kube-proxy, so no ClusterIP answers.
+		"--enable-aggregator-routing=true",
+		// The API server reaches the node's kubelet (logs, exec) at its
+		// InternalIP with a client certificate the kubelet checks.
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
+		"--kubelet-client-certificate=" + p.kubeletClientCert,
+		"--kubelet-client-key=" + p.kubeletClientKey,
 	}
 }
 
@@ -182,11 +190,20 @@ func (cp *controlPlane) spawn(name string, args []string) (*child, error) {
 	if err != nil {
 		return nil, err
 	}
+	return cp.spawnBinary(name, self, append([]string{name}, args...), nil)
+}
+
+// spawnBinary starts bin with args as a child logging to DIR/NAME.log;
+// env, when given, is added to this process's environment.
+func (cp *controlPlane) spawnBinary(name, bin string, args, env []string) (*child, error) {
 	log, err := os.OpenFile(filepath.Join(cp.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, append([]string{name}, args...)...)
+	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = log, log
 	// A child dies with the supervisor, even on SIGKILL.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

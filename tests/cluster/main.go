@@ -3,7 +3,7 @@
 // each built from the published Kubernetes modules (see go.mod for the
 // release).
 //
-//	cluster [-dir DIR]
+//	cluster [-dir DIR] [-node -node-bin DIR -pause-image REF]
 //
 // The supervisor keeps etcd in its own process and runs the API server and
 // the controller manager as children (this binary again, with the
@@ -19,6 +19,20 @@
 //
 // (the last is where the logs and the audit log are; sidecar is a second
 // mutating webhook, see sidecar.go).
+//
+// With -node it also runs kube-scheduler and a node (node.go): containerd
+// from -node-bin (scripts/build-node.sh), runc and a kubelet (this binary
+// again, "scheduler" and "kubelet"), and waits until the node is Ready. It
+// then prints, before "dir",
+//
+//	node NAME
+//	node-ip IP
+//	containerd unix://SOCKET
+//	certs.d DIR
+//
+// certs.d is containerd's registry host directory: a registry's
+// DIR/HOST:PORT/hosts.toml is read at each pull. The pause image's registry
+// gets one at start.
 // The control address answers POST /compact (compact etcd at its current
 // revision), POST /apiserver/restart, POST /apiserver/stop,
 // POST /apiserver/start and GET /revision. On SIGTERM or SIGINT everything
@@ -38,6 +52,8 @@ import (
 
 	kubeapiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	kcm "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	"k8s.io/component-base/cli"
 	"k8s.io/component-base/version"
@@ -54,24 +70,45 @@ func main() {
 			cmd := kcm.NewControllerManagerCommand()
 			cmd.SetArgs(os.Args[2:])
 			os.Exit(cli.Run(cmd))
+		case "scheduler":
+			cmd := scheduler.NewSchedulerCommand()
+			cmd.SetArgs(os.Args[2:])
+			os.Exit(cli.Run(cmd))
+		case "kubelet":
+			cmd := kubelet.NewKubeletCommand(context.Background())
+			cmd.SetArgs(os.Args[2:])
+			os.Exit(cli.Run(cmd))
 		}
 	}
 	dir := flag.String("dir", "", "working directory (default: a new temporary one)")
 	keep := flag.Bool("keep", false, "keep the working directory on exit")
 	showVersion := flag.Bool("version", false, "print the kube-apiserver version this binary runs, and exit")
 	stdinEOF := flag.Bool("exit-on-stdin-eof", false, "stop when standard input closes (a test process that started it has exited)")
+	var nc nodeConfig
+	flag.BoolVar(&nc.enabled, "node", false, "also run kube-scheduler and a node: containerd, runc and a kubelet")
+	flag.StringVar(&nc.bin, "node-bin", "", "directory holding containerd, containerd-shim-runc-v2 and crictl (scripts/build-node.sh)")
+	flag.StringVar(&nc.pause, "pause-image", "", "the sandbox image, in a loopback registry (HOST:PORT/REPO:TAG)")
 	flag.Parse()
 	if *showVersion {
 		fmt.Printf("kube-apiserver %s\n", version.Get().GitVersion)
 		return
 	}
-	if err := run(*dir, *keep, *stdinEOF); err != nil {
+	if nc.enabled && (nc.bin == "" || nc.pause == "") {
+		fmt.Fprintln(os.Stderr, "cluster: -node needs -node-bin and -pause-image")
+		os.Exit(2)
+	}
+	if err := run(*dir, *keep, *stdinEOF, nc); err != nil {
 		fmt.Fprintf(os.Stderr, "cluster: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir string, keep, stdinEOF bool) error {
+type nodeConfig struct {
+	enabled    bool
+	bin, pause string
+}
+
+func run(dir string, keep, stdinEOF bool, nc nodeConfig) error {
 	if dir == "" {
 		d, err := os.MkdirTemp("", "pinswap-cluster-")
 		if err != nil {
@@ -122,7 +159,19 @@ func run(dir string, keep, stdinEOF bool) error {
 	if err := cp.startControllerManager(); err != nil {
 		return err
 	}
-	control, err := serveControl(cp, store)
+	var nd *node
+	if nc.enabled {
+		if err := writeHostsToml(filepath.Join(dir, "node", "certs.d"), nc.pause); err != nil {
+			return err
+		}
+		nd, err = startNode(ctx, dir, cp, pki, nc.bin, nc.pause)
+		if err != nil {
+			return fmt.Errorf("node: %w", err)
+		}
+		// Before the control plane stops (deferred earlier, run later).
+		defer nd.stop()
+	}
+	control, err := serveControl(cp, store, nd)
 	if err != nil {
 		return err
 	}
@@ -138,6 +187,12 @@ func run(dir string, keep, stdinEOF bool) error {
 	fmt.Printf("control http://%s\n", control.Addr)
 	fmt.Printf("ca %s\n", pki.caCert)
 	fmt.Printf("sidecar %s\n", sidecar)
+	if nd != nil {
+		fmt.Printf("node %s\n", nodeName)
+		fmt.Printf("node-ip %s\n", nodeIP)
+		fmt.Printf("containerd unix://%s\n", nd.sock)
+		fmt.Printf("certs.d %s\n", nd.certsDir)
+	}
 	fmt.Printf("dir %s\n", dir)
 
 	select {

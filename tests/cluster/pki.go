@@ -33,6 +33,9 @@ type pki struct {
 	adminKey  string
 	kcmCert   string
 	kcmKey    string
+	// The API server's client certificate towards kubelets.
+	kubeletClientCert string
+	kubeletClientKey  string
 }
 
 func newPKI(dir string) (*pki, error) {
@@ -64,11 +67,12 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 
-	// kubernetes.default.svc names are what in-cluster clients would check;
+	// kubernetes.default.svc names and the Service's ClusterIP are what
+	// in-cluster clients check (the node's Pods connect to the ClusterIP);
 	// the suite's clients connect to 127.0.0.1.
 	p.servCert, p.servKey, err = p.leaf("apiserver", "kube-apiserver", nil,
 		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
-		[]net.IP{net.ParseIP("127.0.0.1")}, x509.ExtKeyUsageServerAuth)
+		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(apiClusterIP)}, x509.ExtKeyUsageServerAuth)
 	if err != nil {
 		return nil, err
 	}
@@ -77,6 +81,12 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	p.kcmCert, p.kcmKey, err = p.leaf("controller-manager", "system:kube-controller-manager", nil, nil, nil, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		return nil, err
+	}
+
+	p.kubeletClientCert, p.kubeletClientKey, err = p.leaf("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+		[]string{"system:masters"}, nil, nil, x509.ExtKeyUsageClientAuth)
 	if err != nil {
 		return nil, err
 	}
