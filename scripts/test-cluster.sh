@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The cluster suite alone: pinswap against a real kube-apiserver and
-# kube-controller-manager (tests/cluster_*.rs), with real registries.
-# Builds the harness first (scripts/build-cluster.sh). Extra arguments go to
-# cargo test, e.g. scripts/test-cluster.sh -- --nocapture.
+# kube-controller-manager (tests/cluster_*.rs), with real registries, and on a
+# real node (tests/cluster_node*.rs: kube-scheduler, a kubelet, containerd and
+# runc, pinswap installed from its own image). Builds the harness and the
+# node first (scripts/build-cluster.sh, scripts/build-node.sh) and fetches
+# the image's packages (scripts/build-image.sh --fetch). Extra arguments go
+# to cargo test, e.g. scripts/test-cluster.sh -- --nocapture.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for tool in docker-registry skopeo go; do
+for tool in docker-registry skopeo go runc; do
   command -v "$tool" >/dev/null || {
     echo "error: $tool is not installed (see README: On a fresh machine)" >&2
     exit 1
   }
 done
+scripts/node-preflight.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 bin=$(scripts/build-cluster.sh 2>"$log") || {
@@ -19,6 +23,8 @@ bin=$(scripts/build-cluster.sh 2>"$log") || {
 }
 "$bin" -version
 cat "$log" >&2
+scripts/build-node.sh >/dev/null
+scripts/build-image.sh --fetch >/dev/null
 tests=()
 for f in tests/cluster_*.rs; do
   t=${f#tests/}

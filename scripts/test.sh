@@ -15,8 +15,14 @@ command -v go >/dev/null || {
   echo "error: Go 1.26 or later is needed for the cluster suite (tests/cluster)" >&2
   exit 1
 }
-# tests/cluster_*.rs run against kube-apiserver built by this script.
+# tests/cluster_*.rs run against kube-apiserver built by this script, and
+# tests/cluster_node*.rs on a node: containerd, crictl and pause from
+# build-node.sh, pinswap's image from build-image.sh (its packages fetched
+# here, so the tests need no network).
+scripts/node-preflight.sh
 scripts/build-cluster.sh >/dev/null
+scripts/build-node.sh >/dev/null
+scripts/build-image.sh --fetch >/dev/null
 # tests/referrers.rs drives cosign and oras, and a referrers-API registry.
 scripts/build-tools.sh >/dev/null
 exec cargo test --locked "$@"

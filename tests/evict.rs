@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::TestRegistry;
 use common::kube::KubeApi;
 use common::recovery::*;
-use common::review::{admit, pod, pull_failing};
+use common::review::{admit, pod, pull_failing, running};
 use pinswap::config::Config;
 use serde_json::Value;
 
@@ -21,20 +21,6 @@ fn owned(mut pod: Value) -> Value {
         "uid": "00000000-0000-4000-8000-0000000000aa", "controller": true,
         "blockOwnerDeletion": true
     }]);
-    pod
-}
-
-/// `pod` running its container `app` (the kubelet pulled the image).
-fn running(pod: &Value) -> Value {
-    let mut pod = pod.clone();
-    let image = pod["spec"]["containers"][0]["image"].clone();
-    pod["status"] = serde_json::json!({
-        "phase": "Running",
-        "containerStatuses": [{
-            "name": "app", "image": image, "imageID": "", "ready": true, "restartCount": 0,
-            "started": true, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
-        }]
-    });
     pod
 }
 

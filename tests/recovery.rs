@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::fixtures::Image;
 use common::kube::KubeApi;
 use common::recovery::*;
-use common::review::{admit, pod, pull_failing};
+use common::review::{admit, pod, pull_failing, running};
 use common::{TestRegistry, push_image};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
@@ -419,10 +419,12 @@ async fn a_pull_failure_during_a_source_outage_recovers_when_the_source_returns(
     r.stop().await;
 }
 
-/// A pull failure that arrives in the cooldown after a recovery starts no
-/// second re-mirror, but still invalidates the existence entry, so admission
-/// asks the target again instead of answering "present" from the cache for
-/// a manifest the kubelet just failed to pull.
+/// A new pull failure that arrives in the cooldown after a recovery (another
+/// Pod's `ErrImagePull`) starts no second re-mirror, but still invalidates
+/// the existence entry, so admission asks the target again instead of
+/// answering "present" from the cache for a manifest a kubelet just failed
+/// to pull. The failing Pod's own `ImagePullBackOff`, which the kubelet
+/// writes at its retry about the failure already handled, does neither.
 #[tokio::test]
 async fn a_pull_failure_in_the_cooldown_still_invalidates_the_existence_entry() {
     let (src, dst, api) = rig().await;
@@ -430,6 +432,7 @@ async fn a_pull_failure_in_the_cooldown_still_invalidates_the_existence_entry() 
     let cfg = config(&src, &dst, "{reverify: 0s}");
     let mut r = Replica::new(&cfg);
     let p = admit_and_store(&r, &api, "web-0", &app, &dst).await;
+    let other = admit_and_store(&r, &api, "web-1", &app, &dst).await;
     let image =
         pinswap::reference::Reference::parse(p["spec"]["containers"][0]["image"].as_str().unwrap())
             .unwrap();
@@ -448,8 +451,16 @@ async fn a_pull_failure_in_the_cooldown_still_invalidates_the_existence_entry() 
         r.adm.mirror().caches().has(&image).await,
         "the re-mirror recorded the image"
     );
-    // The kubelet's next status, inside the cooldown.
+    // The kubelet's status at web-0's retry: the failure already handled.
     store(&api, &pull_failing(&p, "app", "ImagePullBackOff"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        r.adm.mirror().caches().has(&image).await,
+        "ImagePullBackOff after its ErrImagePull invalidated the entry"
+    );
+    assert_eq!(r.metric("pinswap_pull_failures_total"), 1.0);
+    // Another Pod's failed pull, inside the cooldown.
+    store(&api, &pull_failing(&other, "app", "ErrImagePull"));
     eventually(
         "the existence entry invalidated",
         Duration::from_secs(4),
@@ -460,6 +471,48 @@ async fn a_pull_failure_in_the_cooldown_still_invalidates_the_existence_entry() 
         r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
         1.0,
         "no second re-mirror in the cooldown"
+    );
+    r.stop().await;
+}
+
+/// The kubelet writes `ImagePullBackOff` at its retry, 10 s or more after
+/// `ErrImagePull` (past the cooldown), just before the retried pull works.
+/// With the source down by then, that status must start no second recovery:
+/// no verifying copy, no second count, no `RemirrorFailed`.
+#[tokio::test]
+async fn back_off_at_the_kubelets_retry_starts_no_second_recovery() {
+    let (mut src, dst, api) = rig().await;
+    let app = push(&src, "app", 443).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let p = admit_and_store(&r, &api, "web-0", &app, &dst).await;
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    eventually(
+        "an ImageRemirrored Event",
+        Duration::from_secs(20),
+        || async { !events_for(&api, "web-0", "ImageRemirrored").is_empty() },
+    )
+    .await;
+    src.kill();
+    // Past the cooldown, as the kubelet's 10 s back-off is.
+    tokio::time::sleep(pinswap::watch::recovery::COOLDOWN + Duration::from_secs(1)).await;
+    store(&api, &pull_failing(&p, "app", "ImagePullBackOff"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    store(&api, &running(&p));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(r.metric("pinswap_pull_failures_total"), 1.0);
+    assert_eq!(r.metric("pinswap_remirrors_total{outcome=\"failed\"}"), 0.0);
+    assert_eq!(
+        r.metric("pinswap_remirrors_total{outcome=\"present\"}"),
+        0.0
+    );
+    assert!(
+        events_for(&api, "web-0", "RemirrorFailed").is_empty(),
+        "a RemirrorFailed Event on a Pod about to run"
     );
     r.stop().await;
 }

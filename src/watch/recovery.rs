@@ -7,7 +7,9 @@
 //! Per image (target `repository@digest`) at most one recovery runs; Pods
 //! failing on it meanwhile join it and get its Event. After a recovery,
 //! further failures of that image are ignored for [`COOLDOWN`] (statuses
-//! written before the kubelet's next retry). A failed recovery is retried
+//! written before the kubelet's next retry), and an `ImagePullBackOff` that
+//! follows its `ErrImagePull` is never a new failure: the kubelet writes it
+//! at the retry, describing the failure before it. A failed recovery is retried
 //! with exponential backoff (`recovery.retryInitial` doubling up to
 //! `recovery.retryMax`) while a Pod known to the watcher still fails on it.
 
@@ -146,10 +148,9 @@ impl Recovery {
     }
 
     /// Takes in a Pod seen by the watcher: updates the index and starts a
-    /// recovery for each target image that newly fails to pull (a changed
-    /// `waiting.reason`: the kubelet alternates `ErrImagePull` and
-    /// `ImagePullBackOff` at each retry). `generation` marks a Pod
-    /// delivered by a list ([`Recovery::list_started`]).
+    /// recovery for each target image with a pull failure not seen before
+    /// ([`new_pull_failure`]). `generation` marks a Pod delivered by a list
+    /// ([`Recovery::list_started`]).
     pub fn pod_seen(self: &Arc<Self>, pod: PodImages, generation: Option<u32>) {
         self.note_identity(&pod);
         let before = {
@@ -165,7 +166,7 @@ impl Recovery {
                 .flatten()
                 .find(|(slot, _)| **slot == *img.slot)
                 .and_then(|(_, failing)| *failing);
-            if was == Some(reason.as_str()) {
+            if !new_pull_failure(was, reason) {
                 continue;
             }
             self.metrics.pull_failures.inc();
@@ -545,6 +546,24 @@ impl Recovery {
     }
 }
 
+/// Whether a container's `waiting.reason` `now`, after `was` (`None`: not
+/// failing, or not seen), reports a failed pull the watcher has not seen.
+///
+/// The kubelet writes `ErrImagePull` after each failed pull, and
+/// `ImagePullBackOff` when it retries once the back-off ends: that one
+/// still describes the failure before the retry (a kubelet writes it about
+/// 0.15 s before a retry that works, 10 s or more after `ErrImagePull`).
+/// So `ImagePullBackOff` is a new failure only when its `ErrImagePull` went
+/// unseen (the watcher started since); taking it for one would start a
+/// second recovery of an image already mirrored again, and, with the source
+/// down, a `RemirrorFailed` on a Pod about to run.
+pub(crate) fn new_pull_failure(was: Option<&str>, now: &str) -> bool {
+    match now {
+        "ErrImagePull" => was != Some("ErrImagePull"),
+        _ => was.is_none(),
+    }
+}
+
 /// `namespace/name` of a Pod's reference, as [`PodImages::key`] gives it.
 fn object_key(o: &ObjectReference) -> String {
     format!(
@@ -580,4 +599,24 @@ pub(super) fn trim(mut s: String) -> String {
         s.push('…');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_pull_failure;
+
+    #[test]
+    fn back_off_after_its_pull_failure_is_not_a_new_failure() {
+        // The kubelet's sequence for one failed pull, then a failed retry.
+        assert!(new_pull_failure(None, "ErrImagePull"));
+        assert!(!new_pull_failure(Some("ErrImagePull"), "ImagePullBackOff"));
+        assert!(new_pull_failure(Some("ImagePullBackOff"), "ErrImagePull"));
+        assert!(!new_pull_failure(Some("ErrImagePull"), "ErrImagePull"));
+        assert!(!new_pull_failure(
+            Some("ImagePullBackOff"),
+            "ImagePullBackOff"
+        ));
+        // Seen first in back-off: its ErrImagePull went unseen.
+        assert!(new_pull_failure(None, "ImagePullBackOff"));
+    }
 }

@@ -39,7 +39,9 @@ pub struct Cluster {
     pub sidecar_url: String,
     /// Logs (`apiserver.log`, `controller-manager.log`) and `audit.log`.
     pub dir: PathBuf,
-    control: String,
+    /// With [`Cluster::with_node`]: the node (see `super::node`).
+    pub node: Option<super::node::NodeInfo>,
+    pub(crate) control: String,
     /// When the API server was down or starting, from each restart.
     restarts: std::sync::Mutex<Vec<(std::time::SystemTime, std::time::SystemTime)>>,
     lock: tokio::sync::Mutex<()>,
@@ -60,10 +62,31 @@ impl Cluster {
     /// The control plane of this test binary, started on first use.
     pub fn get() -> &'static Cluster {
         static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-        CLUSTER.get_or_init(Cluster::start)
+        CLUSTER.get_or_init(|| Cluster::start(&[]))
     }
 
-    fn start() -> Cluster {
+    /// The control plane of this test binary with kube-scheduler and a
+    /// node (containerd, runc and a kubelet), started on first use; its
+    /// pause image comes from a loopback registry of its own.
+    pub fn with_node() -> &'static Cluster {
+        static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+        CLUSTER.get_or_init(|| {
+            let (system, pause) = super::node::system_registry();
+            let bin = super::node::node_bin();
+            let mut c = Cluster::start(&[
+                "-node",
+                "-node-bin",
+                bin.to_str().unwrap(),
+                "-pause-image",
+                &pause,
+            ]);
+            let info = c.node.as_mut().expect("the harness printed no node lines");
+            info.system = Some(system);
+            c
+        })
+    }
+
+    fn start(args: &[&str]) -> Cluster {
         super::init();
         let bin = harness_bin();
         assert!(
@@ -73,6 +96,7 @@ impl Cluster {
         );
         let mut child = Command::new(&bin)
             .arg("-exit-on-stdin-eof")
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -91,7 +115,8 @@ impl Cluster {
         let mut fields = std::collections::HashMap::new();
         let t = Instant::now();
         while !fields.contains_key("dir") {
-            let left = Duration::from_secs(180).saturating_sub(t.elapsed());
+            // A node waits for one already running on the machine.
+            let left = Duration::from_secs(300).saturating_sub(t.elapsed());
             match rx.recv_timeout(left) {
                 Ok(line) => {
                     if let Some((k, v)) = line.split_once(' ') {
@@ -119,6 +144,7 @@ impl Cluster {
             ca_pem: ca,
             sidecar_url: fields["sidecar"].clone(),
             dir: PathBuf::from(&fields["dir"]),
+            node: super::node::NodeInfo::from_fields(&fields),
             control: fields["control"].clone(),
             restarts: Default::default(),
             lock: tokio::sync::Mutex::new(()),

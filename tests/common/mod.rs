@@ -33,6 +33,8 @@
 //!   API double's self-test, and both API servers set up alike;
 //! - [`manifests`]: `pinswap manifests` decoded into objects;
 //! - [`mutating`]: running `pinswap mutate`, its manifests and configs;
+//! - [`node`]: the cluster suite's node (containerd, runc, kube-scheduler
+//!   and a kubelet), pinswap's own image, and installs that run it as Pods;
 //! - [`cli`]: the binary run with no ambient credentials, and `copy --json`;
 //! - [`copying`]: byte-exact checks of a copy at the target;
 //! - [`pinswap_bin`]: the path of the binary under test.
@@ -56,6 +58,7 @@ pub mod manifests;
 pub mod metrics;
 pub mod moto;
 pub mod mutating;
+pub mod node;
 pub mod proxy;
 pub mod push;
 pub mod recovery;

@@ -96,3 +96,17 @@ pub fn pull_failing(pod: &Value, container: &str, reason: &str) -> Value {
     });
     pod
 }
+
+/// `pod` running its container `app` (the kubelet pulled the image).
+pub fn running(pod: &Value) -> Value {
+    let mut pod = pod.clone();
+    let image = pod["spec"]["containers"][0]["image"].clone();
+    pod["status"] = json!({
+        "phase": "Running",
+        "containerStatuses": [{
+            "name": "app", "image": image, "imageID": "", "ready": true, "restartCount": 0,
+            "started": true, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        }]
+    });
+    pod
+}

@@ -80,6 +80,7 @@ two releases never share one (a namespace cannot contain ':').
 
 {{- define "pinswap.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/* The port of an IP:PORT config value; call with (list VALUE DEFAULT). */}}

@@ -1,0 +1,346 @@
+//! pinswap on a real node: kube-scheduler, a kubelet, containerd 2.x and
+//! runc (the cluster harness with `-node`), pinswap installed from its own
+//! image as Pods by `pinswap manifests` or by the Helm chart, and what a
+//! kubelet does with the Pods it rewrote: pulls from the mirror, the
+//! kubelet's own `ErrImagePull` and back-off after the mirror loses an
+//! image (seed 003), a source outage, and pinswap's own probes and logs.
+//!
+//! Needs root, `scripts/build-cluster.sh` and `scripts/build-node.sh`
+//! (scripts/test-cluster.sh runs both).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+use common::node::{
+    NodeRig, Via, container_state, crictl, deployment, forget_images, is_running, push_runnable,
+    wait_running,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams};
+
+fn cluster() -> &'static Cluster {
+    Cluster::with_node()
+}
+
+/// The images of the Pods of `app=NAME` in `ns`, as stored.
+async fn pod_images(client: &kube::Client, ns: &str, name: &str) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.list(&ListParams::default().labels(&format!("app={name}")))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            p.spec.as_ref().unwrap().containers[0]
+                .image
+                .clone()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// A Deployment's Pods are rewritten, scheduled by kube-scheduler, pulled by
+/// containerd from the target and Running; containerd never asked the
+/// source. pinswap runs as two replicas from its image, installed by
+/// `pinswap manifests`; its probes pass and `kubectl logs` shows its lines.
+#[tokio::test]
+async fn pods_run_from_the_mirror_with_pinswap_installed_from_its_manifests() {
+    let c = cluster();
+    let _held = c.lock().await;
+    let rig = NodeRig::start(c, "web", Via::Manifests, 2, "", "").await;
+    let digest = push_runnable(&rig.src, "shop/web", "v1", "web").await;
+    common::cluster::apply(
+        &rig.client,
+        &deployment("web", "web", &rig.source("shop/web:v1"), 2),
+    )
+    .await
+    .unwrap();
+    let pods = wait_running(&rig.client, "web", "app=web", 2, Duration::from_secs(120)).await;
+
+    let mirrored = format!("{}/{}", rig.dst_at, rig.mirrored_repo("shop/web"));
+    for p in &pods {
+        let spec = &p.spec.as_ref().unwrap().containers[0];
+        assert_eq!(
+            spec.image.as_deref(),
+            Some(format!("{mirrored}:v1@{digest}").as_str()),
+            "rewritten and pinned"
+        );
+        assert_eq!(
+            p.spec.as_ref().unwrap().node_name.as_deref(),
+            Some("pinswap-node")
+        );
+        let st = &p
+            .status
+            .as_ref()
+            .unwrap()
+            .container_statuses
+            .as_ref()
+            .unwrap()[0];
+        assert!(
+            st.image_id.ends_with(&digest),
+            "imageID {} is the mirror's manifest",
+            st.image_id
+        );
+    }
+    // containerd pulled from the target only; pinswap's copy read the source.
+    assert!(NodeRig::node_pulls(&rig.dst, &rig.mirrored_repo("shop/web")) > 0);
+    assert_eq!(
+        NodeRig::node_pulls(&rig.src, "shop/web"),
+        0,
+        "containerd asked the source:\n{}",
+        rig.src.log()
+    );
+    // The mirror holds the same bytes as the source.
+    assert_eq!(
+        rig.dst
+            .head_manifest(&rig.mirrored_repo("shop/web"), &digest)
+            .await
+            .as_deref(),
+        Some(digest.as_str())
+    );
+
+    // pinswap under the kubelet: Ready, never restarted, its lines in
+    // kubectl logs (API server → kubelet → containerd's log files).
+    let ours = rig.install.pods(c).await;
+    assert_eq!(ours.len(), 2);
+    for p in &ours {
+        let st = &p
+            .status
+            .as_ref()
+            .unwrap()
+            .container_statuses
+            .as_ref()
+            .unwrap()[0];
+        assert!(st.ready, "{:?} not ready", p.metadata.name);
+        assert_eq!(
+            st.restart_count, 0,
+            "{:?} restarted (liveness)",
+            p.metadata.name
+        );
+    }
+    let logs = rig.install.logs(c).await;
+    assert!(
+        logs.contains("admitted"),
+        "no admission in kubectl logs:\n{logs}"
+    );
+}
+
+/// Seed 003 on a node: the mirror loses an image; a new Pod of the
+/// Deployment gets the kubelet's own `ErrImagePull`; pinswap mirrors the
+/// image again from that report and the Pod runs with nobody touching it.
+/// The kubelet's `ImagePullBackOff`, written at its retry, starts no second
+/// recovery. Then with `recovery.evict`, the stuck Pod is evicted and its
+/// replacement runs sooner. Both times are printed.
+#[tokio::test]
+async fn a_lost_image_recovers_from_the_kubelets_own_pull_failure() {
+    let c = cluster();
+    let _held = c.lock().await;
+    let node = c.node.as_ref().unwrap();
+    let mut times = Vec::new();
+    for evict in [false, true] {
+        let name = if evict { "lost-evict" } else { "lost" };
+        let recovery = if evict {
+            "  evict: {enabled: true, after: 1s, perMinute: 60}\n"
+        } else {
+            ""
+        };
+        let rig = NodeRig::start(c, name, Via::Manifests, 1, recovery, "").await;
+        let digest = push_runnable(&rig.src, "shop/cart", "v1", name).await;
+        common::cluster::apply(
+            &rig.client,
+            &deployment(name, "cart", &rig.source("shop/cart:v1"), 1),
+        )
+        .await
+        .unwrap();
+        let pods = wait_running(&rig.client, name, "app=cart", 1, Duration::from_secs(120)).await;
+        let image = pods[0].spec.as_ref().unwrap().containers[0]
+            .image
+            .clone()
+            .unwrap();
+
+        // A node that has not pulled it, and a mirror that lost it.
+        forget_images(node, &[&image]);
+        let lost = Instant::now();
+        rig.dst
+            .delete_manifest(&rig.mirrored_repo("shop/cart"), &digest)
+            .await;
+        let old = pods[0].metadata.name.clone().unwrap();
+        rig.pods()
+            .delete(&old, &DeleteParams::default())
+            .await
+            .unwrap();
+
+        // The kubelet's own report, read back from the API server.
+        let pods_api = rig.pods();
+        let mut seen = Vec::new();
+        let t = Instant::now();
+        let running = loop {
+            let list = pods_api
+                .list(&ListParams::default().labels("app=cart"))
+                .await
+                .unwrap()
+                .items;
+            for p in list
+                .iter()
+                .filter(|p| p.metadata.name.as_deref() != Some(&old))
+            {
+                if let Some(s) = container_state(p)
+                    && seen.last() != Some(&s)
+                {
+                    seen.push(s);
+                }
+            }
+            if let Some(p) = list
+                .iter()
+                .find(|p| p.metadata.name.as_deref() != Some(&old) && is_running(p))
+            {
+                break p.clone();
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "no replacement running after 120 s; states {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let took = lost.elapsed();
+        times.push((name, took, seen.clone()));
+        assert!(
+            seen.iter().any(|s| s == "ErrImagePull"),
+            "the kubelet never reported ErrImagePull: {seen:?}"
+        );
+        assert_eq!(
+            running.spec.as_ref().unwrap().containers[0]
+                .image
+                .as_deref(),
+            Some(image.as_str()),
+            "the replacement runs the same pinned image"
+        );
+        assert_eq!(
+            rig.dst
+                .head_manifest(&rig.mirrored_repo("shop/cart"), &digest)
+                .await
+                .as_deref(),
+            Some(digest.as_str()),
+            "mirrored again"
+        );
+        let logs = rig.install.logs(c).await;
+        assert!(
+            logs.contains("mirrored a lost image again"),
+            "no re-mirror in pinswap's logs:\n{logs}"
+        );
+        assert!(
+            !logs.contains("the pull failure has another cause"),
+            "a second recovery started from the kubelet's back-off status:\n{logs}"
+        );
+        if evict {
+            assert!(
+                logs.contains("evicted a Pod still in pull back-off"),
+                "no eviction:\n{logs}"
+            );
+        }
+    }
+    for (name, took, seen) in &times {
+        eprintln!("{name}: image deleted to Running in {took:.1?} (states {seen:?})");
+    }
+    assert!(
+        times[1].1 < times[0].1,
+        "eviction was not sooner: {times:?}"
+    );
+}
+
+/// The source goes down: new Pods still start, pinned to the mirror's copy.
+#[tokio::test]
+async fn pods_start_from_the_mirror_while_the_source_is_down() {
+    let c = cluster();
+    let _held = c.lock().await;
+    let node = c.node.as_ref().unwrap();
+    let mut rig = NodeRig::start(c, "outage", Via::Manifests, 1, "", "").await;
+    let digest = push_runnable(&rig.src, "shop/api", "v1", "outage").await;
+    common::cluster::apply(
+        &rig.client,
+        &deployment("outage", "api", &rig.source("shop/api:v1"), 1),
+    )
+    .await
+    .unwrap();
+    let pods = wait_running(
+        &rig.client,
+        "outage",
+        "app=api",
+        1,
+        Duration::from_secs(120),
+    )
+    .await;
+    let image = pods[0].spec.as_ref().unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap();
+    forget_images(node, &[&image]);
+    rig.src.kill();
+
+    common::cluster::apply(
+        &rig.client,
+        &deployment("outage", "api2", &rig.source("shop/api:v1"), 2),
+    )
+    .await
+    .unwrap();
+    let pods = wait_running(
+        &rig.client,
+        "outage",
+        "app=api2",
+        2,
+        Duration::from_secs(120),
+    )
+    .await;
+    for p in &pods {
+        let got = p.spec.as_ref().unwrap().containers[0]
+            .image
+            .clone()
+            .unwrap();
+        assert!(
+            got.starts_with(&rig.dst_at) && got.ends_with(&digest),
+            "{got} is not the mirror's copy"
+        );
+    }
+    assert!(crictl(node, &["images"]).contains(&rig.mirrored_repo("shop/api")));
+    let _ = pod_images;
+}
+
+/// The Helm chart, installed by Helm's engine, puts pinswap on the node
+/// the same way: Pods run from the mirror.
+#[tokio::test]
+async fn pods_run_from_the_mirror_with_pinswap_installed_by_helm() {
+    let c = cluster();
+    let _held = c.lock().await;
+    let rig = NodeRig::start(c, "helm", Via::Helm, 2, "", "").await;
+    let digest = push_runnable(&rig.src, "shop/helm", "v1", "helm").await;
+    common::cluster::apply(
+        &rig.client,
+        &deployment("helm", "web", &rig.source("shop/helm:v1"), 1),
+    )
+    .await
+    .unwrap();
+    wait_running(&rig.client, "helm", "app=web", 1, Duration::from_secs(120)).await;
+    let images = pod_images(&rig.client, "helm", "web").await;
+    assert_eq!(
+        images,
+        vec![format!(
+            "{}/{}:v1@{digest}",
+            rig.dst_at,
+            rig.mirrored_repo("shop/helm")
+        )]
+    );
+    assert_eq!(NodeRig::node_pulls(&rig.src, "shop/helm"), 0);
+    let ours = rig.install.pods(c).await;
+    assert_eq!(ours.len(), 2, "two replicas");
+    let image = ours[0].spec.as_ref().unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap();
+    assert!(
+        image.contains("/pinswap:") && image.contains("@sha256:"),
+        "pinswap runs from its own image by digest: {image}"
+    );
+}
