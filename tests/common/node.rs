@@ -676,6 +676,7 @@ impl NodeRig {
         let client = workload_namespace(cluster, name).await;
         let install =
             NodeInstall::install(cluster, via, &format!("pinswap-{name}"), &config, replicas).await;
+        wait_admitting(&client, name).await;
         NodeRig {
             src,
             dst,
@@ -742,4 +743,36 @@ pub async fn describe(client: &kube::Client, ns: &str) -> String {
         );
     }
     out
+}
+
+/// Waits until pinswap answers admissions for `ns`: a Pod created there as
+/// a dry run comes back with `pinswap.dev/decisions`. A Deployment is
+/// available before the API server routes to its endpoints; the webhook
+/// fails open meanwhile.
+pub async fn wait_admitting(client: &kube::Client, ns: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let probe: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "pinswap-probe"},
+        "spec": {"containers": [{"name": "probe", "image": "registry.invalid/probe:v1"}]},
+    }))
+    .unwrap();
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    until(
+        "pinswap answering admissions",
+        Duration::from_secs(60),
+        || {
+            let (pods, probe, dry) = (pods.clone(), probe.clone(), dry.clone());
+            async move {
+                pods.create(&dry, &probe).await.is_ok_and(|p| {
+                    p.metadata
+                        .annotations
+                        .is_some_and(|a| a.contains_key("pinswap.dev/decisions"))
+                })
+            }
+        },
+    )
+    .await;
 }
