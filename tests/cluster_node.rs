@@ -344,3 +344,62 @@ async fn pods_run_from_the_mirror_with_pinswap_installed_by_helm() {
         "pinswap runs from its own image by digest: {image}"
     );
 }
+
+/// pinswap's image: two builds from the same binary give the same digest;
+/// it runs `/usr/local/bin/pinswap` as 65532:65532 and carries the OCI
+/// labels; and under the kubelet its process runs as that user.
+#[tokio::test]
+async fn pinswap_image_is_reproducible_and_runs_as_nonroot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    common::node::build_image(&a);
+    common::node::build_image(&b);
+    let index = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p.join("index.json")).unwrap()).unwrap()
+    };
+    let (ia, ib) = (index(&a), index(&b));
+    assert_eq!(ia, ib, "two builds, two digests");
+    let blob = |d: &serde_json::Value| -> serde_json::Value {
+        let d = d.as_str().unwrap().trim_start_matches("sha256:");
+        serde_json::from_slice(&std::fs::read(a.join("blobs/sha256").join(d)).unwrap()).unwrap()
+    };
+    let manifest = blob(&ia["manifests"][0]["digest"]);
+    let config = blob(&manifest["config"]["digest"]);
+    assert_eq!(config["config"]["User"], "65532:65532");
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        serde_json::json!(["/usr/local/bin/pinswap"])
+    );
+    let labels = &config["config"]["Labels"];
+    for key in [
+        "title", "version", "revision", "source", "licenses", "created",
+    ] {
+        assert!(
+            labels[format!("org.opencontainers.image.{key}")].is_string(),
+            "label {key} missing: {labels}"
+        );
+    }
+
+    // Running under the kubelet: the user the kubelet reports.
+    let c = cluster();
+    let _held = c.lock().await;
+    let rig = NodeRig::start(c, "image", Via::Manifests, 1, "", "").await;
+    let ours = rig.install.pods(c).await;
+    let st = &ours[0]
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0];
+    let user = st.user.as_ref().unwrap().linux.as_ref().unwrap();
+    assert_eq!((user.uid, user.gid), (65532, 65532));
+    let image = ours[0].spec.as_ref().unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap();
+    assert!(
+        image.ends_with(ia["manifests"][0]["digest"].as_str().unwrap()),
+        "{image} is not the image built here"
+    );
+}

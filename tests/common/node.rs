@@ -326,6 +326,18 @@ pub fn deployment(ns: &str, name: &str, image: &str, replicas: i32) -> Value {
 /// image of its own (its own config, manifest and image ID). Returns the
 /// manifest digest.
 pub async fn push_runnable(reg: &TestRegistry, repo: &str, tag: &str, variant: &str) -> String {
+    push_runnable_sized(reg, repo, tag, variant, 0).await
+}
+
+/// As [`push_runnable`], with `size` bytes of data (drawn from `variant`)
+/// in the variant's layer.
+pub async fn push_runnable_sized(
+    reg: &TestRegistry,
+    repo: &str,
+    tag: &str,
+    variant: &str,
+    size: usize,
+) -> String {
     let dir = tempfile::tempdir().unwrap();
     let pause_root = dir.path().join("pause");
     std::fs::create_dir_all(&pause_root).unwrap();
@@ -333,6 +345,14 @@ pub async fn push_runnable(reg: &TestRegistry, repo: &str, tag: &str, variant: &
     let extra = dir.path().join("variant");
     std::fs::create_dir_all(extra.join("etc")).unwrap();
     std::fs::write(extra.join("etc/variant"), variant).unwrap();
+    if size > 0 {
+        let seed = variant.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        let blob = super::fixtures::RandomBlob::new("application/octet-stream", size as u64, seed);
+        let data: Vec<u8> = blob.chunks().flatten().collect();
+        std::fs::write(extra.join("etc/data"), data).unwrap();
+    }
     let layout = dir.path().join("layout");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new("python3")
