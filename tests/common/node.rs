@@ -690,8 +690,14 @@ impl NodeRig {
         let node = cluster.node.as_ref().expect("a cluster with a node");
         let dst = TestRegistry::plain().await;
         let (src_at, dst_at) = (node.expose(&src).await, node.expose(&dst).await);
+        // `immediate` unless `extra` names a policy of its own.
+        let copy_policy = if extra.contains("copyPolicy:") {
+            ""
+        } else {
+            "copyPolicy: immediate\n"
+        };
         let config = format!(
-            "target: {{registry: \"{dst_at}/mirror\", insecure: true}}\nsource:\n  registries: [{{registry: \"{src_at}\", insecure: true}}]\n{source_keys}copyPolicy: immediate\ncopyDeadline: 8s\nserver: {{admissionBudget: 8s}}\ncache: {{reverify: 1h}}\nrecovery:\n{NODE_RECOVERY}{recovery}{extra}\n"
+            "target: {{registry: \"{dst_at}/mirror\", insecure: true}}\nsource:\n  registries: [{{registry: \"{src_at}\", insecure: true}}]\n{source_keys}{copy_policy}copyDeadline: 8s\nserver: {{admissionBudget: 8s}}\ncache: {{reverify: 1h}}\nrecovery:\n{NODE_RECOVERY}{recovery}{extra}\n"
         );
         let client = workload_namespace(cluster, name).await;
         let install =
