@@ -14,6 +14,9 @@ for tool in docker-registry skopeo go runc; do
     exit 1
   }
 done
+# The node suite installs the chart with Helm's engine for Python.
+python3 -c 'import helm_python' 2>/dev/null ||
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check helm-python-sdk==0.2.2 PyYAML==6.0.3
 scripts/node-preflight.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -19,6 +19,9 @@ command -v go >/dev/null || {
 # tests/cluster_node*.rs on a node: containerd, crictl and pause from
 # build-node.sh, pinswap's image from build-image.sh (its packages fetched
 # here, so the tests need no network).
+# The node suite installs the chart with Helm's engine for Python.
+python3 -c 'import helm_python' 2>/dev/null ||
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check helm-python-sdk==0.2.2 PyYAML==6.0.3
 scripts/node-preflight.sh
 scripts/build-cluster.sh >/dev/null
 scripts/build-node.sh >/dev/null
