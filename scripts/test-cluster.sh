@@ -33,4 +33,7 @@ for f in tests/cluster_*.rs; do
   t=${f#tests/}
   tests+=(--test "${t%.rs}")
 done
-exec cargo test --locked "${tests[@]}" "$@"
+# The node must leave the machine as it found it.
+before=$(scripts/node-state.sh)
+cargo test --locked "${tests[@]}" "$@"
+scripts/node-state.sh --after "$before"

@@ -28,4 +28,7 @@ scripts/build-node.sh >/dev/null
 scripts/build-image.sh --fetch >/dev/null
 # tests/referrers.rs drives cosign and oras, and a referrers-API registry.
 scripts/build-tools.sh >/dev/null
-exec cargo test --locked "$@"
+# The node must leave the machine as it found it.
+before=$(scripts/node-state.sh)
+cargo test --locked "$@"
+scripts/node-state.sh --after "$before"

@@ -16,7 +16,13 @@ use serde_json::json;
 
 /// Image size: the pause program and this much data in one layer.
 const DATA: usize = 32 << 20;
-const ROUNDS: usize = 5;
+/// Rounds per case; `PINSWAP_BENCH_ROUNDS` overrides.
+fn rounds() -> usize {
+    std::env::var("PINSWAP_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5)
+}
 
 async fn apply_to_running(client: &kube::Client, ns: &str, name: &str, image: &str) -> Duration {
     let t = Instant::now();
@@ -31,7 +37,15 @@ async fn apply_to_running(client: &kube::Client, ns: &str, name: &str, image: &s
         Duration::from_secs(180),
     )
     .await;
-    t.elapsed()
+    let took = t.elapsed();
+    // A kubelet pull back-off shows as 10 s more: say why.
+    if took > Duration::from_secs(5) {
+        println!(
+            "{ns}/{name} took {took:.1?}:\n{}",
+            common::node::describe(client, ns).await
+        );
+    }
+    took
 }
 
 fn stats(name: &str, v: &mut [Duration]) -> Duration {
@@ -74,7 +88,7 @@ async fn bench_apply_to_running() {
             json!({"pinswap.dev/ignore": "true"}),
         )
         .await;
-        for round in 0..ROUNDS {
+        for round in 0..rounds() {
             let variant = |case: &str| format!("{policy}-{case}-{round}");
             if first {
                 // Without pinswap: a fresh image from the source.
