@@ -24,7 +24,8 @@ fn rounds() -> usize {
         .unwrap_or(5)
 }
 
-async fn apply_to_running(client: &kube::Client, ns: &str, name: &str, image: &str) -> Duration {
+async fn apply_to_running(rig: &NodeRig, ns: &str, name: &str, image: &str) -> Duration {
+    let client = &rig.client;
     let t = Instant::now();
     apply(client, &deployment(ns, name, image, 1))
         .await
@@ -40,9 +41,11 @@ async fn apply_to_running(client: &kube::Client, ns: &str, name: &str, image: &s
     let took = t.elapsed();
     // A kubelet pull back-off shows as 10 s more: say why.
     if took > Duration::from_secs(5) {
+        let c = Cluster::with_node();
         println!(
-            "{ns}/{name} took {took:.1?}:\n{}",
-            common::node::describe(client, ns).await
+            "{ns}/{name} took {took:.1?}:\n{}\npinswap:\n{}",
+            common::node::describe(client, ns).await,
+            rig.install.logs(c).await
         );
     }
     took
@@ -95,9 +98,7 @@ async fn bench_apply_to_running() {
                 let tag = variant("direct");
                 push_runnable_sized(&rig.src, "bench/app", &tag, &tag, DATA).await;
                 let image = rig.source(&format!("bench/app:{tag}"));
-                direct.push(
-                    apply_to_running(&rig.client, &direct_ns, &format!("d{round}"), &image).await,
-                );
+                direct.push(apply_to_running(&rig, &direct_ns, &format!("d{round}"), &image).await);
                 forget_images(node, &[&image]);
 
                 // Warm: in the mirror already (copied there as pinswap
@@ -116,7 +117,7 @@ async fn bench_apply_to_running() {
                 .await;
                 assert_eq!(code, 0, "{err}");
                 let image = rig.source(&format!("bench/app:{tag}"));
-                warm.push(apply_to_running(&rig.client, &name, &format!("w{round}"), &image).await);
+                warm.push(apply_to_running(&rig, &name, &format!("w{round}"), &image).await);
 
                 // The copy alone, for the same size.
                 let tag = variant("copy");
@@ -135,7 +136,7 @@ async fn bench_apply_to_running() {
             let tag = variant("cold");
             push_runnable_sized(&rig.src, "bench/app", &tag, &tag, DATA).await;
             let image = rig.source(&format!("bench/app:{tag}"));
-            let took = apply_to_running(&rig.client, &name, &format!("c{round}"), &image).await;
+            let took = apply_to_running(&rig, &name, &format!("c{round}"), &image).await;
             if first {
                 immediate.push(took);
             } else {
