@@ -209,8 +209,8 @@ async fn redirects_are_checked_and_drop_the_registry_credentials() {
     let sunk = serve(sink_listener, sink, (0, 0));
     let registry_host = format!("registry.test:{reg_port}");
     // The CDN is allowed explicitly: here it is on loopback too.
-    let guard =
-        Guard::private_only_for([registry_host.clone(), "cdn.test".into()]).with_hosts(hosts(&[
+    let guard = Guard::private_only_for([registry_host.clone(), format!("cdn.test:{cdn_port}")])
+        .with_hosts(hosts(&[
             ("registry.test", loopback()),
             ("cdn.test", loopback()),
             ("inside.test", loopback()),
@@ -274,8 +274,8 @@ async fn tag_and_catalog_lists_are_checked_on_redirect() {
     let fetched = serve(cdn_listener, cdn, (0, 0));
     let sunk = serve(sink_listener, sink, (0, 0));
     let registry_host = format!("registry.test:{reg_port}");
-    let guard =
-        Guard::private_only_for([registry_host.clone(), "cdn.test".into()]).with_hosts(hosts(&[
+    let guard = Guard::private_only_for([registry_host.clone(), format!("cdn.test:{cdn_port}")])
+        .with_hosts(hosts(&[
             ("registry.test", loopback()),
             ("cdn.test", loopback()),
             ("inside.test", loopback()),
@@ -758,4 +758,79 @@ async fn the_pool_is_bounded_by_registry_and_credentials() {
     assert!((1..=MAX_PROBES).contains(&probes), "{probes} probes");
     let client = pool.get(&reg.host(), Role::Source).await.unwrap();
     assert_eq!(client.ping().await, Ok(()));
+}
+
+/// Counts the TCP connections a listener accepts, answering none.
+fn accepts(listener: tokio::net::TcpListener) -> Arc<std::sync::atomic::AtomicUsize> {
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = n.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    n
+}
+
+/// A registry the config names at a private address lets that host in on
+/// its own port only: under `"*"`, a Pod naming another port of the
+/// target's host (or of a named source's) is refused before any connection,
+/// by name and by literal, while the named ports keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_private_exception_is_for_the_named_port_only() {
+    common::init();
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::plain().await;
+    push_image(&src, "shop/app", Some("v1"), &Image::oci(1, 8101)).await;
+    let (other, listener) = bind().await;
+    let accepted = accepts(listener);
+    // The source is named by name, the target by literal.
+    let named = format!("localhost:{}", src.port());
+    let config = pinswap::config::Config::from_yaml(
+        &format!(
+            "target: {{registry: \"{}/mirror\"}}\nsource: {{registries: [{{registry: \"*\"}}, {{registry: \"{}\"}}]}}\ncopyPolicy: immediate\nrecovery: {{enabled: false}}\n",
+            dst.host(),
+            named
+        ),
+        "test.yaml",
+    )
+    .unwrap();
+    let metrics = Arc::new(pinswap::metrics::Metrics::new());
+    let adm = pinswap::admission::Admission::from_config(&config, metrics).unwrap();
+    let wanted = format!("{named}/shop/app:v1");
+    let elsewhere = [
+        format!("127.0.0.1:{other}/shop/app:v1"),
+        format!("localhost:{other}/shop/app:v1"),
+    ];
+    let slots = [
+        ("named", wanted.as_str()),
+        ("literal", elsewhere[0].as_str()),
+        ("name", elsewhere[1].as_str()),
+    ];
+    let (patched, _) = common::review::admit(&adm, &common::review::pod("shop", "p", &slots)).await;
+    let notes: HashMap<String, String> = serde_json::from_str(
+        patched["metadata"]["annotations"]["pinswap.dev/decisions"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let image = |i: usize| patched["spec"]["containers"][i]["image"].as_str().unwrap();
+    assert!(
+        image(0).starts_with(&format!("{}/mirror/", dst.host())),
+        "{notes:?}"
+    );
+    for (i, slot) in [(1, "literal"), (2, "name")] {
+        assert_eq!(image(i), elsewhere[i - 1]);
+        let note = &notes[&format!("containers/{slot}")];
+        assert!(
+            note.contains("resolves to 127.0.0.1, a loopback or private address"),
+            "{slot}: {note}"
+        );
+    }
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no connection to another port of a named host"
+    );
 }

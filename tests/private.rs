@@ -93,6 +93,16 @@ impl Rig {
         )
     }
 
+    /// The app's manifest at the target is the source's, byte for byte.
+    async fn assert_app_copied(&self) {
+        let (bytes, _, _) = self
+            .dst
+            .get_manifest(&self.app_repo(), &self.app.digest)
+            .await
+            .expect("copied");
+        assert!(bytes == self.app.manifest);
+    }
+
     /// Team A: `regcred` reads the private source. Team B: `wrong` is
     /// refused by it; `own` is B's own valid secret, on ServiceAccount
     /// `builder`.
@@ -140,12 +150,7 @@ async fn only_pods_that_prove_access(r: &Rig, store: &impl Objects, client: kube
 
     let a = admitted(&adm, &pod("team-a", "a", &r.app(), &["regcred"], None)).await;
     assert_eq!(image(&a), r.app_mirrored(), "{}", decision(&a));
-    let (bytes, _, _) = r
-        .dst
-        .get_manifest(&r.app_repo(), &r.app.digest)
-        .await
-        .expect("copied");
-    assert!(bytes == r.app.manifest);
+    r.assert_app_copied().await;
 
     let b = admitted(&adm, &pod("team-b", "none", &r.app(), &[], None)).await;
     assert_eq!(image(&b), r.app(), "unchanged");
@@ -487,4 +492,116 @@ async fn unusable_pull_secrets_are_counted_by_reason() {
     let a = admitted(&adm, &pod("team-a", "a", &r.app(), &["regcred"], None)).await;
     assert_eq!(image(&a), r.app(), "{}", decision(&a));
     assert!(errors(&metrics, "forbidden") >= 1.0);
+}
+
+/// A source wait cut short by the admission's budget is no outage: a Pod
+/// proven within `proofGrace` but past `proofTtl` gets the grace when the
+/// source is down, never when the budget ran out first (a Pod listing
+/// enough slow images could otherwise spend it at will, and be handed a
+/// revoked or newly private image).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_cut_by_the_budget_is_not_an_outage() {
+    let r = Rig::start().await;
+    let api = KubeApi::start().await;
+    r.tenants(&api).await;
+    // `source.timeout` is longer than the budget: every wait on the
+    // source is cut by the budget.
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\n  imagePullSecrets: true\n  proofTtl: 1s\n  proofGrace: 1h\n  timeout: 20s\ncopyPolicy: immediate\nserver: {{admissionBudget: 3s}}\n",
+        r.dst.host(),
+        r.private.host(),
+    );
+    let config = Config::from_yaml(&yaml, "test.yaml").unwrap();
+    let (adm, metrics) = handler(&config, api.client());
+    let a = admitted(&adm, &pod("team-a", "a", &r.app(), &["regcred"], None)).await;
+    assert_eq!(image(&a), r.app_mirrored(), "{}", decision(&a));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    r.private.freeze();
+    let a = admitted(&adm, &pod("team-a", "a2", &r.app(), &["regcred"], None)).await;
+    r.private.thaw();
+    assert_eq!(image(&a), r.app(), "unchanged");
+    let note = decision(&a);
+    assert!(
+        note.starts_with("unchanged: private image; its source")
+            && note.contains("could not be asked within this admission's budget"),
+        "{note}"
+    );
+    assert_eq!(denials(&metrics, "unverified"), 1.0);
+}
+
+/// Each of a Pod's pull secrets is tried in turn: the first refused (an
+/// earlier, rotated-out secret listed first) does not stop the next from
+/// reading the source, and the Pod is rewritten on the one that proves
+/// access.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pull_secret_is_tried_in_turn() {
+    let r = Rig::start().await;
+    let api = KubeApi::start().await;
+    r.tenants(&api).await;
+    let (adm, metrics) = handler(&r.config("", ""), api.client());
+    let b = admitted(
+        &adm,
+        &pod("team-b", "both", &r.app(), &["wrong", "own"], None),
+    )
+    .await;
+    assert_eq!(image(&b), r.app_mirrored(), "{}", decision(&b));
+    r.assert_app_copied().await;
+    assert_eq!(denials(&metrics, "refused"), 0.0);
+}
+
+/// A source that hides a private repository behind 404 (as GHCR and Docker
+/// Hub do) from credentials that may not see it: the backfill takes a 404
+/// as a refusal and goes on to the Pod's next pull secret, instead of
+/// giving up at the first, and copies with the one that reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backfill_tries_each_pull_secret_past_a_404() {
+    use base64::Engine as _;
+    common::init();
+    let (upstream, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let app = Image::oci(2, 2511);
+    push_image(&upstream, "private/app", Some("v1"), &app).await;
+    let front = common::front::Front::start(&upstream.host()).await;
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+    front.set(common::front::Mode::HideWithout(format!("Basic {basic}")));
+    let api = KubeApi::start().await;
+    let host = front.host();
+    tenants::pull_secret(&api, "team-a", "old", &host, USER, "rotated-out").await;
+    tenants::pull_secret(&api, "team-a", "regcred", &host, USER, PASSWORD).await;
+    let source = format!("{host}/private/app:v1");
+    let p: Pod =
+        serde_json::from_value(pod("team-a", "a", &source, &["old", "regcred"], None)).unwrap();
+    api.apply_pod(p);
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{host}\"}}]\n  imagePullSecrets: true\ncache: {{reverify: 0s}}\n{}",
+        dst.host(),
+        common::FAST_RECOVERY,
+    );
+    let config = Config::from_yaml(&yaml, "test.yaml").unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let adm = Admission::from_config(&config, metrics.clone()).unwrap();
+    api.authorize_install(&config, pinswap::install::manifests::Tls::CertManager);
+    let bg = pinswap::watch::Background::start(
+        adm.mirror().clone(),
+        &config,
+        Some(api.install_client()),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let repo = format!(
+        "mirror/127.0.0.1_{}/private/app",
+        host.rsplit_once(':').unwrap().1
+    );
+    common::eventually("copied", Duration::from_secs(20), || async {
+        dst.get_manifest(&repo, &app.digest).await.is_some()
+    })
+    .await;
+    let (bytes, _, _) = dst.get_manifest(&repo, &app.digest).await.unwrap();
+    assert!(bytes == app.manifest);
+    assert!(
+        front
+            .answered()
+            .iter()
+            .any(|(_, p, status)| *status == 404 && p.contains("/manifests/")),
+        "the first secret met the 404"
+    );
+    bg.stop().await;
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use moka::future::Cache;
 use sha2::Digest as _;
 
-use super::{Mirror, MirrorError};
+use super::{ErrorCause, Mirror, MirrorError};
 use crate::config::{Config, Visibility};
 use crate::reference::{Reference, normalize_registry};
 use crate::registry::auth::Credentials;
@@ -316,6 +316,19 @@ impl Mirror {
             Some(Err(e)) => outage = Some(e),
             None => {}
         }
+        // A wait the admission's budget cut short says nothing of the
+        // source: it must not open the grace an outage gets, or a Pod
+        // listing enough slow images first would get it at will.
+        let cut = |e: &MirrorError| {
+            matches!(
+                e,
+                MirrorError::SourceDown {
+                    kind: ErrorCause::Budget,
+                    ..
+                }
+            )
+        };
+        let mut unasked = outage.as_ref().is_some_and(cut);
         let mut before: Vec<bool> = proofs
             .iter()
             .map(|p| p.as_ref().is_some_and(|p| p.read_within(at, grace)))
@@ -346,12 +359,25 @@ impl Mirror {
                     self.access.proofs.insert(keys[i], seen).await;
                 }
                 Err(e) => {
+                    unasked |= cut(&e);
                     outage.get_or_insert(e);
                 }
             }
         }
         if let Some(i) = proven {
             return Verdict::Proven(creds[i].clone());
+        }
+        let what = match private {
+            true => "private image",
+            false => "not known to be public",
+        };
+        if unasked {
+            return Verdict::Denied(Denial {
+                reason: "unverified",
+                note: format!(
+                    "{what}; its source {registry} could not be asked within this admission's budget, so whether this Pod may have it is not known"
+                ),
+            });
         }
         if let Some(e) = outage {
             // The source cannot say now: an earlier success still counts
@@ -365,10 +391,6 @@ impl Mirror {
             let cause = match &e {
                 MirrorError::SourceDown { cause, .. } => cause.clone(),
                 other => other.to_string(),
-            };
-            let what = match private {
-                true => "private image",
-                false => "not known to be public",
             };
             return Verdict::Denied(Denial {
                 reason: "unverified",

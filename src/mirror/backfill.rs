@@ -8,7 +8,6 @@ use std::time::Instant;
 use super::{Mirror, MirrorError};
 use crate::metrics::ErrorCause;
 use crate::reference::Reference;
-use crate::registry::auth::Credentials;
 use crate::registry::pullsecrets::PodCredentials;
 
 /// What [`Mirror::backfill`] found.
@@ -43,33 +42,18 @@ impl Mirror {
         // Resolved with the first credentials the source accepts: each
         // object's in turn, then the config's own (a refusal does not trip
         // the breaker).
-        let mut candidates: Vec<Option<&Credentials>> = Vec::new();
-        for c in pods.iter().filter_map(|p| p.first(src.registry())) {
-            if !candidates.contains(&Some(c)) {
-                candidates.push(Some(c));
+        let candidates = super::plan::candidates(pods, src.registry());
+        let plan = match self.plan_with_any(src, &candidates, None).await {
+            Ok((plan, _)) => plan,
+            Err(e) if self.refused_by_source(&e) => {
+                return Err(MirrorError::Private {
+                    image: src.to_string(),
+                    reason: format!(
+                        "no Pod or template naming it may have it: the source refuses their credentials ({e})"
+                    ),
+                });
             }
-        }
-        candidates.push(None);
-        let mut refused = None;
-        let mut planned = None;
-        for creds in candidates {
-            match self.plan(src, creds, None).await {
-                Ok(p) => {
-                    planned = Some(p);
-                    break;
-                }
-                Err(e) if self.error_cause(&e) == ErrorCause::Credentials => refused = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        let Some(plan) = planned else {
-            return Err(MirrorError::Private {
-                image: src.to_string(),
-                reason: format!(
-                    "no Pod or template naming it may have it: the source refuses their credentials ({})",
-                    refused.map(|e| e.to_string()).unwrap_or_default()
-                ),
-            });
+            Err(e) => return Err(e),
         };
         if self.target_has(&plan).await? {
             return Ok(Backfilled::Present);

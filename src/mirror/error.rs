@@ -65,6 +65,17 @@ pub enum MirrorError {
         /// The kind of failure, as [`MirrorError::cause`] gives it.
         kind: ErrorCause,
     },
+    /// The source refused the read of another caller whose lookup this
+    /// one waited on: its credentials, or a 404.
+    #[error("resolving {image}: {reason}")]
+    SourceRefused {
+        /// The source image.
+        image: String,
+        /// Why.
+        reason: String,
+        /// [`ErrorCause::Credentials`] or, for a 404, [`ErrorCause::Source`].
+        kind: ErrorCause,
+    },
     /// The copy the policy waits for failed or ran out of time.
     #[error("copy of {image} failed: {reason}")]
     CopyFailed {
@@ -174,12 +185,29 @@ impl MirrorError {
             Self::Ecr(_) => ErrorCause::Target,
             Self::Proxy(_) => ErrorCause::Source,
             Self::Resolve { kind, .. }
+            | Self::SourceRefused { kind, .. }
             | Self::CopyFailed { kind, .. }
             | Self::SourceDown { kind, .. } => *kind,
             // A policy decision rather than a failure: admission counts it
             // as a denial, never through this.
             Self::IdentityDenied { .. } => ErrorCause::Source,
         }
+    }
+
+    /// Whether the source refused the read: our credentials, or a 404
+    /// (`MANIFEST_UNKNOWN`, `NAME_UNKNOWN`) from a registry other than
+    /// `target` (as in [`MirrorError::cause`]), which GHCR and Docker Hub
+    /// answer to hide a private repository from credentials that may not
+    /// see it. Other credentials may read it.
+    pub(super) fn is_refusal(&self, target: &str) -> bool {
+        let error = match self {
+            Self::SourceRefused { .. } => return true,
+            _ if self.cause(target) == ErrorCause::Credentials => return true,
+            Self::Registry(r) | Self::Copy(CopyError::Registry(r)) => r,
+            _ => return false,
+        };
+        matches!(error, RegistryError::Http { status: 404, registry, .. }
+            if normalize_registry(registry) != target)
     }
 
     /// This error for a caller that waited on another's lookup (moka hands
@@ -200,6 +228,11 @@ impl MirrorError {
                 cause: cause.clone(),
                 consequence: consequence.clone(),
                 kind: *kind,
+            },
+            other if other.is_refusal(target) => MirrorError::SourceRefused {
+                image: src.to_string(),
+                reason: other.to_string(),
+                kind: other.cause(target),
             },
             other => MirrorError::Resolve {
                 image: src.to_string(),

@@ -314,7 +314,8 @@ impl Mirror {
         src: &Reference,
         pod: &PodCredentials,
     ) -> Result<Decision, MirrorError> {
-        let plan = self.plan(src, pod.first(src.registry()), None).await?;
+        let candidates = plan::candidates([pod], src.registry());
+        let (plan, _) = self.plan_with_any(src, &candidates, None).await?;
         if let access::Verdict::Denied(d) =
             Box::pin(self.access(&plan.source, plan.source_known, pod, None)).await
         {
@@ -343,7 +344,7 @@ impl Mirror {
     }
 
     /// Decides what `src` becomes for a Pod with `pod`'s credentials (its
-    /// imagePullSecrets; the first for the source's registry reads it),
+    /// imagePullSecrets; the first the source does not refuse reads it),
     /// under the access rule (a private image only for a Pod whose own
     /// credentials read it at the source, docs/security.md) and the swap
     /// and copy policies
@@ -366,8 +367,11 @@ impl Mirror {
         deadline: Instant,
         pod: &PodCredentials,
     ) -> Result<Decision, MirrorError> {
-        let creds = pod.first(src.registry());
-        let plan = self.plan(src, creds, Some(deadline)).await?;
+        // Read with each of the Pod's credentials in turn, then the
+        // config's: which one reads the digest says nothing of access,
+        // which the check below decides.
+        let candidates = plan::candidates([pod], src.registry());
+        let (plan, creds) = self.plan_with_any(src, &candidates, Some(deadline)).await?;
         // Boxed, as in `resolve`: the check's requests are large futures.
         let proven =
             match Box::pin(self.access(&plan.source, plan.source_known, pod, Some(deadline))).await

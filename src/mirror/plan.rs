@@ -13,6 +13,7 @@ use crate::reference::{Digest, Reference};
 use crate::registry::Role;
 use crate::registry::auth::Credentials;
 use crate::registry::copy::Endpoint;
+use crate::registry::pullsecrets::PodCredentials;
 
 /// A source image mapped to where it lives at the target.
 #[derive(Debug, Clone)]
@@ -86,6 +87,19 @@ pub(super) struct Assessed {
     pub(super) unrepaired: crate::identity::Unrepaired,
 }
 
+/// What [`Mirror::plan_with_any`] tries for `registry`: every credential
+/// of `pods` for it, in order, then the config's own (`None`).
+pub(super) fn candidates<'c>(
+    pods: impl IntoIterator<Item = &'c PodCredentials>,
+    registry: &str,
+) -> Vec<Option<&'c Credentials>> {
+    pods.into_iter()
+        .flat_map(|p| p.for_registry(registry))
+        .map(Some)
+        .chain([None])
+        .collect()
+}
+
 impl Mirror {
     /// Resolves, maps and assesses `src` (docs/architecture.md §3 steps 3 to 5). The
     /// target is the authority for what it holds: a digest it has is planned
@@ -128,6 +142,45 @@ impl Mirror {
             },
             other => other,
         }
+    }
+
+    /// [`Mirror::plan`] with the first of `candidates` (each a Pod's or an
+    /// object's credentials, `None` the config's own) that the source does
+    /// not refuse, and those credentials. A refusal is our credentials
+    /// refused, or a 404, which GHCR and Docker Hub answer to hide a
+    /// private repository from credentials that may not see it; either
+    /// goes on to the next candidate.
+    ///
+    /// # Errors
+    /// The last refusal when every candidate is refused; any other error
+    /// at once.
+    pub(super) async fn plan_with_any<'c>(
+        &self,
+        src: &Reference,
+        candidates: &[Option<&'c Credentials>],
+        deadline: Option<Instant>,
+    ) -> Result<(Plan, Option<&'c Credentials>), MirrorError> {
+        let mut refused = None;
+        for (i, &creds) in candidates.iter().enumerate() {
+            if candidates[..i].contains(&creds) {
+                continue;
+            }
+            match self.plan(src, creds, deadline).await {
+                Ok(p) => return Ok((p, creds)),
+                Err(e) if self.refused_by_source(&e) => refused = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(refused.unwrap_or_else(|| MirrorError::Private {
+            image: src.to_string(),
+            reason: "no credentials to read it with".into(),
+        }))
+    }
+
+    /// Whether `e` is the source refusing the credentials a read used
+    /// ([`MirrorError::is_refusal`]).
+    pub(super) fn refused_by_source(&self, e: &MirrorError) -> bool {
+        e.is_refusal(&self.target_key())
     }
 
     /// The plan for `pinned` (a source pinned by digest, with or without a

@@ -135,7 +135,10 @@ impl Mirror {
         {
             // An unpinned rewrite (`pin: false`) names a tag only: the
             // source tag's current content is what the kubelet wants.
-            let mut plan = self.plan(&hint.without_digest(), creds, None).await?;
+            let candidates = super::plan::candidates(pods, hint.registry());
+            let (mut plan, _) = self
+                .plan_with_any(&hint.without_digest(), &candidates, None)
+                .await?;
             plan.verify = verify;
             return self.restore(plan, pods).await;
         }

@@ -65,7 +65,8 @@ impl Resolver {
     /// breaker: refused at once while the breaker is open, bounded by
     /// `source.timeout` and half the time left before `deadline`, and
     /// counted as an answer or an outage. An outage becomes
-    /// [`MirrorError::SourceDown`]; other errors pass through.
+    /// [`MirrorError::SourceDown`], of kind [`ErrorCause::Budget`] when the
+    /// wait was cut short by `deadline`; other errors pass through.
     pub(super) async fn ask<T>(
         &self,
         src: &Reference,
@@ -106,7 +107,14 @@ impl Resolver {
                 } else {
                     attempt.failed(crate::registry::Outage::Timeout, cause.clone(), None);
                 }
-                Err(down(cause, ErrorCause::Source))
+                // Any wait the budget made shorter than `source.timeout` is
+                // the budget's, not evidence of an outage: the access check
+                // gives no grace for it (`access.rs`).
+                let kind = match limit < self.timeout {
+                    true => ErrorCause::Budget,
+                    false => ErrorCause::Source,
+                };
+                Err(down(cause, kind))
             }
             Ok(Ok(v)) => {
                 attempt.answered();
@@ -162,25 +170,27 @@ impl Resolver {
         creds: Option<&Credentials>,
         deadline: Option<Instant>,
     ) -> Result<Digest, MirrorError> {
-        let fetch = self.ask(src, deadline, async {
-            self.metrics.cache(cache::RESOLUTION, false);
-            let client = self
-                .pool
-                .get_with(src.registry(), Role::Source, creds)
-                .await?;
-            Ok::<_, MirrorError>(match client.head_manifest(src).await? {
-                Some(d) => d,
-                // HEAD has no body; GET brings the registry's own error code.
-                None => client.get_manifest(src).await?.digest,
+        let fetch = || {
+            self.ask(src, deadline, async {
+                self.metrics.cache(cache::RESOLUTION, false);
+                let client = self
+                    .pool
+                    .get_with(src.registry(), Role::Source, creds)
+                    .await?;
+                Ok::<_, MirrorError>(match client.head_manifest(src).await? {
+                    Some(d) => d,
+                    // HEAD has no body; GET brings the registry's own error code.
+                    None => client.get_manifest(src).await?.digest,
+                })
             })
-        });
+        };
         match self.caches.resolution() {
             // While the breaker is open or half-open, a caller must not wait
             // on another's lookup: that one may be the probe, which waits
             // out `source.timeout`. Each asks the breaker itself, and all
             // but the probe are refused at once and use the target's copy.
             Some(c) if !self.breakers.is_closed(&source_key(src)) => {
-                let d = fetch.await?;
+                let d = fetch().await?;
                 c.insert(key, d.clone()).await;
                 Ok(d)
             }
@@ -188,22 +198,30 @@ impl Resolver {
             // wait for it instead of resolving again (moka's coalescing).
             Some(c) => {
                 let mut missed = false;
-                let d = c
+                let shared = c
                     .try_get_with(key, async {
                         missed = true;
-                        fetch.await
+                        fetch().await
                     })
                     .await
                     .map_err(|e| match Arc::try_unwrap(e) {
                         Ok(e) => e,
                         Err(shared) => shared.for_waiter(src, &self.target_key),
-                    })?;
-                if !missed {
-                    self.metrics.cache(cache::RESOLUTION, true);
+                    });
+                match shared {
+                    Ok(d) => {
+                        if !missed {
+                            self.metrics.cache(cache::RESOLUTION, true);
+                        }
+                        Ok(d)
+                    }
+                    // Another caller's credentials were refused; ours may
+                    // read it, so they are asked on their own.
+                    Err(MirrorError::SourceRefused { .. }) if !missed => fetch().await,
+                    Err(e) => Err(e),
                 }
-                Ok(d)
             }
-            None => fetch.await,
+            None => fetch().await,
         }
     }
 }

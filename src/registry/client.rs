@@ -431,6 +431,9 @@ impl ClientPool {
             }
         };
         debug!(registry, scheme, role = ?role, "registry probed");
+        if let Scheme::Bearer(c) = &challenge {
+            self.opts.guard.trust_realm(registry, &c.realm);
+        }
         let threshold = self
             .opts
             .chunked_threshold

@@ -7,16 +7,18 @@
 //!   unspecified (`0.0.0.0`, `::`) addresses are always refused, in any
 //!   form (IPv4-mapped, IPv4-compatible, NAT64).
 //! - Loopback and private addresses (RFC 1918, `100.64.0.0/10`,
-//!   `fc00::/7`) are refused unless the host is one the guard allows: the
-//!   webhook allows the registries its config names (by name or address).
+//!   `fc00::/7`) are refused unless the host and port are a registry the
+//!   guard allows: the webhook allows the registries its config names (by
+//!   name or address, on the port named, or on 443 and 80 when none is).
 //!
 //! Names are checked in the resolver reqwest calls, after DNS, so the
 //! address checked is the one connected to. reqwest does not resolve IP
 //! literals, so URLs with a literal host are checked as they are met: the
-//! redirect policy, token realms and upload locations. Behind a proxy
-//! (`proxy.rs`) reqwest resolves only the proxy's name, so every
-//! connection's destination is resolved and checked here first
-//! ([`Guard::destinations`]).
+//! redirect policy, token realms and upload locations. The resolver is not
+//! told the port, so every connection's destination is checked again, with
+//! its port, before it is opened ([`Guard::destinations`]). Behind a proxy
+//! (`proxy.rs`) reqwest resolves only the proxy's name, so there every
+//! destination is resolved and checked that way.
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -96,12 +98,19 @@ pub fn is_private(ip: IpAddr) -> bool {
 /// What the registry clients may connect to. Cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct Guard {
-    /// Hosts (lowercase, without port) that may be loopback or private;
-    /// `None` allows any (the CLI, whose user names every registry).
-    private: Option<Arc<HashSet<String>>>,
+    /// Hosts (lowercase, without port) that may be loopback or private,
+    /// each with the ports named for it (`None`: none was, so the schemes'
+    /// defaults); `None` allows any (the CLI, whose user names every
+    /// registry).
+    private: Option<Arc<HashMap<String, HashSet<Option<u16>>>>>,
     /// Name → addresses, used instead of DNS for those names and checked
     /// the same way (tests map names to loopback with it).
     hosts: Arc<HashMap<String, Vec<IpAddr>>>,
+    /// Token realms (host, ports) that registries the config names sent
+    /// us to: where such a registry authenticates is as trusted as it is,
+    /// on that port only. Shared by every clone: the clients' resolvers
+    /// and connectors see what a probe adds.
+    realms: Arc<std::sync::RwLock<HashMap<String, HashSet<u16>>>>,
     /// Proxy hosts (lowercase, without port) that may be loopback or
     /// private, as the proxy only: a Pod naming one as a registry, or a
     /// redirect to one, is checked like any other destination.
@@ -110,24 +119,45 @@ pub struct Guard {
 
 /// `host` of `host[:port]` (IPv6 in brackets), lowercase.
 fn host_of(registry: &str) -> String {
-    let host = match registry.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(rest),
-        None => registry.rsplit_once(':').map_or(registry, |(h, _)| h),
+    endpoint_of(registry).0
+}
+
+/// `host` (lowercase) and `port` of `host[:port]` (IPv6 in brackets).
+fn endpoint_of(registry: &str) -> (String, Option<u16>) {
+    let (host, port) = match registry.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((h, tail)) => (h, tail.strip_prefix(':')),
+            None => (rest, None),
+        },
+        None => match registry.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (registry, None),
+        },
     };
-    host.trim_end_matches('.').to_ascii_lowercase()
+    (
+        host.trim_end_matches('.').to_ascii_lowercase(),
+        port.and_then(|p| p.parse().ok()),
+    )
+}
+
+/// The ports a connection may use: a registry named without one is
+/// reached on `https`'s or, when insecure, `http`'s default.
+fn port_allowed(named: &HashSet<Option<u16>>, port: u16) -> bool {
+    named.contains(&Some(port)) || (named.contains(&None) && matches!(port, 443 | 80))
 }
 
 impl Guard {
     /// A guard that allows loopback and private addresses only for these
-    /// registries (`host[:port]`, the port ignored).
+    /// registries (`host[:port]`), each on its own port: 443 and 80 for
+    /// one named without a port.
     pub fn private_only_for<S: AsRef<str>>(registries: impl IntoIterator<Item = S>) -> Self {
+        let mut private: HashMap<String, HashSet<Option<u16>>> = HashMap::new();
+        for r in registries {
+            let (host, port) = endpoint_of(r.as_ref());
+            private.entry(host).or_default().insert(port);
+        }
         Self {
-            private: Some(Arc::new(
-                registries
-                    .into_iter()
-                    .map(|r| host_of(r.as_ref()))
-                    .collect(),
-            )),
+            private: Some(Arc::new(private)),
             ..Self::default()
         }
     }
@@ -154,12 +184,12 @@ impl Guard {
     }
 
     /// Whether `host` (a name or a literal, as a URL writes it) may be
-    /// connected to at `addr`.
+    /// connected to at `addr` on `port`.
     ///
     /// # Errors
     /// [`Refused`] naming the address and why.
-    pub fn check(&self, host: &str, addr: IpAddr) -> Result<(), Refused> {
-        self.check_as(host, addr, false)
+    pub fn check(&self, host: &str, port: u16, addr: IpAddr) -> Result<(), Refused> {
+        self.check_as(host, Some(port), addr, false)
     }
 
     /// [`Guard::check`] for the proxy at `host`: also allowed loopback and
@@ -168,10 +198,19 @@ impl Guard {
     /// # Errors
     /// As [`Guard::check`].
     pub fn check_proxy(&self, host: &str, addr: IpAddr) -> Result<(), Refused> {
-        self.check_as(host, addr, true)
+        self.check_as(host, None, addr, true)
     }
 
-    fn check_as(&self, host: &str, addr: IpAddr, proxy: bool) -> Result<(), Refused> {
+    /// `port` is `None` where it is not known (the resolver, and proxies,
+    /// which are allowed by host): the host alone is checked then, and
+    /// [`Guard::destinations`] checks the port before the connection.
+    fn check_as(
+        &self,
+        host: &str,
+        port: Option<u16>,
+        addr: IpAddr,
+        proxy: bool,
+    ) -> Result<(), Refused> {
         let refused = |why| Refused {
             host: host.to_owned(),
             addr,
@@ -180,26 +219,87 @@ impl Guard {
         if let Some(why) = refused_ip(addr) {
             return Err(refused(why));
         }
-        let allowed = |h: &String| {
-            self.private.as_ref().is_none_or(|a| a.contains(h))
-                || (proxy && self.proxies.contains(h))
-        };
-        match is_private(addr) && !allowed(&host_of(host)) {
+        let h = host_of(host);
+        let named = self.allowed_at(&h, port);
+        match is_private(addr) && !named && !(proxy && self.proxies.contains(&h)) {
             true => Err(refused(
-                "a loopback or private address, and not a registry the config names",
+                "a loopback or private address, and not a registry the config names (host and port)",
             )),
             false => Ok(()),
         }
     }
 
+    /// Whether `host` (lowercase, without port) may be private on `port`
+    /// (`None`: on some port): a registry the config names, or a token
+    /// realm one of those sent us to.
+    fn allowed_at(&self, host: &str, port: Option<u16>) -> bool {
+        let Some(named) = &self.private else {
+            return true;
+        };
+        let registry = named
+            .get(host)
+            .is_some_and(|ports| port.is_none_or(|p| port_allowed(ports, p)));
+        registry
+            || self
+                .realms
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(host)
+                .is_some_and(|ports| port.is_none_or(|p| ports.contains(&p)))
+    }
+
+    /// Whether a connection to `host` on `port` must be checked again
+    /// before it is opened, though the resolver checked the name: the
+    /// host may be private, on other ports only.
+    fn port_unnamed(&self, host: &str, port: u16) -> bool {
+        let h = host_of(host);
+        self.allowed_at(&h, None) && !self.allowed_at(&h, Some(port))
+    }
+
+    /// Trusts `realm`, the token endpoint `registry` (`host[:port]`) asked
+    /// for, when the config names `registry` and the realm is on the same
+    /// host: an auth server beside the registry on a port of its own (as
+    /// docker_auth runs) may then be private on that port. A realm on
+    /// another host, or from a registry the config does not name, gains
+    /// nothing. Bounded: a few realms per named registry are all a config
+    /// can bring.
+    pub fn trust_realm(&self, registry: &str, realm: &str) {
+        const MAX_REALMS: usize = 64;
+        let (host, port) = endpoint_of(registry);
+        let named = self.private.as_ref().is_some_and(|a| {
+            a.get(&host).is_some_and(|ports| match port {
+                Some(p) => port_allowed(ports, p),
+                None => ports.contains(&None),
+            })
+        });
+        let Ok(url) = url::Url::parse(realm) else {
+            return;
+        };
+        let (Some(h), Some(p)) = (url.host_str(), url.port_or_known_default()) else {
+            return;
+        };
+        let mut realms = self
+            .realms
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let beside = host_of(h) == host;
+        if named && beside && realms.values().map(HashSet::len).sum::<usize>() < MAX_REALMS {
+            realms.entry(host_of(h)).or_default().insert(p);
+        }
+    }
+
     /// Checks a URL whose host is an IP literal (names are checked when
-    /// they are resolved).
+    /// they are resolved, and with the port before the connection).
     ///
     /// # Errors
     /// [`Refused`] for a literal the guard refuses.
     pub fn check_url(&self, url: &url::Url) -> Result<(), Refused> {
         match literal(url) {
-            Some(addr) => self.check(url.host_str().unwrap_or_default(), addr),
+            Some(addr) => self.check(
+                url.host_str().unwrap_or_default(),
+                url.port_or_known_default().unwrap_or(443),
+                addr,
+            ),
             None => Ok(()),
         }
     }
@@ -239,16 +339,17 @@ impl Guard {
     }
 
     /// Resolves `host` (a name or a literal, IPv6 in brackets) here and
-    /// checks every address it has: where a proxy carries the connection,
-    /// the proxy picks among them, so each must pass.
+    /// checks every address it has for a connection on `port`: where a
+    /// proxy carries the connection, the proxy picks among them, so each
+    /// must pass.
     ///
     /// # Errors
     /// [`Refused`] for the first address refused; [`Unresolved`] when the
     /// name has no address here.
-    pub async fn check_destination(&self, host: &str) -> Result<(), BoxError> {
+    pub async fn check_destination(&self, host: &str, port: u16) -> Result<(), BoxError> {
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         if let Ok(ip) = bare.parse::<IpAddr>() {
-            return Ok(self.check(host, ip)?);
+            return Ok(self.check(host, port, ip)?);
         }
         let name = host.trim_end_matches('.').to_ascii_lowercase();
         let unresolved = |reason: String| Unresolved {
@@ -263,15 +364,21 @@ impl Guard {
             return Err(unresolved("no address".into()).into());
         }
         for ip in found {
-            self.check(host, ip)?;
+            self.check(host, port, ip)?;
         }
         Ok(())
     }
 
-    /// A reqwest connector layer that runs [`Guard::check_destination`] on
-    /// every connection before it is opened, proxied or not.
-    pub fn destinations(&self) -> Destinations {
-        Destinations(self.clone())
+    /// A reqwest connector layer that checks every connection's destination,
+    /// with its port, before it is opened: with `proxied` (proxies are set)
+    /// by [`Guard::check_destination`] always; otherwise literals, and names
+    /// the config allows on other ports only (the resolver, which is not
+    /// told the port, checked the rest).
+    pub fn destinations(&self, proxied: bool) -> Destinations {
+        Destinations {
+            guard: self.clone(),
+            proxied,
+        }
     }
 
     /// The resolver for `reqwest::ClientBuilder::dns_resolver`: DNS (or
@@ -341,19 +448,24 @@ impl reqwest::dns::Resolve for GuardResolver {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// See [`Guard::destinations`]. reqwest resolves only the proxy's name when
-/// a proxy carries a request, and hands its connector layers the
-/// destination in a sealed type whose one public face is `Debug`; so the
-/// destination is read from that, and a connection whose destination
-/// cannot be read is refused rather than let through.
+/// a proxy carries a request, its resolver is never told the port, and it
+/// hands its connector layers the destination in a sealed type whose one
+/// public face is `Debug`; so the destination is read from that, and a
+/// connection whose destination cannot be read is refused rather than let
+/// through.
 #[derive(Debug, Clone)]
-pub struct Destinations(Guard);
+pub struct Destinations {
+    guard: Guard,
+    proxied: bool,
+}
 
 impl<S> tower_layer::Layer<S> for Destinations {
     type Service = CheckDestination<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
         CheckDestination {
-            guard: self.0.clone(),
+            guard: self.guard.clone(),
+            proxied: self.proxied,
             inner,
         }
     }
@@ -363,14 +475,22 @@ impl<S> tower_layer::Layer<S> for Destinations {
 #[derive(Debug, Clone)]
 pub struct CheckDestination<S> {
     guard: Guard,
+    proxied: bool,
     inner: S,
 }
 
-/// The host of a connector request's `Debug` text (`Name(scheme://host:port/)`).
-fn destination_host(debug: &str) -> Option<String> {
+/// The host and port of a connector request's `Debug` text
+/// (`Name(scheme://host:port/)`; the scheme's default port where none is
+/// written).
+fn destination(debug: &str) -> Option<(String, u16)> {
     let (_, uri) = debug.strip_suffix(')')?.split_once('(')?;
     let uri: http::Uri = uri.parse().ok()?;
-    uri.host().map(str::to_owned)
+    let port = uri.port_u16().or(match uri.scheme_str()? {
+        "https" => Some(443),
+        "http" => Some(80),
+        _ => None,
+    })?;
+    Some((uri.host()?.to_owned(), port))
 }
 
 impl<S, R> tower_service::Service<R> for CheckDestination<S>
@@ -396,11 +516,19 @@ where
         // The service polled ready is the one to call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let host = destination_host(&format!("{req:?}"));
+        let to = destination(&format!("{req:?}"));
+        let proxied = self.proxied;
         Box::pin(async move {
-            let host =
-                host.ok_or("cannot tell where a connection goes; refused by the outbound guard")?;
-            guard.check_destination(&host).await?;
+            let (host, port) =
+                to.ok_or("cannot tell where a connection goes; refused by the outbound guard")?;
+            let literal = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+                .is_ok();
+            if proxied || literal || guard.port_unnamed(&host, port) {
+                guard.check_destination(&host, port).await?;
+            }
             inner.call(req).await.map_err(Into::into)
         })
     }
@@ -461,18 +589,72 @@ mod tests {
     #[test]
     fn private_addresses_only_for_named_registries() {
         let g = Guard::private_only_for(["registry.internal:5000", "10.0.0.5", "[fd00::5]:443"]);
-        assert!(g.check("registry.internal", ip("10.1.1.1")).is_ok());
-        assert!(g.check("REGISTRY.internal.", ip("127.0.0.1")).is_ok());
-        assert!(g.check("10.0.0.5", ip("10.0.0.5")).is_ok());
-        assert!(g.check("[fd00::5]", ip("fd00::5")).is_ok());
-        assert!(g.check("other.example", ip("8.8.8.8")).is_ok());
-        let e = g.check("other.example", ip("10.1.1.1")).unwrap_err();
+        assert!(g.check("registry.internal", 5000, ip("10.1.1.1")).is_ok());
+        assert!(g.check("REGISTRY.internal.", 5000, ip("127.0.0.1")).is_ok());
+        assert!(g.check("10.0.0.5", 443, ip("10.0.0.5")).is_ok());
+        assert!(g.check("10.0.0.5", 80, ip("10.0.0.5")).is_ok());
+        assert!(g.check("[fd00::5]", 443, ip("fd00::5")).is_ok());
+        assert!(g.check("other.example", 22, ip("8.8.8.8")).is_ok());
+        let e = g.check("other.example", 443, ip("10.1.1.1")).unwrap_err();
         assert!(e.why.starts_with("a loopback or private address"), "{e}");
-        assert!(g.check("registry.internal", ip("169.254.169.254")).is_err());
+        assert!(
+            g.check("registry.internal", 5000, ip("169.254.169.254"))
+                .is_err()
+        );
+        // A named host on a port the config does not name is any other host.
+        for (h, port, a) in [
+            ("registry.internal", 22, "10.1.1.1"),
+            ("registry.internal", 443, "10.1.1.1"),
+            ("10.0.0.5", 5000, "10.0.0.5"),
+            ("[fd00::5]", 80, "fd00::5"),
+        ] {
+            assert!(g.check(h, port, ip(a)).is_err(), "{h}:{port}");
+            assert!(g.port_unnamed(h, port), "{h}:{port}");
+        }
+        assert!(!g.port_unnamed("registry.internal", 5000));
+        assert!(
+            !g.port_unnamed("other.example", 22),
+            "the resolver checks it"
+        );
+        // The resolver is not told the port: it checks the host.
+        assert!(
+            g.check_as("registry.internal", None, ip("10.1.1.1"), false)
+                .is_ok()
+        );
         // The CLI's guard allows private addresses, never refused ones.
         let any = Guard::default();
-        assert!(any.check("x", ip("10.1.1.1")).is_ok());
-        assert!(any.check("x", ip("fe80::1")).is_err());
+        assert!(any.check("x", 1, ip("10.1.1.1")).is_ok());
+        assert!(any.check("x", 1, ip("fe80::1")).is_err());
+        assert!(!any.port_unnamed("x", 1));
+    }
+
+    #[test]
+    fn a_named_registrys_token_realm_is_trusted_on_its_port() {
+        let g = Guard::private_only_for(["registry.internal:5000"]);
+        let clone = g.clone();
+        // A registry the config does not name gains nothing.
+        g.trust_realm("evil.example", "http://registry.internal:22/token");
+        g.trust_realm("registry.internal:6000", "http://registry.internal:22/");
+        assert!(g.check("registry.internal", 22, ip("10.0.0.1")).is_err());
+        // Nor does a realm on another host.
+        g.trust_realm("registry.internal:5000", "https://auth.internal:5001/token");
+        assert!(g.check("auth.internal", 5001, ip("10.0.0.2")).is_err());
+        g.trust_realm(
+            "registry.internal:5000",
+            "https://REGISTRY.internal:5001/token",
+        );
+        assert!(
+            clone
+                .check("registry.internal", 5001, ip("10.0.0.2"))
+                .is_ok()
+        );
+        assert!(
+            clone
+                .check("registry.internal", 5002, ip("10.0.0.2"))
+                .is_err()
+        );
+        assert!(clone.port_unnamed("registry.internal", 5002));
+        assert!(!clone.port_unnamed("registry.internal", 5001));
     }
 
     #[test]
@@ -485,11 +667,13 @@ mod tests {
             "http://[::ffff:a9fe:a9fe]/",
             "http://0.0.0.0:5000/",
             "http://10.0.0.1/",
+            "http://127.0.0.1:6000/token",
+            "https://127.0.0.1/token",
         ] {
             assert!(g.check_str(u).is_err(), "{u}");
         }
         for u in [
-            "http://127.0.0.1:6000/token",
+            "http://127.0.0.1:5000/token",
             "https://cdn.example/blob",
             "not a url",
         ] {
@@ -501,14 +685,14 @@ mod tests {
     #[tokio::test]
     async fn destinations_are_checked_at_every_address() {
         assert_eq!(
-            destination_host("Unnameable(https://meta.test:443/)").as_deref(),
-            Some("meta.test")
+            destination("Unnameable(https://meta.test/)"),
+            Some(("meta.test".to_owned(), 443))
         );
         assert_eq!(
-            destination_host("Unnameable(http://[::1]:5000/)").as_deref(),
-            Some("[::1]")
+            destination("Unnameable(http://[::1]:5000/)"),
+            Some(("[::1]".to_owned(), 5000))
         );
-        assert_eq!(destination_host("Unnameable"), None);
+        assert_eq!(destination("Unnameable"), None);
         let hosts = HashMap::from([
             ("registry.test".to_owned(), vec![ip("10.0.0.1")]),
             (
@@ -518,21 +702,22 @@ mod tests {
             ("empty.test".to_owned(), vec![]),
         ]);
         let g = Guard::private_only_for(["registry.test"]).with_hosts(hosts);
-        assert!(g.check_destination("registry.test").await.is_ok());
-        assert!(g.check_destination("192.0.2.7").await.is_ok());
-        let e = g.check_destination("MIXED.test.").await.unwrap_err();
+        assert!(g.check_destination("registry.test", 443).await.is_ok());
+        assert!(g.check_destination("registry.test", 5000).await.is_err());
+        assert!(g.check_destination("192.0.2.7", 1).await.is_ok());
+        let e = g.check_destination("MIXED.test.", 443).await.unwrap_err();
         assert!(
             e.to_string().contains("resolves to fe80::1, link-local"),
             "every address counts: {e}"
         );
-        assert!(g.check_destination("[fe80::1]").await.is_err());
-        let e = g.check_destination("empty.test").await.unwrap_err();
+        assert!(g.check_destination("[fe80::1]", 443).await.is_err());
+        let e = g.check_destination("empty.test", 443).await.unwrap_err();
         assert!(e.to_string().contains("cannot be resolved here"), "{e}");
         // A proxy the environment names may be private, as the proxy: as
         // a destination it is checked like any other.
         let g = g.allowing_proxy("10.0.0.1:3128");
         assert!(g.check_proxy("10.0.0.1", ip("10.0.0.1")).is_ok());
-        assert!(g.check_destination("10.0.0.1").await.is_err());
+        assert!(g.check_destination("10.0.0.1", 3128).await.is_err());
     }
 
     /// The resolver is called directly: nothing connects anywhere.

@@ -128,7 +128,7 @@ impl Proxies {
 
     /// `builder` with these proxies and no other (reqwest's own reading of
     /// the environment is turned off), each connection's destination
-    /// checked by `guard` first when a proxy is set. `guard` is the one
+    /// checked by `guard` first ([`Guard::destinations`]). `guard` is the one
     /// [`Proxies::guard`] gave.
     ///
     /// # Errors
@@ -156,10 +156,7 @@ impl Proxies {
             let proxy = reqwest::Proxy::http(p.url.as_str()).map_err(|e| invalid(p.var, e))?;
             builder = builder.proxy(proxy.no_proxy(no_proxy()));
         }
-        if self.is_set() {
-            builder = builder.connector_layer(guard.destinations());
-        }
-        Ok(builder)
+        Ok(builder.connector_layer(guard.destinations(self.is_set())))
     }
 }
 
@@ -301,6 +298,6 @@ mod tests {
         assert!(g.check_proxy("10.0.0.3", addr).is_ok());
         assert!(g.check_proxy("elsewhere", addr).is_err());
         // As the proxy only, not as a registry a Pod names.
-        assert!(g.check("10.0.0.3", addr).is_err());
+        assert!(g.check("10.0.0.3", 3128, addr).is_err());
     }
 }

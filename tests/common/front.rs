@@ -44,6 +44,11 @@ pub enum Mode {
     /// serve) in pages of this many descriptors, linked by `Link: <...>;
     /// rel="next"` as distribution-spec §Listing Referrers allows.
     PageReferrers(usize),
+    /// Serve repositories only to requests whose `Authorization` is this
+    /// value, answering others 404 `NAME_UNKNOWN`, as GHCR and Docker Hub
+    /// hide private repositories; `/v2/` asks for Basic auth when none is
+    /// sent and passes any.
+    HideWithout(String),
 }
 
 struct Shared {
@@ -284,6 +289,32 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
         );
         return resp;
     }
+    if let Mode::HideWithout(wanted) = &mode {
+        let sent = req.headers().get("authorization");
+        let status = match (path.as_str(), sent) {
+            ("/v2/", None) => Some(StatusCode::UNAUTHORIZED),
+            ("/v2/", Some(_)) => None,
+            (_, Some(v)) if v.as_bytes() == wanted.as_bytes() => None,
+            _ => Some(StatusCode::NOT_FOUND),
+        };
+        if let Some(status) = status {
+            let code = match status {
+                StatusCode::NOT_FOUND => "NAME_UNKNOWN",
+                _ => "UNAUTHORIZED",
+            };
+            let mut resp = Response::new(Body::from(format!(
+                r#"{{"errors":[{{"code":"{code}","message":"hidden by the test front"}}]}}"#
+            )));
+            *resp.status_mut() = status;
+            if status == StatusCode::UNAUTHORIZED {
+                resp.headers_mut().insert(
+                    "www-authenticate",
+                    HeaderValue::from_static("Basic realm=\"test\""),
+                );
+            }
+            return resp;
+        }
+    }
     let relocate = match &mode {
         Mode::Relocate(to) => Some(HeaderValue::from_str(to).unwrap()),
         _ => None,
@@ -291,7 +322,7 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
     let refusal = {
         let mut mode = s.mode.lock().unwrap();
         match *mode {
-            Mode::Pass | Mode::Challenge(_) | Mode::Relocate(_) => None,
+            Mode::Pass | Mode::Challenge(_) | Mode::Relocate(_) | Mode::HideWithout(_) => None,
             Mode::Refuse(status, retry_after) => Some((status, retry_after)),
             Mode::RefuseFirst(method, part, status, retry_after)
                 if req.method().as_str() == method
