@@ -286,6 +286,85 @@ async fn the_children_of_an_index_that_stays_stay() {
     );
 }
 
+/// An index Pods pin by digest keeps its children after its tag moved: it
+/// is listed by no tag then, and a child carrying its own anchor tag would
+/// otherwise be due on its own.
+#[tokio::test]
+async fn the_children_of_an_index_in_use_stay_after_its_tag_moved() {
+    let (r, _, _, _adm, ret) = setup("unusedFor: 1s").await;
+    let idx = common::fixtures::Index::oci(23, false);
+    push_index(&r.src, "shop/multi", Some("v1"), &idx).await;
+    let repo = format!("mirror/127.0.0.1_{}/shop/multi", r.src.port());
+    push_index(&r.dst, &repo, Some("v1"), &idx).await;
+    let child = &idx.children[0];
+    let anchor = format!("pinswap-{}", &child.digest["sha256:".len()..]);
+    push_manifest(&r.dst, &repo, &anchor, &child.media_type, &child.manifest).await;
+    // The tag moves on: the index is listed by no tag.
+    push_image(&r.dst, &repo, Some("v1"), &Image::oci(1, 24)).await;
+    let pinned = Reference::parse(&format!("{}/{repo}@{}", r.dst.host(), idx.digest)).unwrap();
+
+    let report = two_passes(&ret, &in_use(&[pinned])).await;
+    let key = format!("{}/{repo}@{}", r.dst.host(), child.digest);
+    assert_eq!(report.state(&key), Some(State::InUse), "{:?}", report.images);
+    assert_eq!(
+        r.dst.head_manifest(&repo, &child.digest).await.as_deref(),
+        Some(child.digest.as_str()),
+        "the child is still at the target"
+    );
+}
+
+/// A source that cannot answer holds back its own images only: another
+/// source's unused image still goes, and the pass names the one held.
+#[tokio::test]
+async fn a_source_that_cannot_answer_holds_back_its_images_only() {
+    let mut r = rig().await;
+    let other = TestRegistry::plain().await;
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}, {{registry: \"{}\"}}]\ncopyPolicy: immediate\ncopyDeadline: 8s\nserver: {{admissionBudget: 8s}}\nretention: {{enabled: true, unusedFor: 1s}}\n",
+        r.dst.host(),
+        r.src.host(),
+        other.host()
+    );
+    let cfg = Config::from_yaml(&yaml, "test.yaml").unwrap();
+    let metrics = Arc::new(pinswap::metrics::Metrics::new());
+    let adm = Admission::from_config(&cfg, metrics.clone()).unwrap();
+    let ret = r.retention(&cfg, &adm);
+    let held = r.mirrored(&adm, "held", 41).await;
+    let image = Image::oci(1, 42);
+    push_image(&other, "shop/goes", Some("v1"), &image).await;
+    let goes = Mirrored {
+        source: format!("{}/shop/goes:v1", other.host()),
+        repo: format!("mirror/127.0.0.1_{}/shop/goes", other.port()),
+        image,
+    };
+    let (patched, _) = admit(&adm, &pod("shop", "goes", &[("app", &goes.source)])).await;
+    assert_eq!(
+        patched["spec"]["containers"][0]["image"],
+        goes.target(&r.dst).as_str()
+    );
+
+    ret.sweep(&in_use(&[])).await.unwrap();
+    idle(SHORT).await;
+    r.src.kill();
+    let report = ret.sweep(&in_use(&[])).await.unwrap();
+    let why = |k: &str| {
+        let i = report.images.iter().find(|i| i.image.to_string() == k);
+        i.map(|i| (i.state, i.why.clone()))
+    };
+    let (state, note) = why(&held.key(&r.dst)).expect("listed");
+    assert_eq!(state, State::Kept, "{note}");
+    assert!(note.contains("cannot answer"), "{note}");
+    assert_eq!(
+        why(&goes.key(&r.dst)).map(|w| w.0),
+        Some(State::Removed),
+        "{:?}",
+        report.images
+    );
+    assert!(report.held.contains_key(&r.src.host()), "{:?}", report.held);
+    assert!(r.present(&held).await, "kept while its source is down");
+    assert!(!r.has_digest(&goes).await, "another source's unused image went");
+}
+
 #[tokio::test]
 async fn images_in_use_stay_by_target_reference_source_tag_or_source_digest() {
     let (r, _, _, adm, ret) = setup("unusedFor: 1s").await;
@@ -374,13 +453,13 @@ async fn nothing_goes_while_a_source_cannot_answer_or_the_watches_have_not_synce
     // The source is down: the image is due, but nothing goes.
     r.src.kill();
     let down = ret.sweep(&in_use(&[])).await.unwrap();
-    let why = down.skipped.clone().expect("skipped");
-    assert!(why.contains("cannot answer"), "{why}");
+    let why = down.held.get(&r.src.host()).expect("held back");
+    assert!(why.contains("refused"), "{why}");
     assert_eq!(down.state(&img.key(&r.dst)), Some(State::Kept));
     assert!(r.present(&img).await, "kept while the source is down");
     // Still down: still nothing.
     let again = ret.sweep(&in_use(&[])).await.unwrap();
-    assert!(again.skipped.is_some());
+    assert!(!again.held.is_empty());
     assert!(r.present(&img).await);
     let text = metrics.encode();
     assert_eq!(

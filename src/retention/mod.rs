@@ -28,6 +28,7 @@
 pub(crate) mod store;
 mod sweep;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -147,6 +148,9 @@ pub struct Report {
     pub skipped: Option<String>,
     /// The pass was skipped because the watches have not synced.
     pub not_synced: bool,
+    /// Source registries that could not answer in this pass, with why:
+    /// their due images were held back, and only theirs.
+    pub held: BTreeMap<String, String>,
     /// Every manifest under pinswap's tags, with its state.
     pub images: Vec<Image>,
     /// Removals that failed: image and why.

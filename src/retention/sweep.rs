@@ -23,6 +23,11 @@ struct Repository {
     manifests: BTreeMap<Digest, Vec<String>>,
 }
 
+/// The source registry `repo` mirrors, normalised.
+fn source_registry(repo: &Repository) -> String {
+    crate::reference::normalize_registry(repo.source.registry())
+}
+
 /// The source digest an anchor tag names (`pinswap-<hex>` or
 /// `pinswap-<hex>-<variant>`), with its variant.
 fn anchor(tag: &str) -> Option<(Digest, Option<&str>)> {
@@ -168,20 +173,29 @@ impl Retention {
         out
     }
 
-    /// Adds the child manifests of every index listed in `repo` to `used`:
-    /// an index that stays (in use, not yet due, or kept for a reason of
-    /// its own) must keep its children; a child of an index removed now
-    /// goes at a later pass, once nothing lists it.
+    /// Adds the child manifests of every index listed in `repo`, and of
+    /// every manifest of `repo` in use, to `used`: an index that stays (in
+    /// use, not yet due, or kept for a reason of its own) must keep its
+    /// children, and so must one Pods pin by digest after its tag moved
+    /// (it is listed by no tag then); a child of an index removed now goes
+    /// at a later pass, once nothing lists it.
     async fn children_in_use(
         &self,
         client: &crate::registry::client::Registry,
         repo: &Repository,
         used: &mut HashSet<String>,
     ) -> Result<(), RetentionError> {
+        let prefix = format!("{}@", repo.target);
+        let pinned = used
+            .iter()
+            .filter_map(|k| Digest::parse(k.strip_prefix(&prefix)?).ok())
+            .filter(|d| !repo.manifests.contains_key(d));
         let parents: Vec<Reference> = repo
             .manifests
             .keys()
-            .map(|d| repo.target.with_digest(d.clone()))
+            .cloned()
+            .chain(pinned.collect::<Vec<_>>())
+            .map(|d| repo.target.with_digest(d))
             .collect();
         for parent in parents {
             let Some(m) = client.get_manifest_raw(&parent).await? else {
@@ -237,7 +251,9 @@ impl Retention {
         }
         let result = self.pass(in_use).await;
         match &result {
-            Ok(r) if r.skipped.is_some() => Metrics::outcome(passes, "source_down"),
+            Ok(r) if r.skipped.is_some() || !r.held.is_empty() => {
+                Metrics::outcome(passes, "source_down")
+            }
             Ok(_) => Metrics::outcome(passes, "done"),
             Err(_) => Metrics::outcome(passes, "error"),
         }
@@ -321,7 +337,10 @@ impl Retention {
         }
         let mut report = Report::default();
         let mut candidates = Vec::new();
-        let mut down = None;
+        // Source registries that could not answer, with why: only their
+        // images are held back, so one decommissioned registry does not
+        // stop every pass.
+        let mut down = BTreeMap::new();
         for repo in &repos {
             for (d, tags) in &repo.manifests {
                 let image = repo.target.with_digest(d.clone());
@@ -367,11 +386,21 @@ impl Retention {
                 });
             }
         }
-        if let Some(why) = down {
-            warn!(%why, candidates = candidates.len(), "retention pass removes nothing: a source cannot answer");
-            report.skipped = Some(why);
-            return Ok(report);
+        // A source that failed later in the pass may have answered for an
+        // earlier candidate: none of its images goes in this pass.
+        candidates.retain(|&i| {
+            let img = &mut report.images[i];
+            let Some((registry, why)) = self.held_by(&repos, &img.image, &down) else {
+                return true;
+            };
+            img.state = State::Kept;
+            img.why = format!("not checked: its source {registry} cannot answer ({why})");
+            false
+        });
+        for (registry, why) in &down {
+            warn!(source = %registry, %why, "retention holds back this source's images: it cannot answer");
         }
+        report.held = down;
         for i in candidates {
             let img = &mut report.images[i];
             if self.dry_run {
@@ -396,18 +425,37 @@ impl Retention {
         Ok(report)
     }
 
+    /// The source registry of `image` and why it could not answer, when
+    /// it is in `down`.
+    fn held_by<'d>(
+        &self,
+        repos: &[Repository],
+        image: &Reference,
+        down: &'d BTreeMap<String, String>,
+    ) -> Option<(&'d String, &'d String)> {
+        let repo = repos
+            .iter()
+            .find(|r| r.target.registry() == image.registry() && r.target.name() == image.name())?;
+        down.get_key_value(&source_registry(repo))
+    }
+
     /// Whether a due manifest may go: only pinswap's tags point at it and
     /// its source still serves what it was copied from. `Err` says why it
-    /// stays. A source that cannot answer sets `down`.
+    /// stays. A source that cannot answer goes into `down` (by registry),
+    /// and is not asked again in this pass.
     async fn check(
         &self,
         repo: &Repository,
         digest: &Digest,
         tags: &[String],
-        down: &mut Option<String>,
+        down: &mut BTreeMap<String, String>,
     ) -> Result<(), String> {
         if let Some(t) = tags.iter().find(|t| !is_own(t)) {
             return Err(format!("tag {t} is not one pinswap writes"));
+        }
+        let registry = source_registry(repo);
+        if let Some(why) = down.get(&registry) {
+            return Err(format!("not checked: its source {registry} cannot answer ({why})"));
         }
         let Some(sources) = self.source_digests(digest, tags) else {
             return Err(format!(
@@ -422,8 +470,9 @@ impl Retention {
                     return Err(format!("{UNRECOVERABLE}: {pinned}: {why}"));
                 }
                 SourceCheck::Down(why) => {
-                    down.get_or_insert(why.clone());
-                    return Err(format!("not checked: {why}"));
+                    let e = format!("not checked: its source {registry} cannot answer ({why})");
+                    down.insert(registry, why);
+                    return Err(e);
                 }
             }
         }
