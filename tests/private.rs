@@ -605,3 +605,25 @@ async fn the_backfill_tries_each_pull_secret_past_a_404() {
     );
     bg.stop().await;
 }
+
+/// Re-verification refreshes referrers with the configured credentials
+/// only, so a private image's referrers are not refreshed: they were
+/// copied at admission with the proving Pod's secret, and the source would
+/// refuse the configured credentials at every round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_images_referrers_are_not_refreshed_without_a_pods_secret() {
+    let r = Rig::start().await;
+    let api = KubeApi::start().await;
+    r.tenants(&api).await;
+    let (adm, _) = handler(&r.config("", "referrers: {enabled: true}\n"), api.client());
+    let a = admitted(&adm, &pod("team-a", "a", &r.app(), &["regcred"], None)).await;
+    assert_eq!(image(&a), r.app_mirrored(), "{}", decision(&a));
+    // The follow after the copy, with A's secret, is done.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = r.private.token_server().requests();
+    let target = pinswap::reference::Reference::parse(&r.app_mirrored()).unwrap();
+    adm.mirror().refresh_referrers(&target).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let asked = &r.private.token_server().log()[before..];
+    assert!(asked.is_empty(), "{asked:?}");
+}

@@ -716,3 +716,42 @@ async fn a_fallback_tag_written_meanwhile_is_read_and_merged_again() {
     want.sort();
     assert_eq!(index_digests(&dst, "mirror/app", &img.digest).await, want);
 }
+
+/// An index that lists 300 children three times each: every subject is
+/// looked up once, and at most 256 per image, whatever the index lists
+/// (each lookup costs a referrers list and a HEAD per cosign tag at the
+/// source). The copy says the bound was reached.
+#[tokio::test]
+async fn referrer_lookups_are_deduplicated_and_bounded() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let children: Vec<Image> = (0..300).map(|i| Image::oci(1, 9000 + i)).collect();
+    for c in &children {
+        push_image(&src, "wide", None, c).await;
+    }
+    let descs: Vec<Value> = (0..3)
+        .flat_map(|_| children.iter().map(Image::descriptor))
+        .collect();
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": INDEX,
+        "manifests": descs,
+    }))
+    .unwrap();
+    push_manifest(&src, "wide", "v1", INDEX, &index).await;
+    let front = Front::start(&src.host()).await;
+
+    let (out, _) = mirror(&front.host(), "wide", &dst.host(), "mirror/wide", &[]).await;
+    assert!(out.contains("(bound reached)"), "{out}");
+    let lookups = front.count_method("HEAD", ".sig");
+    assert_eq!(lookups, 256, "{out}");
+    let mut sigs: Vec<String> = front
+        .requests()
+        .into_iter()
+        .filter(|(m, p)| m == "HEAD" && p.ends_with(".sig"))
+        .map(|(_, p)| p)
+        .collect();
+    sigs.sort();
+    sigs.dedup();
+    assert_eq!(sigs.len(), 256, "each subject once");
+}

@@ -305,7 +305,12 @@ async fn the_children_of_an_index_in_use_stay_after_its_tag_moved() {
 
     let report = two_passes(&ret, &in_use(&[pinned])).await;
     let key = format!("{}/{repo}@{}", r.dst.host(), child.digest);
-    assert_eq!(report.state(&key), Some(State::InUse), "{:?}", report.images);
+    assert_eq!(
+        report.state(&key),
+        Some(State::InUse),
+        "{:?}",
+        report.images
+    );
     assert_eq!(
         r.dst.head_manifest(&repo, &child.digest).await.as_deref(),
         Some(child.digest.as_str()),
@@ -362,7 +367,10 @@ async fn a_source_that_cannot_answer_holds_back_its_images_only() {
     );
     assert!(report.held.contains_key(&r.src.host()), "{:?}", report.held);
     assert!(r.present(&held).await, "kept while its source is down");
-    assert!(!r.has_digest(&goes).await, "another source's unused image went");
+    assert!(
+        !r.has_digest(&goes).await,
+        "another source's unused image went"
+    );
 }
 
 #[tokio::test]

@@ -621,7 +621,7 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
             if let ImageResult::Ok(CopyReport {
                 referrers: Some(f), ..
             }) = r
-                && f.copied + f.present + f.failed + f.skipped > 0
+                && (f.copied + f.present + f.failed + f.skipped > 0 || f.truncated)
             {
                 writeln!(
                     out,

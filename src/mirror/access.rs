@@ -153,6 +153,17 @@ impl Access {
     pub(super) fn applies(&self, registry: &str) -> bool {
         self.baseline(registry).is_some()
     }
+
+    /// Whether `pinned` (a source pinned by digest) may be read without a
+    /// Pod's credentials: the rule does not apply to its registry, or the
+    /// source answered its baseline HEAD within the grace period.
+    pub(super) async fn readable_without_pods(&self, pinned: &Reference) -> bool {
+        if !self.applies(&normalize_registry(pinned.registry())) {
+            return true;
+        }
+        let seen = self.shared.get(&pinned.without_tag().to_string()).await;
+        seen.is_some_and(|s| s.read_within(Instant::now(), self.grace))
+    }
 }
 
 /// The proof cache key: a hash, so no fingerprint is kept as such.

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use tracing::info;
+use tracing::{debug, info};
 
 use super::{Mirror, MirrorError, Plan};
 use crate::cache::Cause;
@@ -75,6 +75,14 @@ impl Mirror {
         let Some(source_digest) = source.digest().cloned() else {
             return;
         };
+        // Only the configured credentials are at hand here: the referrers
+        // of an image that needs a Pod's own pull secret are copied at
+        // admission and not refreshed (docs/referrers.md), rather than
+        // refused by the source at every round.
+        if !self.access.readable_without_pods(&source).await {
+            debug!(image = %source, "referrers not refreshed: a private image");
+            return;
+        }
         follower.spawn(super::referrers::Follow {
             source,
             source_digest,

@@ -54,6 +54,10 @@ pub struct ReferrerOptions {
     pub max_depth: usize,
     /// Referrers copied per image at most.
     pub max_count: usize,
+    /// Subjects whose referrers are looked up per image at most: each costs
+    /// a referrers list and a HEAD per cosign tag at the source, and an
+    /// index names as many children as its author likes.
+    pub max_lookups: usize,
 }
 
 impl Default for ReferrerOptions {
@@ -62,6 +66,7 @@ impl Default for ReferrerOptions {
             artifact_types: Vec::new(),
             max_depth: 4,
             max_count: 128,
+            max_lookups: 256,
         }
     }
 }
@@ -235,11 +240,20 @@ impl ReferrerCopier {
             src.without_tag().without_digest(),
             dst.without_tag().without_digest(),
         );
-        let mut seen: HashSet<Digest> = subjects.iter().cloned().collect();
-        let mut queue: VecDeque<(Digest, usize)> =
-            subjects.iter().map(|d| (d.clone(), 1)).collect();
-        let mut count = 0usize;
+        // Each subject once, however often an index lists it.
+        let mut seen: HashSet<Digest> = HashSet::new();
+        let mut queue: VecDeque<(Digest, usize)> = subjects
+            .iter()
+            .filter(|d| seen.insert((*d).clone()))
+            .map(|d| (d.clone(), 1))
+            .collect();
+        let (mut count, mut looked_up) = (0usize, 0usize);
         while let Some((subject, depth)) = queue.pop_front() {
+            if looked_up == self.opts.max_lookups {
+                report.truncated = true;
+                break;
+            }
+            looked_up += 1;
             let found = self
                 .follow_subject(
                     &sc,

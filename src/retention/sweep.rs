@@ -455,7 +455,9 @@ impl Retention {
         }
         let registry = source_registry(repo);
         if let Some(why) = down.get(&registry) {
-            return Err(format!("not checked: its source {registry} cannot answer ({why})"));
+            return Err(format!(
+                "not checked: its source {registry} cannot answer ({why})"
+            ));
         }
         let Some(sources) = self.source_digests(digest, tags) else {
             return Err(format!(
