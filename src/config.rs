@@ -745,14 +745,16 @@ impl<'de> Deserialize<'de> for ByteRate {
     }
 }
 
+/// One more than the 4 slots copies had before slots were shared by
+/// registry, so one registry alone still gets 4.
 fn copy_concurrency() -> usize {
-    4
+    5
 }
 
 /// One less than the default `copy.concurrency`: one slot is always left
 /// for the other registries.
 fn copy_concurrency_per_registry() -> usize {
-    3
+    4
 }
 
 fn min_transfer_rate() -> ByteRate {
@@ -1765,8 +1767,8 @@ copy:
   # and background copies at once (recovery has as many of its own). One
   # source registry holds at most concurrencyPerRegistry of them, so a slow
   # one leaves the rest to the others.
-  concurrency: 4
-  concurrencyPerRegistry: 3
+  concurrency: 5
+  concurrencyPerRegistry: 4
 retention:
   # Remove images pinswap mirrored that no Pod (and no workload template)
   # has named for unusedFor. The leader does it; what may go, what stays and
@@ -1982,7 +1984,7 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
             ),
             (
                 "target: {registry: m.example.com}\ncopy: {concurrency: 2}\n",
-                "test.yaml: copy.concurrencyPerRegistry: found 3, expected 1 to copy.concurrency (2); below it, one registry cannot hold every slot",
+                "test.yaml: copy.concurrencyPerRegistry: found 4, expected 1 to copy.concurrency (2); below it, one registry cannot hold every slot",
             ),
             (
                 "target: {registry: m.example.com}\ncopy: {concurrency: 0}\n",

@@ -23,10 +23,10 @@ use pinswap::metrics::Metrics;
 const FAST_BYTES: u64 = 8 * 1024;
 const TRICKLE: Duration = Duration::from_millis(250);
 /// Copies from the trickling source: as many as there are copy slots
-/// (`copy.concurrency`, 4).
-const SLOW_IMAGES: u64 = 4;
+/// (`copy.concurrency`, 5).
+const SLOW_IMAGES: u64 = 5;
 /// The slots one source registry may hold (`copy.concurrencyPerRegistry`).
-const PER_REGISTRY: usize = 3;
+const PER_REGISTRY: usize = 4;
 
 /// A target, a trickling source (behind the proxy) and a fast one.
 struct Rig {
