@@ -52,6 +52,7 @@ line([
  ("Bytes copied",[(rate("pinswap_copy_bytes_total"),"blob bytes")],"Bps"),
  ("Copy duration",[(q(0.5,"pinswap_copy_duration_seconds"),"p50"),(q(0.99,"pinswap_copy_duration_seconds"),"p99")],"s"),
  ("Referrers by outcome",[(rate("pinswap_referrers_copied_total","outcome"),"{{outcome}}")],"ops","Signatures, attestations and SBOMs following their images in the background; failed ones are retried."),
+ ("Copies cut short",[(rate("pinswap_copies_cut_total","reason"),"{{reason}}")],"ops","Copies pinswap stopped: past copy.timeout (deadline), or a blob below copy.minTransferRate (transfer_rate). A steady rate is a source that answers too slowly."),
 ])
 row("Caches")
 hits=rate("pinswap_cache_hits_total","cache"); miss=rate("pinswap_cache_misses_total","cache")

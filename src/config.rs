@@ -642,6 +642,128 @@ fn backfill_concurrency() -> usize {
     2
 }
 
+/// How copies share their slots and how long one may take
+/// (docs/configuration.md "copy"): a source that answers slowly on purpose
+/// must not hold back every other copy.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Copying {
+    /// A copy (an image with its children and blobs, or one follow of its
+    /// referrers) still running after this is cut and fails.
+    #[serde(default = "d_30m", with = "duration")]
+    pub timeout: Duration,
+    /// A blob transfer that carries fewer bytes than this per second,
+    /// averaged over each `transferRateWindow`, is cut; 0 turns it off.
+    #[serde(default = "min_transfer_rate")]
+    pub min_transfer_rate: ByteRate,
+    /// The window `minTransferRate` is measured over.
+    #[serde(default = "d_30s", with = "duration")]
+    pub transfer_rate_window: Duration,
+    /// Requests that copies hold a slot for at once (blob transfers,
+    /// manifest reads, HEADs), over all copies, and background copies at
+    /// once; recovery's copies have as many slots again of their own.
+    #[serde(default = "copy_concurrency")]
+    pub concurrency: usize,
+    /// Of those slots, at most this many for one source registry.
+    #[serde(default = "copy_concurrency_per_registry")]
+    pub concurrency_per_registry: usize,
+}
+
+impl Default for Copying {
+    fn default() -> Self {
+        Self {
+            timeout: d_30m(),
+            min_transfer_rate: min_transfer_rate(),
+            transfer_rate_window: d_30s(),
+            concurrency: copy_concurrency(),
+            concurrency_per_registry: copy_concurrency_per_registry(),
+        }
+    }
+}
+
+impl Copying {
+    fn problems(&self, path: &str, bad: &mut impl FnMut(String, String)) {
+        let d = |v: Duration| humantime::format_duration(v).to_string();
+        if self.timeout < Duration::from_secs(1) {
+            bad(
+                format!("{path}.timeout"),
+                format!("found {}, expected at least 1s, e.g. 30m", d(self.timeout)),
+            );
+        }
+        let w = self.transfer_rate_window;
+        if w < Duration::from_secs(1) || w > Duration::from_secs(3600) {
+            bad(
+                format!("{path}.transferRateWindow"),
+                format!("found {}, expected 1s to 1h, e.g. 30s", d(w)),
+            );
+        }
+        if !(1..=MAX_COPY_CONCURRENCY).contains(&self.concurrency) {
+            bad(
+                format!("{path}.concurrency"),
+                format!(
+                    "found {}, expected 1 to {MAX_COPY_CONCURRENCY}",
+                    self.concurrency
+                ),
+            );
+        } else if !(1..=self.concurrency).contains(&self.concurrency_per_registry) {
+            bad(
+                format!("{path}.concurrencyPerRegistry"),
+                format!(
+                    "found {}, expected 1 to {path}.concurrency ({}); below it, one registry cannot hold every slot",
+                    self.concurrency_per_registry, self.concurrency
+                ),
+            );
+        }
+    }
+}
+
+/// A byte count as YAML gives it: a number, or a string with a unit.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Raw {
+    N(u64),
+    S(String),
+}
+
+/// Bytes per second: a number, or a size such as `32Ki`, `1Mi` or `100k`,
+/// optionally followed by `/s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ByteRate(pub u64);
+
+impl<'de> Deserialize<'de> for ByteRate {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTED: &str =
+            "expected bytes per second such as 32Ki, 1Mi or 100k (0 turns the floor off)";
+        match Raw::deserialize(d).map_err(|_| own_error(EXPECTED))? {
+            Raw::N(n) => Ok(ByteRate(n)),
+            Raw::S(s) => match Memory::parse(s.strip_suffix("/s").unwrap_or(&s)) {
+                Ok(Memory::Bytes(n)) => Ok(ByteRate(n)),
+                _ => Err(own_error(format!("found {s:?}, {EXPECTED}"))),
+            },
+        }
+    }
+}
+
+/// One more than the 4 slots copies had before slots were shared by
+/// registry, so one registry alone still gets 4.
+fn copy_concurrency() -> usize {
+    5
+}
+
+/// One less than the default `copy.concurrency`: one slot is always left
+/// for the other registries.
+fn copy_concurrency_per_registry() -> usize {
+    4
+}
+
+fn min_transfer_rate() -> ByteRate {
+    ByteRate(32 * 1024)
+}
+
+/// The largest `copy.concurrency`.
+pub const MAX_COPY_CONCURRENCY: usize = 64;
+
 /// The most images the backfill copies at once.
 pub const MAX_BACKFILL_CONCURRENCY: usize = 64;
 
@@ -887,12 +1009,6 @@ impl Memory {
 
 impl<'de> Deserialize<'de> for Memory {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u64),
-            S(String),
-        }
         match Raw::deserialize(d).map_err(|_| {
             own_error("expected bytes such as 64Mi, 1Gi or 500M, or a share of the memory limit such as 25%")
         })? {
@@ -947,6 +1063,9 @@ fn d_10m() -> Duration {
 fn d_1h() -> Duration {
     Duration::from_secs(3600)
 }
+fn d_30m() -> Duration {
+    Duration::from_secs(1800)
+}
 fn yes() -> bool {
     true
 }
@@ -997,6 +1116,9 @@ pub struct Config {
     /// Mirroring what already runs.
     #[serde(default)]
     pub backfill: Backfill,
+    /// Copy slots and how long a copy may take.
+    #[serde(default)]
+    pub copy: Copying,
     /// Removal of mirrored images nothing uses any more.
     #[serde(default)]
     pub retention: Retention,
@@ -1364,6 +1486,7 @@ impl Config {
                 ),
             );
         }
+        self.copy.problems("copy", &mut bad);
         self.retention
             .problems("retention", &self.recovery, &mut bad);
         self.server_problems(&mut bad);
@@ -1629,6 +1752,23 @@ backfill:
   enabled: true
   # Images copied at once, apart from admission's copies.
   concurrency: 2
+
+copy:
+  # A copy (an image with its children and blobs, or one follow of its
+  # referrers) still running after this is cut; it fails like any other and
+  # is tried again by the next admission, recovery or backfill pass.
+  timeout: 30m
+  # A blob transfer slower than this many bytes per second, averaged over
+  # each transferRateWindow, is cut (0 turns it off): a source that sends a
+  # trickle holds a slot for one window, not forever.
+  minTransferRate: 32Ki
+  transferRateWindow: 30s
+  # Slots copies share: blob transfers, manifest reads and HEADs in flight,
+  # and background copies at once (recovery has as many of its own). One
+  # source registry holds at most concurrencyPerRegistry of them, so a slow
+  # one leaves the rest to the others.
+  concurrency: 5
+  concurrencyPerRegistry: 4
 retention:
   # Remove images pinswap mirrored that no Pod (and no workload template)
   # has named for unusedFor. The leader does it; what may go, what stays and
@@ -1705,6 +1845,30 @@ mod tests {
             .unwrap();
             assert!(c.copy_deadline_exceeds_budget(), "{policy} with 3s");
         }
+    }
+
+    #[test]
+    fn copy_rates_take_sizes_per_second() {
+        for (rate, bytes) in [
+            ("32Ki", 32768),
+            ("32Ki/s", 32768),
+            ("100k", 100_000),
+            ("0", 0),
+        ] {
+            let c = parse(&format!(
+                "target: {{registry: m.example.com}}\ncopy: {{minTransferRate: \"{rate}\"}}\n"
+            ))
+            .unwrap();
+            assert_eq!(c.copy.min_transfer_rate, ByteRate(bytes), "{rate}");
+        }
+        let c =
+            parse("target: {registry: m.example.com}\ncopy: {minTransferRate: 4096}\n").unwrap();
+        assert_eq!(c.copy.min_transfer_rate, ByteRate(4096));
+        let c = parse("target: {registry: m.example.com}\ncopy: {concurrency: 1, concurrencyPerRegistry: 1}\n").unwrap();
+        assert_eq!(
+            (c.copy.concurrency, c.copy.concurrency_per_registry),
+            (1, 1)
+        );
     }
 
     #[test]
@@ -1817,6 +1981,26 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
             (
                 "target: {registry: m.example.com}\nrecovery: {namespaces: [apps, web, apps]}\n",
                 "test.yaml: recovery.namespaces[2]: found \"apps\" again (first at recovery.namespaces[0])",
+            ),
+            (
+                "target: {registry: m.example.com}\ncopy: {concurrency: 2}\n",
+                "test.yaml: copy.concurrencyPerRegistry: found 4, expected 1 to copy.concurrency (2); below it, one registry cannot hold every slot",
+            ),
+            (
+                "target: {registry: m.example.com}\ncopy: {concurrency: 0}\n",
+                "test.yaml: copy.concurrency: found 0, expected 1 to 64",
+            ),
+            (
+                "target: {registry: m.example.com}\ncopy: {timeout: 500ms}\n",
+                "test.yaml: copy.timeout: found 500ms, expected at least 1s, e.g. 30m",
+            ),
+            (
+                "target: {registry: m.example.com}\ncopy: {transferRateWindow: 2h}\n",
+                "test.yaml: copy.transferRateWindow: found 2h, expected 1s to 1h, e.g. 30s",
+            ),
+            (
+                "target: {registry: m.example.com}\ncopy: {minTransferRate: 10%}\n",
+                "test.yaml: copy.minTransferRate: found \"10%\", expected bytes per second such as 32Ki, 1Mi or 100k (0 turns the floor off)",
             ),
             (
                 "target: {registry: m.example.com}\nrecovery: {evict: {enabled: true, perMinute: 0}}\n",

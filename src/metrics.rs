@@ -111,6 +111,9 @@ pub fn build_commit() -> &'static str {
     }
 }
 
+/// The `reason` labels of `pinswap_copies_cut_total`.
+pub const COPY_CUT_REASONS: [&str; 2] = ["deadline", "transfer_rate"];
+
 /// The `registry` label of registries the config does not name.
 pub const OTHER_REGISTRY: &str = "other";
 
@@ -143,6 +146,10 @@ pub struct Metrics {
     pub copy_bytes: Counter,
     /// `pinswap_copy_duration_seconds`.
     pub copy_seconds: Histogram,
+    /// `pinswap_copies_cut_total{reason}`: copies pinswap stopped itself
+    /// (`deadline`: past `copy.timeout`; `transfer_rate`: a blob below
+    /// `copy.minTransferRate`).
+    pub copies_cut: Family<ReasonLabel, Counter>,
     /// `pinswap_cache_hits_total{cache}`.
     pub cache_hits: Family<CacheLabel, Counter>,
     /// `pinswap_cache_misses_total{cache}`.
@@ -330,6 +337,12 @@ impl Metrics {
                 "Wall time of one image copy",
                 Histogram::new(exponential_buckets(0.01, 2.0, 16)),
             ),
+            copies_cut: register(
+                &mut r,
+                "copies_cut",
+                "Copies pinswap cut short, by reason (deadline: an image copy or referrers follow past copy.timeout; transfer_rate: an image or referrer copy whose blob came slower than copy.minTransferRate); each also counts as failed",
+                Family::default(),
+            ),
             cache_hits: register(
                 &mut r,
                 "cache_hits",
@@ -479,6 +492,14 @@ impl Metrics {
                 })
                 .inc_by(0);
         }
+        for reason in COPY_CUT_REASONS {
+            metrics
+                .copies_cut
+                .get_or_create(&ReasonLabel {
+                    reason: reason.to_owned(),
+                })
+                .inc_by(0);
+        }
         // Every cause at zero from the start, so a rate over it is defined
         // before the first error.
         for cause in ErrorCause::ALL {
@@ -504,6 +525,16 @@ impl Metrics {
         self.admission_errors
             .get_or_create(&CauseLabel {
                 cause: cause.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one copy cut short for `reason` (one of
+    /// [`COPY_CUT_REASONS`]).
+    pub fn copy_cut(&self, reason: &str) {
+        self.copies_cut
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
             })
             .inc();
     }
@@ -821,6 +852,8 @@ mod tests {
             "pinswap_watched_pods 0",
             "pinswap_nodes_without_platform 0",
             "pinswap_pull_failures_total 0",
+            "pinswap_copies_cut_total{reason=\"deadline\"} 0",
+            "pinswap_copies_cut_total{reason=\"transfer_rate\"} 0",
             "pinswap_connections_closed_total{listener=\"webhook\",reason=\"header_timeout\"} 1",
             "pinswap_requests_refused_total{reason=\"body_memory\"} 1",
         ] {

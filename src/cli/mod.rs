@@ -539,6 +539,9 @@ async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
                 platforms: args.platforms.clone(),
                 progress,
                 verify_target: args.verify_target,
+                // One source per run: every slot is its own, and a copy
+                // the operator started runs until they stop it.
+                ..CopyOptions::default()
             },
         )
         .with_locations(locations.clone()),

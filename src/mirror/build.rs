@@ -16,6 +16,7 @@ use crate::reference::{MirrorTarget, normalize_registry};
 use crate::registry::auth::{CredentialSources, Credentials};
 use crate::registry::copy::{Copier, CopyOptions};
 use crate::registry::ecr::Ecr;
+use crate::registry::rate::TransferFloor;
 use crate::registry::{ClientPool, PoolOptions, Role};
 
 /// How often `pinswap serve` reads the config's `auth` blocks again.
@@ -191,14 +192,23 @@ impl Mirror {
             Platforms::All => Vec::new(),
             Platforms::Only(p) => p.clone(),
         };
+        // minTransferRate 0 turns the floor off.
+        let transfer_floor = (config.copy.min_transfer_rate.0 > 0).then_some(TransferFloor {
+            bytes_per_second: config.copy.min_transfer_rate.0,
+            window: config.copy.transfer_rate_window,
+        });
         let options = |verify_target| CopyOptions {
-            jobs: 4,
+            jobs: config.copy.concurrency,
             platforms: platforms.clone(),
             progress: false,
             verify_target,
+            jobs_per_source: Some(config.copy.concurrency_per_registry),
+            min_transfer_rate: transfer_floor,
         };
+        // The verifier (recovery's copies) has slots of its own, shared by
+        // source registry the same way.
         let copier = |verify| {
-            let c = Copier::new(pool.clone(), options(verify));
+            let c = Copier::new(pool.clone(), options(verify)).with_metrics(metrics.clone());
             match &ecr {
                 Some(e) => Arc::new(c.with_before_push(e.clone())),
                 None => Arc::new(c),
@@ -220,6 +230,7 @@ impl Mirror {
                 copier,
                 metrics.clone(),
                 breakers.clone(),
+                config.copy.timeout,
             ))
         });
         let caches = Arc::new(Caches::new(&config.cache, metrics.clone()));
@@ -242,6 +253,11 @@ impl Mirror {
             resumes: Arc::new(resume::Resumes::new(config.source.breaker.clone())),
             referrers,
             source_timeout: config.source.timeout,
+            copy_timeout: config.copy.timeout,
+            slots: (
+                config.copy.concurrency,
+                config.copy.concurrency_per_registry,
+            ),
             target_key,
             variant: copy_variant(&platforms, config.identity.collisions),
         });

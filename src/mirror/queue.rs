@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 use super::error::copy_kind;
@@ -20,6 +19,7 @@ use crate::metrics::{ErrorCause, Metrics};
 use crate::reference::{Digest, normalize_registry};
 use crate::registry::auth::Credentials;
 use crate::registry::copy::{Copier, CopyError, Endpoint};
+use crate::registry::slots::FairSlots;
 use crate::registry::{ClientPool, Role};
 
 /// Why a copy failed: the error in words and its kind.
@@ -53,8 +53,9 @@ pub(super) fn key(plan: &Plan) -> String {
 /// What every copy needs, and the copies in flight.
 pub(super) struct Queue {
     inflight: Arc<Mutex<HashMap<String, CopyHandle>>>,
-    /// Slots for background copies (admissions' copies start at once).
-    slots: Arc<Semaphore>,
+    /// Slots for background copies (admissions' copies start at once),
+    /// shared fairly by source registry ([`FairSlots`]).
+    slots: Arc<FairSlots>,
     copier: Arc<Copier>,
     /// As `copier`, with `verify_target`: restores lost blobs and children.
     verifier: Arc<Copier>,
@@ -68,6 +69,8 @@ pub(super) struct Queue {
     referrers: Option<Arc<referrers::Follower>>,
     /// How long a breaker's probe waits for the source.
     source_timeout: Duration,
+    /// How long a copy may run (`copy.timeout`).
+    copy_timeout: Duration,
     /// The target registry, normalised, as errors name it.
     target_key: String,
     /// [`super::copy_variant`] of this config: `Some` when a copy's digest
@@ -86,6 +89,9 @@ pub(super) struct QueueParts {
     pub(super) resumes: Arc<resume::Resumes>,
     pub(super) referrers: Option<Arc<referrers::Follower>>,
     pub(super) source_timeout: Duration,
+    pub(super) copy_timeout: Duration,
+    /// Background copy slots: in all, and for one source registry.
+    pub(super) slots: (usize, usize),
     pub(super) target_key: String,
     pub(super) variant: Option<String>,
 }
@@ -94,7 +100,7 @@ impl Queue {
     pub(super) fn new(p: QueueParts) -> Self {
         Self {
             inflight: Arc::default(),
-            slots: Arc::new(Semaphore::new(4)),
+            slots: Arc::new(FairSlots::new(p.slots.0, p.slots.1)),
             copier: p.copier,
             verifier: p.verifier,
             pool: p.pool,
@@ -104,6 +110,7 @@ impl Queue {
             resumes: p.resumes,
             referrers: p.referrers,
             source_timeout: p.source_timeout,
+            copy_timeout: p.copy_timeout,
             target_key: p.target_key,
             variant: p.variant,
         }
@@ -186,6 +193,7 @@ impl Queue {
         let (caches, inflight_map, k) = (self.caches.clone(), self.inflight.clone(), key.clone());
         let follower = self.referrers.clone();
         let source_timeout = self.source_timeout.max(Duration::from_secs(30));
+        let copy_timeout = self.copy_timeout;
         // A tagged copy whose digest may differ from the source's gets the
         // anchor tag of its source digest too: how another replica finds it
         // while the source cannot answer (a digest-only one has it as its tag).
@@ -210,7 +218,7 @@ impl Queue {
             super::tests::maybe_panic(&k);
             let _permit = match waited_for {
                 true => None,
-                false => Some(slots.acquire_owned().await.expect("never closed")),
+                false => Some(slots.acquire(&source_key).await),
             };
             metrics.copies_started.inc();
             let start = Instant::now();
@@ -277,44 +285,58 @@ impl Queue {
                     }
                 }
             };
-            let res = match &repair {
-                None => {
-                    copier
-                        .copy_with(
-                            &Endpoint::Registry(src.clone()),
-                            &Endpoint::Registry(dst),
-                            creds.as_ref(),
-                        )
-                        .await
-                }
-                // The original by digest (its blobs and child manifests),
-                // then the repaired configs and manifests, the top by tag.
-                Some(r) => {
-                    let original = dst.without_tag().with_digest(r.original.clone());
-                    match copier
-                        .copy_with(
-                            &Endpoint::Registry(src.clone()),
-                            &Endpoint::Registry(original),
-                            creds.as_ref(),
-                        )
-                        .await
-                    {
-                        Ok(report) => identity_check::push_repair(&pool, &copier, &dst, r)
+            let work = async {
+                let res = match &repair {
+                    None => {
+                        copier
+                            .copy_with(
+                                &Endpoint::Registry(src.clone()),
+                                &Endpoint::Registry(dst),
+                                creds.as_ref(),
+                            )
                             .await
-                            .map(|()| report),
-                        Err(e) => Err(e),
                     }
+                    // The original by digest (its blobs and child manifests),
+                    // then the repaired configs and manifests, the top by tag.
+                    Some(r) => {
+                        let original = dst.without_tag().with_digest(r.original.clone());
+                        match copier
+                            .copy_with(
+                                &Endpoint::Registry(src.clone()),
+                                &Endpoint::Registry(original),
+                                creds.as_ref(),
+                            )
+                            .await
+                        {
+                            Ok(report) => identity_check::push_repair(&pool, &copier, &dst, r)
+                                .await
+                                .map(|()| report),
+                            Err(e) => Err(e),
+                        }
+                    }
+                };
+                match (res, &anchor) {
+                    (Ok(report), Some((a, d))) => {
+                        let tagged = async {
+                            let client = pool.get(a.registry(), Role::Target).await?;
+                            copier.tag_manifest(&client, a, d).await
+                        };
+                        tagged.await.map(|()| report).map_err(CopyError::from)
+                    }
+                    (res, _) => res,
                 }
             };
-            let res = match (res, &anchor) {
-                (Ok(report), Some((a, d))) => {
-                    let tagged = async {
-                        let client = pool.get(a.registry(), Role::Target).await?;
-                        copier.tag_manifest(&client, a, d).await
-                    };
-                    tagged.await.map(|()| report).map_err(CopyError::from)
+            // Dropping the work on the deadline stops every request in
+            // flight; manifests go up only after their blobs, so what was
+            // written is never a manifest missing its blobs.
+            let res = match tokio::time::timeout(copy_timeout, work).await {
+                Ok(res) => res,
+                Err(_) => {
+                    metrics.copy_cut("deadline");
+                    Err(CopyError::Deadline {
+                        after: copy_timeout,
+                    })
                 }
-                (res, _) => res,
             };
             metrics.copy_seconds.observe(start.elapsed().as_secs_f64());
             let outage = res.as_ref().err().and_then(|e| match e {

@@ -37,6 +37,8 @@ pub(super) struct Follower {
     slots: Semaphore,
     /// Target `repository@digest` queued or running.
     queued: Mutex<HashSet<String>>,
+    /// How long one attempt may run (`copy.timeout`).
+    timeout: Duration,
 }
 
 /// One follow: the pinned source and its digest, the target repository and
@@ -55,6 +57,7 @@ impl Follower {
         copier: ReferrerCopier,
         metrics: Arc<Metrics>,
         breakers: Arc<super::health::Breakers>,
+        timeout: Duration,
     ) -> Self {
         Self {
             copier,
@@ -62,6 +65,7 @@ impl Follower {
             breakers,
             slots: Semaphore::new(SLOTS),
             queued: Mutex::default(),
+            timeout,
         }
     }
 
@@ -109,16 +113,32 @@ impl Follower {
                 return ReferrersReport::default();
             }
             attempt += 1;
-            let report = self
-                .copier
-                .follow(
-                    &f.source,
-                    &f.source_digest,
-                    &f.target,
-                    &f.target_digest,
-                    f.creds.as_ref(),
-                )
-                .await;
+            let follow = self.copier.follow(
+                &f.source,
+                &f.source_digest,
+                &f.target,
+                &f.target_digest,
+                f.creds.as_ref(),
+            );
+            // A cut follow is not tried again at once: a source that slow
+            // would hold a slot for every attempt. Re-verification offers
+            // it again later.
+            let Ok(report) = tokio::time::timeout(self.timeout, follow).await else {
+                self.metrics.copy_cut("deadline");
+                Metrics::outcome(&self.metrics.referrers_copied, "failed");
+                let cut = format!(
+                    "referrers of {}@{} cut short: not done within {} (copy.timeout)",
+                    f.source.name(),
+                    f.source_digest,
+                    humantime::format_duration(self.timeout)
+                );
+                warn!(source = %f.source, target = %f.target, "{cut}");
+                return ReferrersReport {
+                    failed: 1,
+                    errors: vec![cut],
+                    ..ReferrersReport::default()
+                };
+            };
             for (outcome, n) in [
                 ("copied", report.copied),
                 ("present", report.present),

@@ -11,13 +11,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde::Serialize;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
 use super::auth::Credentials;
@@ -26,7 +26,9 @@ use super::client::{ClientPool, Mount, Registry, Role};
 use super::layout::Layout;
 use super::locations::BlobLocations;
 use super::manifest::{Descriptor, ManifestKind, RawManifest, filter_index};
+use super::rate::{TooSlow, TransferFloor, floored};
 use super::session::BlobStream;
+use super::slots::{FairSlots, SlotPermit};
 use super::{RegistryError, Result};
 use crate::platform::PlatformSpec;
 use crate::reference::{Reference, ReferenceError};
@@ -202,6 +204,36 @@ pub enum CopyError {
         /// Why.
         reason: String,
     },
+    /// A blob came more slowly than the transfer-rate floor and was cut.
+    #[error("blob {digest} from {source_name} cut short: {why}")]
+    TooSlow {
+        /// The blob digest.
+        digest: String,
+        /// Where it came from.
+        source_name: String,
+        /// What the last window carried.
+        why: TooSlow,
+    },
+    /// The copy ran past its deadline and was cut (`copy.timeout`); nothing
+    /// of it that looks complete was written.
+    #[error("copy cut short: not done within {} (copy.timeout)", humantime::format_duration(*after))]
+    Deadline {
+        /// The deadline.
+        after: Duration,
+    },
+}
+
+impl CopyError {
+    /// Why pinswap cut this copy short, as the `reason` label of
+    /// `pinswap_copies_cut_total`: `deadline` or `transfer_rate`; `None`
+    /// for any other failure.
+    pub fn cut_reason(&self) -> Option<&'static str> {
+        match self {
+            Self::TooSlow { .. } => Some("transfer_rate"),
+            Self::Deadline { .. } => Some("deadline"),
+            _ => None,
+        }
+    }
 }
 
 /// What a copy did. Serialised for `--json`.
@@ -262,6 +294,13 @@ pub struct CopyOptions {
     /// (HEAD) and restore whatever is missing, even when the tag already has
     /// the source's digest.
     pub verify_target: bool,
+    /// Of the `jobs` slots, at most this many for one source registry
+    /// (`None`: all of them), so a slow source cannot hold every slot
+    /// ([`super::slots`]).
+    pub jobs_per_source: Option<usize>,
+    /// Cut a blob transfer slower than this ([`super::rate`]); `None`: no
+    /// floor.
+    pub min_transfer_rate: Option<TransferFloor>,
 }
 
 impl Default for CopyOptions {
@@ -271,6 +310,8 @@ impl Default for CopyOptions {
             platforms: Vec::new(),
             progress: false,
             verify_target: false,
+            jobs_per_source: None,
+            min_transfer_rate: None,
         }
     }
 }
@@ -394,7 +435,8 @@ pub trait BeforePush: Send + Sync {
 pub struct Copier {
     pool: Arc<ClientPool>,
     opts: CopyOptions,
-    slots: Arc<Semaphore>,
+    /// `--jobs` slots, keyed by source registry.
+    slots: FairSlots,
     /// (target registry, digest) → repository that has it, while copies
     /// of that blob run: the mutex makes concurrent copies of one blob wait
     /// for the first. An entry goes when its last copy is done (the
@@ -409,6 +451,8 @@ pub struct Copier {
     layouts: Mutex<HashMap<PathBuf, Arc<Layout>>>,
     bars: Option<MultiProgress>,
     before_push: Option<Arc<dyn BeforePush>>,
+    /// Counts copies cut short (`pinswap_copies_cut_total`), when set.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Copier {
@@ -422,7 +466,7 @@ impl Copier {
         let jobs = opts.jobs.max(1);
         Self {
             pool,
-            slots: Arc::new(Semaphore::new(jobs)),
+            slots: FairSlots::new(jobs, opts.jobs_per_source.unwrap_or(jobs)),
             bars: opts.progress.then(MultiProgress::new),
             opts,
             ledger: Arc::default(),
@@ -430,7 +474,19 @@ impl Copier {
             manifest_puts: KeyedLocks::default(),
             layouts: Mutex::default(),
             before_push: None,
+            metrics: None,
         }
+    }
+
+    /// This copier, counting copies it cuts short in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// A slot for a request to source `s`.
+    async fn slot(&self, s: &Side) -> SlotPermit {
+        self.slots.acquire(&side_registry(s)).await
     }
 
     /// This copier, mounting from and recording into `locations` (the
@@ -623,6 +679,21 @@ impl Copier {
     /// # Errors
     /// As [`Copier::copy`].
     pub async fn copy_with(
+        &self,
+        src: &Endpoint,
+        dst: &Endpoint,
+        source_creds: Option<&Credentials>,
+    ) -> std::result::Result<CopyReport, CopyError> {
+        let res = self.copy_once(src, dst, source_creds).await;
+        if let (Err(e), Some(m)) = (&res, &self.metrics)
+            && let Some(reason) = e.cut_reason()
+        {
+            m.copy_cut(reason);
+        }
+        res
+    }
+
+    async fn copy_once(
         &self,
         src: &Endpoint,
         dst: &Endpoint,
@@ -842,7 +913,7 @@ impl Copier {
             let m = {
                 // Slots bound these requests too; released before recursing,
                 // since the children's blobs need slots of their own.
-                let _permit = self.slots.acquire().await.expect("semaphore never closed");
+                let _permit = self.slot(s).await;
                 if !self.opts.verify_target && self.dest_has_manifest(d, &digest).await? {
                     debug!(digest = %desc.digest, "child manifest already at destination");
                     return Ok(());
@@ -858,7 +929,7 @@ impl Copier {
                 }
                 ManifestKind::Image { .. } => self.copy_blobs(s, d, &m, stats).await?,
             }
-            let _permit = self.slots.acquire().await.expect("semaphore never closed");
+            let _permit = self.slot(s).await;
             match d {
                 Side::Registry { client, reference } => {
                     client
@@ -930,7 +1001,7 @@ impl Copier {
                     stats.skipped.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
-                let _permit = self.slots.acquire().await.expect("semaphore never closed");
+                let _permit = self.slot(s).await;
                 let (stream, fault) = self.open_blob(s, &desc).await?;
                 let res = layout.write_blob(&desc, stream).await;
                 res.map_err(|e| blob_error(s, &desc, &fault, e.into()))?;
@@ -954,7 +1025,7 @@ impl Copier {
                 // still there: a long-running serve outlives registry GC, and
                 // a re-mirror after a prune must not skip a collected blob.
                 // Every request, HEADs included, runs under a --jobs slot.
-                let _permit = self.slots.acquire().await.expect("semaphore never closed");
+                let _permit = self.slot(s).await;
                 let host = client.host();
                 let held = |holder: &mut Option<String>| {
                     *holder = Some(repo.to_owned());
@@ -1016,6 +1087,10 @@ impl Copier {
             Side::Registry { client, reference } => client.pull_blob(reference, desc).await?,
             Side::Layout { layout, .. } => layout.read_blob(desc).await?,
         };
+        let stream = match self.opts.min_transfer_rate {
+            Some(floor) => floored(stream, floor).boxed(),
+            None => stream,
+        };
         let bar = self.bars.as_ref().map(|bars| {
             // Cleared when the stream is dropped, done or not: the summary
             // line says what happened.
@@ -1041,10 +1116,14 @@ impl Copier {
                     }
                 }
                 Err(e) => {
+                    let slow = e.get_ref().and_then(|i| i.downcast_ref::<TooSlow>());
                     seen.0
                         .lock()
                         .expect("fault lock")
-                        .get_or_insert_with(|| super::chain(e));
+                        .get_or_insert_with(|| match slow {
+                            Some(why) => Failed::TooSlow(why.clone()),
+                            None => Failed::Read(super::chain(e)),
+                        });
                     if let Some(bar) = &bar {
                         bar.abandon();
                     }
@@ -1056,17 +1135,32 @@ impl Copier {
 }
 
 /// The first error a source blob stream produced. Upload errors caused by a
-/// failing source (bad digest, short read, source gone) show up as vague
-/// body errors on the upload side; this names the real cause.
+/// failing source (bad digest, short read, source gone, cut for its rate)
+/// show up as vague body errors on the upload side; this names the real
+/// cause.
 #[derive(Clone, Default)]
-struct Fault(Arc<std::sync::Mutex<Option<String>>>);
+struct Fault(Arc<std::sync::Mutex<Option<Failed>>>);
+
+/// What a source blob stream failed with.
+enum Failed {
+    /// A read error, or wrong bytes, in words.
+    Read(String),
+    /// Cut by the transfer-rate floor.
+    TooSlow(TooSlow),
+}
 
 fn blob_error(s: &Side, desc: &Descriptor, fault: &Fault, e: RegistryError) -> CopyError {
+    let (digest, source_name) = (desc.digest.clone(), s.describe());
     match fault.0.lock().expect("fault lock").take() {
-        Some(reason) => CopyError::Blob {
-            digest: desc.digest.clone(),
-            source_name: s.describe(),
+        Some(Failed::Read(reason)) => CopyError::Blob {
+            digest,
+            source_name,
             reason,
+        },
+        Some(Failed::TooSlow(why)) => CopyError::TooSlow {
+            digest,
+            source_name,
+            why,
         },
         None => CopyError::Registry(e),
     }

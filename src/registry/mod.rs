@@ -22,9 +22,11 @@ pub(crate) mod locations;
 pub mod manifest;
 pub mod proxy;
 pub(crate) mod pullsecrets;
+pub mod rate;
 pub(crate) mod referrers;
 mod requests;
 pub(crate) mod session;
+pub mod slots;
 mod token;
 mod upload;
 

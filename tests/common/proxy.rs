@@ -14,13 +14,19 @@
 //! The count restarts with each request a connection sends, so small
 //! responses on a reused (keep-alive) connection are never held.
 //!
+//! [`TcpCutProxy::trickle_after`] lets each response's first bytes through
+//! at full speed (headers, manifests, small blobs), then sends the rest one
+//! byte at a time, a fixed interval apart: a source that is slow on purpose,
+//! which no per-read timeout ever cuts.
+//!
 //! [`TcpCutProxy::black_hole`] is a partition that neither resets nor
 //! refuses: connections are accepted and kept open, but no byte is
 //! forwarded either way until it is lifted.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -48,6 +54,13 @@ struct Shared {
     hole: watch::Sender<bool>,
     /// Bumped to close every live connection while still accepting new ones.
     resets: watch::Sender<u64>,
+    /// Past this many bytes of one response, send one byte per `trickle_every`
+    /// (u64::MAX: never).
+    trickle: AtomicU64,
+    /// Milliseconds between trickled bytes.
+    trickle_every: AtomicU64,
+    /// Responses being trickled now.
+    trickling: AtomicUsize,
 }
 
 impl TcpCutProxy {
@@ -65,6 +78,9 @@ impl TcpCutProxy {
             released: watch::channel(false).0,
             hole: watch::channel(false).0,
             resets: watch::channel(0).0,
+            trickle: AtomicU64::new(u64::MAX),
+            trickle_every: AtomicU64::new(0),
+            trickling: AtomicUsize::new(0),
         });
         let s = shared.clone();
         let mut cut = shared.cut.subscribe();
@@ -119,6 +135,24 @@ impl TcpCutProxy {
     pub fn release(&self) {
         self.shared.stall.store(u64::MAX, Ordering::SeqCst);
         self.shared.released.send_replace(true);
+    }
+
+    /// Sends each response's first `n` bytes at full speed and the rest one
+    /// byte per `every`, until [`TcpCutProxy::trickle_off`].
+    pub fn trickle_after(&self, n: u64, every: Duration) {
+        let ms = u64::try_from(every.as_millis()).unwrap().max(1);
+        self.shared.trickle_every.store(ms, Ordering::SeqCst);
+        self.shared.trickle.store(n, Ordering::SeqCst);
+    }
+
+    /// Forwards at full speed again, trickling responses included.
+    pub fn trickle_off(&self) {
+        self.shared.trickle.store(u64::MAX, Ordering::SeqCst);
+    }
+
+    /// Responses being trickled now (each holds its client's request open).
+    pub fn trickling(&self) -> usize {
+        self.shared.trickling.load(Ordering::SeqCst)
     }
 
     /// With `on`, forwards nothing either way (connections stay open and
@@ -209,16 +243,48 @@ async fn pump(
             _ = hole.wait_for(|h| !*h) => {}
             _ = cut.wait_for(|c| *c) => return reset(&to),
         }
+        // Bytes of this read that go at full speed; the rest trickle.
+        let fast = match downstream {
+            true => {
+                let left = s
+                    .trickle
+                    .load(Ordering::SeqCst)
+                    .saturating_sub(response.load(Ordering::SeqCst));
+                n.min(usize::try_from(left).unwrap_or(usize::MAX))
+            }
+            false => n,
+        };
         // A stalled reader must not keep the connection alive past a cut.
         let written = tokio::select! {
-            r = to.write_all(&buf[..n]) => r,
+            r = to.write_all(&buf[..fast]) => r,
             _ = cut.wait_for(|c| *c), if !trip => return reset(&to),
         };
         if written.is_err() {
             break;
         }
         if downstream {
-            response.fetch_add(n as u64, Ordering::SeqCst);
+            response.fetch_add(fast as u64, Ordering::SeqCst);
+            if fast < n {
+                let _trickling = Trickling::new(&s.trickling);
+                for i in fast..n {
+                    // Trickling stopped: the rest of this read at once.
+                    if s.trickle.load(Ordering::SeqCst) == u64::MAX {
+                        if to.write_all(&buf[i..n]).await.is_err() {
+                            return;
+                        }
+                        break;
+                    }
+                    let every = Duration::from_millis(s.trickle_every.load(Ordering::SeqCst));
+                    tokio::select! {
+                        _ = tokio::time::sleep(every) => {}
+                        _ = cut.wait_for(|c| *c) => return reset(&to),
+                    }
+                    if to.write_all(&buf[i..=i]).await.is_err() {
+                        return;
+                    }
+                }
+                response.fetch_add((n - fast) as u64, Ordering::SeqCst);
+            }
         } else {
             response.store(0, Ordering::SeqCst);
         }
@@ -229,6 +295,22 @@ async fn pump(
         }
     }
     let _ = to.shutdown().await;
+}
+
+/// Counts a response as trickling while it lives.
+struct Trickling<'a>(&'a AtomicUsize);
+
+impl<'a> Trickling<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count)
+    }
+}
+
+impl Drop for Trickling<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Make dropping the socket send RST and discard unsent data.
