@@ -219,7 +219,11 @@ async fn an_eviction_a_budget_refuses_is_retried_until_it_allows_it() {
         r.metric("pinswap_evictions_total{outcome=\"evicted\"}"),
         1.0
     );
-    assert_eq!(events_for(&api, "web-0", "EvictedAfterRemirror").len(), 1);
+    // The Event is published after the eviction, in a task of its own.
+    eventually("its Event", Duration::from_secs(5), || async {
+        events_for(&api, "web-0", "EvictedAfterRemirror").len() == 1
+    })
+    .await;
     r.stop().await;
 }
 
@@ -305,5 +309,53 @@ async fn with_eviction_off_nothing_is_evicted_and_none_is_granted() {
     };
     let rbac = serde_json::to_string(&pinswap::install::manifests::rbac(&opts).unwrap()).unwrap();
     assert!(!rbac.contains("pods/eviction"), "{rbac}");
+    r.stop().await;
+}
+
+/// The target's tag moved on to newer content after the Pod was pinned (a
+/// later copy of a moved source tag): the kubelet pulls the pinned digest,
+/// which recovery restores without moving the tag back, so the Pod is
+/// evicted; the tag keeps naming the newer content.
+#[tokio::test]
+async fn a_pod_pinned_to_a_digest_is_evicted_when_the_targets_tag_moved_on() {
+    let (src, dst, api) = rig().await;
+    let app = push(&src, "app", 446).await;
+    let cfg = evict_config(&src, &dst, "{enabled: true, after: 0s}");
+    let mut r = Replica::new(&cfg);
+    let web = admit_owned(&r, &api, "web-0", &app, true).await;
+    // Newer content under the same tag at the target.
+    let newer = common::fixtures::Image::oci(2, 447);
+    common::push_image(&dst, &app.repo, Some("v1"), &newer).await;
+    dst.delete_manifest(&app.repo, &app.image.digest).await;
+    dst.delete_blob(&app.repo, &app.image.layers[0].digest)
+        .await;
+    assert_eq!(
+        dst.head_manifest(&app.repo, &app.image.digest).await,
+        None,
+        "pruned"
+    );
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    wait_watching(&api).await;
+    store(&api, &pull_failing(&web, "app", "ErrImagePull"));
+    eventually("the pinned digest restored", Duration::from_secs(20), || async {
+        dst.head_manifest(&app.repo, &app.image.digest).await.as_deref()
+            == Some(app.image.digest.as_str())
+    })
+    .await;
+    eventually("web-0 evicted", Duration::from_secs(20), || async {
+        api.pod("shop", "web-0").is_none()
+    })
+    .await;
+    assert_eq!(api.evicted(), ["shop/web-0"]);
+    assert_eq!(
+        r.metric("pinswap_evictions_total{outcome=\"not_served\"}"),
+        0.0
+    );
+    assert_eq!(
+        dst.head_manifest(&app.repo, "v1").await.as_deref(),
+        Some(newer.digest.as_str()),
+        "the tag still names the newer content"
+    );
     r.stop().await;
 }

@@ -9,7 +9,7 @@
 //! the watcher saw more than `after` ago, and that has a controller to
 //! replace it at once (admission rewrites the replacement). Right before
 //! each eviction it reads the Pod again from the API and HEADs the image at
-//! the target. Evictions are spread to at most `perMinute` in any minute;
+//! the target by digest, as the kubelet pulls it. Evictions are spread to at most `perMinute` in any minute;
 //! the rest wait in a bounded queue, one entry per Pod.
 
 use std::collections::{HashMap, VecDeque};
@@ -357,7 +357,7 @@ impl Evictor {
         if !failing || !waits_on(&pod, &item.image) {
             return Err(Outcome::Recovered);
         }
-        match self.mirror.head_target(&item.image).await {
+        match self.mirror.target_serves(&item.image).await {
             Ok(true) => Ok(pod),
             Ok(false) => Err(Outcome::NotServed),
             Err(e) => {
