@@ -338,10 +338,16 @@ async fn a_pod_pinned_to_a_digest_is_evicted_when_the_targets_tag_moved_on() {
     wait_leader(&r).await;
     wait_watching(&api).await;
     store(&api, &pull_failing(&web, "app", "ErrImagePull"));
-    eventually("the pinned digest restored", Duration::from_secs(20), || async {
-        dst.head_manifest(&app.repo, &app.image.digest).await.as_deref()
-            == Some(app.image.digest.as_str())
-    })
+    eventually(
+        "the pinned digest restored",
+        Duration::from_secs(20),
+        || async {
+            dst.head_manifest(&app.repo, &app.image.digest)
+                .await
+                .as_deref()
+                == Some(app.image.digest.as_str())
+        },
+    )
     .await;
     eventually("web-0 evicted", Duration::from_secs(20), || async {
         api.pod("shop", "web-0").is_none()

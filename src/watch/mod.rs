@@ -113,18 +113,23 @@ impl Background {
             )
         });
         // The workload watches (and so the usage record) run for the
-        // backfill; each further user adds its condition here.
-        let workloads = config.backfill.enabled || config.retention.enabled;
-        let usage = client.as_ref().filter(|_| workloads).map(|_| {
-            let policy = crate::admission::policy::Policy::new(config, mirror.target().clone())
-                .ok()
-                .filter(|_| config.backfill.enabled);
-            Arc::new(Usage::new(mirror.metrics().clone(), policy))
-        });
+        // backfill and retention (`Config::watches_workloads`).
+        if config.backfill.enabled && !config.backfills() && client.is_some() {
+            info!("copyPolicy is none: the backfill, which only copies, does not run");
+        }
+        let usage = client
+            .as_ref()
+            .filter(|_| config.watches_workloads())
+            .map(|_| {
+                let policy = crate::admission::policy::Policy::new(config, mirror.target().clone())
+                    .ok()
+                    .filter(|_| config.backfills());
+                Arc::new(Usage::new(mirror.metrics().clone(), policy))
+            });
         let backfill = usage
             .as_ref()
             .zip(client.as_ref())
-            .filter(|_| config.backfill.enabled)
+            .filter(|_| config.backfills())
             .map(|(u, c)| {
                 Arc::new(Backfill::new(
                     mirror.clone(),

@@ -433,6 +433,7 @@ EQUIVALENT = [
     ({"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "0.0.0.0:9443", "healthListen": "0.0.0.0:9090"}}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "platforms": ["linux/amd64"], "recovery": {"namespaces": ["apps"]}}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}}}, "pinswap", ["--tls", "self-signed"]),
+    ({"config": {"target": {"registry": "m.example.com"}, "copyPolicy": "none"}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "recovery": {"evict": {"enabled": True}}}}, "pinswap", ["--tls", "self-signed"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "recovery": {"namespaces": ["apps", "web"], "evict": {"enabled": True, "perMinute": 5}}}}, "pinswap", ["--tls", "cert-manager"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "retention": {"enabled": True, "unusedFor": "240h"}}}, "mirror", ["--tls", "cert-manager"]),
