@@ -517,9 +517,11 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
         if workloads {
             rules.extend(workload_rules());
         }
-        // Only when operators opt in: evicting disrupts.
+        // Only when operators opt in: evicting disrupts. A Job's Pod is
+        // evicted only when the Job's podFailurePolicy ignores it: read first.
         if c.recovery.evict.enabled {
             rules.push(rule(&[""], &["pods/eviction"], &["create"], &[]));
+            rules.push(rule(&["batch"], &["jobs"], &["get"], &[]));
         }
         rules
     };

@@ -274,10 +274,10 @@ def test_the_matrix_renders_what_each_value_asks_for(chart):
     assert "/pods/eviction create " not in rules_of(by["defaults"])[("ClusterRole", "", "pinswap")]
     assert rules_of(by["evict"])[("ClusterRole", "", "pinswap")] == [
         "/pods get,list,watch ", "events.k8s.io/events create,patch ",
-        "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch ", "/pods/eviction create "]
+        "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch ", "/pods/eviction create ", "batch/jobs get "]
     assert rules_of(by["evict-namespaces"])[("Role", "apps", "pinswap-recovery")] == [
         "/pods get,list,watch ", "events.k8s.io/events create,patch ",
-        "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch ", "/pods/eviction create "]
+        "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch ", "/pods/eviction create ", "batch/jobs get "]
 
     off = rules_of(by["recovery-off"])
     assert sorted(off) == [("ClusterRole", "", "pinswap-self-signed"), ("Role", "pinswap", "pinswap-self-signed")], off
