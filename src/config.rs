@@ -1196,6 +1196,19 @@ impl Config {
         }
     }
 
+    /// Whether the backfill runs: `backfill.enabled`, unless `copyPolicy`
+    /// is `none`. The backfill only copies, and `none` copies nothing.
+    /// The leader's watches and the install's RBAC follow this.
+    pub fn backfills(&self) -> bool {
+        self.backfill.enabled && self.copy_policy != CopyPolicy::None
+    }
+
+    /// Whether the leader watches workload templates (for the backfill or
+    /// retention); the install grants their `list` and `watch` then.
+    pub fn watches_workloads(&self) -> bool {
+        self.backfills() || self.retention.enabled
+    }
+
     /// Whether `copyPolicy` waits for copies (`immediate`, `force`) longer
     /// than an admission may: `copyDeadline` above `server.admissionBudget`.
     /// `serve` warns then, since the budget cuts the wait short.

@@ -291,6 +291,36 @@ async fn backfill_off_copies_nothing() {
     r.bg.stop().await;
 }
 
+/// `copyPolicy: none` copies nothing, so the backfill (on by default) does
+/// not copy either, and the install grants no workload RBAC for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_policy_none_backfills_nothing() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let api = KubeApi::start().await;
+    let app = push(&src, "app", 7411).await;
+    store_pod(&api, &pod("shop", "web", &[("app", &app.source)]));
+    api.apply_object(cron_job("shop", "nightly", &app.source));
+    let cfg = config(&dst, &[&src], "copyPolicy: none\n");
+    assert!(cfg.backfill.enabled, "on by default");
+    let r = Replica::start(&cfg, &api);
+    eventually(
+        "leading and watching Pods",
+        Duration::from_secs(10),
+        || async { r.bg.is_leader() && api.open_watches() > 0 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(dst.catalog().await.is_empty(), "{:?}", dst.catalog().await);
+    assert!(
+        !api.requests().iter().any(|q| q.path.contains("cronjobs")),
+        "no workload watch"
+    );
+    assert!(r.bg.usage().is_none());
+    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    r.bg.stop().await;
+}
+
 /// With `source.imagePullSecrets`, a private image is copied only with the
 /// credentials of a Pod that proves access: not for a Pod without them,
 /// then with the secret of a Pod that has them.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::TcpCutProxy;
 use common::cluster::{Cluster, IMAGE, Rig, images, no_forbidden, pod};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use k8s_openapi::api::events::v1::Event;
@@ -653,5 +654,104 @@ async fn a_disruption_budget_holds_the_eviction_until_it_allows_it() {
         1.0
     );
     assert_eq!(events_with(&rig, "EvictedAfterRemirror").await.len(), 1);
+    no_forbidden(cluster, &rig);
+}
+
+/// Creates the Job `name` (one Pod running `app:v1`, `backoffLimit: 0`,
+/// with `rules` as its `podFailurePolicy` when given) and returns its Pod,
+/// created by the Job controller and rewritten by admission.
+async fn job(rig: &Rig, name: &str, rules: Option<serde_json::Value>) -> Pod {
+    let mut spec = json!({
+        "backoffLimit": 0,
+        "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "app", "image": rig.source(IMAGE)}]
+        }}
+    });
+    if let Some(rules) = rules {
+        spec["podFailurePolicy"] = json!({"rules": rules});
+    }
+    let jobs: Api<Job> = Api::namespaced(rig.client.clone(), &rig.ns);
+    let j: Job = serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+    jobs.create(&PostParams::default(), &j).await.unwrap();
+    let lp = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={name}"));
+    until("the Job creates a Pod", Duration::from_secs(30), || async {
+        rig.pods().list(&lp).await.unwrap().items.len() == 1
+    })
+    .await;
+    rig.pods().list(&lp).await.unwrap().items.remove(0)
+}
+
+/// A Job's Pods stuck on a lost image: the Pod of the Job whose
+/// `podFailurePolicy` ignores `DisruptionTarget` is evicted, and the real
+/// Job controller replaces it without counting a failure; the Pod of the
+/// Job without one (`backoffLimit: 0`: an eviction would fail it) is left
+/// to the kubelet's retry, and that Job does not fail. The install's RBAC
+/// lets the leader read the Jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_pod_is_evicted_only_when_its_pod_failure_policy_ignores_the_disruption() {
+    let cluster = Cluster::get();
+    let _g = cluster.lock().await;
+    let recovery = format!("{FAST}  evict: {{enabled: true, after: 0s}}\n");
+    let src = common::TestRegistry::plain().await;
+    let rig = Rig::start_with(cluster, "evict-job", &recovery, QUICK_BREAKER, src).await;
+    until("the replica leads", Duration::from_secs(30), || async {
+        rig.served().log_text().contains("leading: watching Pods")
+    })
+    .await;
+    let app = rig.push("app", "v1", 26).await;
+    let ignore = json!([{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]);
+    let tolerant = job(&rig, "tolerant", Some(ignore)).await;
+    let plain = job(&rig, "plain", None).await;
+    for p in [&tolerant, &plain] {
+        assert_eq!(
+            images(p, "containers"),
+            [format!("{}:v1@{}", rig.mirrored("app"), app.digest)]
+        );
+    }
+    rig.dst
+        .delete_manifest(&repo(&rig, "app"), &app.digest)
+        .await;
+    let (tolerant_name, plain_name) = (
+        tolerant.metadata.name.clone().unwrap(),
+        plain.metadata.name.clone().unwrap(),
+    );
+    report_pull_failure(&rig, &tolerant_name, "app", "ErrImagePull").await;
+    report_pull_failure(&rig, &plain_name, "app", "ErrImagePull").await;
+    remirrored(&rig, &app, "the image is served again").await;
+
+    until(
+        "tolerant's Pod evicted",
+        Duration::from_secs(30),
+        || async { rig.pods().get_opt(&tolerant_name).await.unwrap().is_none() },
+    )
+    .await;
+    let lp = ListParams::default().labels("batch.kubernetes.io/job-name=tolerant");
+    until("a replacement", Duration::from_secs(30), || async {
+        rig.pods().list(&lp).await.unwrap().items.len() == 1
+    })
+    .await;
+    until("plain's Pod looked at", Duration::from_secs(30), || async {
+        metric(&rig, "pinswap_evictions_total{outcome=\"skipped\"}").await >= 1.0
+    })
+    .await;
+    assert!(rig.pods().get_opt(&plain_name).await.unwrap().is_some());
+    let jobs: Api<Job> = Api::namespaced(rig.client.clone(), &rig.ns);
+    for name in ["tolerant", "plain"] {
+        let status = jobs.get(name).await.unwrap().status.unwrap_or_default();
+        assert_eq!(status.failed.unwrap_or(0), 0, "{name}: {status:?}");
+        assert!(
+            !status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Failed" && c.status == "True"),
+            "{name}: {status:?}"
+        );
+    }
+    assert_eq!(
+        metric(&rig, "pinswap_evictions_total{outcome=\"evicted\"}").await,
+        1.0
+    );
     no_forbidden(cluster, &rig);
 }

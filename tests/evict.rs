@@ -11,6 +11,7 @@ use common::TestRegistry;
 use common::kube::KubeApi;
 use common::recovery::*;
 use common::review::{admit, pod, pull_failing, running};
+use k8s_openapi::api::batch::v1::Job;
 use pinswap::config::Config;
 use serde_json::Value;
 
@@ -22,6 +23,35 @@ fn owned(mut pod: Value) -> Value {
         "blockOwnerDeletion": true
     }]);
     pod
+}
+
+/// `pod` as Job `job` (stored) creates it.
+fn owned_by_job(mut pod: Value, job: &Job) -> Value {
+    pod["metadata"]["ownerReferences"] = serde_json::json!([{
+        "apiVersion": "batch/v1", "kind": "Job",
+        "name": job.metadata.name, "uid": job.metadata.uid,
+        "controller": true, "blockOwnerDeletion": true
+    }]);
+    pod
+}
+
+/// A Job with `backoffLimit: 0`, and the given `podFailurePolicy` rules.
+fn job(name: &str, rules: Option<Value>) -> Job {
+    let mut spec = serde_json::json!({
+        "backoffLimit": 0,
+        "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "app", "image": "busybox"}]
+        }}
+    });
+    if let Some(rules) = rules {
+        spec["podFailurePolicy"] = serde_json::json!({"rules": rules});
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": spec
+    }))
+    .unwrap()
 }
 
 /// [`config`] with `recovery.evict: EVICT`, and a source breaker that
@@ -219,7 +249,11 @@ async fn an_eviction_a_budget_refuses_is_retried_until_it_allows_it() {
         r.metric("pinswap_evictions_total{outcome=\"evicted\"}"),
         1.0
     );
-    assert_eq!(events_for(&api, "web-0", "EvictedAfterRemirror").len(), 1);
+    // The Event is published after the eviction, in a task of its own.
+    eventually("its Event", Duration::from_secs(5), || async {
+        events_for(&api, "web-0", "EvictedAfterRemirror").len() == 1
+    })
+    .await;
     r.stop().await;
 }
 
@@ -305,5 +339,120 @@ async fn with_eviction_off_nothing_is_evicted_and_none_is_granted() {
     };
     let rbac = serde_json::to_string(&pinswap::install::manifests::rbac(&opts).unwrap()).unwrap();
     assert!(!rbac.contains("pods/eviction"), "{rbac}");
+    r.stop().await;
+}
+
+/// The target's tag moved on to newer content after the Pod was pinned (a
+/// later copy of a moved source tag): the kubelet pulls the pinned digest,
+/// which recovery restores without moving the tag back, so the Pod is
+/// evicted; the tag keeps naming the newer content.
+#[tokio::test]
+async fn a_pod_pinned_to_a_digest_is_evicted_when_the_targets_tag_moved_on() {
+    let (src, dst, api) = rig().await;
+    let app = push(&src, "app", 446).await;
+    let cfg = evict_config(&src, &dst, "{enabled: true, after: 0s}");
+    let mut r = Replica::new(&cfg);
+    let web = admit_owned(&r, &api, "web-0", &app, true).await;
+    // Newer content under the same tag at the target.
+    let newer = common::fixtures::Image::oci(2, 447);
+    common::push_image(&dst, &app.repo, Some("v1"), &newer).await;
+    dst.delete_manifest(&app.repo, &app.image.digest).await;
+    dst.delete_blob(&app.repo, &app.image.layers[0].digest)
+        .await;
+    assert_eq!(
+        dst.head_manifest(&app.repo, &app.image.digest).await,
+        None,
+        "pruned"
+    );
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    wait_watching(&api).await;
+    store(&api, &pull_failing(&web, "app", "ErrImagePull"));
+    eventually(
+        "the pinned digest restored",
+        Duration::from_secs(20),
+        || async {
+            dst.head_manifest(&app.repo, &app.image.digest)
+                .await
+                .as_deref()
+                == Some(app.image.digest.as_str())
+        },
+    )
+    .await;
+    eventually("web-0 evicted", Duration::from_secs(20), || async {
+        api.pod("shop", "web-0").is_none()
+    })
+    .await;
+    assert_eq!(api.evicted(), ["shop/web-0"]);
+    assert_eq!(
+        r.metric("pinswap_evictions_total{outcome=\"not_served\"}"),
+        0.0
+    );
+    assert_eq!(
+        dst.head_manifest(&app.repo, "v1").await.as_deref(),
+        Some(newer.digest.as_str()),
+        "the tag still names the newer content"
+    );
+    r.stop().await;
+}
+
+/// The Job controller counts an evicted Pod as a failure unless its
+/// `podFailurePolicy` ignores `DisruptionTarget` first: with
+/// `backoffLimit: 0` an eviction would fail the Job, where the kubelet's
+/// next retry pulls the image. Only the Pod of the Job whose policy
+/// ignores the disruption is evicted, the Job read with the install's RBAC.
+#[tokio::test]
+async fn a_jobs_pod_is_evicted_only_when_the_jobs_policy_ignores_the_disruption() {
+    let (src, dst, api) = rig().await;
+    let app = push(&src, "app", 448).await;
+    let cfg = evict_config(&src, &dst, "{enabled: true, after: 0s}");
+    let mut r = Replica::new(&cfg);
+    let ignore = serde_json::json!({"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]});
+    let count_first =
+        serde_json::json!({"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [0]}});
+    let jobs = [
+        ("tolerant", Some(serde_json::json!([ignore]))),
+        ("plain", None),
+        (
+            "counted-first",
+            Some(serde_json::json!([count_first, ignore])),
+        ),
+        (
+            "counted",
+            Some(
+                serde_json::json!([{"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]),
+            ),
+        ),
+    ];
+    let mut pods = Vec::new();
+    for (name, rules) in jobs {
+        let stored = api.apply_object(job(name, rules));
+        let bare = pod("shop", &format!("{name}-x"), &[("app", &app.source)]);
+        let (patched, _) = admit(&r.adm, &owned_by_job(bare, &stored)).await;
+        store(&api, &patched);
+        pods.push(patched);
+    }
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    wait_watching(&api).await;
+    prune(&dst, &app).await;
+    for p in &pods {
+        store(&api, &pull_failing(p, "app", "ErrImagePull"));
+    }
+    eventually("tolerant-x evicted", Duration::from_secs(20), || async {
+        api.pod("shop", "tolerant-x").is_none()
+    })
+    .await;
+    eventually("each Pod looked at", Duration::from_secs(10), || async {
+        r.metric("pinswap_evictions_total{outcome=\"skipped\"}")
+            + r.metric("pinswap_evictions_total{outcome=\"evicted\"}")
+            >= 4.0
+    })
+    .await;
+    assert_eq!(api.evicted(), ["shop/tolerant-x"], "{:?}", api.evictions());
+    for name in ["plain-x", "counted-first-x", "counted-x"] {
+        assert!(api.pod("shop", name).is_some(), "{name} was not evicted");
+    }
+    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     r.stop().await;
 }

@@ -814,7 +814,8 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 /// Eviction is granted only when the config turns it on: `pinswap
-/// manifests` adds `pods/eviction` create beside the Pod rules, the
+/// manifests` adds `pods/eviction` create and `jobs` get (a Job's Pod is
+/// evicted only when the Job allows it) beside the Pod rules, the
 /// kustomize base has none, and `deploy/components/evict` adds exactly what
 /// `pinswap manifests` grants.
 #[tokio::test]
@@ -847,7 +848,8 @@ async fn pods_eviction_is_granted_only_with_recovery_evict_enabled() {
             "events.k8s.io/events create,patch ",
             "apps/daemonsets,deployments,replicasets,statefulsets list,watch ",
             "batch/cronjobs,jobs list,watch ",
-            "/pods/eviction create "
+            "/pods/eviction create ",
+            "batch/jobs get "
         ]
     );
     // Per namespace with recovery.namespaces.
@@ -864,7 +866,8 @@ async fn pods_eviction_is_granted_only_with_recovery_evict_enabled() {
             "events.k8s.io/events create,patch ",
             "apps/daemonsets,deployments,replicasets,statefulsets list,watch ",
             "batch/cronjobs,jobs list,watch ",
-            "/pods/eviction create "
+            "/pods/eviction create ",
+            "batch/jobs get "
         ]
     );
 

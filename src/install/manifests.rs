@@ -507,9 +507,8 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
     // Pull-failure recovery: read Pods, record Events (events.k8s.io/v1,
     // as kube-runtime's Recorder writes them, patching repeats).
     // The leader's workload-template watches run with the Pod watcher for
-    // each feature listed here (backfill, retention; a further user adds
-    // its own).
-    let workloads = c.backfill.enabled || c.retention.enabled;
+    // the backfill and retention (`Config::watches_workloads`).
+    let workloads = c.watches_workloads();
     let watch = || {
         let mut rules = vec![
             rule(&[""], &["pods"], &["get", "list", "watch"], &[]),
@@ -518,9 +517,11 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
         if workloads {
             rules.extend(workload_rules());
         }
-        // Only when operators opt in: evicting disrupts.
+        // Only when operators opt in: evicting disrupts. A Job's Pod is
+        // evicted only when the Job's podFailurePolicy ignores it: read first.
         if c.recovery.evict.enabled {
             rules.push(rule(&[""], &["pods/eviction"], &["create"], &[]));
+            rules.push(rule(&["batch"], &["jobs"], &["get"], &[]));
         }
         rules
     };

@@ -541,6 +541,22 @@ impl Mirror {
         Ok(present)
     }
 
+    /// Whether the target serves `image` as the kubelet pulls it: by digest
+    /// when it has one (containerd pulls `name:tag@digest` by the digest
+    /// alone, so a tag moved on to newer content does not matter), else by
+    /// tag.
+    ///
+    /// # Errors
+    /// [`MirrorError::Registry`] when the target does not answer.
+    pub async fn target_serves(&self, image: &Reference) -> Result<bool, MirrorError> {
+        let client = self.pool.get(image.registry(), Role::Target).await?;
+        let by = match image.digest() {
+            Some(_) => image.without_tag(),
+            None => image.clone(),
+        };
+        Ok(client.manifest_digest(&by).await?.is_some())
+    }
+
     /// Resolves `src` (a tag, no digest; no filter or repair, so the
     /// target's digest is the source's) and, when the resolution is not
     /// cached and the existence cache does not vouch for the tag's last

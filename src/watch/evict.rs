@@ -9,13 +9,14 @@
 //! the watcher saw more than `after` ago, and that has a controller to
 //! replace it at once (admission rewrites the replacement). Right before
 //! each eviction it reads the Pod again from the API and HEADs the image at
-//! the target. Evictions are spread to at most `perMinute` in any minute;
+//! the target by digest, as the kubelet pulls it. Evictions are spread to at most `perMinute` in any minute;
 //! the rest wait in a bounded queue, one entry per Pod.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
@@ -26,7 +27,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::index::PodIndex;
-use super::pods::{has_controller, same_pinned, waits_on};
+use super::pods::{controller, has_controller, ignores_disruption, same_pinned, waits_on};
 use super::recovery::trim;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
@@ -69,7 +70,8 @@ enum Outcome {
     Recovered,
     /// The target does not serve the image (or could not say).
     NotServed,
-    /// The Pod lost its controller meanwhile.
+    /// The Pod lost its controller meanwhile, or its Job would count the
+    /// eviction as a failure.
     Skipped,
     /// The API failed otherwise; retried within the bound.
     Failed,
@@ -357,7 +359,8 @@ impl Evictor {
         if !failing || !waits_on(&pod, &item.image) {
             return Err(Outcome::Recovered);
         }
-        match self.mirror.head_target(&item.image).await {
+        self.job_allows(&pod).await?;
+        match self.mirror.target_serves(&item.image).await {
             Ok(true) => Ok(pod),
             Ok(false) => Err(Outcome::NotServed),
             Err(e) => {
@@ -365,6 +368,35 @@ impl Evictor {
                 Err(Outcome::NotServed)
             }
         }
+    }
+
+    /// When a Job controls `pod`: whether the Job lets it be evicted
+    /// without counting it as a failure ([`ignores_disruption`]). Its
+    /// `backoffLimit` may be 0, or used up: the eviction would fail the Job
+    /// where the kubelet's next retry pulls the image.
+    async fn job_allows(&self, pod: &Pod) -> Result<(), Outcome> {
+        let Some(owner) =
+            controller(pod).filter(|o| o.api_version == "batch/v1" && o.kind == "Job")
+        else {
+            return Ok(());
+        };
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), ns);
+        let why = match jobs.get_opt(&owner.name).await {
+            Ok(Some(job)) if job.metadata.uid.as_deref() == Some(owner.uid.as_str()) => {
+                if ignores_disruption(&job) {
+                    return Ok(());
+                }
+                "its Job's podFailurePolicy does not ignore DisruptionTarget before any rule that counts or fails a Pod, so the Job would count the eviction as a failure"
+            }
+            Ok(_) => "its Job is gone",
+            Err(e) => {
+                warn!(job = %format!("{ns}/{}", owner.name), error = %e, "could not read a Pod's Job before evicting it");
+                return Err(Outcome::Failed);
+            }
+        };
+        info!(pod = ?pod.metadata.name, job = %format!("{ns}/{}", owner.name), why, "not evicting");
+        Err(Outcome::Skipped)
     }
 
     /// POSTs a policy/v1 Eviction for exactly this Pod (its UID as a

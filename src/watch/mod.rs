@@ -113,18 +113,23 @@ impl Background {
             )
         });
         // The workload watches (and so the usage record) run for the
-        // backfill; each further user adds its condition here.
-        let workloads = config.backfill.enabled || config.retention.enabled;
-        let usage = client.as_ref().filter(|_| workloads).map(|_| {
-            let policy = crate::admission::policy::Policy::new(config, mirror.target().clone())
-                .ok()
-                .filter(|_| config.backfill.enabled);
-            Arc::new(Usage::new(mirror.metrics().clone(), policy))
-        });
+        // backfill and retention (`Config::watches_workloads`).
+        if config.backfill.enabled && !config.backfills() && client.is_some() {
+            info!("copyPolicy is none: the backfill, which only copies, does not run");
+        }
+        let usage = client
+            .as_ref()
+            .filter(|_| config.watches_workloads())
+            .map(|_| {
+                let policy = crate::admission::policy::Policy::new(config, mirror.target().clone())
+                    .ok()
+                    .filter(|_| config.backfills());
+                Arc::new(Usage::new(mirror.metrics().clone(), policy))
+            });
         let backfill = usage
             .as_ref()
             .zip(client.as_ref())
-            .filter(|_| config.backfill.enabled)
+            .filter(|_| config.backfills())
             .map(|(u, c)| {
                 Arc::new(Backfill::new(
                     mirror.clone(),
@@ -398,61 +403,79 @@ async fn watch_pods(
             u.watch(usage::Kind::Pod, scope.as_deref());
         }
     }
-    let streams = apis.into_iter().map(|(scope, api)| {
-        watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .map(move |ev| (scope.clone(), ev))
-            .boxed()
-    });
-    let mut events = futures::stream::select_all(streams);
+    let mut relists = usage.map(Usage::relists);
     // The list generation in progress per scope.
     let mut listing: HashMap<Option<String>, u32> = HashMap::new();
+    loop {
+        let streams = apis.iter().cloned().map(|(scope, api)| {
+            watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .map(move |ev| (scope.clone(), ev))
+                .boxed()
+        });
+        let mut events = futures::stream::select_all(streams);
+        // New watchers list first: the usage record takes in what it left out.
+        while let Some(ev) = tokio::select! {
+            ev = events.next() => ev,
+            _ = usage::relist_asked(&mut relists) => None,
+        } {
+            pod_event(recovery, usage, target, &mut listing, ev);
+        }
+    }
+}
+
+/// One event of [`watch_pods`]'s watchers.
+fn pod_event(
+    recovery: &Arc<Recovery>,
+    usage: Option<&Usage>,
+    target: &crate::reference::MirrorTarget,
+    listing: &mut HashMap<Option<String>, u32>,
+    (scope, ev): (Option<String>, Result<Event<Pod>, watcher::Error>),
+) {
     let kind = usage::Kind::Pod;
-    while let Some((scope, ev)) = events.next().await {
-        let ns = scope.as_deref();
-        match ev {
-            Ok(Event::Init) => {
-                listing.insert(scope.clone(), recovery.list_started());
-                if let Some(u) = usage {
-                    u.list_started(kind, ns);
-                }
+    let ns = scope.as_deref();
+    match ev {
+        Ok(Event::Init) => {
+            listing.insert(scope.clone(), recovery.list_started());
+            if let Some(u) = usage {
+                u.list_started(kind, ns);
             }
-            Ok(Event::InitApply(pod)) => {
-                let generation = listing.get(&scope).copied();
-                if let Some(u) = usage {
-                    u.seen(u.observe_pod(&pod), ns);
-                }
-                recovery.pod_seen(pods::target_images(&pod, target), generation);
+        }
+        Ok(Event::InitApply(pod)) => {
+            let generation = listing.get(&scope).copied();
+            if let Some(u) = usage {
+                u.seen(u.observe_pod(&pod), ns);
             }
-            Ok(Event::InitDone) => {
-                // Pods deleted while the watch was down are not in the new
-                // list: forget them.
-                if let Some(generation) = listing.remove(&scope) {
-                    recovery.list_done(ns, generation);
-                }
-                if let Some(u) = usage {
-                    u.list_done(kind, ns);
-                }
+            recovery.pod_seen(pods::target_images(&pod, target), generation);
+        }
+        Ok(Event::InitDone) => {
+            // Pods deleted while the watch was down are not in the new
+            // list: forget them.
+            if let Some(generation) = listing.remove(&scope) {
+                recovery.list_done(ns, generation);
             }
-            Ok(Event::Apply(pod)) => {
-                if let Some(u) = usage {
-                    u.seen(u.observe_pod(&pod), ns);
-                }
-                recovery.pod_seen(pods::target_images(&pod, target), None);
+            if let Some(u) = usage {
+                u.list_done(kind, ns);
             }
-            Ok(Event::Delete(pod)) => {
-                let key = pods::target_images(&pod, target).key();
-                if let Some(u) = usage {
-                    u.deleted(kind, &key);
-                }
-                recovery.pod_deleted(&key);
+        }
+        Ok(Event::Apply(pod)) => {
+            if let Some(u) = usage {
+                u.seen(u.observe_pod(&pod), ns);
             }
-            Err(e) => {
-                if let Some(u) = usage {
-                    u.watch_failed(kind, ns);
-                }
-                warn!(error = %e, "Pod watch failed; retrying with backoff")
+            recovery.pod_seen(pods::target_images(&pod, target), None);
+        }
+        Ok(Event::Delete(pod)) => {
+            let key = pods::target_images(&pod, target).key();
+            if let Some(u) = usage {
+                u.deleted(kind, &key);
             }
+            recovery.pod_deleted(&key);
+        }
+        Err(e) => {
+            if let Some(u) = usage {
+                u.watch_failed(kind, ns);
+            }
+            warn!(error = %e, "Pod watch failed; retrying with backoff")
         }
     }
 }

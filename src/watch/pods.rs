@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ContainerStatus, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use serde_json::{Value, json};
 
@@ -158,12 +160,50 @@ const REPLACING_CONTROLLERS: [(&str, &str); 4] = [
 /// Whether `pod`'s controller (its owner reference with `controller: true`)
 /// is a ReplicaSet, StatefulSet, DaemonSet or Job.
 pub fn has_controller(pod: &Pod) -> bool {
-    pod.metadata.owner_references.iter().flatten().any(|o| {
-        o.controller == Some(true)
-            && REPLACING_CONTROLLERS
-                .iter()
-                .any(|(v, k)| o.api_version == *v && o.kind == *k)
+    controller(pod).is_some_and(|o| {
+        REPLACING_CONTROLLERS
+            .iter()
+            .any(|(v, k)| o.api_version == *v && o.kind == *k)
     })
+}
+
+/// `pod`'s owner reference with `controller: true`.
+pub fn controller(pod: &Pod) -> Option<&OwnerReference> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+}
+
+/// The Pod condition the API server adds to a Pod it evicts.
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+
+/// Whether `job` lets one of its Pods be evicted without counting it: the
+/// Job controller counts an evicted Pod as failed (toward `backoffLimit`,
+/// failing the Job once it is used up) unless the first `podFailurePolicy`
+/// rule that matches it is `Ignore`. The rules are taken in order, as the
+/// controller takes them; an exit code or another condition cannot be
+/// known before the eviction, so any rule that counts or fails a Pod ahead
+/// of an `Ignore` on `DisruptionTarget` makes the eviction unsafe.
+pub fn ignores_disruption(job: &Job) -> bool {
+    let rules = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.pod_failure_policy.as_ref())
+        .map(|p| p.rules.as_slice())
+        .unwrap_or_default();
+    for rule in rules {
+        let disruption = rule
+            .on_pod_conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == DISRUPTION_TARGET && matches!(c.status.as_str(), "True" | ""));
+        if disruption || rule.action != "Ignore" {
+            return disruption && rule.action == "Ignore";
+        }
+    }
+    false
 }
 
 /// Whether `a` and `b` name one manifest by digest: registry, repository
@@ -235,6 +275,45 @@ mod tests {
         )));
         assert!(!has_controller(&owned_by("tekton.dev/v1", "TaskRun", true)));
         assert!(!has_controller(&pod(json!({"metadata": {"name": "bare"}}))));
+    }
+
+    fn job(rules: Value) -> Job {
+        serde_json::from_value(json!({
+            "metadata": {"name": "j"},
+            "spec": {"template": {}, "podFailurePolicy": {"rules": rules}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_job_lets_its_pod_be_evicted_only_when_an_ignore_on_disruption_comes_first() {
+        let ignore = json!({"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]});
+        let fail_on = |codes: Value| json!({"action": "FailJob", "onExitCodes": {"operator": "In", "values": codes}});
+        let safe = [
+            json!([ignore]),
+            // Another Ignore first changes nothing.
+            json!([{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [3]}}, ignore]),
+            json!([ignore, fail_on(json!([42]))]),
+        ];
+        for rules in safe {
+            assert!(ignores_disruption(&job(rules.clone())), "{rules}");
+        }
+        let unsafe_ = [
+            json!([]),
+            // Counted, or failed, before the Ignore is reached.
+            json!([fail_on(json!([42])), ignore]),
+            json!([{"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}, ignore]),
+            json!([{"action": "FailJob", "onPodConditions": [{"type": "ConfigIssue", "status": "True"}]}, ignore]),
+            // Ignored only when the condition is False: an evicted Pod's is True.
+            json!([{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "False"}]}]),
+        ];
+        for rules in unsafe_ {
+            assert!(!ignores_disruption(&job(rules.clone())), "{rules}");
+        }
+        let none: Job =
+            serde_json::from_value(json!({"metadata": {"name": "j"}, "spec": {"template": {}}}))
+                .unwrap();
+        assert!(!ignores_disruption(&none), "no podFailurePolicy");
     }
 
     #[test]

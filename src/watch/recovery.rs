@@ -416,7 +416,7 @@ impl Recovery {
         // Only for eviction: whether the target lacks it (a failure may
         // also be a verifying copy's, with the manifest there).
         let missing = match (&res, &self.evictor) {
-            (Err(_), Some(_)) => matches!(self.mirror.head_target(&img.image).await, Ok(false)),
+            (Err(_), Some(_)) => matches!(self.mirror.target_serves(&img.image).await, Ok(false)),
             _ => false,
         };
         let (pods, retry, was_lost) = {

@@ -6,8 +6,10 @@
 //! costs its key and a few pointers. At most [`MAX_IMAGES`] distinct
 //! references are kept; past that, an object's further references are left
 //! out, counted in `pinswap_usage_images_dropped_total`, and [`Usage::synced`]
-//! says false until the watches start over, so nothing deletes on a partial
-//! view.
+//! says false while an object recorded without some of its references
+//! remains, so nothing deletes on a partial view. Once there is room again,
+//! the record asks its watches to list again ([`Usage::relists`]), which
+//! brings those objects back whole.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -15,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
-use tokio::sync::Notify;
-use tracing::warn;
+use tokio::sync::{Notify, watch};
+use tracing::{info, warn};
 
 use super::index::{Interner, PullRefs, pull_clone};
 use crate::admission::notes::ORIGINAL_IMAGES;
@@ -186,6 +188,17 @@ fn observe(
     }
 }
 
+/// Waits until `relists` ([`Usage::relists`]) asks the watches to list
+/// again; forever without it.
+pub(crate) async fn relist_asked(relists: &mut Option<watch::Receiver<u64>>) {
+    if let Some(rx) = relists
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
 /// One watched object.
 struct Entry {
     namespace: Arc<str>,
@@ -194,6 +207,8 @@ struct Entry {
     wanted: Box<[Arc<Reference>]>,
     /// The list generation that last delivered it.
     listed: u32,
+    /// Some of its references were left out for [`MAX_IMAGES`].
+    truncated: bool,
 }
 
 /// One watch: a kind in a namespace (or in all, `None`).
@@ -207,6 +222,8 @@ struct WatchState {
     listed: bool,
     /// It failed and has delivered nothing since.
     erred: bool,
+    /// A list completed since the watches were last asked to list again.
+    relisted: bool,
 }
 
 #[derive(Default)]
@@ -223,8 +240,10 @@ struct Inner {
     namespaces: Interner<str>,
     watches: HashMap<WatchKey, WatchState>,
     generation: u32,
-    /// References were left out for [`MAX_IMAGES`].
-    overflowed: bool,
+    /// Objects recorded with references left out for [`MAX_IMAGES`].
+    truncated: usize,
+    /// The watches were asked to list again, and not all have listed since.
+    relisting: bool,
 }
 
 /// What the cluster's Pods and workload templates name now, as the leader's watches see them.
@@ -235,6 +254,8 @@ pub struct Usage {
     /// Decides which images admission would mirror; `None`: none (no
     /// backfill).
     policy: Option<Policy>,
+    /// Bumped to ask the watches to list again.
+    relist: watch::Sender<u64>,
 }
 
 impl Usage {
@@ -247,7 +268,14 @@ impl Usage {
             changed: Notify::new(),
             metrics,
             policy,
+            relist: watch::channel(0).0,
         }
+    }
+
+    /// Changes when the watches should list again: references were left out
+    /// of objects still recorded, and there is room for them now.
+    pub fn relists(&self) -> watch::Receiver<u64> {
+        self.relist.subscribe()
     }
 
     /// [`observe_pod`] under this record's policy.
@@ -275,7 +303,7 @@ impl Usage {
     }
 
     fn all_synced(inner: &Inner) -> bool {
-        !inner.overflowed
+        inner.truncated == 0
             && inner.watches.keys().any(|(k, _)| *k == Kind::Pod)
             && inner
                 .watches
@@ -334,6 +362,7 @@ impl Usage {
         };
         if let Some(w) = inner.watches.get_mut(&key) {
             w.listed = true;
+            w.relisted = true;
         }
         let gone: Vec<(Kind, Box<str>)> = inner
             .objects
@@ -349,7 +378,10 @@ impl Usage {
         for k in gone {
             inner.remove(&k);
         }
-        self.metrics.usage_images.set(inner.counts.len() as i64);
+        if inner.watches.values().all(|w| w.relisted) {
+            inner.relisting = false;
+        }
+        self.after_removal(&mut inner);
     }
 
     /// The watch failed; it counts as unsynced until it delivers again.
@@ -393,11 +425,12 @@ impl Usage {
         }
         inner.remove(&key);
         let mut fresh = false;
+        let mut truncated = false;
         let mut images = Vec::with_capacity(o.images.len());
         for r in &o.images {
             match inner.count(r, false) {
                 Some(r) => images.push(r),
-                None => self.overflow(&mut inner),
+                None => truncated = true,
             }
         }
         let mut wanted = Vec::with_capacity(o.wanted.len());
@@ -408,8 +441,14 @@ impl Usage {
                     fresh = true;
                     wanted.push(r)
                 }
-                None => self.overflow(&mut inner),
+                None => truncated = true,
             }
+        }
+        if truncated {
+            self.overflow(
+                &mut inner,
+                o.images.len() + o.wanted.len() - images.len() - wanted.len(),
+            );
         }
         let entry = Entry {
             namespace: inner.namespaces.get(o.namespace(), |s: &str| Arc::from(s)),
@@ -417,9 +456,10 @@ impl Usage {
             images: images.into(),
             wanted: wanted.into(),
             listed,
+            truncated,
         };
         inner.objects.insert(key, entry);
-        self.metrics.usage_images.set(inner.counts.len() as i64);
+        self.after_removal(&mut inner);
         drop(inner);
         if fresh {
             self.changed.notify_one();
@@ -430,17 +470,39 @@ impl Usage {
     pub fn deleted(&self, kind: Kind, key: &str) {
         let mut inner = self.lock();
         inner.remove(&(kind, Box::from(key)));
-        self.metrics.usage_images.set(inner.counts.len() as i64);
+        self.after_removal(&mut inner);
     }
 
-    fn overflow(&self, inner: &mut Inner) {
-        self.metrics.usage_images_dropped.inc();
-        if !inner.overflowed {
-            inner.overflowed = true;
+    /// Records an object whose `dropped` references did not fit.
+    fn overflow(&self, inner: &mut Inner, dropped: usize) {
+        self.metrics.usage_images_dropped.inc_by(dropped as u64);
+        if inner.truncated == 0 {
             warn!(
                 max = MAX_IMAGES,
-                "more distinct image references than the usage record keeps; leaving the rest out (usage counts as unsynced until the watches start over)"
+                "more distinct image references than the usage record keeps; leaving the rest out (usage counts as unsynced until there is room and the watches have listed again)"
             );
+        }
+        inner.truncated += 1;
+    }
+
+    /// After references went: updates the gauge and, when objects lack
+    /// references that now fit, asks the watches to list again (once per
+    /// round of lists).
+    fn after_removal(&self, inner: &mut Inner) {
+        self.metrics.usage_images.set(inner.counts.len() as i64);
+        let room = inner.counts.len() < MAX_IMAGES && inner.wanted.len() < MAX_IMAGES;
+        if inner.truncated == 0 {
+            inner.relisting = false;
+        } else if room && !inner.relisting {
+            inner.relisting = true;
+            for w in inner.watches.values_mut() {
+                w.relisted = false;
+            }
+            info!(
+                objects = inner.truncated,
+                "the usage record has room again; listing the watches again for the references it left out"
+            );
+            self.relist.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
@@ -531,6 +593,9 @@ impl Inner {
         let Some(e) = self.objects.remove(key) else {
             return;
         };
+        if e.truncated {
+            self.truncated -= 1;
+        }
         for (map, refs) in [(&mut self.counts, &e.images), (&mut self.wanted, &e.wanted)] {
             for r in refs.iter() {
                 if let Some(n) = map.get_mut(&**r) {
@@ -640,6 +705,49 @@ mod tests {
         u.watch(Kind::CronJob, None);
         u.list_done(Kind::Pod, None);
         assert!(!u.synced(), "the CronJob watch has not listed");
+    }
+
+    /// An object naming `n` distinct references.
+    fn naming(kind: Kind, key: &str, n: usize) -> Observed {
+        Observed {
+            kind,
+            key: key.into(),
+            pull: Value::Null,
+            images: (0..n)
+                .map(|i| Reference::parse(&format!("r.example/{key}/i{i}:1")).unwrap())
+                .collect(),
+            wanted: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_record_is_synced_again_once_what_overflowed_it_is_gone() {
+        let u = Usage::new(Arc::new(Metrics::new()), None);
+        for kind in [Kind::Pod, Kind::Deployment] {
+            u.watch(kind, None);
+            u.list_started(kind, None);
+        }
+        // Templates of one tenant fill the record; a Pod seen after them
+        // loses its reference.
+        u.seen(naming(Kind::Deployment, "t/big", MAX_IMAGES), None);
+        u.seen(naming(Kind::Pod, "a/web", 1), None);
+        u.list_done(Kind::Deployment, None);
+        u.list_done(Kind::Pod, None);
+        assert!(!u.synced(), "a reference was left out");
+        let relists = u.relists();
+        u.deleted(Kind::Deployment, "t/big");
+        assert!(!u.synced(), "a/web is still recorded without its reference");
+        assert!(
+            relists.has_changed().unwrap(),
+            "the watches are asked to list again, now that it fits"
+        );
+        // The Pods' watch lists again and brings a/web back whole.
+        u.list_started(Kind::Pod, None);
+        u.seen(naming(Kind::Pod, "a/web", 1), None);
+        u.list_done(Kind::Pod, None);
+        assert!(u.synced(), "nothing recorded lacks a reference now");
+        let images: Vec<String> = u.images().iter().map(|r| r.to_string()).collect();
+        assert_eq!(images, ["r.example/a/web/i0:1"]);
     }
 
     #[test]

@@ -73,32 +73,39 @@ async fn watch_kind<K>(
         + Sync
         + 'static,
 {
-    let streams = scopes.iter().map(|scope| {
-        let api: Api<K> = match scope {
-            None => Api::all(client.clone()),
-            Some(ns) => Api::namespaced(client.clone(), ns),
-        };
-        let scope = scope.clone();
-        watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .map(move |ev| (scope.clone(), ev))
-            .boxed()
-    });
-    let mut events = futures::stream::select_all(streams);
     let seen = |o: &K, scope: Option<&str>| match template(o) {
         Some(t) => usage.seen(usage.observe_template(kind, o.meta(), t), scope),
         None => usage.deleted(kind, &key(o)),
     };
-    while let Some((scope, ev)) = events.next().await {
-        let scope = scope.as_deref();
-        match ev {
-            Ok(Event::Init) => usage.list_started(kind, scope),
-            Ok(Event::InitApply(o) | Event::Apply(o)) => seen(&o, scope),
-            Ok(Event::InitDone) => usage.list_done(kind, scope),
-            Ok(Event::Delete(o)) => usage.deleted(kind, &key(&o)),
-            Err(e) => {
-                usage.watch_failed(kind, scope);
-                warn!(kind = kind.as_str(), error = %e, "workload watch failed; retrying with backoff");
+    let mut relists = Some(usage.relists());
+    loop {
+        let streams = scopes.iter().map(|scope| {
+            let api: Api<K> = match scope {
+                None => Api::all(client.clone()),
+                Some(ns) => Api::namespaced(client.clone(), ns),
+            };
+            let scope = scope.clone();
+            watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .map(move |ev| (scope.clone(), ev))
+                .boxed()
+        });
+        let mut events = futures::stream::select_all(streams);
+        // New watchers list first: the usage record takes in what it left out.
+        while let Some((scope, ev)) = tokio::select! {
+            ev = events.next() => ev,
+            _ = super::usage::relist_asked(&mut relists) => None,
+        } {
+            let scope = scope.as_deref();
+            match ev {
+                Ok(Event::Init) => usage.list_started(kind, scope),
+                Ok(Event::InitApply(o) | Event::Apply(o)) => seen(&o, scope),
+                Ok(Event::InitDone) => usage.list_done(kind, scope),
+                Ok(Event::Delete(o)) => usage.deleted(kind, &key(&o)),
+                Err(e) => {
+                    usage.watch_failed(kind, scope);
+                    warn!(kind = kind.as_str(), error = %e, "workload watch failed; retrying with backoff");
+                }
             }
         }
     }

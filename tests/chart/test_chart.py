@@ -274,10 +274,10 @@ def test_the_matrix_renders_what_each_value_asks_for(chart):
     assert "/pods/eviction create " not in rules_of(by["defaults"])[("ClusterRole", "", "pinswap")]
     assert rules_of(by["evict"])[("ClusterRole", "", "pinswap")] == [
         "/pods get,list,watch ", "events.k8s.io/events create,patch ",
-        "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch ", "/pods/eviction create "]
+        "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch ", "/pods/eviction create ", "batch/jobs get "]
     assert rules_of(by["evict-namespaces"])[("Role", "apps", "pinswap-recovery")] == [
         "/pods get,list,watch ", "events.k8s.io/events create,patch ",
-        "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch ", "/pods/eviction create "]
+        "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch ", "/pods/eviction create ", "batch/jobs get "]
 
     off = rules_of(by["recovery-off"])
     assert sorted(off) == [("ClusterRole", "", "pinswap-self-signed"), ("Role", "pinswap", "pinswap-self-signed")], off
@@ -433,6 +433,7 @@ EQUIVALENT = [
     ({"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "0.0.0.0:9443", "healthListen": "0.0.0.0:9090"}}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "platforms": ["linux/amd64"], "recovery": {"namespaces": ["apps"]}}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}}}, "pinswap", ["--tls", "self-signed"]),
+    ({"config": {"target": {"registry": "m.example.com"}, "copyPolicy": "none"}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "recovery": {"evict": {"enabled": True}}}}, "pinswap", ["--tls", "self-signed"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "recovery": {"namespaces": ["apps", "web"], "evict": {"enabled": True, "perMinute": 5}}}}, "pinswap", ["--tls", "cert-manager"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "retention": {"enabled": True, "unusedFor": "240h"}}}, "mirror", ["--tls", "cert-manager"]),

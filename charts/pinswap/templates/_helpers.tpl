@@ -106,9 +106,11 @@ two releases never share one (a namespace cannot contain ':').
 {{- end }}
 
 {{/* Whether the leader watches workload templates, with the Pod watcher: for
-the backfill (each further user adds its condition to the `or`). */}}
+the backfill (which copies, so not under copyPolicy none) and retention, as
+Config::watches_workloads decides. */}}
 {{- define "pinswap.workloads" -}}
-{{- if or (dig "backfill" "enabled" true .Values.config) (dig "retention" "enabled" false .Values.config) }}true{{ end }}
+{{- $backfill := and (dig "backfill" "enabled" true .Values.config) (ne (toString (dig "copyPolicy" "delayed" .Values.config)) "none") }}
+{{- if or $backfill (dig "retention" "enabled" false .Values.config) }}true{{ end }}
 {{- end }}
 
 {{/* Ignore or Fail: the value, else from config.failurePolicy. */}}
