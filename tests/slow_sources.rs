@@ -1,9 +1,9 @@
 //! A source registry that is slow on purpose (a trickle of bytes no
 //! per-read timeout cuts) holds no more than its share of the copy slots,
-//! and not for long: another source's copy goes through while the trickles
-//! run, the trickles are cut by `copy.minTransferRate` or `copy.timeout`,
-//! counted in `pinswap_copies_cut_total{reason}`, and leave no manifest
-//! at the target. Real registries; the trickle is a TCP proxy
+//! and not for long: another source's copy, or recovery, goes through while
+//! the trickles run, the trickles are cut by `copy.minTransferRate` or
+//! `copy.timeout`, counted in `pinswap_copies_cut_total{reason}`, and leave
+//! no manifest at the target. Real registries; the trickle is a TCP proxy
 //! (`TcpCutProxy::trickle_after`) in front of one of them.
 
 mod common;
@@ -27,6 +27,13 @@ const TRICKLE: Duration = Duration::from_millis(250);
 const SLOW_IMAGES: u64 = 5;
 /// The slots one source registry may hold (`copy.concurrencyPerRegistry`).
 const PER_REGISTRY: usize = 4;
+/// The bound the tests state on another source's copy or recovery while
+/// the trickles hold their slots; unhindered it takes well under 1 s.
+const BOUND: Duration = Duration::from_secs(5);
+/// A 12 s window: the trickles (4 bytes/s) run well past `BOUND` before
+/// the 1 KiB/s floor cuts them.
+const FLOORED: &str =
+    "copyPolicy: delayed\ncopy: {minTransferRate: 1Ki, transferRateWindow: 12s, timeout: 2m}\n";
 
 /// A target, a trickling source (behind the proxy) and a fast one.
 struct Rig {
@@ -69,6 +76,16 @@ impl Rig {
     /// The target repository `repo` of `source` is mirrored to.
     fn mirrored(source: &str, repo: &str) -> String {
         format!("mirror/{}/{repo}", source.replace(':', "_"))
+    }
+
+    /// A rig with [`SLOW_IMAGES`] at the slow source and `fast/app:v1`
+    /// (seeded `seed`) at the fast one.
+    async fn with_images(seed: u64) -> (Rig, Vec<Image>, Image) {
+        let rig = Rig::start().await;
+        let slow = rig.push_slow(SLOW_IMAGES).await;
+        let fast = Image::oci(1, seed);
+        push_image(&rig.fast, "fast/app", Some("v1"), &fast).await;
+        (rig, slow, fast)
     }
 
     /// `slow/appN:v1` at the slow source, each with a 256 KiB layer.
@@ -175,17 +192,9 @@ async fn wait_cut(metrics: &Metrics, reason: &str, n: usize) {
 /// later admissions once the source is fast again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickling_source_does_not_hold_back_another_sources_copy() {
-    const BOUND: Duration = Duration::from_secs(5);
-    let rig = Rig::start().await;
-    let slow = rig.push_slow(SLOW_IMAGES).await;
-    let fast = Image::oci(1, 950);
-    push_image(&rig.fast, "fast/app", Some("v1"), &fast).await;
+    let (rig, slow, fast) = Rig::with_images(950).await;
     rig.proxy.trickle_after(FAST_BYTES, TRICKLE);
-    // A 12 s window: the trickles (4 bytes/s) run well past the bound
-    // before the 1 KiB/s floor cuts them.
-    let (adm, metrics) = rig.admission(
-        "copyPolicy: delayed\ncopy: {minTransferRate: 1Ki, transferRateWindow: 12s, timeout: 2m}\n",
-    );
+    let (adm, metrics) = rig.admission(FLOORED);
 
     for i in 0..SLOW_IMAGES {
         admit(
@@ -346,4 +355,89 @@ async fn copies_and_referrer_follows_past_copy_timeout_are_cut() {
         ),
         0.0
     );
+}
+
+/// Recovery has the same protection: Pods whose mirrored images lost a
+/// layer make recovery copy those layers again, from a source that now
+/// trickles, on every slot that source may have (background slots and the
+/// verifier's); another source's lost layer is restored within the same
+/// 5 s bound meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_source_does_not_hold_back_another_sources_recovery() {
+    let (rig, slow, fast) = Rig::with_images(970).await;
+    let (adm, _metrics) = rig.admission(FLOORED);
+    let fast_ref = format!("{}/fast/app:v1", rig.fast.host());
+    // Everything mirrored first, while the slow source is still fast.
+    let mut images: Vec<(String, String, &Image)> = (0..SLOW_IMAGES)
+        .map(|i| {
+            let repo = Rig::mirrored(&rig.proxy.host(), &format!("slow/app{i}"));
+            (rig.slow_ref(i), repo, &slow[i as usize])
+        })
+        .collect();
+    images.push((fast_ref, Rig::mirrored(&rig.fast.host(), "fast/app"), &fast));
+    for (i, (source, repo, _)) in images.iter().enumerate() {
+        admit(&adm, &pod("team", &format!("p{i}"), &[("app", source)])).await;
+        assert!(
+            rig.wait_mirrored(repo, "v1", Duration::from_secs(20))
+                .await
+                .is_some(),
+            "{repo}"
+        );
+    }
+    // The target loses a layer of each; the slow source starts to trickle.
+    for (_, repo, img) in &images {
+        rig.dst.delete_blob(repo, &img.layers[0].digest).await;
+    }
+    rig.proxy.trickle_after(FAST_BYTES, TRICKLE);
+    let mirror = adm.mirror().clone();
+    let recover = |source: &str, repo: &str, img: &Image| {
+        let mirror = mirror.clone();
+        let target = format!("{}/{repo}@{}", rig.dst.host(), img.digest);
+        let target = pinswap::reference::Reference::parse(&target).unwrap();
+        let hint = pinswap::reference::Reference::parse(source).unwrap();
+        async move {
+            mirror
+                .recover(
+                    &target,
+                    Some(&hint),
+                    pinswap::cache::Cause::PullFailure,
+                    &[],
+                )
+                .await
+        }
+    };
+    let (fast_source, fast_repo, fast_img) = images.pop().unwrap();
+    let slow_recoveries: Vec<_> = images
+        .iter()
+        .map(|(s, r, i)| tokio::spawn(recover(s, r, i)))
+        .collect();
+    rig.wait_trickling(PER_REGISTRY).await;
+
+    let start = Instant::now();
+    let fast_recovered =
+        tokio::time::timeout(BOUND, recover(&fast_source, &fast_repo, fast_img)).await;
+    let still = rig.proxy.trickling();
+    assert!(
+        matches!(
+            fast_recovered,
+            Ok(Ok(pinswap::mirror::Recovered::Remirrored { .. }))
+        ),
+        "{fast_source} not recovered within {BOUND:?} while {still} recoveries from the trickling source held their slots: {fast_recovered:?}"
+    );
+    eprintln!(
+        "the fast source's recovery took {:?} with {still} trickling",
+        start.elapsed()
+    );
+    assert!(
+        still >= PER_REGISTRY,
+        "only {still} trickles left: the bound proves nothing"
+    );
+    assert!(
+        rig.dst
+            .blob_exists(&fast_repo, &fast_img.layers[0].digest)
+            .await
+    );
+    // The runtime's end drops the trickling recoveries; the first test
+    // shows such copies cut.
+    drop(slow_recoveries);
 }
