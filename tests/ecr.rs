@@ -376,10 +376,21 @@ async fn converted_config_mirrors_into_a_created_repository() {
     // The data plane is the local registry; everything else as converted.
     let ecr_host = "\"123456789012.dkr.ecr.eu-west-1.amazonaws.com\"";
     assert!(converted.contains(&format!("registry: {ecr_host}")));
-    let cfg = converted.replace(
-        &format!("registry: {ecr_host}"),
-        &format!("registry: \"{}\"", dst.host()),
-    );
+    // The source is on loopback, which `"*"` never lets in: it is named,
+    // as a private registry must be.
+    let cfg = converted
+        .replace(
+            &format!("registry: {ecr_host}"),
+            &format!("registry: \"{}\"", dst.host()),
+        )
+        .replace(
+            "    - registry: \"*\"\n",
+            &format!(
+                "    - registry: \"*\"\n    - registry: \"{}\"\n",
+                src.host()
+            ),
+        );
+    assert!(cfg.contains(&src.host()), "{cfg}");
     let dir = tempfile::tempdir().unwrap();
     let cfg_path = dir.path().join("pinswap.yaml");
     std::fs::write(&cfg_path, &cfg).unwrap();
