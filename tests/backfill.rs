@@ -262,17 +262,16 @@ async fn a_source_down_during_a_pass_is_backfilled_once_it_returns() {
     r.bg.stop().await;
 }
 
-/// `backfill: {enabled: false}`: nothing is copied and no workload is
-/// watched (the install grants no workload RBAC then).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backfill_off_copies_nothing() {
+/// With `extra` config keys, a running Pod and a CronJob: nothing is copied
+/// and no workload is watched (the install grants no workload RBAC then).
+async fn backfill_does_not_run(extra: &str, seed: u64) {
     common::init();
     let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
     let api = KubeApi::start().await;
-    let app = push(&src, "app", 7401).await;
+    let app = push(&src, "app", seed).await;
     store_pod(&api, &pod("shop", "web", &[("app", &app.source)]));
     api.apply_object(cron_job("shop", "nightly", &app.source));
-    let cfg = config(&dst, &[&src], "backfill: {enabled: false}\n");
+    let cfg = config(&dst, &[&src], extra);
     let r = Replica::start(&cfg, &api);
     eventually(
         "leading and watching Pods",
@@ -289,6 +288,19 @@ async fn backfill_off_copies_nothing() {
     assert!(r.bg.usage().is_none());
     assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     r.bg.stop().await;
+}
+
+/// `backfill: {enabled: false}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_off_copies_nothing() {
+    backfill_does_not_run("backfill: {enabled: false}\n", 7401).await;
+}
+
+/// `copyPolicy: none` copies nothing, so the backfill (on by default) does
+/// not copy either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_policy_none_backfills_nothing() {
+    backfill_does_not_run("copyPolicy: none\n", 7411).await;
 }
 
 /// The webhook is never sent Pods in pinswap's own namespace, in
@@ -402,36 +414,6 @@ async fn the_backfill_follows_the_configs_scope_as_namespace_labels_change() {
         mirrored(&dst, &later)
     })
     .await;
-    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
-    r.bg.stop().await;
-}
-
-/// `copyPolicy: none` copies nothing, so the backfill (on by default) does
-/// not copy either, and the install grants no workload RBAC for it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn copy_policy_none_backfills_nothing() {
-    common::init();
-    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
-    let api = KubeApi::start().await;
-    let app = push(&src, "app", 7411).await;
-    store_pod(&api, &pod("shop", "web", &[("app", &app.source)]));
-    api.apply_object(cron_job("shop", "nightly", &app.source));
-    let cfg = config(&dst, &[&src], "copyPolicy: none\n");
-    assert!(cfg.backfill.enabled, "on by default");
-    let r = Replica::start(&cfg, &api);
-    eventually(
-        "leading and watching Pods",
-        Duration::from_secs(10),
-        || async { r.bg.is_leader() && api.open_watches() > 0 },
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(dst.catalog().await.is_empty(), "{:?}", dst.catalog().await);
-    assert!(
-        !api.requests().iter().any(|q| q.path.contains("cronjobs")),
-        "no workload watch"
-    );
-    assert!(r.bg.usage().is_none());
     assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     r.bg.stop().await;
 }
