@@ -17,8 +17,10 @@ use crate::reference::MirrorTarget;
 
 mod aws;
 mod retention;
+mod scope;
 pub use aws::{Aws, EcrOptions, EncryptionConfiguration, ImageScanningConfiguration, Tag};
 pub use retention::Retention;
+pub use scope::{LabelSelector, Operator, Requirement, Scope};
 
 /// Config loading errors. Each names the file and the key path.
 #[derive(Debug, thiserror::Error)]
@@ -1079,6 +1081,9 @@ pub struct Config {
     /// Where they may come from.
     #[serde(default)]
     pub source: Source,
+    /// Which Pods pinswap handles, beyond the built-in exclusions.
+    #[serde(default)]
+    pub scope: Scope,
     /// `exists` or `always`.
     #[serde(default)]
     pub swap_policy: SwapPolicy,
@@ -1371,6 +1376,7 @@ impl Config {
                 ),
             );
         }
+        self.scope.problems("scope", &mut bad);
         if self.copy_deadline.is_zero() || self.copy_deadline > WEBHOOK_TIMEOUT_MAX {
             bad(
                 "copyDeadline".into(),
@@ -1692,6 +1698,17 @@ source:
   # source cannot answer.
   proofTtl: 10m
   proofGrace: 24h
+
+scope:
+  # Which Pods pinswap handles, beyond the built-in exclusions (its own
+  # namespace, kube-system, and namespaces or Pods labelled
+  # pinswap.dev/ignore=true): label selectors that the webhook's
+  # namespaceSelector and objectSelector get too, and that the leader's
+  # backfill, recovery and eviction apply.
+  namespaceSelector: {}
+  #  matchLabels: {pinswap.dev/mirror: "true"}
+  objectSelector: {}
+  #  matchExpressions: [{key: app, operator: Exists}]
 
 # exists: rewrite only when the target has the image; always: rewrite regardless.
 swapPolicy: exists

@@ -262,17 +262,16 @@ async fn a_source_down_during_a_pass_is_backfilled_once_it_returns() {
     r.bg.stop().await;
 }
 
-/// `backfill: {enabled: false}`: nothing is copied and no workload is
-/// watched (the install grants no workload RBAC then).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backfill_off_copies_nothing() {
+/// With `extra` config keys, a running Pod and a CronJob: nothing is copied
+/// and no workload is watched (the install grants no workload RBAC then).
+async fn backfill_does_not_run(extra: &str, seed: u64) {
     common::init();
     let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
     let api = KubeApi::start().await;
-    let app = push(&src, "app", 7401).await;
+    let app = push(&src, "app", seed).await;
     store_pod(&api, &pod("shop", "web", &[("app", &app.source)]));
     api.apply_object(cron_job("shop", "nightly", &app.source));
-    let cfg = config(&dst, &[&src], "backfill: {enabled: false}\n");
+    let cfg = config(&dst, &[&src], extra);
     let r = Replica::start(&cfg, &api);
     eventually(
         "leading and watching Pods",
@@ -291,32 +290,130 @@ async fn backfill_off_copies_nothing() {
     r.bg.stop().await;
 }
 
+/// `backfill: {enabled: false}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_off_copies_nothing() {
+    backfill_does_not_run("backfill: {enabled: false}\n", 7401).await;
+}
+
 /// `copyPolicy: none` copies nothing, so the backfill (on by default) does
-/// not copy either, and the install grants no workload RBAC for it.
+/// not copy either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copy_policy_none_backfills_nothing() {
+    backfill_does_not_run("copyPolicy: none\n", 7411).await;
+}
+
+/// The webhook is never sent Pods in pinswap's own namespace, in
+/// kube-system, in a namespace labelled `pinswap.dev/ignore=true`, or
+/// labelled so themselves: the backfill leaves what those name alone too,
+/// templates included, and reads none of their pull secrets. Only the
+/// image of the Pod in the scope is mirrored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backfill_keeps_to_the_webhooks_scope() {
     common::init();
     let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
     let api = KubeApi::start().await;
-    let app = push(&src, "app", 7411).await;
-    store_pod(&api, &pod("shop", "web", &[("app", &app.source)]));
-    api.apply_object(cron_job("shop", "nightly", &app.source));
-    let cfg = config(&dst, &[&src], "copyPolicy: none\n");
-    assert!(cfg.backfill.enabled, "on by default");
-    let r = Replica::start(&cfg, &api);
-    eventually(
-        "leading and watching Pods",
-        Duration::from_secs(10),
-        || async { r.bg.is_leader() && api.open_watches() > 0 },
+    let web = push(&src, "web", 7601).await;
+    let out: Vec<Pushed> = futures::future::join_all(
+        ["system", "own", "quiet", "opted", "quiet-job", "opted-tpl"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| push(&src, n, 7602 + i as u64)),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(dst.catalog().await.is_empty(), "{:?}", dst.catalog().await);
+    api.apply_namespace("quiet", &[("pinswap.dev/ignore", "true")]);
+    let with_secret =
+        |ns: &str, name: &str, image: &str| tenants::pod(ns, name, image, &["regcred"], None);
+    for (ns, name, img) in [
+        ("shop", "web", &web),
+        ("kube-system", "dns", &out[0]),
+        ("pinswap", "agent", &out[1]),
+        ("quiet", "q", &out[2]),
+    ] {
+        store_pod(&api, &with_secret(ns, name, &img.source));
+    }
+    let mut opted = with_secret("shop", "opted", &out[3].source);
+    opted["metadata"]["labels"] = json!({"pinswap.dev/ignore": "true"});
+    store_pod(&api, &opted);
+    api.apply_object(cron_job("quiet", "nightly", &out[4].source));
+    let mut tpl = deployment("shop", "opted-tpl", &out[5].source);
+    let t = tpl
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .metadata
+        .as_mut()
+        .unwrap();
+    t.labels
+        .get_or_insert_default()
+        .insert("pinswap.dev/ignore".into(), "true".into());
+    api.apply_object(tpl);
+
+    let cfg = config_with(&dst, &[&src], "  imagePullSecrets: true\n", "");
+    let r = Replica::start(&cfg, &api);
+    eventually(
+        "the Pod's image in the scope",
+        Duration::from_secs(20),
+        || mirrored(&dst, &web),
+    )
+    .await;
+    eventually("the first pass done", Duration::from_secs(20), || async {
+        r.backfilled("copied") >= 1.0 && r.backfilled("pending") == 0.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(dst.catalog().await, [web.repo.as_str()]);
+    assert_eq!(r.backfilled("copied"), 1.0);
+    let read: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|q| q.path.contains("/secrets") || q.path.contains("/serviceaccounts"))
+        .map(|q| q.path)
+        .collect();
     assert!(
-        !api.requests().iter().any(|q| q.path.contains("cronjobs")),
-        "no workload watch"
+        read.contains(&"/api/v1/namespaces/shop/secrets/regcred".to_owned())
+            && read
+                .iter()
+                .all(|p| p.starts_with("/api/v1/namespaces/shop/")),
+        "only the pull secrets of the Pod in the scope: {read:?}"
     );
-    assert!(r.bg.usage().is_none());
+    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    r.bg.stop().await;
+}
+
+/// The config's `scope` narrows it further (the same selectors as the
+/// webhook's), and namespaces' labels are followed as they change: a
+/// namespace given the label its `namespaceSelector` asks for has its
+/// images backfilled then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backfill_follows_the_configs_scope_as_namespace_labels_change() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let api = KubeApi::start().await;
+    let on = push(&src, "on", 7701).await;
+    let later = push(&src, "later", 7702).await;
+    api.apply_namespace("lit", &[("mirror", "enabled")]);
+    api.apply_namespace("dark", &[]);
+    store_pod(&api, &pod("lit", "a", &[("app", &on.source)]));
+    api.apply_object(deployment("dark", "b", &later.source));
+    let cfg = config(
+        &dst,
+        &[&src],
+        "scope: {namespaceSelector: {matchLabels: {mirror: enabled}}}\n",
+    );
+    let r = Replica::start(&cfg, &api);
+    eventually("the first pass done", Duration::from_secs(20), || async {
+        r.backfilled("copied") == 1.0 && r.backfilled("pending") == 0.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(dst.catalog().await, [on.repo.as_str()]);
+    api.apply_namespace("dark", &[("mirror", "enabled")]);
+    eventually("dark's template image", Duration::from_secs(20), || {
+        mirrored(&dst, &later)
+    })
+    .await;
     assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     r.bg.stop().await;
 }

@@ -1,7 +1,8 @@
 //! The API double (tests/common/kube.rs) judged by the real kube-apiserver:
 //! each test runs one client-side check against both, so where they
 //! disagree, it fails. Only what pinswap relies on is checked. Selectors,
-//! which the double refuses, are not: that is a limitation, not a match.
+//! which the double refuses, are not (but `metadata.name=NAME`, a watch of
+//! one namespace): that is a limitation, not a match.
 
 mod common;
 
@@ -924,4 +925,72 @@ async fn the_installs_rbac_allows_and_refuses_alike() {
     let seen = as_installed(api.install_client(), apps).await;
     disagreements(&judge, &seen);
     assert_eq!(seen.len(), judge.len());
+}
+
+/// With `recovery.namespaces`, the leader reads the labels of only those
+/// namespaces, each watched by name (`fieldSelector=metadata.name=NAME`,
+/// which RBAC authorises by that name): allowed and refused alike.
+async fn namespaces_as_installed(client: kube::Client, watched: &str) -> Vec<(String, Value)> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(client);
+    let by_name = |n: &str| ListParams::default().fields(&format!("metadata.name={n}"));
+    let mut out: Vec<(String, Value)> = Vec::new();
+    out.push((
+        "list every namespace".into(),
+        outcome(namespaces.list(&ListParams::default()).await),
+    ));
+    let listed = namespaces.list(&by_name(watched)).await;
+    let names: Vec<String> = listed
+        .as_ref()
+        .map(|l| {
+            l.items
+                .iter()
+                .filter_map(|n| n.metadata.name.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push(("list the watched namespace by name".into(), outcome(listed)));
+    out.push(("its name".into(), json!(names)));
+    let wp = WatchParams::default()
+        .fields(&format!("metadata.name={watched}"))
+        .timeout(2);
+    let watch = namespaces.watch(&wp, "0").await;
+    out.push((
+        "watch the watched namespace by name".into(),
+        outcome(watch.map(|_| ())),
+    ));
+    out.push((
+        "list another namespace by name".into(),
+        outcome(namespaces.list(&by_name("default")).await),
+    ));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_installs_namespace_rbac_allows_a_watch_by_name_alike() {
+    use pinswap::install::manifests::Tls;
+    let cluster = Cluster::get();
+    let _g = cluster.lock().await;
+    let admin = cluster.admin().await;
+    let watched = "rbac-scope";
+    common::cluster::namespace(&admin, watched, json!({})).await;
+    let config =
+        format!("target: {{registry: m.example}}\nrecovery: {{namespaces: [{watched}]}}\n");
+    let install = common::cluster::Install::new(&admin, "pinswap", &config, &[]).await;
+    let kubeconfig = cluster
+        .service_account_kubeconfig(install.dir.path(), "pinswap", "pinswap")
+        .await;
+    let token_client = common::cluster::client_from(&kubeconfig).await;
+    let judge = namespaces_as_installed(token_client, watched).await;
+
+    common::init();
+    let api = KubeApi::start().await;
+    api.apply_namespace(watched, &[]);
+    api.apply_namespace("default", &[]);
+    let config = pinswap::config::Config::from_yaml(&config, "t").unwrap();
+    api.authorize_install(&config, Tls::SelfSigned);
+    let seen = namespaces_as_installed(api.install_client(), watched).await;
+    disagreements(&judge, &seen);
+    assert_eq!(judge[0].1["code"], 403, "{judge:?}");
+    assert_eq!(judge[1].1, "ok", "{judge:?}");
 }

@@ -68,7 +68,8 @@ async fn every_rendering_of_pinswap_manifests_is_accepted_and_stored() {
     for ns in ["apps", "web"] {
         cluster::namespace(&client, ns, json!({})).await;
     }
-    let cases: [(&str, &str, &[&str]); 7] = [
+    let scoped = "target: {registry: registry.example.com/mirror}\nscope:\n  namespaceSelector: {matchLabels: {mirror: enabled}, matchExpressions: [{key: tier, operator: NotIn, values: [db]}]}\n  objectSelector: {matchExpressions: [{key: app, operator: Exists}]}\n";
+    let cases: [(&str, &str, &[&str]); 8] = [
         ("inst-default", CONFIG, &[]),
         ("inst-self-signed", CONFIG, &["--tls", "self-signed"]),
         (
@@ -88,6 +89,7 @@ async fn every_rendering_of_pinswap_manifests_is_accepted_and_stored() {
         ),
         ("inst-secrets", pull_secrets, &[]),
         ("inst-watched", watched, &[]),
+        ("inst-scoped", scoped, &[]),
         (
             "inst-closed",
             "target: {registry: registry.example.com/mirror}\nfailurePolicy: closed\n",

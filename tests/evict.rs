@@ -456,3 +456,38 @@ async fn a_jobs_pod_is_evicted_only_when_the_jobs_policy_ignores_the_disruption(
     assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     r.stop().await;
 }
+
+/// A Pod outside the webhook's scope (its namespace labelled
+/// `pinswap.dev/ignore=true`) is never evicted, even when a Pod in the
+/// scope brings its image back.
+#[tokio::test]
+async fn a_pod_outside_the_webhooks_scope_is_not_evicted() {
+    let (src, dst, api) = rig().await;
+    let app = push(&src, "app", 449).await;
+    let cfg = evict_config(&src, &dst, "{enabled: true, after: 0s}");
+    let mut r = Replica::new(&cfg);
+    let web = admit_owned(&r, &api, "web-0", &app, true).await;
+    let (quiet, _) = admit(
+        &r.adm,
+        &owned(pod("quiet", "web-q", &[("app", &app.source)])),
+    )
+    .await;
+    store(&api, &quiet);
+    api.apply_namespace("quiet", &[("pinswap.dev/ignore", "true")]);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    wait_watching(&api).await;
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&quiet, "app", "ErrImagePull"));
+    store(&api, &pull_failing(&web, "app", "ErrImagePull"));
+    eventually("web-0 evicted", Duration::from_secs(20), || async {
+        api.pod("shop", "web-0").is_none()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(api.evicted(), ["shop/web-0"], "{:?}", api.evictions());
+    assert!(api.pod("quiet", "web-q").is_some());
+    assert!(events_for(&api, "web-q", "EvictedAfterRemirror").is_empty());
+    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    r.stop().await;
+}

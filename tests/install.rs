@@ -401,6 +401,7 @@ async fn rbac_grants_only_what_the_config_uses() {
     assert_eq!(
         rules(&g[&k("ClusterRole", "", "pinswap")]),
         [
+            "/namespaces list,watch ",
             "/pods get,list,watch ",
             "events.k8s.io/events create,patch ",
             "apps/daemonsets,deployments,replicasets,statefulsets list,watch ",
@@ -432,9 +433,13 @@ async fn rbac_grants_only_what_the_config_uses() {
             k("Role", "web", "pinswap-recovery"),
         ]
     );
+    // The watched namespaces' labels, by name: the webhook's scope.
     assert_eq!(
         rules(&g[&k("ClusterRole", "", "pinswap")]),
-        ["/secrets,serviceaccounts get "]
+        [
+            "/namespaces list,watch apps,web",
+            "/secrets,serviceaccounts get "
+        ]
     );
     for ns in ["apps", "web"] {
         assert_eq!(
@@ -466,6 +471,7 @@ async fn rbac_grants_only_what_the_config_uses() {
     assert_eq!(
         rules(&g[&k("ClusterRole", "", "pinswap")]),
         [
+            "/namespaces list,watch ",
             "/pods get,list,watch ",
             "events.k8s.io/events create,patch "
         ]
@@ -490,7 +496,7 @@ async fn rbac_grants_only_what_the_config_uses() {
     let g = grants(&manifests(&["--config", config.to_str().unwrap()]).await);
     assert_eq!(
         rules(&g[&k("ClusterRole", "", "pinswap")]),
-        ["/nodes list,watch "]
+        ["/namespaces list,watch apps", "/nodes list,watch "]
     );
     std::fs::write(
         &config,
@@ -844,6 +850,7 @@ async fn pods_eviction_is_granted_only_with_recovery_evict_enabled() {
     assert_eq!(
         cluster_role(&printed),
         [
+            "/namespaces list,watch ",
             "/pods get,list,watch ",
             "events.k8s.io/events create,patch ",
             "apps/daemonsets,deployments,replicasets,statefulsets list,watch ",

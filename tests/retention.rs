@@ -627,6 +627,10 @@ async fn a_removed_image_a_pod_needs_again_comes_back_through_recovery() {
     bg.stop().await;
 }
 
+/// The leader removes what no Pod uses and keeps what one does, also a Pod
+/// outside the webhook's scope: one rewritten before its namespace opted
+/// out still pulls from the target, and recovery, keeping to the scope,
+/// would not bring the image back.
 #[tokio::test]
 async fn the_leader_removes_what_no_pod_uses_and_keeps_what_one_does() {
     let r = rig().await;
@@ -635,9 +639,15 @@ async fn the_leader_removes_what_no_pod_uses_and_keeps_what_one_does() {
     let adm = Admission::from_config(&cfg, metrics.clone()).unwrap();
     let used = r.mirrored(&adm, "used", 81).await;
     let unused = r.mirrored(&adm, "unused", 82).await;
+    let quiet = r.mirrored(&adm, "quiet", 83).await;
     let (patched, _) = admit(&adm, &pod("shop", "web", &[("app", &used.source)])).await;
     r.api
         .apply_pod(serde_json::from_value::<Pod>(patched).unwrap());
+    let (patched, _) = admit(&adm, &pod("quiet", "q", &[("app", &quiet.source)])).await;
+    r.api
+        .apply_pod(serde_json::from_value::<Pod>(patched).unwrap());
+    r.api
+        .apply_namespace("quiet", &[("pinswap.dev/ignore", "true")]);
     r.api.authorize_install(&cfg, Tls::CertManager);
     let bg = Background::start(
         adm.mirror().clone(),
@@ -664,6 +674,7 @@ async fn the_leader_removes_what_no_pod_uses_and_keeps_what_one_does() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(r.present(&used).await, "a Pod uses it");
+    assert!(r.present(&quiet).await, "a Pod outside the scope uses it");
     let record = r.record().expect("record");
     assert!(record.images.contains_key(&used.key(&r.dst)));
     assert!(r.api.forbidden().is_empty(), "{:?}", r.api.forbidden());

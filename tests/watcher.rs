@@ -1,5 +1,5 @@
 //! The Pod watcher: expired history, closed watches, bookmarks, the first
-//! list, and only the configured namespaces.
+//! list, only the configured namespaces, and only the webhook's scope.
 
 mod common;
 
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::kube::KubeApi;
 use common::recovery::*;
-use common::review::pull_failing;
+use common::review::{admit, pod, pull_failing};
 
 /// Cluster-wide Pod watch requests (`watch=true`) so far.
 fn pod_watches(api: &KubeApi) -> Vec<common::kube::ApiRequest> {
@@ -202,5 +202,106 @@ async fn only_the_configured_namespaces_are_watched() {
         api.requests().iter().all(|q| q.path != "/api/v1/pods"),
         "no cluster-wide list or watch"
     );
+    r.stop().await;
+}
+
+/// Pods outside the webhook's scope are left alone by recovery as by
+/// admission: one in a namespace labelled `pinswap.dev/ignore=true` before
+/// pinswap leads, one whose namespace is labelled while it leads, and one
+/// labelled so itself fail to pull an image they were rewritten to
+/// before: no re-mirror, no Event. The same failure of a Pod in the scope
+/// is mirrored again.
+#[tokio::test]
+async fn pods_outside_the_webhooks_scope_are_not_recovered() {
+    let (src, dst, api) = rig().await;
+    let app = push(&src, "app", 461).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let mut out = Vec::new();
+    for (ns, name) in [("quiet", "q"), ("later", "l"), ("shop", "opted")] {
+        let (mut p, _) = admit(&r.adm, &pod(ns, name, &[("app", &app.source)])).await;
+        if name == "opted" {
+            p["metadata"]["labels"] = serde_json::json!({"pinswap.dev/ignore": "true"});
+        }
+        store(&api, &p);
+        out.push(p);
+    }
+    let web = admit_and_store(&r, &api, "web", &app, &dst).await;
+    api.apply_namespace("quiet", &[("pinswap.dev/ignore", "true")]);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    wait_watching(&api).await;
+    api.apply_namespace("later", &[("pinswap.dev/ignore", "true")]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    prune(&dst, &app).await;
+    for p in &out {
+        store(&api, &pull_failing(p, "app", "ErrImagePull"));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        dst.head_manifest(&app.repo, &app.image.digest).await,
+        None,
+        "not mirrored again for Pods outside the scope"
+    );
+    assert_eq!(
+        r.metric("pinswap_remirrors_total{outcome=\"remirrored\"}"),
+        0.0
+    );
+    assert!(api.events().is_empty(), "{:?}", api.events());
+
+    store(&api, &pull_failing(&web, "app", "ErrImagePull"));
+    eventually("the image served again", Duration::from_secs(20), || {
+        served_again(&dst, &app)
+    })
+    .await;
+    eventually("web's Event", Duration::from_secs(10), || async {
+        !events_for(&api, "web", "ImageRemirrored").is_empty()
+    })
+    .await;
+    for name in ["q", "l", "opted"] {
+        assert!(
+            events_for(&api, name, "ImageRemirrored").is_empty(),
+            "{name}: {:?}",
+            api.events()
+        );
+    }
+    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    r.stop().await;
+}
+
+/// A namespace that enters the webhook's scope while pinswap leads (its
+/// `pinswap.dev/ignore` label removed): a Pod there that already fails to
+/// pull is recovered without waiting for its next change.
+#[tokio::test]
+async fn a_namespace_entering_the_webhooks_scope_has_its_failing_pods_recovered() {
+    let (src, dst, api) = rig().await;
+    let app = push(&src, "app", 462).await;
+    let cfg = config(&src, &dst, "{reverify: 0s}");
+    let mut r = Replica::new(&cfg);
+    let (p, _) = admit(&r.adm, &pod("quiet", "q", &[("app", &app.source)])).await;
+    store(&api, &p);
+    api.apply_namespace("quiet", &[("pinswap.dev/ignore", "true")]);
+    r.start(&cfg, &api);
+    wait_leader(&r).await;
+    wait_watching(&api).await;
+    prune(&dst, &app).await;
+    store(&api, &pull_failing(&p, "app", "ErrImagePull"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        r.metric("pinswap_pull_failures_total"),
+        0.0,
+        "outside the scope"
+    );
+    api.apply_namespace("quiet", &[]);
+    eventually("the image served again", Duration::from_secs(20), || {
+        served_again(&dst, &app)
+    })
+    .await;
+    eventually("q's Event", Duration::from_secs(10), || async {
+        !events_for(&api, "q", "ImageRemirrored").is_empty()
+    })
+    .await;
+    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
     r.stop().await;
 }

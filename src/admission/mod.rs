@@ -12,6 +12,7 @@ pub mod notes;
 pub(crate) mod pod;
 pub mod policy;
 mod review;
+pub mod scope;
 
 pub use review::ReviewError;
 

@@ -27,9 +27,7 @@ use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, ObjectMeta,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
@@ -527,6 +525,11 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
     };
     let mut cluster = Vec::new();
     if c.recovery.enabled {
+        // The leader keeps to the webhook's scope: it reads the namespaces'
+        // labels (cluster-scoped; with recovery.namespaces only those, each
+        // watched by name).
+        let names: Vec<&str> = c.recovery.namespaces.iter().map(String::as_str).collect();
+        cluster.push(rule(&[""], &["namespaces"], &["list", "watch"], &names));
         if c.recovery.namespaces.is_empty() {
             cluster.extend(watch());
         } else {
@@ -1015,14 +1018,6 @@ fn cert_manager(ns: &str) -> [Value; 4] {
 }
 
 /// `key NotIn [values]`.
-fn not_in(key: &str, values: &[&str]) -> LabelSelectorRequirement {
-    LabelSelectorRequirement {
-        key: key.into(),
-        operator: "NotIn".into(),
-        values: Some(values.iter().map(|s| (*s).to_owned()).collect()),
-    }
-}
-
 /// The webhook's `failurePolicy` for the config's: `open` → `Ignore`,
 /// `closed` → `Fail`.
 pub fn webhook_failure_policy(policy: FailurePolicy) -> &'static str {
@@ -1034,6 +1029,7 @@ pub fn webhook_failure_policy(policy: FailurePolicy) -> &'static str {
 
 fn webhook_configuration(opts: &Options) -> MutatingWebhookConfiguration {
     let ns = opts.namespace.as_str();
+    let scope = crate::admission::scope::Scope::new(&opts.config.scope, ns);
     let mut metadata = meta(&webhook_configuration_name(ns), None);
     if opts.tls == Tls::CertManager {
         metadata.annotations = Some(BTreeMap::from([(
@@ -1077,17 +1073,9 @@ fn webhook_configuration(opts: &Options) -> MutatingWebhookConfiguration {
                 resources: Some(vec!["pods".into(), "pods/ephemeralcontainers".into()]),
                 scope: Some("Namespaced".into()),
             }]),
-            namespace_selector: Some(LabelSelector {
-                match_expressions: Some(vec![
-                    not_in("kubernetes.io/metadata.name", &[ns, "kube-system"]),
-                    not_in(IGNORE_LABEL, &["true"]),
-                ]),
-                ..Default::default()
-            }),
-            object_selector: Some(LabelSelector {
-                match_expressions: Some(vec![not_in(IGNORE_LABEL, &["true"])]),
-                ..Default::default()
-            }),
+            // The leader's watches apply the same scope (src/watch/namespaces.rs).
+            namespace_selector: Some(scope.namespace_selector().clone()),
+            object_selector: Some(scope.object_selector().clone()),
             ..Default::default()
         }]),
     }

@@ -17,8 +17,7 @@ pub const NAME: &str = "pinswap";
 pub const TLS_SECRET: &str = "pinswap-tls";
 /// Name of the single webhook inside the MutatingWebhookConfiguration.
 pub const WEBHOOK: &str = "mutate.pinswap.dev";
-/// Label that opts a namespace or a Pod out of the webhook.
-pub const IGNORE_LABEL: &str = "pinswap.dev/ignore";
+pub use crate::admission::scope::IGNORE_LABEL;
 /// Webhook `timeoutSeconds`; `server.admissionBudget` must stay below it.
 pub const TIMEOUT_SECONDS: i32 = 10;
 

@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::index::PodIndex;
+use super::namespaces::Namespaces;
 use super::pods::{controller, has_controller, ignores_disruption, same_pinned, waits_on};
 use super::recovery::trim;
 use crate::metrics::Metrics;
@@ -70,8 +71,8 @@ enum Outcome {
     Recovered,
     /// The target does not serve the image (or could not say).
     NotServed,
-    /// The Pod lost its controller meanwhile, or its Job would count the
-    /// eviction as a failure.
+    /// The Pod lost its controller or left the webhook's scope meanwhile,
+    /// or its Job would count the eviction as a failure.
     Skipped,
     /// The API failed otherwise; retried within the bound.
     Failed,
@@ -120,19 +121,23 @@ pub struct Evictor {
     per_minute: usize,
     /// `recovery.namespaces`; every namespace when empty.
     namespaces: Vec<String>,
+    /// The webhook's scope.
+    in_scope: Arc<Namespaces>,
     queue: Mutex<Queue>,
     wake: Notify,
     worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Evictor {
-    /// An evictor for `config` over the watcher's index `pods`.
+    /// An evictor for `config` over the watcher's index `pods`, within the
+    /// webhook's scope as `in_scope` says.
     pub fn new(
         client: kube::Client,
         recorder: Recorder,
         mirror: Arc<Mirror>,
         pods: Arc<Mutex<PodIndex>>,
         config: &crate::config::Recovery,
+        in_scope: Arc<Namespaces>,
     ) -> Arc<Self> {
         Arc::new(Self {
             client,
@@ -143,6 +148,7 @@ impl Evictor {
             after: config.evict.after,
             per_minute: config.evict.per_minute.max(1) as usize,
             namespaces: config.namespaces.clone(),
+            in_scope,
             queue: Mutex::default(),
             wake: Notify::new(),
             worker: Mutex::default(),
@@ -353,7 +359,12 @@ impl Evictor {
         if pod.metadata.uid != item.uid || pod.metadata.deletion_timestamp.is_some() {
             return Err(Outcome::Gone);
         }
-        if !has_controller(&pod) {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        if !has_controller(&pod)
+            || !self
+                .in_scope
+                .admits_object(ns, pod.metadata.labels.as_ref())
+        {
             return Err(Outcome::Skipped);
         }
         if !failing || !waits_on(&pod, &item.image) {

@@ -3,6 +3,8 @@
 //! the one replica running the watcher.
 //!
 //! - [`leader`]: client-go-style election on a `coordination.k8s.io` Lease.
+//! - [`namespaces`]: which namespaces are in the webhook's scope; the
+//!   backfill, recovery and eviction keep to it.
 //! - [`pods`]: what a Pod tells the watcher.
 //! - [`index`]: the leader's compact Pod index.
 //! - [`nodes`]: the nodes' platforms against the `platforms` filter.
@@ -25,6 +27,7 @@ pub(crate) mod backfill;
 pub mod evict;
 pub(crate) mod index;
 pub(crate) mod leader;
+pub mod namespaces;
 pub(crate) mod nodes;
 pub(crate) mod pods;
 pub mod recovery;
@@ -47,6 +50,7 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::mirror::Mirror;
 use backfill::Backfill;
+use namespaces::Namespaces;
 use recovery::Recovery;
 use usage::Usage;
 
@@ -98,6 +102,18 @@ impl Background {
         let mut tasks = tokio::task::JoinSet::new();
         let r = &config.recovery;
         let client = client.filter(|_| r.enabled);
+        // The webhook's scope, as `pinswap manifests` and the chart render
+        // it for this namespace (the Downward API's, else the client's).
+        let in_scope = client.as_ref().map(|c| {
+            let own = std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| c.default_namespace().to_owned());
+            Arc::new(Namespaces::new(crate::admission::scope::Scope::new(
+                &config.scope,
+                &own,
+            )))
+        });
         let policy = crate::admission::policy::Policy::new(config, mirror.target().clone());
         let recovery = client.as_ref().zip(policy.ok()).map(|(c, policy)| {
             Arc::new(
@@ -109,7 +125,7 @@ impl Background {
                     r.retry_initial,
                     r.retry_max,
                 )
-                .with_eviction(eviction.clone(), r),
+                .with_eviction(eviction.clone(), r, in_scope.clone()),
             )
         });
         // The workload watches (and so the usage record) run for the
@@ -124,7 +140,11 @@ impl Background {
                 let policy = crate::admission::policy::Policy::new(config, mirror.target().clone())
                     .ok()
                     .filter(|_| config.backfills());
-                Arc::new(Usage::new(mirror.metrics().clone(), policy))
+                let usage = Usage::new(mirror.metrics().clone(), policy);
+                Arc::new(match &in_scope {
+                    Some(n) => usage.with_scope(n.clone()),
+                    None => usage,
+                })
             });
         let backfill = usage
             .as_ref()
@@ -165,7 +185,7 @@ impl Background {
             }
             None => watch::channel(false).1,
         };
-        if let (Some(c), Some(rec)) = (&client, &recovery) {
+        if let (Some(c), Some(rec), Some(in_scope)) = (&client, &recovery, &in_scope) {
             let scope = Scope {
                 target: mirror.target().clone(),
                 namespaces: r.namespaces.clone(),
@@ -179,6 +199,7 @@ impl Background {
             let watched = Watched {
                 usage: usage.clone(),
                 backfill,
+                in_scope: in_scope.clone(),
             };
             tasks.spawn(async move {
                 lead_and_watch(c, rec, scope, watched, l, t, metrics).await;
@@ -304,10 +325,12 @@ struct Scope {
     platforms: Option<Vec<crate::platform::PlatformSpec>>,
 }
 
-/// The usage record and the backfill, when they run.
+/// The usage record and the backfill, when they run, and the namespaces
+/// in the webhook's scope.
 struct Watched {
     usage: Option<Arc<Usage>>,
     backfill: Option<Arc<Backfill>>,
+    in_scope: Arc<Namespaces>,
 }
 
 /// Waits to lead, watches Pods (and nodes, with a `platforms` filter) while
@@ -358,10 +381,48 @@ async fn lead_and_watch(
                 None => std::future::pending().await,
             }
         };
+        let in_scope = &watched.in_scope;
+        // Namespaces that entered the scope after the first list: their
+        // Pods, which recovery did not keep, are read once more.
+        let (entered, mut entering) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let namespaces = in_scope.watch(client.clone(), &scope.namespaces, |ns, admitted| {
+            if let Some(u) = usage {
+                u.rescope(ns);
+            }
+            if !admitted {
+                recovery.forget_namespace(ns);
+            } else if in_scope.is_listed() {
+                let _ = entered.send(ns.to_owned());
+            }
+        });
+        let rescans = async {
+            while let Some(ns) = entering.recv().await {
+                let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+                match api.list(&Default::default()).await {
+                    Ok(list) => {
+                        for pod in &list.items {
+                            recovery_sees(&recovery, in_scope, pod, &scope.target, None);
+                        }
+                    }
+                    Err(e) => {
+                        warn!(namespace = %ns, error = %e, "could not list the Pods of a namespace that entered the webhook's scope; they are seen at their next change")
+                    }
+                }
+            }
+        };
+        // Nothing is judged before the namespaces are known.
+        let watches = async {
+            in_scope.listed().await;
+            tokio::select! {
+                _ = watch_pods(&client, &recovery, usage, in_scope, &scope.target, &scope.namespaces) => {}
+                _ = workloads => {}
+                _ = backfill => {}
+                _ = rescans => {}
+            }
+        };
         tokio::select! {
-            _ = watch_pods(&client, &recovery, usage, &scope.target, &scope.namespaces) => {}
-            _ = workloads => {}
-            _ = backfill => {}
+            _ = namespaces => {}
+            _ = watches => {}
             _ = nodes => {}
             _ = lost => info!("not leading: Pod watcher stopped"),
             _ = token.cancelled() => {}
@@ -370,6 +431,7 @@ async fn lead_and_watch(
         // The nodes are the leader's to report; the alert takes the max.
         metrics.nodes_without_platform.set(0);
         recovery.clear();
+        watched.in_scope.clear();
         if let Some(u) = &watched.usage {
             u.clear();
         }
@@ -382,11 +444,14 @@ async fn lead_and_watch(
     }
 }
 
-/// Feeds every Pod event to `recovery` (and `usage`). Runs until dropped.
+/// Feeds every Pod event to `usage`, and those of Pods in the webhook's
+/// scope to `recovery` (one that leaves it is forgotten there). Runs until
+/// dropped.
 async fn watch_pods(
     client: &kube::Client,
     recovery: &Arc<Recovery>,
     usage: Option<&Usage>,
+    in_scope: &Namespaces,
     target: &crate::reference::MirrorTarget,
     namespaces: &[String],
 ) {
@@ -419,7 +484,7 @@ async fn watch_pods(
             ev = events.next() => ev,
             _ = usage::relist_asked(&mut relists) => None,
         } {
-            pod_event(recovery, usage, target, &mut listing, ev);
+            pod_event(recovery, usage, in_scope, target, &mut listing, ev);
         }
     }
 }
@@ -428,6 +493,7 @@ async fn watch_pods(
 fn pod_event(
     recovery: &Arc<Recovery>,
     usage: Option<&Usage>,
+    in_scope: &Namespaces,
     target: &crate::reference::MirrorTarget,
     listing: &mut HashMap<Option<String>, u32>,
     (scope, ev): (Option<String>, Result<Event<Pod>, watcher::Error>),
@@ -446,7 +512,7 @@ fn pod_event(
             if let Some(u) = usage {
                 u.seen(u.observe_pod(&pod), ns);
             }
-            recovery.pod_seen(pods::target_images(&pod, target), generation);
+            recovery_sees(recovery, in_scope, &pod, target, generation);
         }
         Ok(Event::InitDone) => {
             // Pods deleted while the watch was down are not in the new
@@ -462,7 +528,7 @@ fn pod_event(
             if let Some(u) = usage {
                 u.seen(u.observe_pod(&pod), ns);
             }
-            recovery.pod_seen(pods::target_images(&pod, target), None);
+            recovery_sees(recovery, in_scope, &pod, target, None);
         }
         Ok(Event::Delete(pod)) => {
             let key = pods::target_images(&pod, target).key();
@@ -477,5 +543,23 @@ fn pod_event(
             }
             warn!(error = %e, "Pod watch failed; retrying with backoff")
         }
+    }
+}
+
+/// Hands `pod` to recovery when the webhook would be sent it; else makes
+/// recovery forget it: pinswap reads no pull secret, copies nothing and
+/// records no Event for a Pod outside the scope.
+fn recovery_sees(
+    recovery: &Arc<Recovery>,
+    in_scope: &Namespaces,
+    pod: &Pod,
+    target: &crate::reference::MirrorTarget,
+    generation: Option<u32>,
+) {
+    let images = pods::target_images(pod, target);
+    if in_scope.admits_object(images.namespace(), pod.metadata.labels.as_ref()) {
+        recovery.pod_seen(images, generation);
+    } else {
+        recovery.pod_deleted(&images.key());
     }
 }

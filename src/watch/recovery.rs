@@ -124,19 +124,24 @@ impl Recovery {
     }
 
     /// With `config.evict.enabled` and a `client`: after each re-mirror,
-    /// evicts the Pods still stuck on the image ([`super::evict`]).
+    /// evicts the Pods still stuck on the image ([`super::evict`]), within
+    /// the webhook's scope as `in_scope` says.
     pub fn with_eviction(
         mut self,
         client: Option<kube::Client>,
         config: &crate::config::Recovery,
+        in_scope: Option<Arc<super::namespaces::Namespaces>>,
     ) -> Self {
-        if let (true, Some(c), Some(rec)) = (config.evict.enabled, client, &self.recorder) {
+        if let (true, Some(c), Some(rec), Some(scope)) =
+            (config.evict.enabled, client, &self.recorder, in_scope)
+        {
             self.evictor = Some(Evictor::new(
                 c,
                 rec.clone(),
                 self.mirror.clone(),
                 self.pods.clone(),
                 config,
+                scope,
             ));
         }
         self
@@ -173,6 +178,22 @@ impl Recovery {
             info!(pod = %pod.key(), image = %img.image, %reason, "pull failure on a target image");
             self.trigger(img.clone(), Some(pod.clone()), Cause::PullFailure);
         }
+    }
+
+    /// Forgets the Pods of namespace `ns`, which left the webhook's scope:
+    /// no recovery, Event or eviction for them.
+    pub fn forget_namespace(&self, ns: &str) {
+        let inside = |k: &str| k.strip_prefix(ns).is_some_and(|r| r.starts_with('/'));
+        {
+            let mut pods = self.pods.lock().expect("pods lock");
+            pods.retain(|k| !inside(k));
+            self.metrics.watched_pods.set(pods.len() as i64);
+        }
+        self.identity_noted
+            .lock()
+            .expect("noted lock")
+            .retain(|k, _| !inside(k));
+        self.forget_joined(|k| !inside(k));
     }
 
     /// Forgets a deleted Pod, also where it waits for a recovery's Event.

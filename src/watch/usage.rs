@@ -2,6 +2,14 @@
 //! watches see them: every image reference (for retention), and the images
 //! admission would mirror with who names them (for the backfill).
 //!
+//! Only objects the webhook would be sent want images ([`Namespaces`]): the
+//! backfill reads no pull secret and copies nothing for a namespace or
+//! object outside its scope. Every object's references still count as in
+//! use: a Pod rewritten before its namespace opted out pulls from the
+//! target, and recovery, keeping to the scope too, would never bring back
+//! an image retention removed under it. Retention only ever keeps more for
+//! that, and reads nothing of those objects but their image names.
+//!
 //! Bounded: references are shared among objects and counted, so an object
 //! costs its key and a few pointers. At most [`MAX_IMAGES`] distinct
 //! references are kept; past that, an object's further references are left
@@ -21,6 +29,7 @@ use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
 use super::index::{Interner, PullRefs, pull_clone};
+use super::namespaces::Namespaces;
 use crate::admission::notes::ORIGINAL_IMAGES;
 use crate::admission::pod::slots_for;
 use crate::admission::policy::Policy;
@@ -205,6 +214,8 @@ struct Entry {
     pull: Arc<PullRefs>,
     images: Box<[Arc<Reference>]>,
     wanted: Box<[Arc<Reference>]>,
+    /// Its namespace is in the webhook's scope: its `wanted` count.
+    active: bool,
     /// The list generation that last delivered it.
     listed: u32,
     /// Some of its references were left out for [`MAX_IMAGES`].
@@ -231,7 +242,7 @@ struct Inner {
     objects: HashMap<(Kind, Box<str>), Entry>,
     /// Reference → objects naming it.
     counts: HashMap<Arc<Reference>, u32>,
-    /// Wanted reference → objects wanting it.
+    /// Wanted reference → objects in the scope wanting it.
     wanted: HashMap<Arc<Reference>, u32>,
     /// Wanted references of objects new or changed since the last
     /// [`Usage::take_changed`].
@@ -256,6 +267,8 @@ pub struct Usage {
     policy: Option<Policy>,
     /// Bumped to ask the watches to list again.
     relist: watch::Sender<u64>,
+    /// The webhook's scope; `None`: every object is in it.
+    scope: Option<Arc<Namespaces>>,
 }
 
 impl Usage {
@@ -269,7 +282,33 @@ impl Usage {
             metrics,
             policy,
             relist: watch::channel(0).0,
+            scope: None,
         }
+    }
+
+    /// Only objects in the webhook's scope, as `namespaces` says, want
+    /// images.
+    pub fn with_scope(mut self, namespaces: Arc<Namespaces>) -> Self {
+        self.scope = Some(namespaces);
+        self
+    }
+
+    /// The policy, for an object labelled `labels`: none outside the
+    /// webhook's scope, which then wants nothing.
+    fn policy_for(
+        &self,
+        labels: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Option<&Policy> {
+        self.policy.as_ref().filter(|_| {
+            self.scope
+                .as_ref()
+                .is_none_or(|s| s.scope().admits_object(labels))
+        })
+    }
+
+    /// Whether objects in namespace `ns` are in the webhook's scope now.
+    fn admits(&self, ns: &str) -> bool {
+        self.scope.as_ref().is_none_or(|s| s.admits(ns))
     }
 
     /// Changes when the watches should list again: references were left out
@@ -278,19 +317,21 @@ impl Usage {
         self.relist.subscribe()
     }
 
-    /// [`observe_pod`] under this record's policy.
+    /// [`observe_pod`] under this record's policy and scope.
     pub fn observe_pod(&self, pod: &Pod) -> Observed {
-        observe_pod(pod, self.policy.as_ref())
+        observe_pod(pod, self.policy_for(pod.metadata.labels.as_ref()))
     }
 
-    /// [`observe_template`] under this record's policy.
+    /// [`observe_template`] under this record's policy and scope (the
+    /// template's labels are its Pods').
     pub fn observe_template(
         &self,
         kind: Kind,
         meta: &ObjectMeta,
         template: &PodTemplateSpec,
     ) -> Observed {
-        observe_template(kind, meta, template, self.policy.as_ref())
+        let labels = template.metadata.as_ref().and_then(|m| m.labels.as_ref());
+        observe_template(kind, meta, template, self.policy_for(labels))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -433,8 +474,15 @@ impl Usage {
                 None => truncated = true,
             }
         }
+        // Read under the record's lock: a namespace's change of scope
+        // (`Usage::rescope`) then finds this object.
+        let active = self.admits(o.namespace());
         let mut wanted = Vec::with_capacity(o.wanted.len());
         for r in &o.wanted {
+            if !active {
+                wanted.push(inner.share(r));
+                continue;
+            }
             match inner.count(r, true) {
                 Some(r) => {
                     inner.changed.insert(r.clone());
@@ -455,6 +503,7 @@ impl Usage {
             pull: inner.pulls.get(&pull, |p| Arc::new(pull_clone(p))),
             images: images.into(),
             wanted: wanted.into(),
+            active,
             listed,
             truncated,
         };
@@ -471,6 +520,54 @@ impl Usage {
         let mut inner = self.lock();
         inner.remove(&(kind, Box::from(key)));
         self.after_removal(&mut inner);
+    }
+
+    /// Namespace `ns` entered or left the webhook's scope: its objects'
+    /// wanted images count, or stop counting.
+    pub fn rescope(&self, ns: &str) {
+        let active = self.admits(ns);
+        let mut inner = self.lock();
+        let keys: Vec<(Kind, Box<str>)> = inner
+            .objects
+            .iter()
+            .filter(|(_, e)| &*e.namespace == ns && e.active != active)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut fresh = false;
+        for k in keys {
+            let Some(mut e) = inner.objects.remove(&k) else {
+                continue;
+            };
+            e.active = active;
+            if active {
+                let mut kept = Vec::with_capacity(e.wanted.len());
+                for r in e.wanted.iter() {
+                    match inner.count(r, true) {
+                        Some(r) => {
+                            inner.changed.insert(r.clone());
+                            fresh = true;
+                            kept.push(r);
+                        }
+                        None if !e.truncated => {
+                            e.truncated = true;
+                            self.overflow(&mut inner, 1);
+                        }
+                        None => {
+                            self.metrics.usage_images_dropped.inc();
+                        }
+                    }
+                }
+                e.wanted = kept.into();
+            } else {
+                inner.uncount_wanted(&e.wanted);
+            }
+            inner.objects.insert(k, e);
+        }
+        self.after_removal(&mut inner);
+        drop(inner);
+        if fresh {
+            self.changed.notify_one();
+        }
     }
 
     /// Records an object whose `dropped` references did not fit.
@@ -541,7 +638,7 @@ impl Usage {
         let inner = self.lock();
         let mut out: HashMap<Arc<Reference>, Vec<(String, Value)>> = HashMap::new();
         let mut seen: HashSet<(*const str, *const PullRefs, *const Reference)> = HashSet::new();
-        for e in inner.objects.values() {
+        for e in inner.objects.values().filter(|e| e.active) {
             for r in e.wanted.iter().filter(|r| images.contains(*r)) {
                 let users = out.entry(r.clone()).or_default();
                 // Objects with the same namespace and pull fields prove the same.
@@ -589,6 +686,14 @@ impl Inner {
         Some(k)
     }
 
+    /// The shared reference for `r`, not counted.
+    fn share(&self, r: &Reference) -> Arc<Reference> {
+        self.counts
+            .get_key_value(r)
+            .or_else(|| self.wanted.get_key_value(r))
+            .map_or_else(|| Arc::new(r.clone()), |(k, _)| k.clone())
+    }
+
     fn remove(&mut self, key: &(Kind, Box<str>)) {
         let Some(e) = self.objects.remove(key) else {
             return;
@@ -596,14 +701,24 @@ impl Inner {
         if e.truncated {
             self.truncated -= 1;
         }
-        for (map, refs) in [(&mut self.counts, &e.images), (&mut self.wanted, &e.wanted)] {
-            for r in refs.iter() {
-                if let Some(n) = map.get_mut(&**r) {
-                    *n -= 1;
-                    if *n == 0 {
-                        map.remove(&**r);
-                    }
-                }
+        uncount(&mut self.counts, &e.images);
+        if e.active {
+            self.uncount_wanted(&e.wanted);
+        }
+    }
+
+    fn uncount_wanted(&mut self, refs: &[Arc<Reference>]) {
+        uncount(&mut self.wanted, refs);
+    }
+}
+
+/// One object fewer names each of `refs`.
+fn uncount(map: &mut HashMap<Arc<Reference>, u32>, refs: &[Arc<Reference>]) {
+    for r in refs {
+        if let Some(n) = map.get_mut(&**r) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&**r);
             }
         }
     }

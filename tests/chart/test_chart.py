@@ -264,16 +264,16 @@ def test_the_matrix_renders_what_each_value_asks_for(chart):
     ps = by["image-pull-secrets"]
     assert pod_spec(ps)["imagePullSecrets"] == [{"name": "regcred"}]
     r = rules_of(ps)
-    assert r[("ClusterRole", "", "pinswap")] == ["/secrets,serviceaccounts get "]
+    assert r[("ClusterRole", "", "pinswap")] == ["/namespaces list,watch apps,web", "/secrets,serviceaccounts get "]
     for ns in ("apps", "web"):
         assert r[("Role", ns, "pinswap-recovery")] == ["/pods get,list,watch ", "events.k8s.io/events create,patch ", "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch "]
-    assert rules_of(by["defaults"])[("ClusterRole", "", "pinswap")] == ["/pods get,list,watch ", "events.k8s.io/events create,patch ", "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch "]
-    assert rules_of(by["backfill-off"])[("ClusterRole", "", "pinswap")] == ["/pods get,list,watch ", "events.k8s.io/events create,patch "]
+    assert rules_of(by["defaults"])[("ClusterRole", "", "pinswap")] == ["/namespaces list,watch ", "/pods get,list,watch ", "events.k8s.io/events create,patch ", "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch "]
+    assert rules_of(by["backfill-off"])[("ClusterRole", "", "pinswap")] == ["/namespaces list,watch ", "/pods get,list,watch ", "events.k8s.io/events create,patch "]
 
     # Evicting only when the config turns it on, beside the Pod rules.
     assert "/pods/eviction create " not in rules_of(by["defaults"])[("ClusterRole", "", "pinswap")]
     assert rules_of(by["evict"])[("ClusterRole", "", "pinswap")] == [
-        "/pods get,list,watch ", "events.k8s.io/events create,patch ",
+        "/namespaces list,watch ", "/pods get,list,watch ", "events.k8s.io/events create,patch ",
         "apps/daemonsets,deployments,replicasets,statefulsets list,watch ", "batch/cronjobs,jobs list,watch ", "/pods/eviction create ", "batch/jobs get "]
     assert rules_of(by["evict-namespaces"])[("Role", "apps", "pinswap-recovery")] == [
         "/pods get,list,watch ", "events.k8s.io/events create,patch ",
@@ -334,6 +334,12 @@ def test_the_matrix_renders_what_each_value_asks_for(chart):
     assert [e["key"] for e in hook["namespaceSelector"]["matchExpressions"]] == [
         "kubernetes.io/metadata.name", "pinswap.dev/ignore"], "the built-in exclusions stay"
     assert [e["key"] for e in hook["objectSelector"]["matchExpressions"]] == ["pinswap.dev/ignore", "app"]
+    # The same selectors reach the config, where the leader applies them.
+    scope = yaml.safe_load(find(c, "ConfigMap", "pinswap")["data"]["config.yaml"])["scope"]
+    assert scope == {
+        "namespaceSelector": {"matchLabels": {"pinswap.dev/enabled": "true"}},
+        "objectSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]},
+    }
     assert find(c, "PodDisruptionBudget", "pinswap")["spec"]["minAvailable"] == 1
     assert "maxUnavailable" not in find(c, "PodDisruptionBudget", "pinswap")["spec"]
 
@@ -434,6 +440,11 @@ EQUIVALENT = [
     ({"config": {"target": {"registry": "m.example.com"}, "platforms": ["linux/amd64"], "recovery": {"namespaces": ["apps"]}}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}}}, "pinswap", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "copyPolicy": "none"}}, "pinswap", ["--tls", "self-signed"]),
+    # The webhook's selectors, given as chart values or in the config: rendered from the same scope.
+    ({"webhook": {"namespaceSelector": {"matchLabels": {"mirror": "enabled"}, "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["db"]}]},
+                  "objectSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}}}, "pinswap", ["--tls", "self-signed"]),
+    ({"config": {"target": {"registry": "m.example.com"}, "scope": {"objectSelector": {"matchLabels": {"team": "a"}}}},
+      "webhook": {"namespaceSelector": {"matchLabels": {"mirror": "enabled"}}}}, "mirror", ["--tls", "self-signed"]),
     ({"config": {"target": {"registry": "m.example.com"}, "recovery": {"evict": {"enabled": True}}}}, "pinswap", ["--tls", "self-signed"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "recovery": {"namespaces": ["apps", "web"], "evict": {"enabled": True, "perMinute": 5}}}}, "pinswap", ["--tls", "cert-manager"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "retention": {"enabled": True, "unusedFor": "240h"}}}, "mirror", ["--tls", "cert-manager"]),
@@ -531,6 +542,9 @@ RENDER_REFUSALS = [
     ({"config": {"target": {"registry": "m.example.com"}, "server": {"healthListen": "0.0.0.0:80"}}},
      "config.server.healthListen: port 80 needs a capability the Pod drops"),
     ({"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "8443"}}}, "config.server.listen: \"8443\" is not IP:PORT"),
+    ({"config": {"target": {"registry": "m.example.com"}, "scope": {"objectSelector": {"matchLabels": {"a": "b"}}}},
+      "webhook": {"objectSelector": {"matchLabels": {"c": "d"}}}},
+     "webhook.objectSelector and config.scope.objectSelector: set one"),
 ]
 
 

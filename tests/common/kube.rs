@@ -4,6 +4,11 @@
 //! Plain HTTP on 127.0.0.1 and a free port; [`KubeApi::client`] gives a
 //! `kube::Client` pointed at it. It serves:
 //! - GET of core/v1 Secrets, ServiceAccounts and Pods;
+//! - Namespaces, list and watch (also one by name, with the field selector
+//!   `metadata.name=NAME`, which RBAC authorises by that name as the API
+//!   server does), and GET; a namespace is created, with the label
+//!   `kubernetes.io/metadata.name`, when something is first stored in it
+//!   ([`KubeApi::apply_namespace`] labels it);
 //! - Pods list and watch, cluster-wide or per namespace, with one global
 //!   resourceVersion, bookmarks, `timeoutSeconds`, and 410 Expired after
 //!   [`KubeApi::expire_history`]; the same for the workload kinds apps/v1
@@ -25,7 +30,8 @@
 //! Pod lists page with `limit` and `continue`. Events are validated with
 //! the API server's limits (a note of at most 1 KiB; reason, action and
 //! reportingInstance of at most 128 characters), on create and on patch.
-//! What it doesn't implement (label and field selectors, `sendInitialEvents`,
+//! What it doesn't implement (label selectors, field selectors but
+//! `metadata.name=NAME`, `sendInitialEvents`,
 //! `resourceVersionMatch`, other verbs) is refused, never silently ignored. Every request is
 //! recorded ([`KubeApi::requests`]), and those answered 410 Expired too
 //! ([`KubeApi::expired`]); [`KubeApi::fail_next`] injects failures.
@@ -53,7 +59,9 @@ use base64::Engine as _;
 use futures::{FutureExt as _, StreamExt as _, stream};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event as CoreEvent, Namespace, Pod, Secret, ServiceAccount,
+};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Status, StatusDetails};
 use k8s_openapi::{ByteString, Metadata, Resource};
@@ -83,7 +91,8 @@ const DAEMON_SETS: Kind = Kind("apps", "daemonsets");
 const REPLICA_SETS: Kind = Kind("apps", "replicasets");
 const JOBS: Kind = Kind("batch", "jobs");
 const CRON_JOBS: Kind = Kind("batch", "cronjobs");
-const KINDS: [Kind; 14] = [
+const NAMESPACES: Kind = Kind("", "namespaces");
+const KINDS: [Kind; 15] = [
     SECRETS,
     CONFIG_MAPS,
     SERVICE_ACCOUNTS,
@@ -98,9 +107,10 @@ const KINDS: [Kind; 14] = [
     REPLICA_SETS,
     JOBS,
     CRON_JOBS,
+    NAMESPACES,
 ];
 /// The kinds that list and watch: (kind, apiVersion, `kind`).
-const WATCHABLE: [(Kind, &str, &str); 7] = [
+const WATCHABLE: [(Kind, &str, &str); 8] = [
     (PODS, "v1", "Pod"),
     (DEPLOYMENTS, "apps/v1", "Deployment"),
     (STATEFUL_SETS, "apps/v1", "StatefulSet"),
@@ -108,6 +118,7 @@ const WATCHABLE: [(Kind, &str, &str); 7] = [
     (REPLICA_SETS, "apps/v1", "ReplicaSet"),
     (JOBS, "batch/v1", "Job"),
     (CRON_JOBS, "batch/v1", "CronJob"),
+    (NAMESPACES, "v1", "Namespace"),
 ];
 
 impl Kind {
@@ -176,6 +187,10 @@ struct Store {
     /// (namespace or "", resourceVersion) → the Pods a paged list started
     /// with, for its later pages.
     list_snapshots: HashMap<(&'static str, String, u64), Arc<Vec<Value>>>,
+    /// Where watch events go ([`Shared::feed`]).
+    feed: Option<broadcast::Sender<Feed>>,
+    /// Open watches by plural.
+    watching: HashMap<&'static str, usize>,
 }
 
 /// RBAC rules bound to one ServiceAccount: cluster-wide ones (a ClusterRole
@@ -291,6 +306,15 @@ fn attributes(method: &str, path: &str, query: &str) -> Option<Attributes> {
     let watch = query
         .split('&')
         .any(|kv| kv == "watch=true" || kv == "watch=1");
+    // A list or watch of one object by name is authorised by that name,
+    // as the API server's request info has it.
+    let by_name = url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "fieldSelector")
+        .and_then(|(_, f)| {
+            f.strip_prefix("metadata.name=")
+                .filter(|n| !n.contains(','))
+                .map(str::to_owned)
+        });
     let verb = match (method, name.is_some()) {
         ("GET", true) => "get",
         ("GET", false) if watch => "watch",
@@ -302,12 +326,16 @@ fn attributes(method: &str, path: &str, query: &str) -> Option<Attributes> {
         ("DELETE", false) => "deletecollection",
         _ => return None,
     };
+    let name = match verb {
+        "list" | "watch" => by_name,
+        _ => name.map(str::to_owned),
+    };
     Some(Attributes {
         verb,
         group,
         resource,
         namespace: namespace.map(str::to_owned),
-        name: name.map(str::to_owned),
+        name,
     })
 }
 
@@ -358,6 +386,9 @@ impl Store {
         name: &str,
         mut obj: Value,
     ) -> (Value, Option<Value>) {
+        if kind != NAMESPACES {
+            self.ensure_namespace(ns);
+        }
         self.rv += 1;
         let key = (kind.1, ns.to_owned(), name.to_owned());
         let previous = self.objects.get(&key).cloned();
@@ -387,6 +418,35 @@ impl Store {
         meta["creationTimestamp"] = created;
         self.objects.insert(key, obj.clone());
         (obj, previous)
+    }
+
+    /// Creates namespace `ns` (sending ADDED) unless it exists, as a
+    /// cluster needs it before anything is stored in it. The API server
+    /// labels every namespace with its name.
+    fn ensure_namespace(&mut self, ns: &str) {
+        let key = (NAMESPACES.1, String::new(), ns.to_owned());
+        if ns.is_empty() || self.objects.contains_key(&key) {
+            return;
+        }
+        let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "labels": {"kubernetes.io/metadata.name": ns}}});
+        let (stored, _) = self.write(NAMESPACES, "", ns, obj);
+        self.record(NAMESPACES, "ADDED", "", &stored);
+    }
+
+    /// Keeps a watch event in the history and sends it to live watches.
+    fn record(&mut self, kind: Kind, type_: &str, ns: &str, obj: &Value) {
+        let line: Arc<str> = json!({ "type": type_, "object": obj }).to_string().into();
+        self.pod_history
+            .push((kind.1, self.rv, ns.to_owned(), line.clone()));
+        if let Some(feed) = &self.feed {
+            let _ = feed.send(Feed::Pod {
+                plural: kind.1,
+                rv: self.rv,
+                ns: ns.to_owned(),
+                line,
+            });
+        }
     }
 }
 
@@ -422,13 +482,15 @@ impl KubeApi {
     /// Listens on 127.0.0.1 and a free port. Call inside a tokio runtime.
     pub async fn start() -> KubeApi {
         // resourceVersion "0" would mean "any": real servers never hand it out.
+        let feed = broadcast::channel(4096).0;
         let store = Mutex::new(Store {
             rv: 1,
+            feed: Some(feed.clone()),
             ..Store::default()
         });
         let shared = Arc::new(Shared {
             store,
-            feed: broadcast::channel(4096).0,
+            feed,
             bookmark_period: tokio::sync::watch::channel(BOOKMARK_PERIOD).0,
             black_hole: tokio::sync::watch::channel(false).0,
         });
@@ -438,6 +500,8 @@ impl KubeApi {
             .route("/api/v1/pods", get(all_pods))
             .route("/apis/{group}/v1/{plural}", get(list_all))
             .route("/api/v1/nodes", get(list_nodes))
+            .route("/api/v1/namespaces", get(list_namespaces))
+            .route("/api/v1/namespaces/{ns}", get(read_namespace))
             .route(core, get(list).post(create))
             .route(
                 &format!("{core}/{{name}}"),
@@ -595,6 +659,27 @@ impl KubeApi {
         self.get(PODS, ns, name)
     }
 
+    /// Creates or relabels namespace `name` with `labels` (beside the
+    /// `kubernetes.io/metadata.name` label the API server sets), sending
+    /// ADDED or MODIFIED to namespace watches.
+    pub fn apply_namespace(&self, name: &str, labels: &[(&str, &str)]) -> Namespace {
+        let mut st = self.shared.lock();
+        let mut map: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        map.insert("kubernetes.io/metadata.name".into(), name.into());
+        let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"labels": map}});
+        let (stored, previous) = st.write(NAMESPACES, "", name, obj);
+        let type_ = if previous.is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        st.record(NAMESPACES, type_, "", &stored);
+        serde_json::from_value(stored).expect("stored namespace")
+    }
+
     /// Creates or updates a Pod (in `default` if it names no namespace),
     /// sending ADDED or MODIFIED to watches. Returns it as stored.
     pub fn apply_pod(&self, pod: Pod) -> Pod {
@@ -712,9 +797,25 @@ impl KubeApi {
         st.list_snapshots.clear();
     }
 
-    /// How many watches are open (live: past their replayed history).
+    /// How many watches of Pods and workloads are open (the leader's
+    /// watch of namespaces, open first, is left out).
     pub fn open_watches(&self) -> usize {
-        self.shared.feed.receiver_count()
+        let st = self.shared.lock();
+        st.watching
+            .iter()
+            .filter(|(p, _)| **p != NAMESPACES.1)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// How many watches of `plural` (`pods`, `namespaces`, ...) are open.
+    pub fn open_watches_of(&self, plural: &str) -> usize {
+        self.shared
+            .lock()
+            .watching
+            .get(plural)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Ends every open watch, as an API server restart does.
@@ -839,17 +940,8 @@ impl KubeApi {
 }
 
 /// See [`KubeApi::emit_pod`]; for any watchable kind.
-fn emit(shared: &Shared, st: &mut Store, kind: Kind, type_: &str, ns: &str, obj: &Value) {
-    let line: Arc<str> = json!({ "type": type_, "object": obj }).to_string().into();
-    st.pod_history
-        .push((kind.1, st.rv, ns.to_owned(), line.clone()));
-    let (rv, ns, plural) = (st.rv, ns.to_owned(), kind.1);
-    let _ = shared.feed.send(Feed::Pod {
-        plural,
-        rv,
-        ns,
-        line,
-    });
+fn emit(_shared: &Shared, st: &mut Store, kind: Kind, type_: &str, ns: &str, obj: &Value) {
+    st.record(kind, type_, ns, obj);
 }
 
 /// POST `pods/{name}/eviction`: a policy/v1 Eviction (apiVersion and kind
@@ -1152,6 +1244,27 @@ async fn list_nodes(State(s): ApiState, Query(q): Query<HashMap<String, String>>
     .into_response()
 }
 
+/// List or watch of Namespaces (cluster-scoped).
+async fn list_namespaces(
+    State(s): ApiState,
+    uri: axum::http::Uri,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    list_or_watch_pods(&s, &uri, NAMESPACES, None, q)
+}
+
+async fn read_namespace(State(s): ApiState, Path(p): Params) -> Response {
+    let name = &p["ns"];
+    match s
+        .lock()
+        .objects
+        .get(&(NAMESPACES.1, String::new(), name.clone()))
+    {
+        Some(obj) => Json(obj.clone()).into_response(),
+        None => not_found(NAMESPACES, name),
+    }
+}
+
 async fn all_pods(
     State(s): ApiState,
     uri: axum::http::Uri,
@@ -1193,7 +1306,7 @@ async fn list(
 
 /// List or watch `kind` (Pods or a workload kind).
 fn list_or_watch_pods(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     uri: &axum::http::Uri,
     kind: Kind,
     ns: Option<String>,
@@ -1210,12 +1323,25 @@ fn list_or_watch_pods(
         query: uri.query().unwrap_or("").into(),
     };
     let param = |k: &str| q.get(k).map_or("", String::as_str);
-    for refused in [
-        "labelSelector",
-        "fieldSelector",
-        "sendInitialEvents",
-        "resourceVersionMatch",
-    ] {
+    // `metadata.name=NAME` only, as a watch of one object asks.
+    let only: Option<String> = match param("fieldSelector") {
+        "" => None,
+        f => match f.strip_prefix("metadata.name=") {
+            Some(n) if !n.contains(',') => Some(n.to_owned()),
+            _ => {
+                return bad_request(format!(
+                    "fieldSelector {f:?} is not implemented by the test API server (only metadata.name=NAME)"
+                ));
+            }
+        },
+    };
+    let only_name = only.clone();
+    let named = move |line: &str| {
+        only.as_deref().is_none_or(|n| {
+            serde_json::from_str::<Value>(line).is_ok_and(|v| v["object"]["metadata"]["name"] == n)
+        })
+    };
+    for refused in ["labelSelector", "sendInitialEvents", "resourceVersionMatch"] {
         if !param(refused).is_empty() {
             return bad_request(format!(
                 "{refused} is not implemented by the test API server"
@@ -1228,7 +1354,9 @@ fn list_or_watch_pods(
     let pods_of = |st: &Store| -> Vec<Value> {
         st.objects
             .iter()
-            .filter(|((p, ns, _), _)| *p == plural && in_scope(ns))
+            .filter(|((p, ns, name), _)| {
+                *p == plural && in_scope(ns) && only_name.as_deref().is_none_or(|n| n == name)
+            })
             .map(|(_, pod)| pod.clone())
             .collect()
     };
@@ -1319,10 +1447,9 @@ fn list_or_watch_pods(
                 return watch_response(stream::iter([line.into()]).boxed());
             }
             Ok(rv) => {
-                let newer = st
-                    .pod_history
-                    .iter()
-                    .filter(|(p, v, ns, _)| *p == plural && *v > rv && in_scope(ns));
+                let newer = st.pod_history.iter().filter(|(p, v, ns, line)| {
+                    *p == plural && *v > rv && in_scope(ns) && named(line)
+                });
                 (rv, newer.map(|(_, _, _, line)| line.clone()).collect())
             }
             Err(_) => return bad_request(format!("invalid resource version {rv:?}")),
@@ -1344,10 +1471,13 @@ fn list_or_watch_pods(
     }
     let rx = shared.feed.subscribe();
     let hole = shared.black_hole.subscribe();
+    *st.watching.entry(plural).or_default() += 1;
     drop(st);
+    let open = Watching(shared.clone(), plural);
 
-    let live = stream::unfold((rx, hole), move |(mut rx, mut hole)| {
+    let live = stream::unfold((rx, hole, open), move |(mut rx, mut hole, open)| {
         let in_scope = in_scope.clone();
+        let named = named.clone();
         async move {
             loop {
                 let line: Arc<str> = match rx.recv().await {
@@ -1356,7 +1486,7 @@ fn list_or_watch_pods(
                         rv,
                         ns,
                         line,
-                    }) if p == plural && rv > since && in_scope(&ns) => line,
+                    }) if p == plural && rv > since && in_scope(&ns) && named(&line) => line,
                     // kube needs the apiVersion and kind the real API puts in
                     // a bookmark (k8s-openapi's WatchEvent::Bookmark leaves them out).
                     Ok(Feed::Bookmark(rv)) if bookmarks => {
@@ -1371,7 +1501,7 @@ fn list_or_watch_pods(
                 };
                 // Partitioned: nothing more arrives until it heals.
                 let _ = hole.wait_for(|on| !*on).await;
-                return Some((line, (rx, hole)));
+                return Some((line, (rx, hole, open)));
             }
         }
     });
@@ -1385,6 +1515,17 @@ fn list_or_watch_pods(
             .take_until(deadline)
             .boxed(),
     )
+}
+
+/// An open watch of a kind, counted in [`Store::watching`] while it lives.
+struct Watching(Arc<Shared>, &'static str);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        if let Some(n) = self.0.lock().watching.get_mut(self.1) {
+            *n -= 1;
+        }
+    }
 }
 
 fn watch_response(lines: stream::BoxStream<'static, Arc<str>>) -> Response {

@@ -124,9 +124,33 @@ Config::watches_workloads decides. */}}
 {{- end }}
 {{- end }}
 
+{{/*
+The config as pinswap reads it: .Values.config, with webhook.namespaceSelector
+and webhook.objectSelector as its scope (the same selectors, given where the
+chart has always taken them). The webhook's selectors are rendered from this
+scope, and the leader applies it, so the two cannot drift.
+*/}}
+{{- define "pinswap.config" -}}
+{{- $config := deepCopy .Values.config }}
+{{- $scope := dict }}
+{{- range $key := list "namespaceSelector" "objectSelector" }}
+{{- $given := index $.Values.webhook $key }}
+{{- if $given }}
+{{- if hasKey (dig "scope" dict $config) $key }}
+{{- fail (printf "webhook.%s and config.scope.%s: set one (they are the same selector)" $key $key) }}
+{{- end }}
+{{- $_ := set $scope $key $given }}
+{{- end }}
+{{- end }}
+{{- if $scope }}
+{{- $_ := set $config "scope" (merge $scope (dig "scope" dict $config)) }}
+{{- end }}
+{{- toYaml $config }}
+{{- end }}
+
 {{/* The text of config.yaml, stored in the ConfigMap and hashed for checksum/config. */}}
 {{- define "pinswap.configText" -}}
-{{- toYaml .Values.config }}
+{{- include "pinswap.config" . }}
 {{ end }}
 
 {{/* Where the serving certificate lives in the container. */}}
