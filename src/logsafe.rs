@@ -59,6 +59,20 @@ pub fn clip(s: &str, max: usize) -> String {
     out
 }
 
+/// `s` cut to the 1 KiB the API server takes in an Event's note, on a
+/// character boundary, with `…` when cut.
+pub fn event_note(mut s: String) -> String {
+    if s.len() > 1000 {
+        let mut cut = 1000;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
 /// Lets one event through per interval and counts the ones held back.
 pub struct RateLimited {
     interval: Duration,

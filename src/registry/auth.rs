@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use oci_client::secrets::RegistryAuth;
 
+use super::RegistryError;
+
 /// Errors reading credentials. Messages name the file and the registry,
 /// never a secret.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +44,12 @@ pub enum AuthError {
         /// characters (it can quote the helper's output).
         reason: String,
     },
+}
+
+impl From<AuthError> for RegistryError {
+    fn from(e: AuthError) -> Self {
+        RegistryError::Auth(Box::new(e))
+    }
 }
 
 /// A username and password. `Debug` never shows the password.

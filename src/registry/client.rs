@@ -12,17 +12,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use oci_client::secrets::RegistryAuth;
 use tokio::sync::OnceCell;
 use tracing::debug;
 
 use super::auth::{CredentialSources, Credentials};
-use super::manifest::Descriptor;
-use super::session::{BlobStream, Session};
+use super::session::Session;
 use super::token::{Scheme, parse_challenge};
 use super::{RegistryError, Result, chain};
-use crate::reference::{Reference, is_loopback_registry, normalize_registry};
+use crate::reference::{is_loopback_registry, normalize_registry};
 
 /// Blobs larger than this (bytes) are uploaded in chunks of this size
 /// (POST, PATCH..., PUT); smaller ones in one streamed PUT
@@ -517,33 +515,6 @@ async fn ping(
         .unwrap_or(Scheme::Basic))
 }
 
-/// Adds a page of a paginated list to `out`; returns whether to ask for the
-/// next page. Registries differ: some cap pages below `n`, and Distribution
-/// 2.8 ignores `last` on `tags/list` and answers the whole list again. So
-/// paging goes on while pages bring entries not seen yet, and stops at an
-/// empty page or one that repeats.
-pub(crate) fn extend_page(out: &mut Vec<String>, page: Vec<String>) -> bool {
-    let seen: std::collections::HashSet<&String> = out.iter().collect();
-    let fresh: Vec<String> = page.into_iter().filter(|p| !seen.contains(p)).collect();
-    if fresh.is_empty() {
-        return false;
-    }
-    out.extend(fresh);
-    true
-}
-
-/// What a cross-repository mount did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mount {
-    /// 201: the blob is now in the repository.
-    Done,
-    /// 202: the registry does not hold the blob in the repository mounted
-    /// from (a location that went stale).
-    Absent,
-    /// Any other answer, or no answer.
-    Failed,
-}
-
 /// A registry that does not answer `GET /v2/` ([`Registry::ping`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
@@ -588,108 +559,14 @@ impl Registry {
         &self.session
     }
 
+    /// Blobs larger than this go up in chunks (`upload.rs`).
+    pub(crate) fn chunked_threshold(&self) -> u64 {
+        self.chunked_threshold
+    }
+
     /// `https` or `http`, as chosen by the probe.
     pub fn scheme(&self) -> &'static str {
         self.session.scheme
-    }
-
-    /// Best-effort cross-repository mount of `digest` from `from_repository`
-    /// into `r`'s repository (distribution-spec §Mounting a blob). A 202
-    /// (mount refused, upload opened; the session is cancelled) is
-    /// [`Mount::Absent`]: the registry does not hold the blob there. Any
-    /// other answer or error is [`Mount::Failed`]; either way the caller
-    /// streams instead. Own request rather than oci-client's `mount_blob`:
-    /// the token must carry pull on the source repository too.
-    pub async fn mount(&self, r: &Reference, from_repository: &str, digest: &str) -> Mount {
-        let scopes = [
-            format!("repository:{}:pull,push", r.repository()),
-            format!("repository:{from_repository}:pull"),
-        ];
-        let name = format!("{}@{digest}", r.name());
-        let auth = match self.auth_header(&scopes, &name).await {
-            Ok(a) => a,
-            Err(e) => {
-                debug!(error = %e, "no token for mount; streaming instead");
-                return Mount::Failed;
-            }
-        };
-        let with_auth = |req: reqwest::RequestBuilder| match &auth {
-            Some(h) => req.header(reqwest::header::AUTHORIZATION, h.clone()),
-            None => req,
-        };
-        let url = format!("{}/v2/{}/blobs/uploads/", self.base(), r.repository());
-        let req = self
-            .http()
-            .post(url)
-            .query(&[("mount", digest), ("from", from_repository)])
-            .header(reqwest::header::CONTENT_LENGTH, 0);
-        match with_auth(req).send().await {
-            Ok(resp) if resp.status() == reqwest::StatusCode::CREATED => Mount::Done,
-            Ok(resp) => {
-                debug!(registry = %self.host(), digest, from = from_repository, status = resp.status().as_u16(), "mount not done; streaming instead");
-                if resp.status() != reqwest::StatusCode::ACCEPTED {
-                    return Mount::Failed;
-                }
-                if let Some(loc) = resp
-                    .headers()
-                    .get(reqwest::header::LOCATION)
-                    .and_then(|l| l.to_str().ok())
-                {
-                    let loc = match loc.starts_with('/') {
-                        true => format!("{}{loc}", self.base()),
-                        false => loc.to_owned(),
-                    };
-                    // Credentials only to the registry's own origin.
-                    if self.session.guard.check_str(&loc).is_ok() {
-                        let req = self.http().delete(&loc);
-                        let req = match self.session.is_own(&loc) {
-                            true => with_auth(req),
-                            false => req,
-                        };
-                        let _ = req.send().await;
-                    }
-                }
-                Mount::Absent
-            }
-            Err(e) => {
-                debug!(registry = %self.host(), error = %chain(&e), "mount failed; streaming instead");
-                Mount::Failed
-            }
-        }
-    }
-
-    /// Reads blob `desc` of `r`'s repository whole, for small blobs such as
-    /// configs; the digest is checked as it streams.
-    ///
-    /// # Errors
-    /// Registry errors; [`RegistryError::Other`] when the blob is larger than
-    /// `max` bytes (by its descriptor or as it streams).
-    pub async fn blob_bytes(&self, r: &Reference, desc: &Descriptor, max: u64) -> Result<Bytes> {
-        let name = format!("{}@{}", r.name(), desc.digest);
-        let too_big = || RegistryError::Other {
-            registry: self.host().to_owned(),
-            reference: name.clone(),
-            operation: "read",
-            message: format!("blob is larger than {max} bytes"),
-        };
-        if desc.size > max {
-            return Err(too_big());
-        }
-        let mut stream = self.pull_blob(r, desc).await?;
-        let mut out = bytes::BytesMut::with_capacity(desc.size as usize);
-        while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
-            let chunk = chunk.map_err(|e| RegistryError::Other {
-                registry: self.host().to_owned(),
-                reference: name.clone(),
-                operation: "read",
-                message: e.to_string(),
-            })?;
-            if (out.len() + chunk.len()) as u64 > max {
-                return Err(too_big());
-            }
-            out.extend_from_slice(&chunk);
-        }
-        Ok(out.freeze())
     }
 
     /// The Authorization header for our own requests with these token
@@ -703,32 +580,6 @@ impl Registry {
         reference: &str,
     ) -> Result<Option<http::HeaderValue>> {
         self.session.auth_header(scopes, reference).await
-    }
-
-    /// Uploads `stream` as blob `desc` into `r`'s repository: one streamed
-    /// PUT up to the chunked threshold, else streamed PATCH chunks of that
-    /// size and a closing PUT (see `upload.rs`). The registry verifies the
-    /// digest on the closing PUT; a stream error aborts the upload before it,
-    /// so nothing is committed.
-    ///
-    /// # Errors
-    /// Registry errors, or the stream's own error.
-    pub async fn push_blob(
-        &self,
-        r: &Reference,
-        desc: &Descriptor,
-        stream: BlobStream,
-    ) -> Result<()> {
-        if desc.size > self.chunked_threshold {
-            return super::upload::Upload {
-                session: &self.session,
-                reference: r,
-                chunk: self.chunked_threshold.max(1),
-            }
-            .run(desc, stream)
-            .await;
-        }
-        self.push_blob_whole(r, desc, stream).await
     }
 }
 

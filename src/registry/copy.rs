@@ -22,13 +22,14 @@ use tracing::{debug, info, warn};
 
 use super::auth::Credentials;
 use super::check::sha256_digest;
-use super::client::{ClientPool, Mount, Registry, Role};
+use super::client::{ClientPool, Registry, Role};
 use super::layout::Layout;
 use super::locations::BlobLocations;
 use super::manifest::{Descriptor, ManifestKind, RawManifest, filter_index};
 use super::rate::{TooSlow, TransferFloor, floored};
 use super::session::BlobStream;
 use super::slots::{FairSlots, SlotPermit};
+use super::upload::Mount;
 use super::{RegistryError, Result};
 use crate::platform::PlatformSpec;
 use crate::reference::{Reference, ReferenceError};
@@ -269,7 +270,28 @@ pub struct CopyReport {
     pub source_digest: String,
     /// What following the image's referrers did, when it was asked.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub referrers: Option<super::referrers::ReferrersReport>,
+    pub referrers: Option<ReferrersReport>,
+}
+
+/// What one follow of an image's referrers did (`referrers.rs`), part of
+/// a [`CopyReport`]. Serialised for `--json`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReferrersReport {
+    /// Referrer manifests pushed to the target.
+    pub copied: u64,
+    /// Referrers the target already had.
+    pub present: u64,
+    /// Referrers left out by the allowlist, or of a type not copied.
+    pub skipped: u64,
+    /// Referrers (or lists of them) that could not be copied.
+    pub failed: u64,
+    /// Fallback tag indexes written at the target.
+    pub indexes_written: u64,
+    /// True when the count or depth bound stopped the walk.
+    pub truncated: bool,
+    /// The first errors, each naming the tag or digest.
+    pub errors: Vec<String>,
 }
 
 #[derive(Default)]

@@ -3,8 +3,6 @@
 
 use oci_client::errors::OciErrorCode;
 
-use super::{auth, layout};
-
 /// Errors from talking to a registry. Every variant names the registry; none
 /// ever carries a credential.
 #[derive(Debug, thiserror::Error)]
@@ -124,12 +122,14 @@ pub enum RegistryError {
         /// Why.
         reason: String,
     },
-    /// Credentials could not be read.
+    /// Credentials could not be read (an `auth::AuthError`). Boxed, here
+    /// and in `Layout`, so that this file names neither module: both use
+    /// it, and each converts its own error (`From` in its file).
     #[error(transparent)]
-    Auth(#[from] auth::AuthError),
-    /// The OCI layout could not be read or written.
+    Auth(Box<dyn std::error::Error + Send + Sync>),
+    /// The OCI layout could not be read or written (a `layout::LayoutError`).
     #[error(transparent)]
-    Layout(#[from] layout::LayoutError),
+    Layout(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// The distribution-spec code for 429, or the HTTP reason phrase.

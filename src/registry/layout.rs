@@ -15,6 +15,7 @@ use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
+use super::RegistryError;
 use super::check::{DigestCheck, Hasher, checked};
 use super::manifest::{Descriptor, RawManifest};
 use super::session::BlobStream;
@@ -60,6 +61,12 @@ pub enum LayoutError {
         /// Expected vs actual.
         reason: String,
     },
+}
+
+impl From<LayoutError> for RegistryError {
+    fn from(e: LayoutError) -> Self {
+        RegistryError::Layout(Box::new(e))
+    }
 }
 
 type Result<T> = std::result::Result<T, LayoutError>;

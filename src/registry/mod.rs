@@ -30,7 +30,8 @@ pub mod slots;
 mod token;
 mod upload;
 
-pub use client::{ClientPool, Mount, PoolOptions, Registry, Role};
+pub use client::{ClientPool, PoolOptions, Registry, Role};
 pub(crate) use error::{Ctx, chain, describe_body, retry_after};
 pub use error::{Outage, RegistryError, Result};
 pub use requests::{FetchedManifest, Precondition};
+pub use upload::Mount;

@@ -16,11 +16,11 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde::Serialize;
 use serde_json::Value;
 use tracing::{debug, warn};
 
 use super::auth::Credentials;
+pub use super::copy::ReferrersReport;
 use super::copy::{Copier, CopyError, Endpoint};
 use super::manifest::{OCI_INDEX, OCI_MANIFEST};
 use super::requests::Precondition;
@@ -76,26 +76,6 @@ impl ReferrerOptions {
         self.artifact_types.is_empty()
             || artifact_type.is_some_and(|t| self.artifact_types.iter().any(|a| a == t))
     }
-}
-
-/// What one follow of an image's referrers did. Serialised for `--json`.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct ReferrersReport {
-    /// Referrer manifests pushed to the target.
-    pub copied: u64,
-    /// Referrers the target already had.
-    pub present: u64,
-    /// Referrers left out by the allowlist, or of a type not copied.
-    pub skipped: u64,
-    /// Referrers (or lists of them) that could not be copied.
-    pub failed: u64,
-    /// Fallback tag indexes written at the target.
-    pub indexes_written: u64,
-    /// True when the count or depth bound stopped the walk.
-    pub truncated: bool,
-    /// The first errors, each naming the tag or digest.
-    pub errors: Vec<String>,
 }
 
 impl ReferrersReport {

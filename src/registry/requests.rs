@@ -304,7 +304,7 @@ impl Registry {
     /// As [`Registry::refusal`] for other statuses; [`RegistryError::Other`]
     /// for a body that is not a tag list or is larger than 16 MiB.
     ///
-    /// [`extend_page`]: super::client::extend_page
+    /// [`extend_page`]: extend_page
     pub async fn tags(&self, r: &Reference) -> Result<Vec<String>> {
         let path = format!("/v2/{}/tags/list", r.repository());
         let name = r.name();
@@ -388,7 +388,7 @@ impl Registry {
                     .ok_or_else(|| bad(format!("`{key}` holds something other than strings")))?,
                 _ => return Err(bad(format!("`{key}` is not a list"))),
             };
-            if !super::client::extend_page(&mut out, names) {
+            if !extend_page(&mut out, names) {
                 return Ok(Some(out));
             }
         }
@@ -572,6 +572,57 @@ fn next_link(headers: &reqwest::header::HeaderMap) -> Option<String> {
             let target = target.trim().strip_prefix('<')?.strip_suffix('>')?;
             rel_next.then(|| target.to_owned())
         })
+}
+
+/// Adds a page of a paginated list to `out`; returns whether to ask for the
+/// next page. Registries differ: some cap pages below `n`, and Distribution
+/// 2.8 ignores `last` on `tags/list` and answers the whole list again. So
+/// paging goes on while pages bring entries not seen yet, and stops at an
+/// empty page or one that repeats.
+pub(crate) fn extend_page(out: &mut Vec<String>, page: Vec<String>) -> bool {
+    let seen: std::collections::HashSet<&String> = out.iter().collect();
+    let fresh: Vec<String> = page.into_iter().filter(|p| !seen.contains(p)).collect();
+    if fresh.is_empty() {
+        return false;
+    }
+    out.extend(fresh);
+    true
+}
+
+impl Registry {
+    /// Reads blob `desc` of `r`'s repository whole, for small blobs such as
+    /// configs; the digest is checked as it streams.
+    ///
+    /// # Errors
+    /// Registry errors; [`RegistryError::Other`] when the blob is larger than
+    /// `max` bytes (by its descriptor or as it streams).
+    pub async fn blob_bytes(&self, r: &Reference, desc: &Descriptor, max: u64) -> Result<Bytes> {
+        let name = format!("{}@{}", r.name(), desc.digest);
+        let too_big = || RegistryError::Other {
+            registry: self.host().to_owned(),
+            reference: name.clone(),
+            operation: "read",
+            message: format!("blob is larger than {max} bytes"),
+        };
+        if desc.size > max {
+            return Err(too_big());
+        }
+        let mut stream = self.pull_blob(r, desc).await?;
+        let mut out = bytes::BytesMut::with_capacity(desc.size as usize);
+        while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+            let chunk = chunk.map_err(|e| RegistryError::Other {
+                registry: self.host().to_owned(),
+                reference: name.clone(),
+                operation: "read",
+                message: e.to_string(),
+            })?;
+            if (out.len() + chunk.len()) as u64 > max {
+                return Err(too_big());
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out.freeze())
+    }
 }
 
 #[cfg(test)]

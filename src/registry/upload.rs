@@ -21,6 +21,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE};
 use tokio::sync::Mutex;
+use tracing::debug;
 
 use super::client::Registry;
 use super::manifest::{Descriptor, RawManifest};
@@ -366,6 +367,111 @@ fn racing_refusal(e: &RegistryError) -> bool {
                 "DIGEST_INVALID" | "MANIFEST_BLOB_UNKNOWN" | "BLOB_UNKNOWN" | "MANIFEST_UNKNOWN"
             )
     )
+}
+
+/// What a cross-repository mount did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mount {
+    /// 201: the blob is now in the repository.
+    Done,
+    /// 202: the registry does not hold the blob in the repository mounted
+    /// from (a location that went stale).
+    Absent,
+    /// Any other answer, or no answer.
+    Failed,
+}
+
+impl Registry {
+    /// Best-effort cross-repository mount of `digest` from `from_repository`
+    /// into `r`'s repository (distribution-spec §Mounting a blob). A 202
+    /// (mount refused, upload opened; the session is cancelled) is
+    /// [`Mount::Absent`]: the registry does not hold the blob there. Any
+    /// other answer or error is [`Mount::Failed`]; either way the caller
+    /// streams instead. Own request rather than oci-client's `mount_blob`:
+    /// the token must carry pull on the source repository too.
+    pub async fn mount(&self, r: &Reference, from_repository: &str, digest: &str) -> Mount {
+        let scopes = [
+            format!("repository:{}:pull,push", r.repository()),
+            format!("repository:{from_repository}:pull"),
+        ];
+        let name = format!("{}@{digest}", r.name());
+        let auth = match self.auth_header(&scopes, &name).await {
+            Ok(a) => a,
+            Err(e) => {
+                debug!(error = %e, "no token for mount; streaming instead");
+                return Mount::Failed;
+            }
+        };
+        let with_auth = |req: reqwest::RequestBuilder| match &auth {
+            Some(h) => req.header(reqwest::header::AUTHORIZATION, h.clone()),
+            None => req,
+        };
+        let url = format!("{}/v2/{}/blobs/uploads/", self.base(), r.repository());
+        let req = self
+            .http()
+            .post(url)
+            .query(&[("mount", digest), ("from", from_repository)])
+            .header(reqwest::header::CONTENT_LENGTH, 0);
+        match with_auth(req).send().await {
+            Ok(resp) if resp.status() == reqwest::StatusCode::CREATED => Mount::Done,
+            Ok(resp) => {
+                debug!(registry = %self.host(), digest, from = from_repository, status = resp.status().as_u16(), "mount not done; streaming instead");
+                if resp.status() != reqwest::StatusCode::ACCEPTED {
+                    return Mount::Failed;
+                }
+                if let Some(loc) = resp
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|l| l.to_str().ok())
+                {
+                    let loc = match loc.starts_with('/') {
+                        true => format!("{}{loc}", self.base()),
+                        false => loc.to_owned(),
+                    };
+                    // Credentials only to the registry's own origin.
+                    if self.session().guard.check_str(&loc).is_ok() {
+                        let req = self.http().delete(&loc);
+                        let req = match self.session().is_own(&loc) {
+                            true => with_auth(req),
+                            false => req,
+                        };
+                        let _ = req.send().await;
+                    }
+                }
+                Mount::Absent
+            }
+            Err(e) => {
+                debug!(registry = %self.host(), error = %chain(&e), "mount failed; streaming instead");
+                Mount::Failed
+            }
+        }
+    }
+
+    /// Uploads `stream` as blob `desc` into `r`'s repository: one streamed
+    /// PUT up to the chunked threshold, else streamed PATCH chunks of that
+    /// size and a closing PUT (see `upload.rs`). The registry verifies the
+    /// digest on the closing PUT; a stream error aborts the upload before it,
+    /// so nothing is committed.
+    ///
+    /// # Errors
+    /// Registry errors, or the stream's own error.
+    pub async fn push_blob(
+        &self,
+        r: &Reference,
+        desc: &Descriptor,
+        stream: BlobStream,
+    ) -> Result<()> {
+        if desc.size > self.chunked_threshold() {
+            return Upload {
+                session: self.session(),
+                reference: r,
+                chunk: self.chunked_threshold().max(1),
+            }
+            .run(desc, stream)
+            .await;
+        }
+        self.push_blob_whole(r, desc, stream).await
+    }
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use super::index::PodIndex;
 use super::namespaces::Namespaces;
 use super::pods::{controller, has_controller, ignores_disruption, same_pinned, waits_on};
-use super::recovery::trim;
+use crate::logsafe::event_note;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::reference::Reference;
@@ -456,7 +456,7 @@ impl Evictor {
         let ev = Event {
             type_: EventType::Normal,
             reason: EVICTED.into(),
-            note: Some(trim(format!(
+            note: Some(event_note(format!(
                 "pinswap evicted this Pod: it was still failing to pull {} ({waited} since the first failure) after pinswap mirrored that image again; its controller replaces it",
                 item.image
             ))),

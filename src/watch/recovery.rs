@@ -26,6 +26,7 @@ use super::index::PodIndex;
 use super::pods::{PodImages, TargetImage};
 use crate::admission::policy::Policy;
 use crate::cache::Cause;
+use crate::logsafe::event_note;
 use crate::metrics::Metrics;
 use crate::mirror::{Mirror, Recovered};
 use crate::reference::Reference;
@@ -257,7 +258,7 @@ impl Recovery {
                 IDENTITY_NOT_UNIQUE
             }
             .into(),
-            note: Some(trim(note)),
+            note: Some(event_note(note)),
             action: "CheckImageIdentity".into(),
             secondary: None,
         };
@@ -501,7 +502,7 @@ impl Recovery {
                 Some(Event {
                     type_: EventType::Normal,
                     reason: REMIRRORED.into(),
-                    note: Some(trim(format!(
+                    note: Some(event_note(format!(
                         "pinswap mirrored {} again from {source}; the next pull retry will find it",
                         img.image
                     ))),
@@ -520,7 +521,7 @@ impl Recovery {
                 Some(Event {
                     type_: EventType::Warning,
                     reason: REMIRROR_FAILED.into(),
-                    note: Some(trim(format!(
+                    note: Some(event_note(format!(
                         "pinswap could not mirror {} again: {e}; retrying in {}",
                         img.image,
                         humantime::format_duration(wait)
@@ -607,19 +608,6 @@ fn image_key(image: &Reference) -> String {
         Some(_) => image.without_tag().to_string(),
         None => image.to_string(),
     }
-}
-
-/// Event notes are limited to 1 KiB by the API server.
-pub(super) fn trim(mut s: String) -> String {
-    if s.len() > 1000 {
-        let mut cut = 1000;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push('…');
-    }
-    s
 }
 
 #[cfg(test)]
