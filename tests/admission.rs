@@ -40,19 +40,29 @@ async fn every_slot_kind_and_reference_form() {
         );
     }
     let debug = r.mirrored("shop/debug");
-    assert!(
-        a.image("ephemeralContainers", 0)
-            .starts_with(&format!("{debug}:v1@sha256:"))
-    );
+    let debug_pinned = a.image("ephemeralContainers", 0);
+    assert!(debug_pinned.starts_with(&format!("{debug}:v1@sha256:")));
+    // An image volume's reference, like a container's image; other volumes
+    // and a volume outside the allowlist untouched.
+    let volumes = &a.pod["spec"]["volumes"];
+    assert_eq!(volumes[1]["image"]["reference"], debug_pinned);
+    assert_eq!(volumes[1]["image"]["pullPolicy"], "IfNotPresent");
+    assert_eq!(volumes[0], a.original["spec"]["volumes"][0]);
+    assert_eq!(volumes[2], a.original["spec"]["volumes"][2]);
 
     let original = a.annotation("pinswap.dev/original-images");
     assert_eq!(
         original["containers/web"],
         format!("{}/shop/app:v1", r.src.host())
     );
-    assert_eq!(original.len(), 5, "{original:?}");
+    assert_eq!(original.len(), 6, "{original:?}");
+    assert_eq!(
+        original["volumes/model"],
+        format!("{}/shop/debug:v1", r.src.host())
+    );
     let decisions = a.annotation("pinswap.dev/decisions");
-    assert_eq!(decisions.len(), 8, "every slot explained: {decisions:?}");
+    assert_eq!(decisions.len(), 10, "every slot explained: {decisions:?}");
+    assert!(decisions["volumes/data"].contains("not in source.registries"));
     assert!(decisions["containers/mirrored"].contains("already under the target"));
     assert!(decisions["containers/elsewhere"].contains("not in source.registries"));
     assert!(decisions["containers/skipped"].contains("filter"));
@@ -77,7 +87,7 @@ async fn every_slot_kind_and_reference_form() {
         "{tags:?}"
     );
     assert!(!tags.iter().any(|t| t.starts_with("sha256-")));
-    // One image in five slots is streamed once: app (tagged), app's anchor
+    // One image in five slots (and debug in two) is streamed once: app (tagged), app's anchor
     // tag (a manifest push, blobs already there) and debug; bytes counted
     // once each.
     let text = metrics.encode();
@@ -93,12 +103,12 @@ async fn every_slot_kind_and_reference_form() {
     use common::metrics::sample;
     assert_eq!(
         sample(&text, "pinswap_rewrites_total", &[("reason", "copied")]),
-        Some(5.0),
+        Some(6.0),
         "{text}"
     );
     assert_eq!(
         common::metrics::total(&text, "pinswap_rewrites_total"),
-        5.0,
+        6.0,
         "{text}"
     );
     assert!(

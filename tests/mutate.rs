@@ -590,3 +590,55 @@ async fn never_pulled_containers_keep_their_image() {
     let pod: Value = yaml_serde::from_str(&out.stdout).unwrap();
     assert_eq!(pod["spec"]["containers"][0]["image"], pinned.as_str());
 }
+
+/// An image volume in a workload template is pinned like a container's
+/// image: only its `reference` scalar and the annotations change, the
+/// report names the field, and a rerun changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_volumes_in_templates_are_pinned() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let (app, model) = (Image::oci(1, 437), Image::oci(1, 438));
+    push_image(&src, "shop/app", Some("v1"), &app).await;
+    push_image(&src, "data/model", Some("v2"), &model).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &src, &dst, "");
+    let (image, volume) = (
+        format!("{}/shop/app:v1", src.host()),
+        format!("{}/data/model:v2", src.host()),
+    );
+    let input = format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: infer}}\nspec:\n  selector: {{matchLabels: {{app: infer}}}}\n  template:\n    metadata:\n      labels: {{app: infer}}\n    spec:\n      containers:\n      - name: main\n        image: {image}\n        volumeMounts: [{{name: model, mountPath: /model}}]\n      volumes:\n      - name: model\n        image:\n          reference: {volume}   # the weights\n          pullPolicy: IfNotPresent\n"
+    );
+    let out = mutate(&["-c", &cfg], &input).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    out.says("2 rewritten, 0 skipped, 0 not pinned, 0 failed");
+    let pinned = format!("{}/data/model:v2@{}", mirror(&src, &dst), model.digest);
+    assert!(
+        out.stdout
+            .contains(&format!("reference: {pinned}   # the weights\n")),
+        "{}",
+        out.stdout
+    );
+    let doc: Value = yaml_serde::from_str(&out.stdout).unwrap();
+    let t = &doc["spec"]["template"];
+    assert_eq!(
+        t["spec"]["volumes"][0]["image"]["pullPolicy"],
+        "IfNotPresent"
+    );
+    let originals: Value = serde_json::from_str(
+        t["metadata"]["annotations"]["pinswap.dev/original-images"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(originals["volumes/model"], volume.as_str());
+    let repo = format!("gitops/127.0.0.1_{}/data/model", src.port());
+    assert_eq!(
+        dst.head_manifest(&repo, "v2").await.as_deref(),
+        Some(model.digest.as_str()),
+        "copied to the target"
+    );
+    let again = mutate(&["-c", &cfg], &out.stdout).await;
+    assert_eq!(again.stdout, out.stdout, "{}", again.stderr);
+}

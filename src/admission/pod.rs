@@ -26,10 +26,14 @@ pub const ALREADY: &str = "unchanged: already under the target";
 /// The container lists that hold images, in Pod spec order.
 pub const SLOT_KINDS: [&str; 3] = ["initContainers", "containers", "ephemeralContainers"];
 
-/// One container image in a Pod.
+/// The list whose image volumes (`volumes[].image.reference`, KEP-4639)
+/// are slots too, after the containers.
+pub const VOLUMES: &str = "volumes";
+
+/// One image in a Pod: a container's, or an image volume's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slot {
-    /// `containers`, `initContainers` or `ephemeralContainers`.
+    /// `containers`, `initContainers`, `ephemeralContainers` or `volumes`.
     pub kind: &'static str,
     /// Index in that list.
     pub index: usize,
@@ -37,9 +41,11 @@ pub struct Slot {
     pub name: String,
     /// The image as written in the Pod.
     pub image: String,
-    /// The container's `imagePullPolicy`, when written.
+    /// The container's `imagePullPolicy` (an image volume's
+    /// `image.pullPolicy`), when written.
     pub pull_policy: Option<String>,
-    /// The container object, for filters.
+    /// The container object, for filters; for an image volume
+    /// `{name, image, imagePullPolicy, volume}`, `volume` the volume object.
     pub container: Value,
     /// The key used in the annotations: `kind/name`, or `kind[index]` when
     /// the name is missing or shared within its list (so two slots never
@@ -51,6 +57,21 @@ impl Slot {
     /// The key used in the annotations (see [`Slot::key`] the field).
     pub fn key(&self) -> String {
         self.key.clone()
+    }
+
+    /// Where the image is under the spec: `containers/0/image`, or
+    /// `volumes/0/image/reference`.
+    pub fn image_path(&self) -> Vec<String> {
+        let mut at = vec![self.kind.to_owned(), self.index.to_string(), "image".into()];
+        if self.kind == VOLUMES {
+            at.push("reference".into());
+        }
+        at
+    }
+
+    /// Whether this is an image volume's slot.
+    pub fn is_volume(&self) -> bool {
+        self.kind == VOLUMES
     }
 }
 
@@ -64,19 +85,29 @@ pub fn slots(spec: &Value) -> Vec<Slot> {
 /// (filters read them) and `null` otherwise.
 pub fn slots_for(spec: &Value, containers: bool) -> Vec<Slot> {
     let mut out = Vec::new();
-    for kind in SLOT_KINDS {
+    fn name(c: &Value) -> &str {
+        c.get("name").and_then(Value::as_str).unwrap_or_default()
+    }
+    for kind in SLOT_KINDS.into_iter().chain([VOLUMES]) {
         let Some(list) = spec.get(kind).and_then(Value::as_array) else {
             continue;
         };
-        fn name(c: &Value) -> &str {
-            c.get("name").and_then(Value::as_str).unwrap_or_default()
-        }
         let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for c in list {
             *seen.entry(name(c)).or_default() += 1;
         }
         for (index, c) in list.iter().enumerate() {
-            if let Some(image) = c.get("image").and_then(Value::as_str) {
+            let (image, pull_policy) = match kind {
+                VOLUMES => {
+                    let v = c.get("image");
+                    (
+                        v.and_then(|v| v.get("reference")),
+                        v.and_then(|v| v.get("pullPolicy")),
+                    )
+                }
+                _ => (c.get("image"), c.get("imagePullPolicy")),
+            };
+            if let Some(image) = image.and_then(Value::as_str) {
                 let name = name(c);
                 let key = if name.is_empty() || seen[name] > 1 {
                     format!("{kind}[{index}]")
@@ -88,11 +119,19 @@ pub fn slots_for(spec: &Value, containers: bool) -> Vec<Slot> {
                     index,
                     name: name.to_owned(),
                     image: image.to_owned(),
-                    pull_policy: c
-                        .get("imagePullPolicy")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                    container: if containers { c.clone() } else { Value::Null },
+                    pull_policy: pull_policy.and_then(Value::as_str).map(str::to_owned),
+                    container: match (containers, kind) {
+                        (false, _) => Value::Null,
+                        // Filters written for containers (`container.image`)
+                        // apply to image volumes as they are.
+                        (true, VOLUMES) => serde_json::json!({
+                            "name": name,
+                            "image": image,
+                            "imagePullPolicy": pull_policy,
+                            "volume": c,
+                        }),
+                        (true, _) => c.clone(),
+                    },
                     key,
                 });
             }
@@ -119,7 +158,7 @@ pub fn patch(
     let mut ops = Vec::new();
     for (slot, image) in rewrites {
         let mut tokens: Vec<String> = spec_path.iter().map(|s| s.to_string()).collect();
-        tokens.extend([slot.kind.to_owned(), slot.index.to_string(), "image".into()]);
+        tokens.extend(slot.image_path());
         ops.push(PatchOperation::Replace(ReplaceOperation {
             path: PointerBuf::from_tokens(tokens),
             value: Value::String(image.clone()),
@@ -259,6 +298,55 @@ mod tests {
                 "containers/y"
             ]
         );
+    }
+
+    #[test]
+    fn image_volumes_are_slots_and_their_reference_is_patched() {
+        let mut p = json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [{"name": "app", "image": "nginx:1.25"}],
+                "volumes": [
+                    {"name": "cfg", "configMap": {"name": "c"}},
+                    {"name": "model", "image": {"reference": "ghcr.io/o/model:v1", "pullPolicy": "Never"}},
+                    {"name": "bad", "image": {"pullPolicy": "Always"}}
+                ]
+            }
+        });
+        let s = slots(&p["spec"]);
+        let keys: Vec<String> = s.iter().map(Slot::key).collect();
+        assert_eq!(keys, ["containers/app", "volumes/model"]);
+        let v = &s[1];
+        assert!(v.is_volume());
+        assert_eq!(
+            (v.index, v.image.as_str(), v.pull_policy.as_deref()),
+            (1, "ghcr.io/o/model:v1", Some("Never"))
+        );
+        assert_eq!(
+            v.container["image"], "ghcr.io/o/model:v1",
+            "filters see it as a container"
+        );
+        assert_eq!(v.container["volume"]["name"], "model");
+        let none = BTreeMap::new();
+        let notes = Notes {
+            decisions: &none,
+            identity: &none,
+            sources: &none,
+        };
+        let ops = patch(
+            &p,
+            &["spec"],
+            &[(v, "m/model@sha256:aa".into())],
+            &notes,
+            false,
+        );
+        json_patch::patch(&mut p, &ops).unwrap();
+        assert_eq!(
+            p["spec"]["volumes"][1]["image"]["reference"],
+            "m/model@sha256:aa"
+        );
+        assert_eq!(p["spec"]["volumes"][1]["image"]["pullPolicy"], "Never");
+        assert_eq!(p["spec"]["containers"][0]["image"], "nginx:1.25");
     }
 
     #[test]

@@ -347,7 +347,10 @@ fn edit_template(
     }
     for d in &t.decisions {
         let slot = &d.slot;
-        let field = format!("{}spec.{}[{}].image", t.field, slot.kind, slot.index);
+        let field = match slot.is_volume() {
+            true => format!("{}spec.volumes[{}].image.reference", t.field, slot.index),
+            false => format!("{}spec.{}[{}].image", t.field, slot.kind, slot.index),
+        };
         let mut report = SlotReport {
             document: t.document,
             item: t.item,
@@ -364,7 +367,7 @@ fn edit_template(
                 reason,
                 source,
             } => {
-                let at = format!("/spec/{}/{}/image", slot.kind, slot.index);
+                let at = format!("/spec/{}", slot.image_path().join("/"));
                 let edit = t
                     .template
                     .pointer(&at)

@@ -20,15 +20,17 @@ pub const PULL_FAILURE_REASONS: [&str; 2] = ["ErrImagePull", "ImagePullBackOff"]
 /// One container image of a Pod that lives under the target.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TargetImage {
-    /// `containers/NAME`, `initContainers/NAME` or `ephemeralContainers/NAME`,
-    /// the key of the `pinswap.dev/*` annotations.
+    /// `containers/NAME`, `initContainers/NAME`, `ephemeralContainers/NAME`
+    /// or `volumes/NAME` (an image volume), the key of the `pinswap.dev/*`
+    /// annotations.
     pub slot: String,
     /// The image as the Pod names it, under the target.
     pub image: Reference,
     /// Its source: the pinned one from `pinswap.dev/sources`, else the
     /// original image from `pinswap.dev/original-images`, if recorded.
     pub original: Option<Reference>,
-    /// `waiting.reason` when the kubelet reports a pull failure for it.
+    /// `waiting.reason` when the kubelet reports a pull failure for it (for
+    /// an image volume, on a container that mounts it).
     pub failing: Option<String>,
 }
 
@@ -66,6 +68,106 @@ impl PodImages {
     }
 }
 
+/// One image the kubelet pulls for a Pod: a container's or an image
+/// volume's, with the pull failure the kubelet reports for it.
+struct Pull<'a> {
+    kind: &'static str,
+    name: &'a str,
+    image: &'a str,
+    failing: Option<String>,
+}
+
+/// Every image `pod` names, each with its pull failure. The kubelet
+/// reports an image volume's failure on the containers that mount it, with
+/// the volume's reference quoted in the message ("Failed to pull image
+/// \"REF\": …", "Back-off pulling image \"REF\""), so a failure goes to
+/// the image its message names; one without a message is the container's.
+fn pulls(pod: &Pod) -> Vec<Pull<'_>> {
+    let mut out = Vec::new();
+    let Some(spec) = pod.spec.as_ref() else {
+        return out;
+    };
+    let status = pod.status.as_ref();
+    let names = |message: &Option<String>, image: &str| {
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains(&format!("\"{image}\"")))
+    };
+    let volumes: BTreeMap<&str, &str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| Some((v.name.as_str(), v.image.as_ref()?.reference.as_deref()?)))
+        .collect();
+    let mut volume_failures: BTreeMap<&str, String> = BTreeMap::new();
+    let lists = [
+        (
+            "initContainers",
+            spec.init_containers.iter().flatten().collect::<Vec<_>>(),
+            status.and_then(|s| s.init_container_statuses.as_ref()),
+        ),
+        (
+            "containers",
+            spec.containers.iter().collect(),
+            status.and_then(|s| s.container_statuses.as_ref()),
+        ),
+    ];
+    let failure = |name: &str, statuses: Option<&Vec<ContainerStatus>>| {
+        let s = statuses.into_iter().flatten().find(|s| s.name == name)?;
+        let waiting = s.state.as_ref()?.waiting.as_ref()?;
+        let reason = waiting.reason.clone()?;
+        PULL_FAILURE_REASONS
+            .contains(&reason.as_str())
+            .then(|| (reason, waiting.message.clone()))
+    };
+    for (kind, containers, statuses) in lists {
+        for c in containers {
+            let failed = failure(&c.name, statuses);
+            let mut own = failed.clone();
+            if let Some((reason, message)) = &failed {
+                for m in c.volume_mounts.iter().flatten() {
+                    if let Some(reference) = volumes.get(m.name.as_str())
+                        && names(message, reference)
+                    {
+                        volume_failures.insert(m.name.as_str(), reason.clone());
+                        if c.image.as_deref().is_none_or(|i| !names(message, i)) {
+                            own = None;
+                        }
+                    }
+                }
+            }
+            if let Some(image) = c.image.as_deref() {
+                out.push(Pull {
+                    kind,
+                    name: &c.name,
+                    image,
+                    failing: own.map(|(r, _)| r),
+                });
+            }
+        }
+    }
+    let ephemeral_statuses = status.and_then(|s| s.ephemeral_container_statuses.as_ref());
+    for c in spec.ephemeral_containers.iter().flatten() {
+        if let Some(image) = c.image.as_deref() {
+            out.push(Pull {
+                kind: "ephemeralContainers",
+                name: &c.name,
+                image,
+                failing: failure(&c.name, ephemeral_statuses).map(|(r, _)| r),
+            });
+        }
+    }
+    for (name, image) in volumes {
+        out.push(Pull {
+            kind: "volumes",
+            name,
+            image,
+            failing: volume_failures.get(name).cloned(),
+        });
+    }
+    out
+}
+
 /// Reads `pod`'s images under `target`, each with its original image and
 /// pull-failure state. Images that do not parse, or live elsewhere, are left
 /// out.
@@ -81,59 +183,25 @@ pub fn target_images(pod: &Pod, target: &MirrorTarget) -> PodImages {
     let originals = note(ORIGINAL_IMAGES);
     let sources = note(SOURCES);
     let spec = pod.spec.as_ref();
-    let status = pod.status.as_ref();
     let mut images = Vec::new();
-    let mut add =
-        |kind: &str, name: &str, image: Option<&str>, statuses: Option<&Vec<ContainerStatus>>| {
-            let Some(image) = image.and_then(|i| Reference::parse(i).ok()) else {
-                return;
-            };
-            if !target.contains(&image) {
-                return;
-            }
-            let slot = format!("{kind}/{name}");
-            let failing = statuses
-                .into_iter()
-                .flatten()
-                .find(|s| s.name == name)
-                .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone())
-                .filter(|r| PULL_FAILURE_REASONS.contains(&r.as_str()));
-            images.push(TargetImage {
-                // The pinned source when recorded, else the original as written.
-                original: sources
-                    .get(&slot)
-                    .or_else(|| originals.get(&slot))
-                    .and_then(|o| Reference::parse(o).ok()),
-                slot,
-                image,
-                failing,
-            });
+    for pull in pulls(pod) {
+        let Ok(image) = Reference::parse(pull.image) else {
+            continue;
         };
-    if let Some(spec) = spec {
-        for c in spec.init_containers.iter().flatten() {
-            add(
-                "initContainers",
-                &c.name,
-                c.image.as_deref(),
-                status.and_then(|s| s.init_container_statuses.as_ref()),
-            );
+        if !target.contains(&image) {
+            continue;
         }
-        for c in &spec.containers {
-            add(
-                "containers",
-                &c.name,
-                c.image.as_deref(),
-                status.and_then(|s| s.container_statuses.as_ref()),
-            );
-        }
-        for c in spec.ephemeral_containers.iter().flatten() {
-            add(
-                "ephemeralContainers",
-                &c.name,
-                c.image.as_deref(),
-                status.and_then(|s| s.ephemeral_container_statuses.as_ref()),
-            );
-        }
+        let slot = format!("{}/{}", pull.kind, pull.name);
+        images.push(TargetImage {
+            // The pinned source when recorded, else the original as written.
+            original: sources
+                .get(&slot)
+                .or_else(|| originals.get(&slot))
+                .and_then(|o| Reference::parse(o).ok()),
+            slot,
+            image,
+            failing: pull.failing,
+        });
     }
     PodImages {
         object: pod.object_ref(&()),
@@ -217,30 +285,15 @@ pub fn same_pinned(a: &Reference, b: &Reference) -> bool {
 }
 
 /// Whether `pod` still waits with a pull failure on `image` (a container
-/// whose spec names that manifest: registry, repository and digest).
+/// or image volume whose spec names that manifest: registry, repository and
+/// digest). A debugging (ephemeral) container's failure does not count: the
+/// Pod runs without it.
 pub fn waits_on(pod: &Pod, image: &Reference) -> bool {
-    let same = |i: Option<&str>| {
-        i.and_then(|i| Reference::parse(i).ok())
-            .is_some_and(|r| same_pinned(&r, image))
-    };
-    let (Some(spec), Some(status)) = (pod.spec.as_ref(), pod.status.as_ref()) else {
-        return false;
-    };
-    let waiting = |name: &str, statuses: Option<&Vec<ContainerStatus>>| {
-        statuses
-            .into_iter()
-            .flatten()
-            .find(|s| s.name == name)
-            .and_then(|s| s.state.as_ref()?.waiting.as_ref()?.reason.as_deref())
-            .is_some_and(|r| PULL_FAILURE_REASONS.contains(&r))
-    };
-    let init = spec.init_containers.iter().flatten().any(|c| {
-        same(c.image.as_deref()) && waiting(&c.name, status.init_container_statuses.as_ref())
-    });
-    init || spec
-        .containers
-        .iter()
-        .any(|c| same(c.image.as_deref()) && waiting(&c.name, status.container_statuses.as_ref()))
+    pulls(pod).iter().any(|p| {
+        p.failing.is_some()
+            && p.kind != "ephemeralContainers"
+            && Reference::parse(p.image).is_ok_and(|r| same_pinned(&r, image))
+    })
 }
 
 #[cfg(test)]
@@ -385,6 +438,54 @@ mod tests {
             app.original.as_ref().unwrap().to_string(),
             "docker.io/team/app:v1"
         );
+    }
+
+    #[test]
+    fn an_image_volumes_pull_failure_is_the_volumes_not_the_containers() {
+        let target = MirrorTarget::parse("mirror.example/m").unwrap();
+        let d = format!("sha256:{}", "b".repeat(64));
+        let app = format!("mirror.example/m/docker.io/team/app:v1@{d}");
+        let model = format!("mirror.example/m/ghcr.io/o/model:v1@{d}");
+        let status = |name: &str, reason: &str, message: &str| {
+            json!({"name": name, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": message}}})
+        };
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "ns", "annotations": {
+                SOURCES: serde_json::to_string(&json!({"volumes/model": "ghcr.io/o/model:v1"})).unwrap()
+            }},
+            "spec": {
+                "containers": [
+                    {"name": "app", "image": app, "volumeMounts": [{"name": "model", "mountPath": "/m"}]},
+                    {"name": "other", "image": app}
+                ],
+                "volumes": [{"name": "model", "image": {"reference": model}}, {"name": "tmp", "emptyDir": {}}]
+            },
+            "status": {"containerStatuses": [
+                status("app", "ErrImagePull", &format!("Failed to pull image \"{model}\": not found")),
+                status("other", "ImagePullBackOff", &format!("Back-off pulling image \"{app}\""))
+            ]}
+        }));
+        let got = target_images(&p, &target);
+        let failing: Vec<(&str, Option<&str>)> = got
+            .images
+            .iter()
+            .map(|i| (i.slot.as_str(), i.failing.as_deref()))
+            .collect();
+        assert_eq!(
+            failing,
+            [
+                ("containers/app", None),
+                ("containers/other", Some("ImagePullBackOff")),
+                ("volumes/model", Some("ErrImagePull")),
+            ]
+        );
+        assert_eq!(
+            got.images[2].original.as_ref().unwrap().to_string(),
+            "ghcr.io/o/model:v1"
+        );
+        let model = Reference::parse(&model).unwrap();
+        assert!(waits_on(&p, &model));
     }
 
     #[test]

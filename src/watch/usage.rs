@@ -791,6 +791,23 @@ mod tests {
     }
 
     #[test]
+    fn an_image_volume_is_in_use_and_wanted_like_a_container_image() {
+        let p = policy();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "v", "namespace": "apps"},
+            "spec": {
+                "containers": [{"name": "app", "image": "nginx:1"}],
+                "volumes": [{"name": "model", "image": {"reference": "docker.io/o/model:v1"}}]
+            }
+        }))
+        .unwrap();
+        let o = observe_pod(&pod, Some(&p));
+        let names: Vec<String> = o.images.iter().map(|r| r.to_string()).collect();
+        assert_eq!(names, ["docker.io/library/nginx:1", "docker.io/o/model:v1"]);
+        assert_eq!(o.wanted.len(), 2, "the backfill copies both");
+    }
+
+    #[test]
     fn references_are_counted_and_shared() {
         let u = Usage::new(Arc::new(Metrics::new()), None);
         u.watch(Kind::Pod, None);

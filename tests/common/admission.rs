@@ -66,8 +66,11 @@ pub async fn review(adm: &Admission, body: bytes::Bytes) -> Answer {
     if let Some(patch) = common::review::apply_patch(&response, &mut pod) {
         for op in &patch.0 {
             if let json_patch::PatchOperation::Replace(r) = op {
+                let path = r.path.to_string();
                 assert!(
-                    r.path.to_string().ends_with("/image"),
+                    path.ends_with("/image")
+                        || (path.starts_with("/spec/volumes/")
+                            && path.ends_with("/image/reference")),
                     "only image replaces: {op:?}"
                 );
             }
