@@ -16,9 +16,11 @@ use crate::platform::PlatformSpec;
 use crate::reference::MirrorTarget;
 
 mod aws;
+mod mirror_only;
 mod retention;
 mod scope;
 pub use aws::{Aws, EcrOptions, EncryptionConfiguration, ImageScanningConfiguration, Tag};
+pub use mirror_only::{MirrorOnly, PodMatch, Profile};
 pub use retention::Retention;
 pub use scope::{LabelSelector, Operator, Requirement, Scope};
 
@@ -1084,6 +1086,9 @@ pub struct Config {
     /// Which Pods pinswap handles, beyond the built-in exclusions.
     #[serde(default)]
     pub scope: Scope,
+    /// Pods mirrored but admitted as written (no rewrite, no annotation).
+    #[serde(default)]
+    pub mirror_only: MirrorOnly,
     /// `exists` or `always`.
     #[serde(default)]
     pub swap_policy: SwapPolicy,
@@ -1377,6 +1382,7 @@ impl Config {
             );
         }
         self.scope.problems("scope", &mut bad);
+        self.mirror_only.problems("mirrorOnly", &mut bad);
         if self.copy_deadline.is_zero() || self.copy_deadline > WEBHOOK_TIMEOUT_MAX {
             bad(
                 "copyDeadline".into(),
@@ -1709,6 +1715,21 @@ scope:
   #  matchLabels: {pinswap.dev/mirror: "true"}
   objectSelector: {}
   #  matchExpressions: [{key: app, operator: Exists}]
+
+mirrorOnly:
+  # Pods whose images are mirrored but which are admitted exactly as
+  # written: no image rewritten, no annotation. For operators that recreate
+  # a Pod whose image differs from their spec; nodes then pull from the
+  # mirror through their own mirror configuration (docs/operations.md).
+  profiles: []
+  #  - cloudnative-pg      # instance Pods of CloudNativePG clusters
+  #  - postgres-operator   # Zalando's Spilo Pods
+  #  - aerospike           # Aerospike cluster Pods
+  pods: []
+  #  - namespaces: [payments]
+  #    podSelector: {matchLabels: {app: ledger}}
+  #    ownerKinds: [apps/StatefulSet]
+  #    jmespath: "obj.metadata.annotations.\"example.com/managed\" == 'true'"
 
 # exists: rewrite only when the target has the image; always: rewrite regardless.
 swapPolicy: exists

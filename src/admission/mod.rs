@@ -8,6 +8,7 @@
 //! Any error leaves its slot unchanged (fail open) unless `failurePolicy` is
 //! `closed`, which denies the Pod naming the image and the cause.
 
+pub mod mirror_only;
 pub mod notes;
 pub(crate) mod pod;
 pub mod policy;
@@ -100,6 +101,7 @@ pub struct Admission {
     mirror: Arc<Mirror>,
     pull_secrets: Option<crate::registry::pullsecrets::PullSecrets>,
     policy: Policy,
+    mirror_only: mirror_only::MirrorOnly,
     failure: FailurePolicy,
     budget: Duration,
     max_images: usize,
@@ -170,6 +172,7 @@ impl Admission {
         Ok(Self {
             pull_secrets: None,
             policy: Policy::new(config, mirror.target().clone())?.with_metrics(metrics.clone()),
+            mirror_only: mirror_only::MirrorOnly::new(&config.mirror_only),
             mirror,
             failure: config.failure_policy,
             budget: config.server.admission_budget,
@@ -377,6 +380,19 @@ impl Admission {
             warn!(%uid, pod = %name, message = %msg, "denied");
             return (allow.deny(msg), "denied");
         }
+        // Mirrored only: the copies above ran as for any Pod; the Pod is
+        // admitted exactly as written, so an operator comparing its images
+        // with its own spec sees no difference.
+        if let Some(rule) = namespace
+            .as_deref()
+            .and_then(|ns| self.mirror_only.matches(&pod, ns))
+        {
+            info!(%uid, namespace = %Untrusted(req.namespace.as_deref().unwrap_or("")), pod = %name, mirror_only = rule, slots = slots.len(), "admitted as written (mirrorOnly)");
+            for (slot, decision) in &decisions {
+                debug!(%uid, slot, decision, "mirrored only");
+            }
+            return (allow, "mirror_only");
+        }
         let outcome = if rewrites.is_empty() {
             "unchanged"
         } else {
@@ -461,7 +477,8 @@ impl Admission {
     /// Decides every slot of a pod template (`{metadata, spec}`) as
     /// admission would decide the Pod made from it, changing nothing
     /// (`pinswap mutate` edits the text itself). `obj` is what filters see
-    /// as `obj`.
+    /// as `obj`. A template `mirrorOnly` matches has its images copied and
+    /// none rewritten.
     pub async fn decide_template(
         &self,
         obj: &serde_json::Value,
@@ -473,6 +490,7 @@ impl Admission {
         let outcomes = self
             .decide_slots(obj, &slots, deadline, dry_run, &PodCredentials::none())
             .await;
+        let mirror_only = self.mirror_only_template(obj, template);
         slots
             .into_iter()
             .zip(outcomes)
@@ -480,6 +498,11 @@ impl Admission {
                 slot,
                 identity,
                 outcome: match o {
+                    Outcome::Rewrite(_, reason, _, _) if let Some(rule) = mirror_only => {
+                        SlotOutcome::Skip(format!(
+                            "mirrored only ({rule}), not rewritten: {reason}"
+                        ))
+                    }
                     Outcome::Rewrite(image, reason, source, _) => SlotOutcome::Rewrite {
                         image,
                         reason,
@@ -491,6 +514,48 @@ impl Admission {
                 },
             })
             .collect()
+    }
+
+    /// The `mirrorOnly` rule the Pods made from `template`, the pod
+    /// template of workload `obj`, match: their labels, `obj`'s namespace,
+    /// and the controller such a Pod has (a Deployment's Pods are its
+    /// ReplicaSet's, a CronJob's its Job's; a Pod's own).
+    fn mirror_only_template(
+        &self,
+        obj: &serde_json::Value,
+        template: &serde_json::Value,
+    ) -> Option<&str> {
+        if self.mirror_only.is_empty() {
+            return None;
+        }
+        let kind = obj.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+        let namespace = obj
+            .pointer("/metadata/namespace")
+            .and_then(|n| n.as_str())
+            .unwrap_or("");
+        if kind == "Pod" {
+            return self.mirror_only.matches(obj, namespace);
+        }
+        let controller = match kind {
+            "Deployment" | "ReplicaSet" => Some(("apps/v1", "ReplicaSet")),
+            "StatefulSet" => Some(("apps/v1", "StatefulSet")),
+            "DaemonSet" => Some(("apps/v1", "DaemonSet")),
+            "Job" | "CronJob" => Some(("batch/v1", "Job")),
+            "ReplicationController" => Some(("v1", "ReplicationController")),
+            _ => None,
+        };
+        let mut meta = template
+            .get("metadata")
+            .cloned()
+            .unwrap_or_else(|| serde_json::json!({}));
+        if let (Some(m), Some((api, kind))) = (meta.as_object_mut(), controller) {
+            m.insert(
+                "ownerReferences".into(),
+                serde_json::json!([{"apiVersion": api, "kind": kind, "controller": true}]),
+            );
+        }
+        self.mirror_only
+            .matches(&serde_json::json!({"metadata": meta}), namespace)
     }
 
     /// Waits for the copies decisions have started; returns how many failed.

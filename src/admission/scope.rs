@@ -38,7 +38,7 @@ fn not_in(key: &str, values: &[&str]) -> LabelSelectorRequirement {
 }
 
 /// The built-in `requirements`, then the config's selector.
-fn selector(
+pub(super) fn selector(
     mut requirements: Vec<LabelSelectorRequirement>,
     config: &crate::config::LabelSelector,
 ) -> LabelSelector {

@@ -83,7 +83,7 @@ impl Scope {
 }
 
 impl LabelSelector {
-    fn problems(&self, path: &str, bad: &mut impl FnMut(String, String)) {
+    pub(super) fn problems(&self, path: &str, bad: &mut impl FnMut(String, String)) {
         for (k, v) in &self.match_labels {
             let at = format!("{path}.matchLabels.{k}");
             if let Err(why) = label_key(k) {

@@ -247,10 +247,13 @@ async fn rewrite(
             .iter()
             .any(|d| matches!(d.outcome, SlotOutcome::Keep(_)))
     };
-    // A command has no background: wait for the copies this run started,
-    // then look again at the target (without copying) for what was kept.
-    if !opts.dry_run && targets.iter().any(kept) {
+    // A command has no background: wait for the copies this run started
+    // (those of templates mirrored only too), then look again at the
+    // target (without copying) for what was kept.
+    if !opts.dry_run {
         adm.wait_for_copies().await;
+    }
+    if !opts.dry_run && targets.iter().any(kept) {
         for t in targets.iter_mut().filter(|t| kept(t)) {
             let again = adm
                 .decide_template(&t.obj, &t.template.to_json(), true)
@@ -265,6 +268,8 @@ async fn rewrite(
                         source,
                         reason: "copied to the target (mutate waited for the copy)".into(),
                     },
+                    // Mirrored only: copied now, and still not rewritten.
+                    SlotOutcome::Skip(why) => SlotOutcome::Skip(why),
                     _ => SlotOutcome::Keep(format!(
                         "{first}; still not at the target after waiting for copies"
                     )),

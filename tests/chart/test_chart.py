@@ -380,6 +380,7 @@ SCHEMA_REFUSALS = [
     ({"config": {"target": {"registry": None}}}, "/config/target': missing property 'registry'"),
     ({"config": {"target": {"registry": "m.example.com"}, "copyPolicy": "later"}}, "/config/copyPolicy'"),
     ({"config": {"target": {"registry": "m.example.com"}, "failurepolicy": "open"}}, "/config': additional properties 'failurepolicy' not allowed"),
+    ({"config": {"target": {"registry": "m.example.com"}, "mirrorOnly": {"profiles": ["mysql"]}}}, "/config/mirrorOnly/profiles/0'"),
 ]
 
 
