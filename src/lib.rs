@@ -23,6 +23,7 @@ pub(crate) mod logsafe;
 pub mod metrics;
 pub mod mirror;
 pub mod mutate;
+pub mod nodeconfig;
 pub mod platform;
 pub mod reference;
 pub mod registry;

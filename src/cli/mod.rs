@@ -70,6 +70,8 @@ pub enum Command {
     Cache(CacheCommand),
     /// Print the Kubernetes objects that install pinswap (`| kubectl apply -f -`).
     Manifests(install::ManifestsArgs),
+    /// Render the container runtime's mirror configuration (containerd hosts.toml, CRI-O registries.conf.d) so nodes pull from the target.
+    NodeConfig(NodeConfigArgs),
     /// Print each manifest's config digest (image ID) and flag identity collisions and non-unique configs; exit 3 when anything is flagged.
     Check(CheckArgs),
     /// Print the version, the git commit and the target it was built for.
@@ -101,6 +103,26 @@ pub struct CheckArgs {
     /// Registry access (`--src-creds` authenticates the reads).
     #[command(flatten)]
     pub registry: RegistryArgs,
+}
+
+/// `pinswap node-config --config FILE [--runtime R] [--mode M] [--out DIR]`.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    pinswap node-config -c pinswap.yaml --out /etc/containerd/certs.d\n  \
+    pinswap node-config -c pinswap.yaml --runtime cri-o --mode digest-only --out /etc/containers/registries.conf.d")]
+pub struct NodeConfigArgs {
+    /// The webhook's config file.
+    #[arg(short, long)]
+    pub config: std::path::PathBuf,
+    /// The node's container runtime.
+    #[arg(long, value_enum, default_value = "containerd")]
+    pub runtime: crate::nodeconfig::Runtime,
+    /// `resolve`: tags resolve at the mirror too (Pods start while the source is down); `digest-only`: tags resolve at the source, content comes from the mirror.
+    #[arg(long, value_enum, default_value = "resolve")]
+    pub mode: crate::nodeconfig::Mode,
+    /// Write the files under this directory (containerd's config_path, CRI-O's registries.conf.d), each atomically, never over a file pinswap did not write; without it they are printed.
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
 }
 
 /// `pinswap cache ...`.
@@ -400,6 +422,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cache(CacheCommand::Purge(args)) => purge(args).await,
         Command::Check(args) => check::check(args).await,
         Command::Manifests(args) => install::manifests(args),
+        Command::NodeConfig(args) => node_config(&args),
         Command::Version(args) => meta::version(&args),
         Command::Completions(args) => meta::completions(&args),
         Command::Man(args) => meta::man(&args),
@@ -841,6 +864,32 @@ async fn purge(args: PurgeArgs) -> anyhow::Result<ExitCode> {
         .and_then(|v| v.get("purged").and_then(serde_json::Value::as_u64))
         .with_context(|| format!("POST {url}: unexpected answer {text:?}"))?;
     println!("purged {purged} cache entries");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `pinswap node-config`: renders, then prints or writes.
+fn node_config(args: &NodeConfigArgs) -> anyhow::Result<ExitCode> {
+    let config = crate::config::Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
+    let files = crate::nodeconfig::render(&config, args.runtime, args.mode)
+        .map_err(|e| Usage(e.to_string()))?;
+    if config.source.registries.iter().any(|r| r.registry == "*") {
+        eprintln!(
+            "note: source.registries allows \"*\"; only the registries it names get a mirror"
+        );
+    }
+    match &args.out {
+        Some(dir) => {
+            crate::nodeconfig::write(dir, &files)?;
+            for f in &files {
+                eprintln!("wrote {}", dir.join(&f.path).display());
+            }
+        }
+        None => {
+            for f in &files {
+                println!("# FILE: {}\n{}", f.path.display(), f.contents);
+            }
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

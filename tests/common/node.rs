@@ -706,6 +706,7 @@ impl NodeRig {
         let install =
             NodeInstall::install(cluster, via, &format!("pinswap-{name}"), &config, replicas).await;
         wait_admitting(&client, name).await;
+        wait_leading(cluster, &format!("pinswap-{name}")).await;
         NodeRig {
             src,
             dst,
@@ -772,6 +773,29 @@ pub async fn describe(client: &kube::Client, ns: &str) -> String {
         );
     }
     out
+}
+
+/// Waits until a replica in `ns` holds the `pinswap-leader` Lease, so
+/// that the leader's recovery watches Pods before a test makes one fail.
+pub async fn wait_leading(cluster: &Cluster, ns: &str) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(cluster.admin().await, ns);
+    until("a leader", Duration::from_secs(60), || {
+        let leases = leases.clone();
+        async move {
+            leases
+                .get_opt("pinswap-leader")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|l| {
+                    l.spec
+                        .and_then(|s| s.holder_identity)
+                        .is_some_and(|h| !h.is_empty())
+                })
+        }
+    })
+    .await;
 }
 
 /// Waits until pinswap answers admissions for `ns`: a Pod created there as

@@ -1,0 +1,287 @@
+//! Node mirror configuration (`pinswap node-config`): the container
+//! runtime's own mirror settings, rendered from the config, so that a node
+//! pulls from the target even for Pods that are not rewritten (`mirrorOnly`).
+//! containerd gets `certs.d/<source>/hosts.toml` per source registry, CRI-O
+//! one `registries.conf.d` drop-in. Neither runtime copies anything: an
+//! image the target lacks is pulled from the source.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::reference::{MirrorTarget, registry_path_component};
+
+/// Why node configuration was not rendered or written.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeConfigError {
+    /// The target may hold images only some Pods may run.
+    #[error(
+        "source.imagePullSecrets is true: the target may hold private images, and a node mirror serves every Pod naming an image whatever its pull secrets; render node configuration for a target that holds only shared images"
+    )]
+    PrivateImages,
+    /// No registry is named (only `"*"`).
+    #[error(
+        "source.registries names no registry (\"*\" alone): a node mirror is configured per source registry"
+    )]
+    NoRegistries,
+    /// The target is not a valid mirror target.
+    #[error("target.registry: {0}")]
+    Target(String),
+    /// A file could not be written.
+    #[error("{path}: {reason}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        reason: String,
+    },
+}
+
+/// The container runtime to configure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Runtime {
+    /// containerd's `config_path` host directories (`hosts.toml`).
+    Containerd,
+    /// CRI-O's `registries.conf.d` drop-in.
+    CriO,
+}
+
+/// How tags resolve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Tags resolve at the mirror too: new Pods start while the source is
+    /// down; a tag the source moved is served as last mirrored.
+    Resolve,
+    /// Tags resolve at the source, content comes from the mirror by digest:
+    /// a moved tag is never served stale.
+    DigestOnly,
+}
+
+/// One rendered file, its path relative to the runtime's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct File {
+    /// `docker.io/hosts.toml`, `50-pinswap.conf`.
+    pub path: PathBuf,
+    /// Its text.
+    pub contents: String,
+}
+
+/// The first line of every file pinswap writes: files without it are
+/// never touched.
+pub const HEADER: &str = "# Written by pinswap node-config; regenerate rather than edit.";
+
+/// The runtimes' own name for Docker Hub's API host.
+fn api_host(registry: &str) -> &str {
+    match registry {
+        "docker.io" => "registry-1.docker.io",
+        r => r,
+    }
+}
+
+fn scheme(insecure: bool) -> &'static str {
+    if insecure { "http" } else { "https" }
+}
+
+/// Renders the node configuration for `runtime` from `config`.
+///
+/// # Errors
+/// [`NodeConfigError::PrivateImages`] with `source.imagePullSecrets`,
+/// [`NodeConfigError::NoRegistries`] when only `"*"` is allowed.
+pub fn render(config: &Config, runtime: Runtime, mode: Mode) -> Result<Vec<File>, NodeConfigError> {
+    if config.source.image_pull_secrets {
+        return Err(NodeConfigError::PrivateImages);
+    }
+    let target = MirrorTarget::parse(&config.target.registry)
+        .map_err(|e| NodeConfigError::Target(e.to_string()))?;
+    let sources: Vec<_> = config
+        .source
+        .registries
+        .iter()
+        .filter(|r| r.registry != "*")
+        .collect();
+    if sources.is_empty() {
+        return Err(NodeConfigError::NoRegistries);
+    }
+    // The target's repository path for a source: PREFIX/COMPONENT.
+    let path = |registry: &str| {
+        let component = registry_path_component(registry);
+        match target.prefix() {
+            Some(p) => format!("{p}/{component}"),
+            None => component,
+        }
+    };
+    let target_scheme = scheme(config.target.insecure);
+    Ok(match runtime {
+        Runtime::Containerd => sources
+            .iter()
+            .map(|s| {
+                let capabilities = match mode {
+                    Mode::Resolve => r#"["pull", "resolve"]"#,
+                    Mode::DigestOnly => r#"["pull"]"#,
+                };
+                File {
+                    path: PathBuf::from(&s.registry).join("hosts.toml"),
+                    contents: format!(
+                        "{HEADER}\n# {registry} through the mirror {target}.\nserver = \"{src_scheme}://{api}\"\n\n[host.\"{target_scheme}://{host}/v2/{path}\"]\n  capabilities = {capabilities}\n  override_path = true\n",
+                        registry = s.registry,
+                        target = config.target.registry,
+                        src_scheme = scheme(s.insecure),
+                        api = api_host(&s.registry),
+                        host = target.registry(),
+                        path = path(&s.registry),
+                    ),
+                }
+            })
+            .collect(),
+        Runtime::CriO => {
+            let pull_from = match mode {
+                Mode::Resolve => "all",
+                Mode::DigestOnly => "digest-only",
+            };
+            let mut text = format!("{HEADER}\n");
+            for s in &sources {
+                text.push_str(&format!(
+                    "\n[[registry]]\nprefix = \"{r}\"\nlocation = \"{r}\"\ninsecure = {src_insecure}\n\n[[registry.mirror]]\nlocation = \"{host}/{path}\"\ninsecure = {target_insecure}\npull-from-mirror = \"{pull_from}\"\n",
+                    r = s.registry,
+                    src_insecure = s.insecure,
+                    host = target.registry(),
+                    path = path(&s.registry),
+                    target_insecure = config.target.insecure,
+                ));
+            }
+            vec![File {
+                path: PathBuf::from("50-pinswap.conf"),
+                contents: text,
+            }]
+        }
+    })
+}
+
+/// Writes `files` under `dir`, each atomically (a temporary file renamed
+/// over it). A file there that pinswap did not write (without [`HEADER`])
+/// is left alone and reported.
+///
+/// # Errors
+/// [`NodeConfigError::Write`] for the first file that cannot be written or
+/// that pinswap did not write.
+pub fn write(dir: &Path, files: &[File]) -> Result<(), NodeConfigError> {
+    for f in files {
+        let path = dir.join(&f.path);
+        let err = |reason: String| NodeConfigError::Write {
+            path: path.clone(),
+            reason,
+        };
+        if let Ok(existing) = std::fs::read_to_string(&path)
+            && !existing.starts_with(HEADER)
+        {
+            return Err(err(
+                "exists and was not written by pinswap; left alone".into()
+            ));
+        }
+        let parent = path.parent().unwrap_or(dir);
+        std::fs::create_dir_all(parent).map_err(|e| err(e.to_string()))?;
+        let tmp = parent.join(format!(
+            ".{}.pinswap-tmp",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        std::fs::write(&tmp, &f.contents).map_err(|e| err(e.to_string()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            err(e.to_string())
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> Config {
+        Config::from_yaml(yaml, "c.yaml").unwrap()
+    }
+
+    #[test]
+    fn containerd_gets_a_hosts_file_per_named_source() {
+        let c = config(
+            "target: {registry: mirror.example.com/cache}\nsource: {registries: [{registry: docker.io}, {registry: \"10.0.0.5:5000\", insecure: true}, {registry: \"*\"}]}\n",
+        );
+        let files = render(&c, Runtime::Containerd, Mode::Resolve).unwrap();
+        assert_eq!(files.len(), 2);
+        assert_eq!(files[0].path, PathBuf::from("docker.io/hosts.toml"));
+        let hub = &files[0].contents;
+        assert!(hub.starts_with(HEADER));
+        assert!(hub.contains("server = \"https://registry-1.docker.io\"\n"));
+        assert!(hub.contains("[host.\"https://mirror.example.com/v2/cache/docker.io\"]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n"));
+        assert!(
+            files[1]
+                .contents
+                .contains("server = \"http://10.0.0.5:5000\"")
+        );
+        assert!(files[1].contents.contains("/v2/cache/10.0.0.5_5000\"]"));
+        let digest_only = render(&c, Runtime::Containerd, Mode::DigestOnly).unwrap();
+        assert!(
+            digest_only[0]
+                .contents
+                .contains("capabilities = [\"pull\"]\n")
+        );
+    }
+
+    #[test]
+    fn cri_o_gets_one_drop_in() {
+        let c = config(
+            "target: {registry: \"mirror.internal:5000\", insecure: true}\nsource: {registries: [{registry: quay.io}]}\n",
+        );
+        let files = render(&c, Runtime::CriO, Mode::DigestOnly).unwrap();
+        assert_eq!(files.len(), 1);
+        let text = &files[0].contents;
+        assert!(text.contains(
+            "[[registry]]\nprefix = \"quay.io\"\nlocation = \"quay.io\"\ninsecure = false\n"
+        ));
+        assert!(text.contains("[[registry.mirror]]\nlocation = \"mirror.internal:5000/quay.io\"\ninsecure = true\npull-from-mirror = \"digest-only\"\n"));
+    }
+
+    #[test]
+    fn private_images_or_no_named_registry_are_refused() {
+        let private = config(
+            "target: {registry: m.example.com}\nsource: {registries: [{registry: ghcr.io}], imagePullSecrets: true}\n",
+        );
+        let e = render(&private, Runtime::Containerd, Mode::Resolve).unwrap_err();
+        assert!(e.to_string().contains("source.imagePullSecrets"), "{e}");
+        let any = config(
+            "target: {registry: m.example.com}\nsource: {registries: [{registry: \"*\"}]}\n",
+        );
+        assert!(matches!(
+            render(&any, Runtime::CriO, Mode::Resolve),
+            Err(NodeConfigError::NoRegistries)
+        ));
+    }
+
+    #[test]
+    fn writes_atomically_and_never_over_a_file_it_did_not_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = vec![File {
+            path: PathBuf::from("docker.io/hosts.toml"),
+            contents: format!("{HEADER}\nserver = \"x\"\n"),
+        }];
+        write(dir.path(), &files).unwrap();
+        write(dir.path(), &files).unwrap();
+        let written = dir.path().join("docker.io/hosts.toml");
+        assert_eq!(
+            std::fs::read_to_string(&written).unwrap(),
+            files[0].contents
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("docker.io"))
+                .unwrap()
+                .count(),
+            1
+        );
+        std::fs::write(&written, "server = \"theirs\"\n").unwrap();
+        let e = write(dir.path(), &files).unwrap_err();
+        assert!(e.to_string().contains("not written by pinswap"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(&written).unwrap(),
+            "server = \"theirs\"\n"
+        );
+    }
+}
