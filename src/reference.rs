@@ -1074,6 +1074,27 @@ pub fn registry_path_component(registry: &str) -> String {
     out
 }
 
+/// The registry a mirror path component names: the inverse of
+/// [`registry_path_component`], `None` when it names none.
+pub fn registry_of_path_component(component: &str) -> Option<String> {
+    let (host, port) = match component.rsplit_once('_') {
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => (h, Some(p)),
+        _ => (component, None),
+    };
+    let groups: Vec<&str> = host.split('-').collect();
+    let host = if groups.len() == 8 && groups.iter().all(|g| u16::from_str_radix(g, 16).is_ok()) {
+        format!("[{}]", groups.join(":"))
+    } else if host.contains('.') || host == "localhost" {
+        host.to_owned()
+    } else {
+        return None;
+    };
+    Some(match port {
+        Some(p) => format!("{host}:{p}"),
+        None => host,
+    })
+}
+
 // ---------------------------------------------------------------------------
 // Mirror targets
 // ---------------------------------------------------------------------------
@@ -1253,6 +1274,21 @@ impl FromStr for MirrorTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mirror_path_components_name_their_registry() {
+        for r in [
+            "docker.io",
+            "127.0.0.1:5001",
+            "localhost:5000",
+            "[fd00::a:1]:443",
+        ] {
+            let c = registry_path_component(r);
+            let back = registry_of_path_component(&c).unwrap();
+            assert_eq!(registry_path_component(&back), c, "{r}");
+        }
+        assert_eq!(registry_of_path_component("team"), None);
+    }
 
     const H64: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 

@@ -23,6 +23,9 @@ struct Restore {
 
 impl Drop for Restore {
     fn drop(&mut self) {
+        if let Some(dir) = self.file.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
         let _ = std::fs::write(&self.file, &self.saved);
     }
 }
@@ -167,4 +170,243 @@ async fn a_pod_admitted_as_written_is_pulled_from_the_mirror_by_node_config() {
     )
     .await;
     assert_eq!(running[0].metadata.name.as_deref(), Some("ledger-2"));
+}
+
+/// `pinswap manifests --node-agent`'s objects (DaemonSet, its account and
+/// Role) for `rig`'s config, with `extra` flags, applied.
+async fn apply_agent(rig: &NodeRig, node: &common::node::NodeInfo, extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pinswap.yaml");
+    std::fs::write(&cfg, &rig.install.config).unwrap();
+    let image = common::node::pinswap_image(node).await;
+    let mut args = vec![
+        "manifests",
+        "--namespace",
+        &rig.install.namespace,
+        "--tls",
+        "self-signed",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--image",
+        &image,
+        "--node-agent",
+        "--node-agent-dir",
+        node.certs_d.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (code, out, err) = common::run_pinswap(&args).await;
+    assert_eq!(code, 0, "pinswap manifests --node-agent: {err}");
+    let ours: Vec<Value> = common::cluster::yaml_documents(&out)
+        .into_iter()
+        .filter(|o| o["metadata"]["name"] == "pinswap-node-agent")
+        .collect();
+    assert_eq!(ours.len(), 4, "{out}");
+    for obj in &ours {
+        common::cluster::apply(&rig.client, obj)
+            .await
+            .unwrap_or_else(|e| panic!("apply {}: {e}", obj["kind"]));
+    }
+}
+
+/// Waits until `check` holds for the text of `file` (`None`: absent),
+/// asserting on the way that `never` does not hold.
+async fn wait_file(
+    file: &std::path::Path,
+    what: &str,
+    check: impl Fn(Option<&str>) -> bool,
+    never: impl Fn(Option<&str>) -> bool,
+) {
+    let t = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(file).ok();
+        assert!(
+            !never(text.as_deref()),
+            "{what}: {}: {text:?}",
+            file.display()
+        );
+        if check(text.as_deref()) {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "{what}: not after 120 s; {} is {text:?}",
+            file.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The node agent, installed by `pinswap manifests --node-agent`, writes
+/// the source's `hosts.toml` on the node; a postgres-operator Pod (its
+/// profile) is stored as its StatefulSet wrote it and pulled from the
+/// target through that file; a config change reaches the node through the
+/// ConfigMap, a mode change through a rolling update that never leaves
+/// the node without the file; deleting the DaemonSet removes what the
+/// agent wrote and nothing else.
+#[tokio::test]
+async fn the_node_agent_keeps_the_nodes_mirror_files_for_a_profiled_operator() {
+    use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Api;
+
+    let c = Cluster::with_node();
+    let _held = c.lock().await;
+    let node = c.node.as_ref().unwrap();
+    let rig = NodeRig::start(
+        c,
+        "agent",
+        Via::Manifests,
+        1,
+        "",
+        "mirrorOnly: {profiles: [postgres-operator]}\n",
+    )
+    .await;
+    let digest = common::node::push_runnable(&rig.src, "zalando/spilo", "v1", "spilo").await;
+
+    // The harness's own file for the source goes; the agent's replaces it.
+    let hosts = node.certs_d.join(&rig.src_at).join("hosts.toml");
+    let _restore = Restore {
+        saved: std::fs::read_to_string(&hosts).unwrap(),
+        file: hosts.clone(),
+    };
+    std::fs::remove_file(&hosts).unwrap();
+    // A file the agent did not write, which it never touches.
+    let foreign = node.certs_d.join("theirs.example").join("hosts.toml");
+    std::fs::create_dir_all(foreign.parent().unwrap()).unwrap();
+    std::fs::write(&foreign, "server = \"https://theirs.example\"\n").unwrap();
+
+    apply_agent(&rig, node, &[]).await;
+    let ours = |t: Option<&str>| t.is_some_and(|t| t.starts_with(pinswap::nodeconfig::HEADER));
+    wait_file(&hosts, "the agent's hosts.toml", &ours, |_| false).await;
+    let written = std::fs::read_to_string(&hosts).unwrap();
+    assert!(
+        written.contains("capabilities = [\"pull\", \"resolve\"]")
+            && written.contains(&format!(
+                "/v2/{}\"",
+                rig.mirrored_repo("").trim_end_matches('/')
+            )),
+        "{written}"
+    );
+
+    // The operator's StatefulSet, as postgres-operator writes it.
+    let source = rig.source("zalando/spilo:v1");
+    let sts = json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "acid-main", "namespace": "agent",
+                     "labels": {"application": "spilo", "cluster-name": "acid-main"}},
+        "spec": {
+            "serviceName": "acid-main", "replicas": 1,
+            "selector": {"matchLabels": {"application": "spilo", "cluster-name": "acid-main"}},
+            "template": {
+                "metadata": {"labels": {"application": "spilo", "cluster-name": "acid-main",
+                                        "spilo-role": "master"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "postgres", "image": source,
+                                    "imagePullPolicy": "IfNotPresent"}]
+                }
+            }
+        }
+    });
+    common::cluster::apply(&rig.client, &sts).await.unwrap();
+    let running = wait_running(
+        &rig.client,
+        "agent",
+        "application=spilo",
+        1,
+        Duration::from_secs(120),
+    )
+    .await;
+    let pod = &running[0];
+    assert_eq!(
+        pod.spec.as_ref().unwrap().containers[0].image.as_deref(),
+        Some(source.as_str()),
+        "the operator's Pod as its StatefulSet wrote it"
+    );
+    let notes: Vec<&String> = pod
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("pinswap.dev/"))
+        .collect();
+    assert!(notes.is_empty(), "annotated: {notes:?}");
+    let stored: StatefulSet = Api::namespaced(rig.client.clone(), "agent")
+        .get("acid-main")
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&stored.spec.unwrap().template.spec.unwrap().containers[0].image)
+            .unwrap(),
+        json!(source)
+    );
+    let st = &pod
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0];
+    assert!(st.image_id.ends_with(&digest), "{}", st.image_id);
+    assert!(NodeRig::node_pulls(&rig.dst, &rig.mirrored_repo("zalando/spilo")) > 0);
+    assert_eq!(
+        NodeRig::node_pulls(&rig.src, "zalando/spilo"),
+        0,
+        "containerd asked the source:\n{}",
+        rig.src.log()
+    );
+
+    // A config change: a source added in the ConfigMap gets its file.
+    let added = "127.0.0.1:1";
+    let cms: Api<ConfigMap> = Api::namespaced(rig.client.clone(), &rig.install.namespace);
+    let mut cm = cms.get("pinswap").await.unwrap();
+    let data = cm.data.get_or_insert_default();
+    let text = data["config.yaml"].replace(
+        "source:\n  registries: [",
+        &format!("source:\n  registries: [{{registry: \"{added}\", insecure: true}}, "),
+    );
+    assert_ne!(&text, &data["config.yaml"], "{text}");
+    data.insert("config.yaml".into(), text);
+    cms.replace("pinswap", &Default::default(), &cm)
+        .await
+        .unwrap();
+    let other = node.certs_d.join(added).join("hosts.toml");
+    wait_file(&other, "the added source's hosts.toml", &ours, |_| false).await;
+
+    // A mode change rolls the DaemonSet; the file is there all along.
+    apply_agent(&rig, node, &["--node-agent-mode", "digest-only"]).await;
+    wait_file(
+        &hosts,
+        "digest-only hosts.toml",
+        |t| t.is_some_and(|t| t.contains("capabilities = [\"pull\"]\n")),
+        |t| t.is_none(),
+    )
+    .await;
+
+    // Uninstall: what the agent wrote goes, the foreign file stays.
+    let daemonsets: Api<DaemonSet> = Api::namespaced(rig.client.clone(), &rig.install.namespace);
+    daemonsets
+        .delete("pinswap-node-agent", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_file(
+        &hosts,
+        "hosts.toml removed at uninstall",
+        |t| t.is_none(),
+        |_| false,
+    )
+    .await;
+    wait_file(
+        &other,
+        "the added source's file removed",
+        |t| t.is_none(),
+        |_| false,
+    )
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&foreign).unwrap(),
+        "server = \"https://theirs.example\"\n"
+    );
+    std::fs::remove_dir_all(foreign.parent().unwrap()).unwrap();
 }

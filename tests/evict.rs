@@ -336,6 +336,7 @@ async fn with_eviction_off_nothing_is_evicted_and_none_is_granted() {
         image_pull_secrets: Vec::new(),
         config_text: String::new(),
         config: cfg.clone(),
+        node_agent: None,
     };
     let rbac = serde_json::to_string(&pinswap::install::manifests::rbac(&opts).unwrap()).unwrap();
     assert!(!rbac.contains("pods/eviction"), "{rbac}");

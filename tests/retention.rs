@@ -697,6 +697,7 @@ fn the_kustomize_component_grants_what_pinswap_manifests_does() {
             "t.yaml",
         )
         .unwrap(),
+        node_agent: None,
     };
     let ours = |objects: Vec<Value>| -> Vec<Value> {
         objects

@@ -36,6 +36,23 @@ pub struct ManifestsArgs {
     /// settings (resources, scheduling, webhook selectors) use the Helm chart.
     #[arg(long = "image-pull-secret", value_name = "NAME")]
     pub image_pull_secrets: Vec<String>,
+    /// Add the node agent: a DaemonSet that keeps each node's mirror configuration (`pinswap node-config`'s files) true, and removes them when uninstalled.
+    #[arg(long)]
+    pub node_agent: bool,
+    /// The nodes' container runtime, for --node-agent.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "containerd",
+        requires = "node_agent"
+    )]
+    pub node_agent_runtime: crate::nodeconfig::Runtime,
+    /// How tags resolve, for --node-agent (see node-config --mode).
+    #[arg(long, value_enum, default_value = "resolve", requires = "node_agent")]
+    pub node_agent_mode: crate::nodeconfig::Mode,
+    /// The runtime's directory on each node, for --node-agent [default: /etc/containerd/certs.d, or /etc/containers/registries.conf.d for cri-o].
+    #[arg(long, value_name = "DIR", requires = "node_agent")]
+    pub node_agent_dir: Option<PathBuf>,
 }
 
 /// The image `pinswap manifests` names without `--image`.
@@ -111,6 +128,15 @@ pub(super) fn manifests(args: ManifestsArgs) -> anyhow::Result<ExitCode> {
         image_pull_secrets: args.image_pull_secrets,
         config_text,
         config,
+        node_agent: args
+            .node_agent
+            .then(|| crate::install::node_agent::NodeAgent {
+                runtime: args.node_agent_runtime,
+                mode: args.node_agent_mode,
+                host_path: args.node_agent_dir.clone().unwrap_or_else(|| {
+                    crate::install::node_agent::NodeAgent::default_path(args.node_agent_runtime)
+                }),
+            }),
     };
     let objects = manifests::objects(&opts).map_err(|e| Usage(e.to_string()))?;
     let mut header = format!(

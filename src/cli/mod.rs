@@ -36,7 +36,7 @@ pub struct Cli {
     pub log_format: LogFormat,
     /// Log filter (tracing EnvFilter syntax), e.g. `info`, `pinswap=debug`.
     /// Default: `info` for `serve` (one line per admission; each decision at
-    /// `debug`) and `cache`, `warn` otherwise.
+    /// `debug`), `cache` and `node-agent`, `warn` otherwise.
     #[arg(long, global = true, env = "PINSWAP_LOG")]
     pub log_level: Option<String>,
     /// The command.
@@ -72,6 +72,8 @@ pub enum Command {
     Manifests(install::ManifestsArgs),
     /// Render the container runtime's mirror configuration (containerd hosts.toml, CRI-O registries.conf.d) so nodes pull from the target.
     NodeConfig(NodeConfigArgs),
+    /// Keep node-config's files true on this node until stopped (run by the node agent DaemonSet).
+    NodeAgent(NodeAgentArgs),
     /// Print each manifest's config digest (image ID) and flag identity collisions and non-unique configs; exit 3 when anything is flagged.
     Check(CheckArgs),
     /// Print the version, the git commit and the target it was built for.
@@ -105,6 +107,17 @@ pub struct CheckArgs {
     pub registry: RegistryArgs,
 }
 
+/// The runtime and mode of `node-config` and `node-agent`.
+#[derive(Debug, Args)]
+pub struct NodeRuntimeArgs {
+    /// The node's container runtime.
+    #[arg(long, value_enum, default_value = "containerd")]
+    pub runtime: crate::nodeconfig::Runtime,
+    /// `resolve`: tags resolve at the mirror too (Pods start while the source is down); `digest-only`: tags resolve at the source, content comes from the mirror.
+    #[arg(long, value_enum, default_value = "resolve")]
+    pub mode: crate::nodeconfig::Mode,
+}
+
 /// `pinswap node-config --config FILE [--runtime R] [--mode M] [--out DIR]`.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
@@ -114,15 +127,34 @@ pub struct NodeConfigArgs {
     /// The webhook's config file.
     #[arg(short, long)]
     pub config: std::path::PathBuf,
-    /// The node's container runtime.
-    #[arg(long, value_enum, default_value = "containerd")]
-    pub runtime: crate::nodeconfig::Runtime,
-    /// `resolve`: tags resolve at the mirror too (Pods start while the source is down); `digest-only`: tags resolve at the source, content comes from the mirror.
-    #[arg(long, value_enum, default_value = "resolve")]
-    pub mode: crate::nodeconfig::Mode,
+    /// The runtime and mode.
+    #[command(flatten)]
+    pub node: NodeRuntimeArgs,
     /// Write the files under this directory (containerd's config_path, CRI-O's registries.conf.d), each atomically, never over a file pinswap did not write; without it they are printed.
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
+}
+
+/// `pinswap node-agent --config FILE --dir DIR [...]`.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    pinswap node-agent -c /etc/pinswap/pinswap.yaml --dir /host/etc/containerd/certs.d --daemonset pinswap-node-agent")]
+pub struct NodeAgentArgs {
+    /// The webhook's config file, read again every round.
+    #[arg(short, long)]
+    pub config: std::path::PathBuf,
+    /// The runtime and mode.
+    #[command(flatten)]
+    pub node: NodeRuntimeArgs,
+    /// The runtime's directory (containerd's config_path, CRI-O's registries.conf.d), as mounted.
+    #[arg(long)]
+    pub dir: std::path::PathBuf,
+    /// Between rounds (the config is read and, with a "*" allowlist, the target listed again).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub interval: std::time::Duration,
+    /// The agent's DaemonSet, in $POD_NAMESPACE: at SIGTERM the files are removed when it is gone (an uninstall), kept otherwise (a rolling update).
+    #[arg(long)]
+    pub daemonset: Option<String>,
 }
 
 /// `pinswap cache ...`.
@@ -396,7 +428,7 @@ pub fn main() -> ExitCode {
 fn init_logging(cli: &Cli) -> anyhow::Result<()> {
     let level = cli.log_level.clone().unwrap_or_else(|| {
         match cli.command {
-            Command::Serve(_) | Command::Cache(_) => "info",
+            Command::Serve(_) | Command::Cache(_) | Command::NodeAgent(_) => "info",
             _ => "warn",
         }
         .to_owned()
@@ -423,6 +455,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::check(args).await,
         Command::Manifests(args) => install::manifests(args),
         Command::NodeConfig(args) => node_config(&args),
+        Command::NodeAgent(args) => node_agent(args).await,
         Command::Version(args) => meta::version(&args),
         Command::Completions(args) => meta::completions(&args),
         Command::Man(args) => meta::man(&args),
@@ -867,10 +900,41 @@ async fn purge(args: PurgeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `pinswap node-agent`: rounds until SIGTERM.
+async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
+    if args.interval < std::time::Duration::from_secs(1) {
+        return Err(Usage(format!(
+            "--interval {}: at least 1s",
+            humantime::format_duration(args.interval)
+        ))
+        .into());
+    }
+    // A config that does not load at start is a usage error; later, the
+    // files are kept while it is fixed.
+    crate::config::Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
+    let daemonset = match (args.daemonset, std::env::var("POD_NAMESPACE")) {
+        (Some(name), Ok(ns)) if !ns.is_empty() => Some((ns, name)),
+        (Some(_), _) => {
+            return Err(Usage("--daemonset needs $POD_NAMESPACE (the downward API)".into()).into());
+        }
+        (None, _) => None,
+    };
+    let agent = crate::nodeconfig::agent::Agent {
+        config: args.config,
+        runtime: args.node.runtime,
+        mode: args.node.mode,
+        dir: args.dir,
+        interval: args.interval,
+        daemonset,
+    };
+    agent.run(crate::server::shutdown_signal()).await;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `pinswap node-config`: renders, then prints or writes.
 fn node_config(args: &NodeConfigArgs) -> anyhow::Result<ExitCode> {
     let config = crate::config::Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
-    let files = crate::nodeconfig::render(&config, args.runtime, args.mode)
+    let files = crate::nodeconfig::render(&config, args.node.runtime, args.node.mode)
         .map_err(|e| Usage(e.to_string()))?;
     if config.source.registries.iter().any(|r| r.registry == "*") {
         eprintln!(

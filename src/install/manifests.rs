@@ -109,11 +109,16 @@ pub struct Options {
     pub config_text: String,
     /// The same config, parsed and validated.
     pub config: Config,
+    /// The node agent DaemonSet, when wanted.
+    pub node_agent: Option<super::node_agent::NodeAgent>,
 }
 
 /// Why the objects cannot be built.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
+    /// `--node-agent` with a config it cannot serve.
+    #[error("--node-agent: {0}")]
+    NodeAgent(String),
     /// `--namespace` is not an RFC 1123 label.
     #[error(
         "--namespace {0:?}: not a valid namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)"
@@ -209,6 +214,11 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
             budget: humantime::format_duration(opts.config.server.admission_budget).to_string(),
         });
     }
+    if opts.node_agent.is_some() && opts.config.source.image_pull_secrets {
+        return Err(InstallError::NodeAgent(
+            crate::nodeconfig::NodeConfigError::PrivateImages.to_string(),
+        ));
+    }
     let problems = in_cluster_problems(&opts.config);
     if !problems.is_empty() {
         return Err(InstallError::InCluster(problems));
@@ -228,6 +238,21 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
     out.push(value("Service", &metrics_service(opts))?);
     out.push(value("Deployment", &deployment(opts))?);
     out.push(value("PodDisruptionBudget", &disruption_budget(ns))?);
+    if let Some(agent) = &opts.node_agent {
+        let (account, role, binding, daemonset) = super::node_agent::objects(
+            agent,
+            ns,
+            &opts.image,
+            &opts.image_pull_secrets,
+            CONFIG_PATH,
+            (REGISTRY_AUTH_SECRET, REGISTRY_AUTH_DIR),
+            (CONFIG_CHECKSUM, &sha256_hex(opts.config_text.as_bytes())),
+        );
+        out.push(value("ServiceAccount", &account)?);
+        out.push(value("Role", &role)?);
+        out.push(value("RoleBinding", &binding)?);
+        out.push(value("DaemonSet", &daemonset)?);
+    }
     if opts.tls == Tls::CertManager {
         out.extend(cert_manager(ns));
     }
@@ -1095,7 +1120,86 @@ mod tests {
             image_pull_secrets: Vec::new(),
             config: Config::from_yaml(&text, "t").unwrap(),
             config_text: text,
+            node_agent: None,
         }
+    }
+
+    #[test]
+    fn the_node_agent_is_a_daemonset_on_every_node_that_may_read_only_itself() {
+        let o = Options {
+            node_agent: Some(super::super::node_agent::NodeAgent {
+                runtime: crate::nodeconfig::Runtime::Containerd,
+                mode: crate::nodeconfig::Mode::DigestOnly,
+                host_path: "/etc/containerd/certs.d".into(),
+            }),
+            ..opts(Tls::SelfSigned)
+        };
+        let all = objects(&o).unwrap();
+        let ds = all.iter().find(|v| v["kind"] == "DaemonSet").unwrap();
+        let pod = &ds["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], "pinswap-node-agent");
+        assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
+        assert_eq!(
+            pod["volumes"][0]["hostPath"],
+            json!({"path": "/etc/containerd/certs.d", "type": "DirectoryOrCreate"})
+        );
+        let args = pod["containers"][0]["args"].as_array().unwrap();
+        let args: Vec<&str> = args.iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(
+            args,
+            [
+                "node-agent",
+                "--config",
+                CONFIG_PATH,
+                "--runtime",
+                "containerd",
+                "--mode",
+                "digest-only",
+                "--dir",
+                "/host-config",
+                "--daemonset",
+                "pinswap-node-agent"
+            ]
+        );
+        let sc = &pod["containers"][0]["securityContext"];
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+        assert_eq!(sc["readOnlyRootFilesystem"], true);
+        // Its selector is not the webhook Deployment's.
+        assert_eq!(
+            ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+            "pinswap-node-agent"
+        );
+        let role = all
+            .iter()
+            .find(|v| v["kind"] == "Role" && v["metadata"]["name"] == "pinswap-node-agent")
+            .unwrap();
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"], "resourceNames": ["pinswap-node-agent"]}])
+        );
+        assert_eq!(
+            ds["spec"]["template"]["metadata"]["annotations"][CONFIG_CHECKSUM],
+            sha256_hex(o.config_text.as_bytes())
+        );
+        assert!(
+            !objects(&opts(Tls::SelfSigned))
+                .unwrap()
+                .iter()
+                .any(|v| v["kind"] == "DaemonSet")
+        );
+        let private = Options {
+            config: Config::from_yaml(
+                "target: {registry: m.example.com}\nsource: {imagePullSecrets: true}\n",
+                "t",
+            )
+            .unwrap(),
+            ..o
+        };
+        let e = objects(&private).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--node-agent: source.imagePullSecrets"),
+            "{e}"
+        );
     }
 
     #[test]

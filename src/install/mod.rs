@@ -7,6 +7,7 @@
 //! objects as a kustomize base and overlays; a test keeps them equal.
 
 pub mod manifests;
+pub mod node_agent;
 pub mod self_signed;
 
 /// Name of the Service, ServiceAccount, Deployment, ConfigMap, RBAC objects

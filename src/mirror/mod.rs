@@ -164,6 +164,34 @@ impl Mirror {
         &self.target
     }
 
+    /// The source registries the target holds images of: the first path
+    /// component under the prefix of every repository (`GET /v2/_catalog`,
+    /// or ECR's repository list), mapped back to the registry it names.
+    ///
+    /// # Errors
+    /// [`MirrorError::Registry`] or [`MirrorError::Ecr`] when the
+    /// repositories cannot be listed.
+    pub async fn mirrored_registries(
+        &self,
+    ) -> Result<std::collections::BTreeSet<String>, MirrorError> {
+        let names = match &self.ecr {
+            Some(ecr) => ecr.repositories().await?,
+            None => {
+                let client = self.pool.get(self.target.registry(), Role::Target).await?;
+                client.catalog().await?
+            }
+        };
+        Ok(names
+            .iter()
+            .filter_map(|n| match self.target.prefix() {
+                Some(p) => n.strip_prefix(p)?.strip_prefix('/'),
+                None => Some(n.as_str()),
+            })
+            .filter_map(|rest| rest.split_once('/'))
+            .filter_map(|(component, _)| crate::reference::registry_of_path_component(component))
+            .collect())
+    }
+
     /// The existence and resolution caches.
     pub fn caches(&self) -> &Caches {
         &self.caches

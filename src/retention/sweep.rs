@@ -54,27 +54,6 @@ fn is_own(tag: &str) -> bool {
     !(tag.starts_with("sha256-") || tag.starts_with("sha512-"))
 }
 
-/// The registry a mirror path component names (the inverse of
-/// [`crate::reference::registry_path_component`]).
-fn registry_of(component: &str) -> Option<String> {
-    let (host, port) = match component.rsplit_once('_') {
-        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => (h, Some(p)),
-        _ => (component, None),
-    };
-    let groups: Vec<&str> = host.split('-').collect();
-    let host = if groups.len() == 8 && groups.iter().all(|g| u16::from_str_radix(g, 16).is_ok()) {
-        format!("[{}]", groups.join(":"))
-    } else if host.contains('.') || host == "localhost" {
-        host.to_owned()
-    } else {
-        return None;
-    };
-    Some(match port {
-        Some(p) => format!("{host}:{p}"),
-        None => host,
-    })
-}
-
 impl Retention {
     /// The source `repository` (under the target, without the registry)
     /// mirrors, when it is a mirror path of an allowed source.
@@ -85,7 +64,11 @@ impl Retention {
             None => repository,
         };
         let (component, path) = rest.split_once('/')?;
-        let source = Reference::parse(&format!("{}/{path}", registry_of(component)?)).ok()?;
+        let source = Reference::parse(&format!(
+            "{}/{path}",
+            crate::reference::registry_of_path_component(component)?
+        ))
+        .ok()?;
         let source = source.without_tag();
         let back = target.map(&source).ok()?;
         (back.repository() == repository && self.policy.source_allowed(&source).is_ok())
@@ -553,21 +536,6 @@ mod tests {
         assert_eq!(v, Some("0123456789ab"));
         assert!(anchor("pinswap-v1").is_none());
         assert!(anchor(&format!("pinswap-{hex}-x")).is_none());
-    }
-
-    #[test]
-    fn mirror_path_components_name_their_registry() {
-        for r in [
-            "docker.io",
-            "127.0.0.1:5001",
-            "localhost:5000",
-            "[fd00::a:1]:443",
-        ] {
-            let c = crate::reference::registry_path_component(r);
-            let back = registry_of(&c).unwrap();
-            assert_eq!(crate::reference::registry_path_component(&back), c, "{r}");
-        }
-        assert_eq!(registry_of("team"), None);
     }
 
     #[test]

@@ -840,6 +840,7 @@ impl KubeApi {
             image_pull_secrets: Vec::new(),
             config_text: String::new(),
             config: config.clone(),
+            node_agent: None,
         };
         let objects = pinswap::install::manifests::rbac(&opts).expect("render RBAC");
         self.shared.lock().rbac = Some(Rbac::for_service_account(

@@ -5,6 +5,9 @@
 //! one `registries.conf.d` drop-in. Neither runtime copies anything: an
 //! image the target lacks is pulled from the source.
 
+pub mod agent;
+
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
@@ -69,6 +72,9 @@ pub struct File {
 /// never touched.
 pub const HEADER: &str = "# Written by pinswap node-config; regenerate rather than edit.";
 
+/// CRI-O's drop-in, in `registries.conf.d`.
+const CRI_O_FILE: &str = "50-pinswap.conf";
+
 /// The runtimes' own name for Docker Hub's API host.
 fn api_host(registry: &str) -> &str {
     match registry {
@@ -87,17 +93,41 @@ fn scheme(insecure: bool) -> &'static str {
 /// [`NodeConfigError::PrivateImages`] with `source.imagePullSecrets`,
 /// [`NodeConfigError::NoRegistries`] when only `"*"` is allowed.
 pub fn render(config: &Config, runtime: Runtime, mode: Mode) -> Result<Vec<File>, NodeConfigError> {
+    render_with(config, runtime, mode, &BTreeSet::new())
+}
+
+/// As [`render`], and when `source.registries` allows `"*"`, also for each
+/// registry in `mirrored` (those the target holds images of, as
+/// [`crate::mirror::Mirror::mirrored_registries`] lists them).
+///
+/// # Errors
+/// As [`render`].
+pub fn render_with(
+    config: &Config,
+    runtime: Runtime,
+    mode: Mode,
+    mirrored: &BTreeSet<String>,
+) -> Result<Vec<File>, NodeConfigError> {
     if config.source.image_pull_secrets {
         return Err(NodeConfigError::PrivateImages);
     }
     let target = MirrorTarget::parse(&config.target.registry)
         .map_err(|e| NodeConfigError::Target(e.to_string()))?;
-    let sources: Vec<_> = config
+    let mut sources: Vec<(String, bool)> = config
         .source
         .registries
         .iter()
         .filter(|r| r.registry != "*")
+        .map(|r| (r.registry.clone(), r.insecure))
         .collect();
+    // "*" cannot be insecure (config validation): those speak HTTPS.
+    if config.source.registries.iter().any(|r| r.registry == "*") {
+        for r in mirrored {
+            if !sources.iter().any(|(s, _)| s == r) {
+                sources.push((r.clone(), false));
+            }
+        }
+    }
     if sources.is_empty() {
         return Err(NodeConfigError::NoRegistries);
     }
@@ -113,21 +143,20 @@ pub fn render(config: &Config, runtime: Runtime, mode: Mode) -> Result<Vec<File>
     Ok(match runtime {
         Runtime::Containerd => sources
             .iter()
-            .map(|s| {
+            .map(|(registry, insecure)| {
                 let capabilities = match mode {
                     Mode::Resolve => r#"["pull", "resolve"]"#,
                     Mode::DigestOnly => r#"["pull"]"#,
                 };
                 File {
-                    path: PathBuf::from(&s.registry).join("hosts.toml"),
+                    path: PathBuf::from(registry).join("hosts.toml"),
                     contents: format!(
                         "{HEADER}\n# {registry} through the mirror {target}.\nserver = \"{src_scheme}://{api}\"\n\n[host.\"{target_scheme}://{host}/v2/{path}\"]\n  capabilities = {capabilities}\n  override_path = true\n",
-                        registry = s.registry,
                         target = config.target.registry,
-                        src_scheme = scheme(s.insecure),
-                        api = api_host(&s.registry),
+                        src_scheme = scheme(*insecure),
+                        api = api_host(registry),
                         host = target.registry(),
-                        path = path(&s.registry),
+                        path = path(registry),
                     ),
                 }
             })
@@ -138,18 +167,18 @@ pub fn render(config: &Config, runtime: Runtime, mode: Mode) -> Result<Vec<File>
                 Mode::DigestOnly => "digest-only",
             };
             let mut text = format!("{HEADER}\n");
-            for s in &sources {
+            for (registry, insecure) in &sources {
                 text.push_str(&format!(
                     "\n[[registry]]\nprefix = \"{r}\"\nlocation = \"{r}\"\ninsecure = {src_insecure}\n\n[[registry.mirror]]\nlocation = \"{host}/{path}\"\ninsecure = {target_insecure}\npull-from-mirror = \"{pull_from}\"\n",
-                    r = s.registry,
-                    src_insecure = s.insecure,
+                    r = registry,
+                    src_insecure = insecure,
                     host = target.registry(),
-                    path = path(&s.registry),
+                    path = path(registry),
                     target_insecure = config.target.insecure,
                 ));
             }
             vec![File {
-                path: PathBuf::from("50-pinswap.conf"),
+                path: PathBuf::from(CRI_O_FILE),
                 contents: text,
             }]
         }
@@ -157,25 +186,29 @@ pub fn render(config: &Config, runtime: Runtime, mode: Mode) -> Result<Vec<File>
 }
 
 /// Writes `files` under `dir`, each atomically (a temporary file renamed
-/// over it). A file there that pinswap did not write (without [`HEADER`])
-/// is left alone and reported.
+/// over it) and only when its text changed. A file there that pinswap did
+/// not write (without [`HEADER`]) is left alone and reported. Returns the
+/// files written, relative to `dir`.
 ///
 /// # Errors
 /// [`NodeConfigError::Write`] for the first file that cannot be written or
 /// that pinswap did not write.
-pub fn write(dir: &Path, files: &[File]) -> Result<(), NodeConfigError> {
+pub fn write(dir: &Path, files: &[File]) -> Result<Vec<PathBuf>, NodeConfigError> {
+    let mut changed = Vec::new();
     for f in files {
         let path = dir.join(&f.path);
         let err = |reason: String| NodeConfigError::Write {
             path: path.clone(),
             reason,
         };
-        if let Ok(existing) = std::fs::read_to_string(&path)
-            && !existing.starts_with(HEADER)
-        {
-            return Err(err(
-                "exists and was not written by pinswap; left alone".into()
-            ));
+        match std::fs::read_to_string(&path) {
+            Ok(existing) if !existing.starts_with(HEADER) => {
+                return Err(err(
+                    "exists and was not written by pinswap; left alone".into()
+                ));
+            }
+            Ok(existing) if existing == f.contents => continue,
+            _ => {}
         }
         let parent = path.parent().unwrap_or(dir);
         std::fs::create_dir_all(parent).map_err(|e| err(e.to_string()))?;
@@ -188,8 +221,60 @@ pub fn write(dir: &Path, files: &[File]) -> Result<(), NodeConfigError> {
             let _ = std::fs::remove_file(&tmp);
             err(e.to_string())
         })?;
+        changed.push(f.path.clone());
     }
-    Ok(())
+    Ok(changed)
+}
+
+/// The files under `dir` that pinswap wrote for `runtime` (with
+/// [`HEADER`]), relative to `dir`.
+fn written(dir: &Path, runtime: Runtime) -> Vec<PathBuf> {
+    let ours = |rel: PathBuf| {
+        std::fs::read_to_string(dir.join(&rel))
+            .is_ok_and(|t| t.starts_with(HEADER))
+            .then_some(rel)
+    };
+    match runtime {
+        Runtime::Containerd => std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| ours(PathBuf::from(e.file_name()).join("hosts.toml")))
+            .collect(),
+        Runtime::CriO => ours(PathBuf::from(CRI_O_FILE)).into_iter().collect(),
+    }
+}
+
+/// Removes the files pinswap wrote under `dir` for `runtime` that `keep`
+/// does not name (all of them with an empty `keep`), and the host
+/// directories that leaves empty. Files without [`HEADER`] are never
+/// touched. Returns what was removed, relative to `dir`.
+///
+/// # Errors
+/// [`NodeConfigError::Write`] for the first file that cannot be removed.
+pub fn remove_stale(
+    dir: &Path,
+    runtime: Runtime,
+    keep: &[File],
+) -> Result<Vec<PathBuf>, NodeConfigError> {
+    let mut removed = Vec::new();
+    for rel in written(dir, runtime) {
+        if keep.iter().any(|f| f.path == rel) {
+            continue;
+        }
+        let path = dir.join(&rel);
+        std::fs::remove_file(&path).map_err(|e| NodeConfigError::Write {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        if let Some(parent) = path.parent().filter(|p| *p != dir) {
+            // Only when empty: another file there is not ours.
+            let _ = std::fs::remove_dir(parent);
+        }
+        removed.push(rel);
+    }
+    Ok(removed)
 }
 
 #[cfg(test)]
@@ -281,6 +366,70 @@ mod tests {
         assert!(e.to_string().contains("not written by pinswap"), "{e}");
         assert_eq!(
             std::fs::read_to_string(&written).unwrap(),
+            "server = \"theirs\"\n"
+        );
+    }
+
+    #[test]
+    fn with_any_registry_allowed_the_registries_the_target_holds_get_files() {
+        let c = config(
+            "target: {registry: m.example.com/cache}\nsource: {registries: [{registry: quay.io}, {registry: \"*\"}]}\n",
+        );
+        let held = BTreeSet::from(["quay.io".to_owned(), "10.0.0.5:5000".to_owned()]);
+        let files = render_with(&c, Runtime::Containerd, Mode::Resolve, &held).unwrap();
+        let paths: Vec<_> = files.iter().map(|f| f.path.display().to_string()).collect();
+        assert_eq!(paths, ["quay.io/hosts.toml", "10.0.0.5:5000/hosts.toml"]);
+        assert!(
+            files[1]
+                .contents
+                .contains("server = \"https://10.0.0.5:5000\"")
+        );
+        // Without "*", only what the config names.
+        let named = config(
+            "target: {registry: m.example.com/cache}\nsource: {registries: [{registry: quay.io}]}\n",
+        );
+        assert_eq!(
+            render_with(&named, Runtime::Containerd, Mode::Resolve, &held)
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn stale_files_of_ours_are_removed_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = |host: &str| File {
+            path: PathBuf::from(host).join("hosts.toml"),
+            contents: format!("{HEADER}\nserver = \"https://{host}\"\n"),
+        };
+        let (a, b) = (ours("a.example"), ours("b.example"));
+        assert_eq!(write(dir.path(), &[a.clone(), b.clone()]).unwrap().len(), 2);
+        assert!(
+            write(dir.path(), &[a.clone(), b.clone()])
+                .unwrap()
+                .is_empty(),
+            "unchanged files are not rewritten"
+        );
+        std::fs::create_dir_all(dir.path().join("c.example")).unwrap();
+        std::fs::write(
+            dir.path().join("c.example/hosts.toml"),
+            "server = \"theirs\"\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("b.example/ca.crt"), "theirs").unwrap();
+        let removed =
+            remove_stale(dir.path(), Runtime::Containerd, std::slice::from_ref(&a)).unwrap();
+        assert_eq!(removed, [PathBuf::from("b.example/hosts.toml")]);
+        assert!(
+            dir.path().join("b.example/ca.crt").exists(),
+            "a directory with another file stays"
+        );
+        let removed = remove_stale(dir.path(), Runtime::Containerd, &[]).unwrap();
+        assert_eq!(removed, [PathBuf::from("a.example/hosts.toml")]);
+        assert!(!dir.path().join("a.example").exists());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("c.example/hosts.toml")).unwrap(),
             "server = \"theirs\"\n"
         );
     }

@@ -1,0 +1,278 @@
+//! The node agent's objects (`pinswap manifests --node-agent`): a
+//! DaemonSet running `pinswap node-agent` on every node with the
+//! runtime's directory as a hostPath, its ServiceAccount, and a Role that
+//! lets it read its own DaemonSet (to tell an uninstall from a rolling
+//! update).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, HostPathVolumeSource,
+    LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
+    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, ServiceAccount,
+    Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use super::NAME;
+use crate::nodeconfig::{Mode, Runtime};
+
+/// Name of the DaemonSet, its ServiceAccount, Role and RoleBinding.
+pub const NODE_AGENT: &str = "pinswap-node-agent";
+
+/// Where the node's directory is mounted in the agent's container.
+const HOST_DIR: &str = "/host-config";
+
+/// What the node agent is installed with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAgent {
+    /// The nodes' container runtime.
+    pub runtime: Runtime,
+    /// How tags resolve.
+    pub mode: Mode,
+    /// The runtime's directory on the node.
+    pub host_path: PathBuf,
+}
+
+impl NodeAgent {
+    /// The runtime's usual directory: containerd's `config_path` as
+    /// distributions set it, CRI-O's drop-in directory.
+    pub fn default_path(runtime: Runtime) -> PathBuf {
+        PathBuf::from(match runtime {
+            Runtime::Containerd => "/etc/containerd/certs.d",
+            Runtime::CriO => "/etc/containers/registries.conf.d",
+        })
+    }
+}
+
+fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), NODE_AGENT.to_owned()),
+        ("app.kubernetes.io/part-of".to_owned(), NAME.to_owned()),
+    ])
+}
+
+fn meta(ns: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(NODE_AGENT.into()),
+        namespace: Some(ns.into()),
+        labels: Some(labels()),
+        ..Default::default()
+    }
+}
+
+fn mode_arg(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Resolve => "resolve",
+        Mode::DigestOnly => "digest-only",
+    }
+}
+
+fn runtime_arg(runtime: Runtime) -> &'static str {
+    match runtime {
+        Runtime::Containerd => "containerd",
+        Runtime::CriO => "cri-o",
+    }
+}
+
+/// The ServiceAccount, Role, RoleBinding and DaemonSet, in that order.
+/// `config_checksum` (annotation key and value) rolls the DaemonSet when
+/// the config changes.
+#[allow(clippy::too_many_arguments)]
+pub fn objects(
+    agent: &NodeAgent,
+    ns: &str,
+    image: &str,
+    image_pull_secrets: &[String],
+    config_path: &str,
+    registry_auth: (&str, &str),
+    config_checksum: (&str, &str),
+) -> (ServiceAccount, Role, RoleBinding, DaemonSet) {
+    let account = ServiceAccount {
+        metadata: meta(ns),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: meta(ns),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["apps".into()]),
+            resources: Some(vec!["daemonsets".into()]),
+            verbs: vec!["get".into()],
+            resource_names: Some(vec![NODE_AGENT.into()]),
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: meta(ns),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: NODE_AGENT.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: NODE_AGENT.into(),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        }]),
+    };
+    let config_dir = Path::new(config_path)
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "/etc/pinswap/config".into());
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    };
+    let quantities = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let container = Container {
+        name: "node-agent".into(),
+        image: Some(image.into()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(vec![
+            "node-agent".into(),
+            "--config".into(),
+            config_path.into(),
+            "--runtime".into(),
+            runtime_arg(agent.runtime).into(),
+            "--mode".into(),
+            mode_arg(agent.mode).into(),
+            "--dir".into(),
+            HOST_DIR.into(),
+            "--daemonset".into(),
+            NODE_AGENT.into(),
+        ]),
+        env: Some(vec![
+            EnvVar {
+                name: "POD_NAMESPACE".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.namespace".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            EnvVar {
+                name: "HOME".into(),
+                value: Some("/tmp".into()),
+                ..Default::default()
+            },
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities(&[("cpu", "10m"), ("memory", "32Mi")])),
+            limits: Some(quantities(&[("memory", "128Mi")])),
+            ..Default::default()
+        }),
+        // Root, to write the root-owned directory it is given, and nothing
+        // more: no capability (owner permissions suffice), no escalation,
+        // a read-only root filesystem.
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(false),
+            run_as_user: Some(0),
+            run_as_group: Some(0),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("host-config", HOST_DIR, false),
+            mount("config", &config_dir, true),
+            mount("registry-auth", registry_auth.1, true),
+        ]),
+        ..Default::default()
+    };
+    let daemonset = DaemonSet {
+        metadata: meta(ns),
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels()),
+                    annotations: Some(BTreeMap::from([(
+                        config_checksum.0.to_owned(),
+                        config_checksum.1.to_owned(),
+                    )])),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(NODE_AGENT.into()),
+                    image_pull_secrets: (!image_pull_secrets.is_empty()).then(|| {
+                        image_pull_secrets
+                            .iter()
+                            .map(|name| LocalObjectReference { name: name.clone() })
+                            .collect()
+                    }),
+                    security_context: Some(PodSecurityContext {
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    // Every node pulls images, tainted ones too.
+                    tolerations: Some(vec![Toleration {
+                        operator: Some("Exists".into()),
+                        ..Default::default()
+                    }]),
+                    termination_grace_period_seconds: Some(30),
+                    containers: vec![container],
+                    volumes: Some(vec![
+                        Volume {
+                            name: "host-config".into(),
+                            host_path: Some(HostPathVolumeSource {
+                                path: agent.host_path.display().to_string(),
+                                type_: Some("DirectoryOrCreate".into()),
+                            }),
+                            ..Default::default()
+                        },
+                        Volume {
+                            name: "config".into(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: NAME.into(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                        Volume {
+                            name: "registry-auth".into(),
+                            secret: Some(SecretVolumeSource {
+                                secret_name: Some(registry_auth.0.into()),
+                                optional: Some(true),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                    ]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    (account, role, binding, daemonset)
+}
