@@ -24,6 +24,9 @@ use crate::nodeconfig::{Mode, Runtime};
 /// Name of the DaemonSet, its ServiceAccount, Role and RoleBinding.
 pub const NODE_AGENT: &str = "pinswap-node-agent";
 
+/// Between the agent's full rounds (the chart's `nodeAgent.interval`).
+const INTERVAL: &str = "30s";
+
 /// Where the node's directory is mounted in the agent's container.
 const HOST_DIR: &str = "/host-config";
 
@@ -150,6 +153,8 @@ pub fn objects(
             mode_arg(agent.mode).into(),
             "--dir".into(),
             HOST_DIR.into(),
+            "--interval".into(),
+            INTERVAL.into(),
             "--daemonset".into(),
             NODE_AGENT.into(),
         ]),

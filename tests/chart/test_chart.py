@@ -187,6 +187,8 @@ MATRIX = [
         "pinswap",
     ),
     ("no-rbac-existing-account", {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}}, "pinswap", "pinswap"),
+    ("node-agent", {"nodeAgent": {"enabled": True, "runtime": "cri-o", "interval": "1m", "nodeSelector": {"kubernetes.io/os": "linux"},
+                                  "priorityClassName": "system-node-critical"}}, "mirror", "mirror-system"),
 ]
 
 
@@ -449,6 +451,10 @@ EQUIVALENT = [
     ({"config": {"target": {"registry": "m.example.com"}, "recovery": {"evict": {"enabled": True}}}}, "pinswap", ["--tls", "self-signed"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "recovery": {"namespaces": ["apps", "web"], "evict": {"enabled": True, "perMinute": 5}}}}, "pinswap", ["--tls", "cert-manager"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "retention": {"enabled": True, "unusedFor": "240h"}}}, "mirror", ["--tls", "cert-manager"]),
+    # The node agent, in each runtime and mode.
+    ({"nodeAgent": {"enabled": True}}, "pinswap", ["--tls", "self-signed", "--node-agent"]),
+    ({"nodeAgent": {"enabled": True, "runtime": "cri-o", "mode": "digest-only", "hostPath": "/etc/crio/mirrors.d"}}, "mirror",
+     ["--tls", "self-signed", "--node-agent", "--node-agent-runtime", "cri-o", "--node-agent-mode", "digest-only", "--node-agent-dir", "/etc/crio/mirrors.d"]),
 ]
 
 
@@ -546,6 +552,8 @@ RENDER_REFUSALS = [
     ({"config": {"target": {"registry": "m.example.com"}, "scope": {"objectSelector": {"matchLabels": {"a": "b"}}}},
       "webhook": {"objectSelector": {"matchLabels": {"c": "d"}}}},
      "webhook.objectSelector and config.scope.objectSelector: set one"),
+    ({"nodeAgent": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "source": {"imagePullSecrets": True}}},
+     "nodeAgent.enabled: config.source.imagePullSecrets is true"),
 ]
 
 
