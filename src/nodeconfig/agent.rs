@@ -80,7 +80,14 @@ impl Agent {
                 .map_err(|e| AgentError::Target(e.to_string()))?;
         }
         let files = render_with(&config, self.runtime, self.mode, &mirrored)?;
-        let written = write(&self.dir, &files)?;
+        // File by file: one someone else wrote holds back only itself.
+        let mut written = Vec::new();
+        for f in &files {
+            match write(&self.dir, std::slice::from_ref(f)) {
+                Ok(w) => written.extend(w),
+                Err(e) => warn!(error = %e, "node mirror file not written"),
+            }
+        }
         let removed = remove_stale(&self.dir, self.runtime, &files)?;
         Ok((written, removed))
     }
