@@ -410,3 +410,109 @@ async fn the_node_agent_keeps_the_nodes_mirror_files_for_a_profiled_operator() {
     );
     std::fs::remove_dir_all(foreign.parent().unwrap()).unwrap();
 }
+
+/// Digest-only mode, rendered by `pinswap node-config --mode digest-only`:
+/// containerd resolves the tag at the source and reads the content from
+/// the mirror. The source moves the tag; a new Pod naming it runs the new
+/// digest, which its admission mirrored (`cache.resolutionTtl: 0s`: every
+/// admission resolves the tag), and still no content comes from the
+/// source.
+#[tokio::test]
+async fn in_digest_only_mode_a_moved_tag_runs_its_new_digest_from_the_mirror() {
+    let c = Cluster::with_node();
+    let _held = c.lock().await;
+    let node = c.node.as_ref().unwrap();
+    let rig = NodeRig::start(
+        c,
+        "digests",
+        Via::Manifests,
+        1,
+        "",
+        "mirrorOnly: {pods: [{podSelector: {matchLabels: {app: ledger}}}]}\ncache: {reverify: 1h, resolutionTtl: 0s}\n",
+    )
+    .await;
+    let first = common::node::push_runnable(&rig.src, "shop/ledger", "v1", "ledger-a").await;
+    let _restore = node_config(&rig, node, &["--mode", "digest-only"]).await;
+    let written =
+        std::fs::read_to_string(node.certs_d.join(&rig.src_at).join("hosts.toml")).unwrap();
+    assert!(written.contains("capabilities = [\"pull\"]\n"), "{written}");
+    let source = rig.source("shop/ledger:v1");
+
+    let mut runs = Vec::new();
+    for (i, digest) in [(1, first.clone()), (2, String::new())] {
+        let digest = if i == 2 {
+            // The source moves the tag.
+            let moved =
+                common::node::push_runnable(&rig.src, "shop/ledger", "v1", "ledger-b").await;
+            assert_ne!(moved, first);
+            forget_images(node, &[&source]);
+            rig.pods()
+                .delete("ledger-1", &DeleteParams::default().grace_period(0))
+                .await
+                .unwrap();
+            moved
+        } else {
+            digest
+        };
+        let name = format!("ledger-{i}");
+        create_pod(
+            &rig.client,
+            "digests",
+            pod("digests", &name, "ledger", &source),
+        )
+        .await
+        .unwrap();
+        let running = wait_running(
+            &rig.client,
+            "digests",
+            "app=ledger",
+            1,
+            Duration::from_secs(120),
+        )
+        .await;
+        assert_eq!(running[0].metadata.name.as_deref(), Some(name.as_str()));
+        let st = &running[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .container_statuses
+            .as_ref()
+            .unwrap()[0];
+        assert!(
+            st.image_id.ends_with(&digest),
+            "{} runs {}, not {digest}",
+            name,
+            st.image_id
+        );
+        // Its manifest by digest came from the mirror.
+        let at_target = format!(
+            "GET /v2/{}/manifests/{digest}",
+            rig.mirrored_repo("shop/ledger")
+        );
+        assert!(
+            rig.dst
+                .log()
+                .lines()
+                .any(|l| l.contains(&at_target) && l.contains("containerd/")),
+            "containerd did not read {digest} from the mirror:\n{}",
+            rig.dst.log()
+        );
+        runs.push(digest);
+    }
+    // The source answered the tag's resolution only: no manifest by
+    // digest, no blob.
+    let src_log = rig.src.log();
+    let asked: Vec<&str> = src_log
+        .lines()
+        .filter(|l| l.contains("/v2/shop/ledger/") && l.contains("containerd/"))
+        .collect();
+    assert!(!asked.is_empty(), "containerd never resolved at the source");
+    assert!(
+        asked
+            .iter()
+            .all(|l| l.contains("/manifests/v1 ") && l.contains("\"HEAD ")),
+        "containerd read content from the source:\n{}",
+        asked.join("\n")
+    );
+    assert_ne!(runs[0], runs[1]);
+}

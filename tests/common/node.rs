@@ -699,8 +699,14 @@ impl NodeRig {
         // A budget well under the webhook's 10 s timeoutSeconds: on two
         // shared cores answering after the budget can take seconds, and an
         // answer after the timeout lets the Pod through unchanged.
+        // Re-verification off the way, unless `extra` sets `cache` itself.
+        let cache = if extra.contains("cache:") {
+            ""
+        } else {
+            "cache: {reverify: 1h}\n"
+        };
         let config = format!(
-            "target: {{registry: \"{dst_at}/mirror\", insecure: true}}\nsource:\n  registries: [{{registry: \"{src_at}\", insecure: true}}]\n{source_keys}{copy_policy}copyDeadline: 6s\nserver: {{admissionBudget: 6s}}\ncache: {{reverify: 1h}}\nrecovery:\n{NODE_RECOVERY}{recovery}{extra}\n"
+            "target: {{registry: \"{dst_at}/mirror\", insecure: true}}\nsource:\n  registries: [{{registry: \"{src_at}\", insecure: true}}]\n{source_keys}{copy_policy}copyDeadline: 6s\nserver: {{admissionBudget: 6s}}\n{cache}recovery:\n{NODE_RECOVERY}{recovery}{extra}\n"
         );
         let client = workload_namespace(cluster, name).await;
         let install =
