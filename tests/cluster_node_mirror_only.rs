@@ -246,7 +246,8 @@ async fn wait_file(
 #[tokio::test]
 async fn the_node_agent_keeps_the_nodes_mirror_files_for_a_profiled_operator() {
     use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
-    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     use kube::Api;
 
     let c = Cluster::with_node();
@@ -384,12 +385,19 @@ async fn the_node_agent_keeps_the_nodes_mirror_files_for_a_profiled_operator() {
     )
     .await;
 
-    // Uninstall: what the agent wrote goes, the foreign file stays.
-    let daemonsets: Api<DaemonSet> = Api::namespaced(rig.client.clone(), &rig.install.namespace);
-    daemonsets
-        .delete("pinswap-node-agent", &DeleteParams::default())
-        .await
-        .unwrap();
+    // Uninstall as `kubectl delete -f` does it, in the output's order: the
+    // account and its Role go before the DaemonSet's Pods get SIGTERM.
+    // What the agent wrote goes, the foreign file stays.
+    let ns = &rig.install.namespace;
+    let dp = DeleteParams::default();
+    let accounts: Api<ServiceAccount> = Api::namespaced(rig.client.clone(), ns);
+    accounts.delete("pinswap-node-agent", &dp).await.unwrap();
+    let roles: Api<Role> = Api::namespaced(rig.client.clone(), ns);
+    roles.delete("pinswap-node-agent", &dp).await.unwrap();
+    let bindings: Api<RoleBinding> = Api::namespaced(rig.client.clone(), ns);
+    bindings.delete("pinswap-node-agent", &dp).await.unwrap();
+    let daemonsets: Api<DaemonSet> = Api::namespaced(rig.client.clone(), ns);
+    daemonsets.delete("pinswap-node-agent", &dp).await.unwrap();
     wait_file(
         &hosts,
         "hosts.toml removed at uninstall",

@@ -927,7 +927,18 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         interval: args.interval,
         daemonset,
     };
-    agent.run(crate::server::shutdown_signal()).await;
+    // SIGTERM's handler is installed now, before the first round: as PID 1
+    // without one, the kernel would drop the signal.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| anyhow::anyhow!("cannot listen for SIGTERM: {e}"))?;
+    agent
+        .run(async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("received SIGTERM"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("received Ctrl-C"),
+            }
+        })
+        .await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1157,6 +1157,8 @@ mod tests {
                 "digest-only",
                 "--dir",
                 "/host-config",
+                "--interval",
+                "30s",
                 "--daemonset",
                 "pinswap-node-agent"
             ]

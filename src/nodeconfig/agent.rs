@@ -63,23 +63,40 @@ pub enum AgentError {
 
 impl Agent {
     /// One round: renders from the config file and brings the directory
-    /// in line. Returns the files written and removed.
+    /// in line. `known` holds the registries the target held at the last
+    /// listing that worked (for `"*"`), used while listing fails. Returns
+    /// the files written and removed.
     ///
     /// # Errors
-    /// [`AgentError`]; nothing is removed then.
-    pub async fn round(&self) -> Result<(Vec<PathBuf>, Vec<PathBuf>), AgentError> {
+    /// [`AgentError`]; nothing is removed then, except that a config with
+    /// `source.imagePullSecrets` removes every file the agent wrote.
+    pub async fn round(
+        &self,
+        known: &mut BTreeSet<String>,
+    ) -> Result<(Vec<PathBuf>, Vec<PathBuf>), AgentError> {
         let config = Config::load(&self.config).map_err(|e| AgentError::Config(e.to_string()))?;
-        let mut mirrored = BTreeSet::new();
         if config.source.registries.iter().any(|r| r.registry == "*") {
-            let mirror = Mirror::connect(&config, Arc::new(Metrics::new()))
-                .await
-                .map_err(|e| AgentError::Target(e.to_string()))?;
-            mirrored = mirror
-                .mirrored_registries()
-                .await
-                .map_err(|e| AgentError::Target(e.to_string()))?;
+            match self.list(&config).await {
+                Ok(held) => *known = held,
+                // The registries the config names still get their files.
+                Err(e) => warn!(error = %e, "the target's registries as last listed"),
+            }
         }
-        let files = render_with(&config, self.runtime, self.mode, &mirrored)?;
+        let files = match render_with(&config, self.runtime, self.mode, known) {
+            Ok(f) => f,
+            Err(NodeConfigError::PrivateImages) => {
+                // The target may now hold private images: no node may
+                // serve them to any Pod.
+                let removed = remove_stale(&self.dir, self.runtime, &[])?;
+                warn!(
+                    removed = removed.len(),
+                    "{}; removed the node mirror configuration",
+                    NodeConfigError::PrivateImages
+                );
+                return Ok((Vec::new(), removed));
+            }
+            Err(e) => return Err(e.into()),
+        };
         // File by file: one someone else wrote holds back only itself.
         let mut written = Vec::new();
         for f in &files {
@@ -92,15 +109,31 @@ impl Agent {
         Ok((written, removed))
     }
 
+    /// The registries the target holds images of.
+    async fn list(&self, config: &Config) -> Result<BTreeSet<String>, AgentError> {
+        let mirror = Mirror::connect(config, Arc::new(Metrics::new()))
+            .await
+            .map_err(|e| AgentError::Target(e.to_string()))?;
+        mirror
+            .mirrored_registries()
+            .await
+            .map_err(|e| AgentError::Target(e.to_string()))
+    }
+
     /// Rounds every [`Agent::interval`], and within [`CONFIG_POLL`] of a
     /// change to the config file, until `shutdown` resolves; then removes
     /// the files when the DaemonSet is gone.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
+        let mut known = BTreeSet::new();
         loop {
             let read = || std::fs::read(&self.config).ok();
             let seen = read();
-            match self.round().await {
+            let outcome = tokio::select! {
+                r = self.round(&mut known) => r,
+                () = &mut shutdown => break,
+            };
+            match outcome {
                 Ok((written, removed)) => {
                     for f in &written {
                         info!(file = %self.dir.join(f).display(), "wrote node mirror configuration");
@@ -142,7 +175,8 @@ impl Agent {
         }
     }
 
-    /// Whether the DaemonSet is gone or being deleted. Unknown (no
+    /// Whether the DaemonSet, or the agent's access to it, is gone, or it
+    /// is being deleted. Unknown (no
     /// DaemonSet named, the API unreachable) counts as not: a node left
     /// with the files keeps pulling through the mirror, with the source as
     /// its fallback.
@@ -161,10 +195,76 @@ impl Agent {
         match api.get_opt(name).await {
             Ok(None) => true,
             Ok(Some(ds)) => ds.metadata.deletion_timestamp.is_some(),
+            // Its ServiceAccount (401) or Role (403) went first: an
+            // uninstall deletes them with the DaemonSet, before the
+            // garbage collector stops its Pods; a rolling update keeps them.
+            Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => {
+                info!(code = s.code, "the agent's access is gone with its install");
+                true
+            }
             Err(e) => {
                 warn!(error = %e, daemonset = %format!("{ns}/{name}"), "could not read the DaemonSet; keeping the files");
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(dir: &std::path::Path) -> Agent {
+        Agent {
+            config: dir.join("pinswap.yaml"),
+            runtime: Runtime::Containerd,
+            mode: Mode::Resolve,
+            dir: dir.join("certs.d"),
+            interval: Duration::from_secs(30),
+            daemonset: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_round_follows_the_config_and_private_images_remove_every_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = agent(tmp.path());
+        let mut known = BTreeSet::new();
+        std::fs::write(
+            &a.config,
+            "target: {registry: m.example.com}\nsource: {registries: [{registry: quay.io}, {registry: ghcr.io}]}\n",
+        )
+        .unwrap();
+        let (written, removed) = a.round(&mut known).await.unwrap();
+        assert_eq!(written.len(), 2);
+        assert!(removed.is_empty());
+        assert!(a.round(&mut known).await.unwrap().0.is_empty(), "unchanged");
+
+        // A source dropped from the config: its file goes.
+        std::fs::write(
+            &a.config,
+            "target: {registry: m.example.com}\nsource: {registries: [{registry: quay.io}]}\n",
+        )
+        .unwrap();
+        let (_, removed) = a.round(&mut known).await.unwrap();
+        assert_eq!(removed, [PathBuf::from("ghcr.io/hosts.toml")]);
+
+        // A config that does not load leaves the files.
+        std::fs::write(&a.config, "target: [\n").unwrap();
+        assert!(matches!(
+            a.round(&mut known).await,
+            Err(AgentError::Config(_))
+        ));
+        assert!(a.dir.join("quay.io/hosts.toml").exists());
+
+        // The target may hold private images now: every file goes.
+        std::fs::write(
+            &a.config,
+            "target: {registry: m.example.com}\nsource: {registries: [{registry: quay.io}], imagePullSecrets: true}\n",
+        )
+        .unwrap();
+        let (_, removed) = a.round(&mut known).await.unwrap();
+        assert_eq!(removed, [PathBuf::from("quay.io/hosts.toml")]);
+        assert!(!a.dir.join("quay.io").exists());
     }
 }

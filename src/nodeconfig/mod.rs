@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
-use crate::reference::{MirrorTarget, registry_path_component};
+use crate::reference::{MirrorTarget, normalize_registry, registry_path_component};
 
 /// Why node configuration was not rendered or written.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +26,11 @@ pub enum NodeConfigError {
         "source.registries names no registry (\"*\" alone): a node mirror is configured per source registry"
     )]
     NoRegistries,
+    /// A registry name that is no single directory name.
+    #[error(
+        "source.registries: {0:?} cannot name a directory of the runtime's configuration (empty, \".\", \"..\", or a path separator)"
+    )]
+    Registry(String),
     /// The target is not a valid mirror target.
     #[error("target.registry: {0}")]
     Target(String),
@@ -72,6 +77,12 @@ pub struct File {
 /// never touched.
 pub const HEADER: &str = "# Written by pinswap node-config; regenerate rather than edit.";
 
+/// Whether `name` is one directory name under the runtime's directory:
+/// never `.`, `..` or a path.
+fn is_directory_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
 /// CRI-O's drop-in, in `registries.conf.d`.
 const CRI_O_FILE: &str = "50-pinswap.conf";
 
@@ -113,18 +124,29 @@ pub fn render_with(
     }
     let target = MirrorTarget::parse(&config.target.registry)
         .map_err(|e| NodeConfigError::Target(e.to_string()))?;
-    let mut sources: Vec<(String, bool)> = config
+    // As the runtimes name them: `index.docker.io` is `docker.io`'s
+    // directory, and host names are lowercase.
+    let mut sources: Vec<(String, bool)> = Vec::new();
+    for r in config
         .source
         .registries
         .iter()
         .filter(|r| r.registry != "*")
-        .map(|r| (r.registry.clone(), r.insecure))
-        .collect();
-    // "*" cannot be insecure (config validation): those speak HTTPS.
+    {
+        let name = normalize_registry(&r.registry);
+        if !is_directory_name(&name) {
+            return Err(NodeConfigError::Registry(r.registry.clone()));
+        }
+        if !sources.iter().any(|(s, _)| *s == name) {
+            sources.push((name, r.insecure));
+        }
+    }
+    // "*" cannot be insecure (config validation): those speak HTTPS. A
+    // name from the target's listing that is no directory name is skipped.
     if config.source.registries.iter().any(|r| r.registry == "*") {
-        for r in mirrored {
-            if !sources.iter().any(|(s, _)| s == r) {
-                sources.push((r.clone(), false));
+        for r in mirrored.iter().map(|r| normalize_registry(r)) {
+            if is_directory_name(&r) && !sources.iter().any(|(s, _)| *s == r) {
+                sources.push((r, false));
             }
         }
     }
@@ -201,14 +223,26 @@ pub fn write(dir: &Path, files: &[File]) -> Result<Vec<PathBuf>, NodeConfigError
             path: path.clone(),
             reason,
         };
-        match std::fs::read_to_string(&path) {
-            Ok(existing) if !existing.starts_with(HEADER) => {
+        // Only a regular file with the header is ours; a link, a file that
+        // cannot be read, or any other is left alone.
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if !m.file_type().is_file() => {
                 return Err(err(
-                    "exists and was not written by pinswap; left alone".into()
+                    "exists and is not a regular file pinswap wrote; left alone".into(),
                 ));
             }
-            Ok(existing) if existing == f.contents => continue,
-            _ => {}
+            Ok(_) => match std::fs::read(&path) {
+                Ok(existing) if !existing.starts_with(HEADER.as_bytes()) => {
+                    return Err(err(
+                        "exists and was not written by pinswap; left alone".into()
+                    ));
+                }
+                Ok(existing) if existing == f.contents.as_bytes() => continue,
+                Ok(_) => {}
+                Err(e) => return Err(err(format!("cannot be read ({e}); left alone"))),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err(format!("cannot be inspected ({e}); left alone"))),
         }
         let parent = path.parent().unwrap_or(dir);
         std::fs::create_dir_all(parent).map_err(|e| err(e.to_string()))?;
@@ -230,8 +264,9 @@ pub fn write(dir: &Path, files: &[File]) -> Result<Vec<PathBuf>, NodeConfigError
 /// [`HEADER`]), relative to `dir`.
 fn written(dir: &Path, runtime: Runtime) -> Vec<PathBuf> {
     let ours = |rel: PathBuf| {
-        std::fs::read_to_string(dir.join(&rel))
-            .is_ok_and(|t| t.starts_with(HEADER))
+        let path = dir.join(&rel);
+        let regular = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file());
+        (regular && std::fs::read(&path).is_ok_and(|t| t.starts_with(HEADER.as_bytes())))
             .then_some(rel)
     };
     match runtime {
@@ -432,5 +467,63 @@ mod tests {
             std::fs::read_to_string(dir.path().join("c.example/hosts.toml")).unwrap(),
             "server = \"theirs\"\n"
         );
+    }
+
+    #[test]
+    fn registry_names_are_normalised_and_never_a_path() {
+        let c = config(
+            "target: {registry: m.example.com/cache}\nsource: {registries: [{registry: index.docker.io}, {registry: Quay.IO}, {registry: \"*\"}]}\n",
+        );
+        let held = BTreeSet::from(["..".to_owned(), "ghcr.io".to_owned()]);
+        let files = render_with(&c, Runtime::Containerd, Mode::Resolve, &held).unwrap();
+        let paths: Vec<_> = files.iter().map(|f| f.path.display().to_string()).collect();
+        assert_eq!(
+            paths,
+            [
+                "docker.io/hosts.toml",
+                "quay.io/hosts.toml",
+                "ghcr.io/hosts.toml"
+            ]
+        );
+        assert!(files[0].contents.contains("/v2/cache/docker.io\""));
+        for bad in ["..", "."] {
+            let c = config(&format!(
+                "target: {{registry: m.example.com}}\nsource: {{registries: [{{registry: \"{bad}\"}}]}}\n"
+            ));
+            if let Err(e) = render(&c, Runtime::Containerd, Mode::Resolve) {
+                assert!(matches!(e, NodeConfigError::Registry(_)), "{e}");
+            } else {
+                panic!("{bad} rendered");
+            }
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn links_and_unreadable_files_are_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = |host: &str| File {
+            path: PathBuf::from(host).join("hosts.toml"),
+            contents: format!("{HEADER}\nserver = \"https://{host}\"\n"),
+        };
+        std::fs::create_dir_all(dir.path().join("a.example")).unwrap();
+        std::os::unix::fs::symlink("/nonexistent", dir.path().join("a.example/hosts.toml"))
+            .unwrap();
+        let e = write(dir.path(), &[ours("a.example")]).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        std::fs::create_dir_all(dir.path().join("b.example")).unwrap();
+        std::fs::write(
+            dir.path().join("b.example/hosts.toml"),
+            b"server=\"x\"\n# caf\xe9\n",
+        )
+        .unwrap();
+        let e = write(dir.path(), &[ours("b.example")]).unwrap_err();
+        assert!(e.to_string().contains("not written by pinswap"), "{e}");
+        assert!(
+            remove_stale(dir.path(), Runtime::Containerd, &[])
+                .unwrap()
+                .is_empty()
+        );
+        assert!(std::fs::symlink_metadata(dir.path().join("a.example/hosts.toml")).is_ok());
     }
 }

@@ -383,6 +383,8 @@ SCHEMA_REFUSALS = [
     ({"config": {"target": {"registry": "m.example.com"}, "copyPolicy": "later"}}, "/config/copyPolicy'"),
     ({"config": {"target": {"registry": "m.example.com"}, "failurepolicy": "open"}}, "/config': additional properties 'failurepolicy' not allowed"),
     ({"config": {"target": {"registry": "m.example.com"}, "mirrorOnly": {"profiles": ["mysql"]}}}, "/config/mirrorOnly/profiles/0'"),
+    ({"nodeAgent": {"interval": "500ms"}}, "/nodeAgent/interval'"),
+    ({"nodeAgent": {"mode": "digestOnly"}}, "/nodeAgent/mode'"),
 ]
 
 
