@@ -72,13 +72,7 @@ async fn pods_run_from_the_mirror_with_pinswap_installed_from_its_manifests() {
             p.spec.as_ref().unwrap().node_name.as_deref(),
             Some("pinswap-node")
         );
-        let st = &p
-            .status
-            .as_ref()
-            .unwrap()
-            .container_statuses
-            .as_ref()
-            .unwrap()[0];
+        let st = common::node::first_status(p);
         assert!(
             st.image_id.ends_with(&digest),
             "imageID {} is the mirror's manifest",
@@ -86,13 +80,7 @@ async fn pods_run_from_the_mirror_with_pinswap_installed_from_its_manifests() {
         );
     }
     // containerd pulled from the target only; pinswap's copy read the source.
-    assert!(NodeRig::node_pulls(&rig.dst, &rig.mirrored_repo("shop/web")) > 0);
-    assert_eq!(
-        NodeRig::node_pulls(&rig.src, "shop/web"),
-        0,
-        "containerd asked the source:\n{}",
-        rig.src.log()
-    );
+    rig.assert_pulled_from_target("shop/web");
     // The mirror holds the same bytes as the source.
     assert_eq!(
         rig.dst
@@ -107,13 +95,7 @@ async fn pods_run_from_the_mirror_with_pinswap_installed_from_its_manifests() {
     let ours = rig.install.pods(c).await;
     assert_eq!(ours.len(), 2);
     for p in &ours {
-        let st = &p
-            .status
-            .as_ref()
-            .unwrap()
-            .container_statuses
-            .as_ref()
-            .unwrap()[0];
+        let st = common::node::first_status(p);
         assert!(st.ready, "{:?} not ready", p.metadata.name);
         assert_eq!(
             st.restart_count, 0,
@@ -407,13 +389,7 @@ async fn pinswap_image_is_reproducible_and_runs_as_nonroot() {
     // Running under the kubelet: the user the kubelet reports.
     let rig = NodeRig::start(c, "image", Via::Manifests, 1, "", "").await;
     let ours = rig.install.pods(c).await;
-    let st = &ours[0]
-        .status
-        .as_ref()
-        .unwrap()
-        .container_statuses
-        .as_ref()
-        .unwrap()[0];
+    let st = common::node::first_status(&ours[0]);
     let user = st.user.as_ref().unwrap().linux.as_ref().unwrap();
     assert_eq!((user.uid, user.gid), (65532, 65532));
     let image = ours[0].spec.as_ref().unwrap().containers[0]

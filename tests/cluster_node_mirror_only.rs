@@ -21,6 +21,17 @@ struct Restore {
     saved: String,
 }
 
+impl Restore {
+    /// Takes the harness's `hosts.toml` for the rig's source off the node,
+    /// so pinswap's can take its place.
+    fn take(rig: &NodeRig, node: &common::node::NodeInfo) -> Restore {
+        let file = node.certs_d.join(&rig.src_at).join("hosts.toml");
+        let saved = std::fs::read_to_string(&file).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        Restore { file, saved }
+    }
+}
+
 impl Drop for Restore {
     fn drop(&mut self) {
         if let Some(dir) = self.file.parent() {
@@ -44,12 +55,8 @@ async fn node_config(rig: &NodeRig, node: &common::node::NodeInfo, args: &[&str]
         ),
     )
     .unwrap();
-    let hosts = node.certs_d.join(&rig.src_at).join("hosts.toml");
-    let restore = Restore {
-        saved: std::fs::read_to_string(&hosts).unwrap(),
-        file: hosts.clone(),
-    };
-    std::fs::remove_file(&hosts).unwrap();
+    let restore = Restore::take(rig, node);
+    let hosts = restore.file.clone();
     let mut cmd = vec![
         "node-config",
         "--config",
@@ -115,13 +122,7 @@ async fn a_pod_admitted_as_written_is_pulled_from_the_mirror_by_node_config() {
         Some(source.as_str()),
         "the image as written"
     );
-    let notes: Vec<String> = stored
-        .metadata
-        .annotations
-        .unwrap_or_default()
-        .into_keys()
-        .filter(|k| k.starts_with("pinswap.dev/"))
-        .collect();
+    let notes = common::node::pinswap_notes(&stored);
     assert!(notes.is_empty(), "annotated: {notes:?}");
     let running = wait_running(
         &rig.client,
@@ -131,21 +132,9 @@ async fn a_pod_admitted_as_written_is_pulled_from_the_mirror_by_node_config() {
         Duration::from_secs(120),
     )
     .await;
-    let st = &running[0]
-        .status
-        .as_ref()
-        .unwrap()
-        .container_statuses
-        .as_ref()
-        .unwrap()[0];
+    let st = common::node::first_status(&running[0]);
     assert!(st.image_id.ends_with(&digest), "{}", st.image_id);
-    assert!(NodeRig::node_pulls(&rig.dst, &rig.mirrored_repo("shop/ledger")) > 0);
-    assert_eq!(
-        NodeRig::node_pulls(&rig.src, "shop/ledger"),
-        0,
-        "containerd asked the source:\n{}",
-        rig.src.log()
-    );
+    rig.assert_pulled_from_target("shop/ledger");
 
     // The source goes down; a new Pod naming the tag still starts.
     rig.src.kill();
@@ -265,12 +254,8 @@ async fn the_node_agent_keeps_the_nodes_mirror_files_for_a_profiled_operator() {
     let digest = common::node::push_runnable(&rig.src, "zalando/spilo", "v1", "spilo").await;
 
     // The harness's own file for the source goes; the agent's replaces it.
-    let hosts = node.certs_d.join(&rig.src_at).join("hosts.toml");
-    let _restore = Restore {
-        saved: std::fs::read_to_string(&hosts).unwrap(),
-        file: hosts.clone(),
-    };
-    std::fs::remove_file(&hosts).unwrap();
+    let restore = Restore::take(&rig, node);
+    let hosts = restore.file.clone();
     // A file the agent did not write, which it never touches.
     let foreign = node.certs_d.join("theirs.example").join("hosts.toml");
     std::fs::create_dir_all(foreign.parent().unwrap()).unwrap();
@@ -324,14 +309,7 @@ async fn the_node_agent_keeps_the_nodes_mirror_files_for_a_profiled_operator() {
         Some(source.as_str()),
         "the operator's Pod as its StatefulSet wrote it"
     );
-    let notes: Vec<&String> = pod
-        .metadata
-        .annotations
-        .iter()
-        .flatten()
-        .map(|(k, _)| k)
-        .filter(|k| k.starts_with("pinswap.dev/"))
-        .collect();
+    let notes = common::node::pinswap_notes(pod);
     assert!(notes.is_empty(), "annotated: {notes:?}");
     let stored: StatefulSet = Api::namespaced(rig.client.clone(), "agent")
         .get("acid-main")
@@ -342,21 +320,9 @@ async fn the_node_agent_keeps_the_nodes_mirror_files_for_a_profiled_operator() {
             .unwrap(),
         json!(source)
     );
-    let st = &pod
-        .status
-        .as_ref()
-        .unwrap()
-        .container_statuses
-        .as_ref()
-        .unwrap()[0];
+    let st = common::node::first_status(pod);
     assert!(st.image_id.ends_with(&digest), "{}", st.image_id);
-    assert!(NodeRig::node_pulls(&rig.dst, &rig.mirrored_repo("zalando/spilo")) > 0);
-    assert_eq!(
-        NodeRig::node_pulls(&rig.src, "zalando/spilo"),
-        0,
-        "containerd asked the source:\n{}",
-        rig.src.log()
-    );
+    rig.assert_pulled_from_target("zalando/spilo");
 
     // A config change: a source added in the ConfigMap gets its file.
     let added = "127.0.0.1:1";
@@ -447,8 +413,10 @@ async fn in_digest_only_mode_a_moved_tag_runs_its_new_digest_from_the_mirror() {
     let source = rig.source("shop/ledger:v1");
 
     let mut runs = Vec::new();
-    for (i, digest) in [(1, first.clone()), (2, String::new())] {
-        let digest = if i == 2 {
+    for i in 1..=2 {
+        let digest = if i == 1 {
+            first.clone()
+        } else {
             // The source moves the tag.
             let moved =
                 common::node::push_runnable(&rig.src, "shop/ledger", "v1", "ledger-b").await;
@@ -459,8 +427,6 @@ async fn in_digest_only_mode_a_moved_tag_runs_its_new_digest_from_the_mirror() {
                 .await
                 .unwrap();
             moved
-        } else {
-            digest
         };
         let name = format!("ledger-{i}");
         create_pod(
@@ -479,13 +445,7 @@ async fn in_digest_only_mode_a_moved_tag_runs_its_new_digest_from_the_mirror() {
         )
         .await;
         assert_eq!(running[0].metadata.name.as_deref(), Some(name.as_str()));
-        let st = &running[0]
-            .status
-            .as_ref()
-            .unwrap()
-            .container_statuses
-            .as_ref()
-            .unwrap()[0];
+        let st = common::node::first_status(&running[0]);
         assert!(
             st.image_id.ends_with(&digest),
             "{} runs {}, not {digest}",

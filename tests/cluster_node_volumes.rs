@@ -124,13 +124,7 @@ async fn an_image_volume_is_pulled_from_the_mirror_and_recovers_when_lost() {
             .ends_with(&app)
     );
     // containerd mounted the target's copy and never asked the source.
-    assert!(NodeRig::node_pulls(&rig.dst, &rig.mirrored_repo("data/model")) > 0);
-    assert_eq!(
-        NodeRig::node_pulls(&rig.src, "data/model"),
-        0,
-        "containerd asked the source:\n{}",
-        rig.src.log()
-    );
+    rig.assert_pulled_from_target("data/model");
 
     // The mirror loses the volume's image; a node that has not pulled it.
     forget_images(node, &[&reference]);

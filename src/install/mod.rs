@@ -30,3 +30,26 @@ pub fn dns_names(service: &str, namespace: &str) -> Vec<String> {
         format!("{service}.{namespace}.svc.cluster.local"),
     ]
 }
+
+/// A container's securityContext: no privilege escalation, a read-only
+/// root filesystem, no capability, seccomp `RuntimeDefault`. Root only for
+/// the node agent, which writes a root-owned directory of the node.
+pub(crate) fn locked_down(root: bool) -> k8s_openapi::api::core::v1::SecurityContext {
+    use k8s_openapi::api::core::v1::{Capabilities, SeccompProfile, SecurityContext};
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(!root),
+        run_as_user: root.then_some(0),
+        run_as_group: root.then_some(0),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

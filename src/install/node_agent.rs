@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, HostPathVolumeSource,
+    ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, HostPathVolumeSource,
     LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
-    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, ServiceAccount,
-    Toleration, Volume, VolumeMount,
+    ResourceRequirements, SeccompProfile, SecretVolumeSource, ServiceAccount, Toleration, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -181,25 +181,9 @@ pub fn objects(
             limits: Some(quantities(&[("memory", "128Mi")])),
             ..Default::default()
         }),
-        // Root, to write the root-owned directory it is given, and nothing
-        // more: no capability (owner permissions suffice), no escalation,
-        // a read-only root filesystem.
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(false),
-            run_as_user: Some(0),
-            run_as_group: Some(0),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        // Root, to write the root-owned directory it is given; no
+        // capability (owner permissions suffice).
+        security_context: Some(super::locked_down(true)),
         volume_mounts: Some(vec![
             mount("host-config", HOST_DIR, false),
             mount("config", &config_dir, true),

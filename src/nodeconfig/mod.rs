@@ -316,6 +316,14 @@ pub fn remove_stale(
 mod tests {
     use super::*;
 
+    /// A `hosts.toml` of ours for `host`.
+    fn ours(host: &str) -> File {
+        File {
+            path: PathBuf::from(host).join("hosts.toml"),
+            contents: format!("{HEADER}\nserver = \"https://{host}\"\n"),
+        }
+    }
+
     fn config(yaml: &str) -> Config {
         Config::from_yaml(yaml, "c.yaml").unwrap()
     }
@@ -434,10 +442,6 @@ mod tests {
     #[test]
     fn stale_files_of_ours_are_removed_and_no_other() {
         let dir = tempfile::tempdir().unwrap();
-        let ours = |host: &str| File {
-            path: PathBuf::from(host).join("hosts.toml"),
-            contents: format!("{HEADER}\nserver = \"https://{host}\"\n"),
-        };
         let (a, b) = (ours("a.example"), ours("b.example"));
         assert_eq!(write(dir.path(), &[a.clone(), b.clone()]).unwrap().len(), 2);
         assert!(
@@ -502,10 +506,6 @@ mod tests {
     #[test]
     fn links_and_unreadable_files_are_left_alone() {
         let dir = tempfile::tempdir().unwrap();
-        let ours = |host: &str| File {
-            path: PathBuf::from(host).join("hosts.toml"),
-            contents: format!("{HEADER}\nserver = \"https://{host}\"\n"),
-        };
         std::fs::create_dir_all(dir.path().join("a.example")).unwrap();
         std::os::unix::fs::symlink("/nonexistent", dir.path().join("a.example/hosts.toml"))
             .unwrap();

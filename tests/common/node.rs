@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
@@ -248,6 +248,27 @@ pub fn container_state(p: &Pod) -> Option<String> {
         return Some("Running".into());
     }
     state.waiting.as_ref()?.reason.clone()
+}
+
+/// The status of `p`'s first container (the test's Pods have one).
+pub fn first_status(p: &Pod) -> &ContainerStatus {
+    &p.status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0]
+}
+
+/// The `pinswap.dev/` annotation keys on `p`.
+pub fn pinswap_notes(p: &Pod) -> Vec<String> {
+    p.metadata
+        .annotations
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.clone())
+        .filter(|k| k.starts_with("pinswap.dev/"))
+        .collect()
 }
 
 /// Whether `p` runs (phase Running, every container running).
@@ -736,6 +757,22 @@ impl NodeRig {
 
     pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Asserts that containerd pulled the source's `repo` from the target
+    /// and never asked the source for it.
+    pub fn assert_pulled_from_target(&self, repo: &str) {
+        assert!(
+            Self::node_pulls(&self.dst, &self.mirrored_repo(repo)) > 0,
+            "containerd did not pull {repo} from the target:\n{}",
+            self.dst.log()
+        );
+        assert_eq!(
+            Self::node_pulls(&self.src, repo),
+            0,
+            "containerd asked the source:\n{}",
+            self.src.log()
+        );
     }
 
     /// Registry requests made by containerd (its User-Agent), for `repo`.
