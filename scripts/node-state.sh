@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prints what the cluster suite's node may change on this machine, so a run
 # can be compared with the state before it: the sysctls the kubelet and CNI
-# set, the kubelet's and containerd's fixed paths, the node's bridge, its
+# set, the kubelet's and containerd's fixed paths, the control plane's
+# memory-backed directories, the node's bridge, its
 # mounts and processes, and iptables chains. scripts/test.sh and
 # scripts/test-cluster.sh fail when a run leaves anything different.
 #
@@ -28,6 +29,8 @@ done
 for p in /var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /var/lib/cni /etc/cni/net.d /opt/cni /run/pinswap-node.json; do
   if [ -e "$p" ]; then echo "path $p: $(ls -A "$p" 2>/dev/null | LC_ALL=C sort | tr '\n' ' ')"; else echo "path $p: absent"; fi
 done
+# etcd and the audit log live in memory (tests/cluster writesDir).
+echo "memory dirs: $(ls -d /dev/shm/pinswap-cluster-* 2>/dev/null | wc -l)"
 echo "bridge: $(ip -br link show pinswap0 2>/dev/null || echo absent)"
 echo "mounts: $(grep -c -e pinswap-cluster -e /var/lib/kubelet /proc/self/mountinfo)"
 echo "processes: $(pgrep -c -f 'pinswap-cluster|containerd-shim' || true)"

@@ -30,5 +30,9 @@ scripts/build-image.sh --fetch >/dev/null
 scripts/build-tools.sh >/dev/null
 # The node must leave the machine as it found it.
 before=$(scripts/node-state.sh)
+# Build first and flush the build's writes, so their writeback does not
+# stall the first tests' registries and control plane.
+cargo test --locked --no-run "$@"
+sync
 cargo test --locked "$@"
 scripts/node-state.sh --after "$before"

@@ -37,6 +37,7 @@ rules:
 // processes of this binary.
 type controlPlane struct {
 	dir             string
+	writes          string // etcd's and the audit log's (writesDir)
 	pki             *pki
 	etcdURL         string
 	port            int
@@ -58,13 +59,14 @@ type child struct {
 	stopping bool
 }
 
-func newControlPlane(dir string, p *pki, etcdURL string) (*controlPlane, error) {
+func newControlPlane(dir, writes string, p *pki, etcdURL string) (*controlPlane, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
 	cp := &controlPlane{
 		dir:             dir,
+		writes:          writes,
 		pki:             p,
 		etcdURL:         etcdURL,
 		port:            port,
@@ -154,7 +156,7 @@ func (cp *controlPlane) apiserverArgs() []string {
 		// The kubernetes Service's Endpoints may not hold a loopback address.
 		"--endpoint-reconciler-type=none",
 		"--audit-policy-file=" + filepath.Join(cp.dir, "audit-policy.yaml"),
-		"--audit-log-path=" + filepath.Join(cp.dir, "audit.log"),
+		"--audit-log-path=" + filepath.Join(cp.writes, "audit.log"),
 		"--audit-log-mode=blocking",
 		"--profiling=false",
 		// A webhook's Service is reached at its endpoints' addresses: the

@@ -138,13 +138,20 @@ func run(dir string, keep, stdinEOF bool, nc nodeConfig) error {
 	if err != nil {
 		return fmt.Errorf("certificates: %w", err)
 	}
-	store, err := startEtcd(dir)
+	writes, err := writesDir(dir, keep)
+	if err != nil {
+		return err
+	}
+	if !keep && writes != dir {
+		defer os.RemoveAll(writes)
+	}
+	store, err := startEtcd(writes)
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
 	defer store.Close()
 
-	cp, err := newControlPlane(dir, pki, store.ClientURL())
+	cp, err := newControlPlane(dir, writes, pki, store.ClientURL())
 	if err != nil {
 		return err
 	}
@@ -206,4 +213,28 @@ func run(dir string, keep, stdinEOF bool, nc nodeConfig) error {
 	case err := <-store.Err():
 		return fmt.Errorf("etcd stopped: %w", err)
 	}
+}
+
+// writesDir is where etcd and the API server's blocking audit log write.
+// A shared disk's writeback (a cargo build's dirty pages, say) can stall
+// every write for seconds, and a blocking audit log turns that into an API
+// server that answers nothing: leases lapse and admission times out. On
+// /dev/shm those writes never wait for the disk; DIR keeps a link to the
+// audit log so readers find it where they always did.
+func writesDir(dir string, keep bool) (string, error) {
+	if st, err := os.Stat("/dev/shm"); err != nil || !st.IsDir() {
+		return dir, nil
+	}
+	w, err := os.MkdirTemp("/dev/shm", "pinswap-cluster-")
+	if err != nil {
+		return dir, nil
+	}
+	if err := os.Symlink(filepath.Join(w, "audit.log"), filepath.Join(dir, "audit.log")); err != nil {
+		os.RemoveAll(w)
+		return "", err
+	}
+	if keep {
+		fmt.Fprintf(os.Stderr, "cluster: etcd and the audit log are in %s\n", w)
+	}
+	return w, nil
 }
