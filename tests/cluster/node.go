@@ -26,8 +26,10 @@ import (
 const (
 	nodeName   = "pinswap-node"
 	bridgeName = "pinswap0"
-	nodeIP     = "10.244.0.1"
-	podSubnet  = "10.244.0.0/24"
+	// bridgeMAC is locally administered and unicast (the 02 first octet).
+	bridgeMAC = "02:70:69:6e:73:77"
+	nodeIP    = "10.244.0.1"
+	podSubnet = "10.244.0.0/24"
 	// The kubernetes Service's ClusterIP (--service-cluster-ip-range):
 	// in-cluster clients (pinswap's Pods) connect to it. With no kube-proxy,
 	// the harness holds it on the bridge and forwards it to the API server.
@@ -265,9 +267,16 @@ func (n *node) ready() bool {
 
 // bridge creates the node's interface: a bridge with no ports holding the
 // node IP, which the CNI bridge plugin then attaches the Pods to.
+//
+// Its MAC address is set, not left to the kernel: a bridge whose address
+// was never set takes the lowest of its ports' and changes it as Pods come
+// and go. A Pod's ARP entry for the node IP then names a MAC that no
+// longer answers, and the Pod reaches neither the API server nor the
+// registries until the entry expires, some 5 to 10 s (pinswap's lease
+// lapsed and its admissions timed out so).
 func (n *node) bridge() error {
 	_ = sh("ip", "link", "del", bridgeName)
-	if err := sh("ip", "link", "add", bridgeName, "type", "bridge"); err != nil {
+	if err := sh("ip", "link", "add", bridgeName, "address", bridgeMAC, "type", "bridge"); err != nil {
 		return err
 	}
 	if err := sh("ip", "addr", "add", nodeIP+"/24", "dev", bridgeName); err != nil {
