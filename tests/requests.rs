@@ -199,6 +199,55 @@ async fn warm_copy_heads_each_side_once_and_probes_each_registry_once() {
     assert_eq!(sf.total(), 3, "{}", show(&sf));
 }
 
+/// A warm copy that follows referrers lists the source's tags once instead
+/// of asking for each cosign tag and the fallback tag, and reads no target
+/// manifest to find subjects when the top is a single manifest: 4 requests
+/// to the source (probe, HEAD, tag list, referrers API) and 2 to the
+/// target. A signature tag that exists is still found and copied, and only
+/// the tags the listing names are asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_copy_with_referrers_lists_the_sources_tags_once() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let (sf, tf) = (
+        Front::start(&src.host()).await,
+        Front::start(&dst.host()).await,
+    );
+    let img = Image::oci(2, 7151);
+    push_image(&src, "app", Some("v1"), &img).await;
+    let from = format!("docker://{}/app:v1", sf.host());
+    let to = format!("docker://{}/app:v1", tf.host());
+    let cache = common::cache_home();
+    common::cli::copy_json(Some(cache.path()), &[&from, &to]).await;
+    sf.reset();
+    tf.reset();
+
+    let r = common::cli::copy_json(Some(cache.path()), &[&from, &to]).await;
+    assert_eq!(r["upToDate"], true, "{r}");
+    assert_eq!(r["referrers"]["failed"], 0, "{r}");
+    assert_eq!(sf.count_method("GET", "/tags/list"), 1, "{}", show(&sf));
+    assert_eq!(sf.count_method("GET", "/referrers/"), 1, "{}", show(&sf));
+    assert_eq!(sf.total(), 4, "source:\n{}", show(&sf));
+    assert_eq!(tf.total(), 2, "target:\n{}", show(&tf));
+
+    // A signature under cosign's tag: found through the listing, copied
+    // byte for byte, and the absent .att and .sbom never asked for.
+    let sig = Image::oci(1, 7152);
+    let hex = img.digest.strip_prefix("sha256:").unwrap();
+    let sig_tag = format!("sha256-{hex}.sig");
+    push_image(&src, "app", Some(&sig_tag), &sig).await;
+    sf.reset();
+    let r = common::cli::copy_json(Some(cache.path()), &[&from, &to]).await;
+    assert_eq!(r["referrers"]["copied"], 1, "{r}");
+    let (bytes, _, digest) = dst.get_manifest("app", &sig_tag).await.expect("copied");
+    assert_eq!(bytes, sig.manifest);
+    assert_eq!(digest, sig.digest);
+    for absent in [".att", ".sbom"] {
+        assert_eq!(sf.count_method("HEAD", absent), 0, "{}", show(&sf));
+    }
+    assert_eq!(sf.count_method("GET", "/tags/list"), 1, "{}", show(&sf));
+}
+
 /// Two platform images built from one layer set: they share every layer,
 /// and differ in their configs.
 fn shared_layer_index(seed: u64) -> Index {

@@ -538,7 +538,15 @@ async fn follow_referrers(
 ) -> ReferrersReport {
     match (Digest::parse(&r.source_digest), Digest::parse(&r.digest)) {
         (Ok(source_digest), Ok(digest)) => {
-            follow.follow(src, &source_digest, dst, &digest, None).await
+            follow
+                .follow(
+                    src,
+                    &source_digest,
+                    dst,
+                    (&digest, r.media_type.as_deref()),
+                    None,
+                )
+                .await
         }
         _ => ReferrersReport::default(),
     }

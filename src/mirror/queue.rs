@@ -373,6 +373,7 @@ impl Queue {
                             source_digest: sd,
                             target: target_ref.without_tag().without_digest(),
                             target_digest: td,
+                            target_media_type: r.media_type.clone(),
                             creds: creds.clone(),
                         });
                     }

@@ -88,6 +88,7 @@ impl Mirror {
             source_digest,
             target: target.without_tag().without_digest(),
             target_digest: digest.clone(),
+            target_media_type: None,
             creds: None,
         });
     }

@@ -49,6 +49,8 @@ pub(super) struct Follow {
     pub source_digest: Digest,
     pub target: Reference,
     pub target_digest: Digest,
+    /// The top's media type, when the copy knows it.
+    pub target_media_type: Option<String>,
     pub creds: Option<Credentials>,
 }
 
@@ -117,7 +119,7 @@ impl Follower {
                 &f.source,
                 &f.source_digest,
                 &f.target,
-                &f.target_digest,
+                (&f.target_digest, f.target_media_type.as_deref()),
                 f.creds.as_ref(),
             );
             // A cut follow is not tried again at once: a source that slow

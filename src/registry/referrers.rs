@@ -38,6 +38,10 @@ pub const COSIGN_TAGS: [(&str, &str); 3] = [
 /// Pages of a referrers list read per subject.
 const MAX_PAGES: usize = 16;
 
+/// Tags asked for in the one listing a follow reads (more, and the tags
+/// are asked for one by one).
+const TAGS_PAGE: usize = 1000;
+
 /// Merges of one fallback tag retried after a 412 (another writer won).
 const MERGE_ATTEMPTS: usize = 4;
 
@@ -55,8 +59,9 @@ pub struct ReferrerOptions {
     /// Referrers copied per image at most.
     pub max_count: usize,
     /// Subjects whose referrers are looked up per image at most: each costs
-    /// a referrers list and a HEAD per cosign tag at the source, and an
-    /// index names as many children as its author likes.
+    /// a referrers list at the source (and a HEAD per cosign tag where the
+    /// tags cannot be listed in one page), and an index names as many
+    /// children as its author likes.
     pub max_lookups: usize,
 }
 
@@ -140,7 +145,8 @@ impl ReferrerCopier {
     /// `dst`, whose top manifest is `dst_digest`: the top itself when it is
     /// the source's (a platform-filtered index is not, and signatures over
     /// the original do not apply to it), and every child of the copied
-    /// index.
+    /// index. `dst_media_type`, when the copy knows it, spares reading a
+    /// top that is a single manifest.
     ///
     /// # Errors
     /// Reading the target's manifest.
@@ -149,7 +155,19 @@ impl ReferrerCopier {
         dst: &Reference,
         source_digest: &Digest,
         dst_digest: &Digest,
+        dst_media_type: Option<&str>,
     ) -> Result<Vec<Digest>, RegistryError> {
+        // Only a type known to be a single manifest: a registry that
+        // answers with something vaguer may be describing an index.
+        let single = [OCI_MANIFEST, super::manifest::DOCKER_MANIFEST];
+        if let Some(t) = dst_media_type.filter(|t| single.contains(t)) {
+            debug!(target = %dst, media_type = t, "top is not an index: its only subject is itself");
+            return Ok(if source_digest == dst_digest {
+                vec![dst_digest.clone()]
+            } else {
+                Vec::new()
+            });
+        }
         let client = self.copier.pool().get(dst.registry(), Role::Target).await?;
         let top = client
             .get_manifest(&dst.without_tag().with_digest(dst_digest.clone()))
@@ -170,16 +188,20 @@ impl ReferrerCopier {
 
     /// Copies the referrers of a finished copy: `src` pinned to
     /// `source_digest`, whose top is `dst_digest` in `dst`'s repository
-    /// ([`ReferrerCopier::subjects`], then [`ReferrerCopier::copy`]).
+    /// ([`ReferrerCopier::subjects`], then [`ReferrerCopier::copy`]);
+    /// `dst_media_type` is the top's, when the copy knows it.
     pub async fn follow(
         &self,
         src: &Reference,
         source_digest: &Digest,
         dst: &Reference,
-        dst_digest: &Digest,
+        (dst_digest, dst_media_type): (&Digest, Option<&str>),
         creds: Option<&Credentials>,
     ) -> ReferrersReport {
-        match self.subjects(dst, source_digest, dst_digest).await {
+        match self
+            .subjects(dst, source_digest, dst_digest, dst_media_type)
+            .await
+        {
             Ok(subjects) => {
                 let src = src.without_tag().with_digest(source_digest.clone());
                 self.copy(&src, dst, &subjects, creds).await
@@ -220,6 +242,7 @@ impl ReferrerCopier {
             src.without_tag().without_digest(),
             dst.without_tag().without_digest(),
         );
+        let tags = self.source_tags(&sc, &src).await;
         // Each subject once, however often an index lists it.
         let mut seen: HashSet<Digest> = HashSet::new();
         let mut queue: VecDeque<(Digest, usize)> = subjects
@@ -236,12 +259,11 @@ impl ReferrerCopier {
             looked_up += 1;
             let found = self
                 .follow_subject(
-                    &sc,
-                    &dc,
+                    (&sc, &dc),
                     &src,
                     &dst,
                     &subject,
-                    creds,
+                    (creds, tags.as_ref()),
                     &mut count,
                     &mut report,
                 )
@@ -261,16 +283,17 @@ impl ReferrerCopier {
     }
 
     /// The referrers of one subject: copies them and returns their digests
-    /// (the next level's subjects).
+    /// (the next level's subjects). `tags` is the source's whole tag list
+    /// when one request gave it ([`ReferrerCopier::source_tags`]): a tag
+    /// not in it is not asked for.
     #[allow(clippy::too_many_arguments)]
     async fn follow_subject(
         &self,
-        sc: &Registry,
-        dc: &Registry,
+        (sc, dc): (&Registry, &Registry),
         src: &Reference,
         dst: &Reference,
         subject: &Digest,
-        creds: Option<&Credentials>,
+        (creds, tags): (Option<&Credentials>, Option<&HashSet<String>>),
         count: &mut usize,
         report: &mut ReferrersReport,
     ) -> Vec<Digest> {
@@ -280,6 +303,9 @@ impl ReferrerCopier {
                 continue;
             }
             let tag = fallback_tag(subject, Some(suffix));
+            if tags.is_some_and(|t| !t.contains(&tag)) {
+                continue;
+            }
             let what = format!("{}:{tag}", src.name());
             let (from, to) = match (src.with_tag(&tag), dst.with_tag(&tag)) {
                 (Ok(f), Ok(t)) => (f, t),
@@ -307,7 +333,7 @@ impl ReferrerCopier {
             }
         }
 
-        let listed = match self.listed(sc, src, subject).await {
+        let listed = match self.listed(sc, src, subject, tags).await {
             Ok(l) => l,
             Err(e) => {
                 report.fail(&format!("{}@{subject}", src.name()), e);
@@ -391,6 +417,24 @@ impl ReferrerCopier {
         true
     }
 
+    /// Every tag of the source repository `src` when one request lists them
+    /// all, so that a follow asks only for the cosign and fallback tags
+    /// that exist: one request in place of one per tag and subject. `None`
+    /// (ask tag by tag) when the list takes more than a page or cannot be
+    /// read.
+    async fn source_tags(&self, sc: &Registry, src: &Reference) -> Option<HashSet<String>> {
+        match sc.tags_page(src, TAGS_PAGE).await {
+            Ok(Some((tags, true))) => Some(tags.into_iter().collect()),
+            // The repository holds the subject: a 404 is a registry that
+            // does not list, not an empty list.
+            Ok(None) | Ok(Some((_, false))) => None,
+            Err(e) => {
+                debug!(source = %src, error = %e, "tags not listed; referrer tags asked one by one");
+                None
+            }
+        }
+    }
+
     /// Counts one more referrer, or marks the report truncated at the bound.
     fn take(&self, count: &mut usize, report: &mut ReferrersReport) -> bool {
         if *count >= self.opts.max_count {
@@ -402,18 +446,23 @@ impl ReferrerCopier {
     }
 
     /// The OCI 1.1 referrers of `subject` at the source: the API's list, or
-    /// where it answers 404, the fallback tag's index.
+    /// where it answers 404, the fallback tag's index (unless `tags`, the
+    /// whole tag list, lacks it).
     async fn listed(
         &self,
         sc: &Registry,
         src: &Reference,
         subject: &Digest,
+        tags: Option<&HashSet<String>>,
     ) -> Result<Vec<Value>, ReferrersError> {
         let max = self.opts.max_count;
         if let Some(list) = sc.referrers(src, subject, MAX_PAGES, max).await? {
             return Ok(list);
         }
         let tag = fallback_tag(subject, None);
+        if tags.is_some_and(|t| !t.contains(&tag)) {
+            return Ok(Vec::new());
+        }
         let r = src.with_tag(&tag).map_err(|e| RegistryError::Other {
             registry: sc.host().to_owned(),
             reference: src.to_string(),

@@ -313,6 +313,40 @@ impl Registry {
         Ok(page.await?.unwrap_or_default())
     }
 
+    /// The first page of `r`'s tags, in one request (`GET
+    /// /v2/<name>/tags/list?n=<n>`), with whether it holds every tag: no
+    /// `Link: rel="next"` and not exactly `n` long (Distribution 2.8
+    /// ignores `n` and answers everything; a registry that honours it and
+    /// stops at `n` may have more). `None` for an unknown repository (404).
+    ///
+    /// # Errors
+    /// As [`Registry::tags`].
+    pub async fn tags_page(&self, r: &Reference, n: usize) -> Result<Option<(Vec<String>, bool)>> {
+        let name = r.name();
+        let url = format!("{}/v2/{}/tags/list?n={n}", self.base(), r.repository());
+        let resp = self.send(&pull(r), &name, || self.http().get(&url)).await?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !resp.status().is_success() {
+            return Err(self.refusal(resp, &name, "list tags of").await);
+        }
+        let more = next_link(resp.headers()).is_some();
+        let bad = |message: String| RegistryError::Other {
+            registry: self.host().to_owned(),
+            reference: name.clone(),
+            operation: "list tags of",
+            message,
+        };
+        let body = self
+            .read_bounded(resp, MAX_LIST_BYTES)
+            .await?
+            .ok_or_else(|| bad(format!("a page larger than {MAX_LIST_BYTES} bytes")))?;
+        let tags = list_names(&body, "tags").map_err(bad)?;
+        let complete = !more && tags.len() != n;
+        Ok(Some((tags, complete)))
+    }
+
     /// Every repository of the registry (`GET /v2/_catalog`, pages of up to
     /// 1000 followed with `last`), with a token for `registry:catalog:*`.
     ///
@@ -375,19 +409,7 @@ impl Registry {
                 .read_bounded(resp, MAX_LIST_BYTES)
                 .await?
                 .ok_or_else(|| bad(format!("a page larger than {MAX_LIST_BYTES} bytes")))?;
-            let page: serde_json::Value = serde_json::from_slice(&body)
-                .map_err(|e| bad(format!("the answer is not JSON: {e}")))?;
-            // `"tags": null` is how Distribution answers a repository whose
-            // tags were all deleted.
-            let names = match &page[key] {
-                serde_json::Value::Null => Vec::new(),
-                serde_json::Value::Array(a) => a
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_owned))
-                    .collect::<Option<Vec<String>>>()
-                    .ok_or_else(|| bad(format!("`{key}` holds something other than strings")))?,
-                _ => return Err(bad(format!("`{key}` is not a list"))),
-            };
+            let names = list_names(&body, key).map_err(bad)?;
             if !extend_page(&mut out, names) {
                 return Ok(Some(out));
             }
@@ -554,6 +576,24 @@ pub enum Precondition {
     Absent,
     /// No condition (the registry sent no ETag).
     None,
+}
+
+/// The names under `key` of a list page (`tags/list`, `_catalog`), or why
+/// it is not one.
+fn list_names(body: &[u8], key: &str) -> std::result::Result<Vec<String>, String> {
+    let page: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("the answer is not JSON: {e}"))?;
+    // `"tags": null` is how Distribution answers a repository whose tags
+    // were all deleted.
+    match &page[key] {
+        serde_json::Value::Null => Ok(Vec::new()),
+        serde_json::Value::Array(a) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>()
+            .ok_or_else(|| format!("`{key}` holds something other than strings")),
+        _ => Err(format!("`{key}` is not a list")),
+    }
 }
 
 /// The target of a `Link: <url>; rel="next"` header (RFC 8288), if any.
