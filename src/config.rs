@@ -19,10 +19,12 @@ mod aws;
 mod mirror_only;
 mod retention;
 mod scope;
+mod sharing;
 pub use aws::{Aws, EcrOptions, EncryptionConfiguration, ImageScanningConfiguration, Tag};
 pub use mirror_only::{MirrorOnly, PodMatch, Profile};
 pub use retention::Retention;
 pub use scope::{LabelSelector, Operator, Requirement, Scope};
+pub use sharing::{MAX_CLUSTER_NAME, Sharing, cluster_name_problem};
 
 /// Config loading errors. Each names the file and the key path.
 #[derive(Debug, thiserror::Error)]
@@ -1132,6 +1134,13 @@ pub struct Config {
     /// Removal of mirrored images nothing uses any more.
     #[serde(default)]
     pub retention: Retention,
+    /// This cluster's name: in logs, metrics and, with `sharing`, its
+    /// usage record at the target.
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// Several clusters sharing one target.
+    #[serde(default)]
+    pub sharing: Sharing,
     /// `open` or `closed`.
     #[serde(default)]
     pub failure_policy: FailurePolicy,
@@ -1216,7 +1225,7 @@ impl Config {
     /// Whether the leader watches workload templates (for the backfill or
     /// retention); the install grants their `list` and `watch` then.
     pub fn watches_workloads(&self) -> bool {
-        self.backfills() || self.retention.enabled
+        self.backfills() || self.retention.enabled || self.sharing.enabled
     }
 
     /// Whether `copyPolicy` waits for copies (`immediate`, `force`) longer
@@ -1514,6 +1523,8 @@ impl Config {
         self.copy.problems("copy", &mut bad);
         self.retention
             .problems("retention", &self.recovery, &mut bad);
+        self.sharing
+            .problems(self.cluster.as_deref(), self, &mut bad);
         self.server_problems(&mut bad);
         if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
             bad(

@@ -212,6 +212,9 @@ pub struct Metrics {
     pub backfill_images: Family<StateLabel, Gauge>,
     /// Retention of mirrored images (src/retention/).
     pub retention: RetentionMetrics,
+    /// This cluster's name and the usage records of the clusters sharing
+    /// the target (src/retention/clusters.rs).
+    pub sharing: SharingMetrics,
 }
 
 /// Label `state`.
@@ -417,6 +420,7 @@ impl Metrics {
             ),
             server: ServerMetrics::register(&mut r),
             retention: RetentionMetrics::register(&mut r),
+            sharing: SharingMetrics::register(&mut r),
             source_failures: register(
                 &mut r,
                 "source_failures",
@@ -822,6 +826,96 @@ impl RetentionMetrics {
                 Gauge::default(),
             ),
         }
+    }
+}
+
+/// Label `cluster`: a cluster's name (`cluster` in the config).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabel {
+    /// The name.
+    pub cluster: String,
+}
+
+/// This cluster and the usage records at the target.
+pub struct SharingMetrics {
+    /// `pinswap_cluster_info{cluster}`: 1 for this cluster's name.
+    pub info: Family<ClusterLabel, Gauge>,
+    /// `pinswap_usage_record_publishes_total{outcome}`: `published`,
+    /// `incomplete` (more images in use than a record holds), `failed`.
+    pub publishes: Family<OutcomeLabel, Counter>,
+    /// `pinswap_usage_record_images{cluster}`: entries of each cluster's
+    /// record as last read or written.
+    pub images: Family<ClusterLabel, Gauge>,
+    /// `pinswap_usage_record_updated_seconds{cluster}`: when each record
+    /// was published (Unix time).
+    pub updated: Family<ClusterLabel, Gauge>,
+    /// `pinswap_usage_record_stale{cluster}`: 1 for a record older than
+    /// `sharing.staleAfter`.
+    pub stale: Family<ClusterLabel, Gauge>,
+}
+
+impl SharingMetrics {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            info: register(
+                r,
+                "cluster_info",
+                "This cluster's name (the config's cluster), always 1",
+                Family::default(),
+            ),
+            publishes: register(
+                r,
+                "usage_record_publishes",
+                "Publications of this cluster's usage record at the target, by outcome (published, incomplete, failed)",
+                Family::default(),
+            ),
+            images: register(
+                r,
+                "usage_record_images",
+                "Entries of each cluster's usage record at the target, as last read or written",
+                Family::default(),
+            ),
+            updated: register(
+                r,
+                "usage_record_updated_seconds",
+                "When each cluster's usage record was last published (Unix time)",
+                Family::default(),
+            ),
+            stale: register(
+                r,
+                "usage_record_stale",
+                "1 for a cluster's usage record not updated within sharing.staleAfter (it keeps everything it lists)",
+                Family::default(),
+            ),
+        }
+    }
+
+    fn label(cluster: &str) -> ClusterLabel {
+        ClusterLabel {
+            cluster: cluster.to_owned(),
+        }
+    }
+
+    /// Names this cluster.
+    pub fn cluster(&self, name: &str) {
+        self.info.get_or_create(&Self::label(name)).set(1);
+    }
+
+    /// `cluster`'s record as read or written: `images` entries,
+    /// published at `updated` (Unix seconds), stale or not.
+    pub fn record(&self, cluster: &str, images: usize, updated: i64, stale: bool) {
+        let l = Self::label(cluster);
+        self.images.get_or_create(&l).set(images as i64);
+        self.updated.get_or_create(&l).set(updated);
+        self.stale.get_or_create(&l).set(i64::from(stale));
+    }
+
+    /// `cluster`'s record is gone.
+    pub fn forget(&self, cluster: &str) {
+        let l = Self::label(cluster);
+        self.images.remove(&l);
+        self.updated.remove(&l);
+        self.stale.remove(&l);
     }
 }
 

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 mod check;
+mod clusters;
 pub(crate) mod install;
 mod meta;
 mod mutate;
@@ -68,6 +69,9 @@ pub enum Command {
     /// Act on a running `pinswap serve`'s caches.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// List or forget the usage records of the clusters sharing the target.
+    #[command(subcommand)]
+    Clusters(clusters::ClustersCommand),
     /// Print the Kubernetes objects that install pinswap (`| kubectl apply -f -`).
     Manifests(install::ManifestsArgs),
     /// Render the container runtime's mirror configuration (containerd hosts.toml, CRI-O registries.conf.d) so nodes pull from the target.
@@ -452,6 +456,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve(args).await,
         Command::Mutate(args) => mutate::run(args).await,
         Command::Cache(CacheCommand::Purge(args)) => purge(args).await,
+        Command::Clusters(c) => clusters::run(c).await,
         Command::Check(args) => check::check(args).await,
         Command::Manifests(args) => install::manifests(args),
         Command::NodeConfig(args) => node_config(&args),

@@ -25,6 +25,8 @@
 //!    Blobs are left to the registry's garbage collection.
 //! 7. `dryRun` logs and counts, and removes nothing.
 
+pub mod clusters;
+pub mod publish;
 pub(crate) mod store;
 mod sweep;
 
@@ -73,6 +75,26 @@ pub enum RetentionError {
     /// A target request failed while listing.
     #[error("listing the target: {0}")]
     Registry(#[from] crate::registry::RegistryError),
+    /// Another cluster's usage record could not be read, or is incomplete.
+    #[error("reading the clusters' usage records: {0}")]
+    Records(#[source] clusters::ClustersError),
+    /// This cluster's usage record could not be published first.
+    #[error("publishing this cluster's usage record: {0}")]
+    Publish(#[source] clusters::ClustersError),
+}
+
+impl RetentionError {
+    /// The `outcome` of `pinswap_retention_passes_total` for a pass that
+    /// failed so.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::Records(clusters::ClustersError::Incomplete { .. }) => "record_incomplete",
+            Self::Records(_) => "records_unreadable",
+            Self::Publish(clusters::ClustersError::Incomplete { .. }) => "record_incomplete",
+            Self::Publish(_) => "record_not_published",
+            _ => "error",
+        }
+    }
 }
 
 /// What is in use now, as the leader's watches know it.
@@ -183,6 +205,8 @@ pub struct Retention {
     unused_for: Duration,
     dry_run: bool,
     metrics: Arc<Metrics>,
+    /// With `sharing.enabled`: this cluster's record and the others'.
+    sharing: Option<Arc<publish::Publisher>>,
 }
 
 impl Retention {
@@ -201,7 +225,15 @@ impl Retention {
             store,
             unused_for: config.unused_for,
             dry_run: config.dry_run,
+            sharing: None,
         }
+    }
+
+    /// Retention that keeps what the other clusters' usage records name,
+    /// and publishes this cluster's record before each pass.
+    pub fn with_sharing(mut self, publisher: Arc<publish::Publisher>) -> Self {
+        self.sharing = Some(publisher);
+        self
     }
 }
 
@@ -242,7 +274,7 @@ pub async fn run(
                 Ok(r) if r.not_synced => soon,
                 Ok(_) => interval,
                 Err(e) => {
-                    warn!(error = %e, "retention pass failed; nothing removed");
+                    warn!(cluster = retention.sharing.as_ref().map(|p| p.cluster()), error = %e, "retention pass failed; nothing removed");
                     interval
                 }
             };

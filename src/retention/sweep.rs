@@ -7,6 +7,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use tracing::{info, warn};
 
+use super::clusters::{ClusterRecord, age};
 use super::{Image, InUse, Report, Retention, RetentionError, State};
 use crate::metrics::{Metrics, StateLabel};
 use crate::mirror::retention::SourceCheck;
@@ -21,6 +22,54 @@ struct Repository {
     source: Reference,
     /// Manifest → the tags pointing at it.
     manifests: BTreeMap<Digest, Vec<String>>,
+}
+
+/// Another cluster's claim on a manifest, from its usage record.
+#[derive(Debug, Clone)]
+struct Claim {
+    /// The cluster.
+    cluster: String,
+    /// When it last used it.
+    last: Timestamp,
+    /// In use there when the record was published.
+    now: bool,
+    /// The record is stale: it keeps everything it lists.
+    stale: bool,
+}
+
+impl Claim {
+    /// Which of two claims on one manifest counts: stale, then in use,
+    /// then the later use.
+    fn rank(&self) -> (bool, bool, Timestamp) {
+        (self.stale, self.now, self.last)
+    }
+}
+
+fn by_name(repos: &[Repository]) -> HashMap<String, &Repository> {
+    repos.iter().map(|r| (r.target.to_string(), r)).collect()
+}
+
+/// The manifests `mapped` (a target reference) names: its digest, and
+/// those listed under its tag or an anchor of its digest.
+fn named(mapped: &Reference, by_name: &HashMap<String, &Repository>) -> Vec<String> {
+    let repo = mapped.without_tag().without_digest();
+    let mut out = Vec::new();
+    if let Some(d) = mapped.digest() {
+        out.push(repo.with_digest(d.clone()).to_string());
+    }
+    let Some(listed) = by_name.get(&repo.to_string()) else {
+        return out;
+    };
+    for (d, tags) in &listed.manifests {
+        let named = tags.iter().any(|t| {
+            Some(t.as_str()) == mapped.tag()
+                || anchor(t).is_some_and(|(s, _)| Some(&s) == mapped.digest())
+        });
+        if named {
+            out.push(repo.with_digest(d.clone()).to_string());
+        }
+    }
+    out
 }
 
 /// The source registry `repo` mirrors, normalised.
@@ -115,8 +164,7 @@ impl Retention {
     /// The manifests `in_use` names, as `registry/repository@digest`.
     fn in_use(&self, in_use: &InUse, repos: &[Repository]) -> HashSet<String> {
         let target = self.mirror.target();
-        let by_name: HashMap<String, &Repository> =
-            repos.iter().map(|r| (r.target.to_string(), r)).collect();
+        let by_name = by_name(repos);
         let mut out = HashSet::new();
         for image in &in_use.images {
             let mapped = match target.contains(image) {
@@ -136,20 +184,43 @@ impl Retention {
                     Err(_) => continue,
                 },
             };
-            let repo = mapped.without_tag().without_digest();
-            if let Some(d) = mapped.digest() {
-                out.insert(repo.with_digest(d.clone()).to_string());
-            }
-            let Some(listed) = by_name.get(&repo.to_string()) else {
-                continue;
-            };
-            for (d, tags) in &listed.manifests {
-                let named = tags.iter().any(|t| {
-                    Some(t.as_str()) == mapped.tag()
-                        || anchor(t).is_some_and(|(s, _)| Some(&s) == mapped.digest())
-                });
-                if named {
-                    out.insert(repo.with_digest(d.clone()).to_string());
+            out.extend(named(&mapped, &by_name));
+        }
+        out
+    }
+
+    /// What the other clusters' `records` claim, by manifest
+    /// (`registry/repository@digest`) as `repos` lists them.
+    fn claims(
+        &self,
+        records: &[ClusterRecord],
+        repos: &[Repository],
+        now: Timestamp,
+        stale_after: Duration,
+    ) -> HashMap<String, Claim> {
+        let registry = self.mirror.target().registry();
+        let by_name = by_name(repos);
+        let mut out: HashMap<String, Claim> = HashMap::new();
+        for r in records {
+            let stale = r.is_stale(now, stale_after);
+            for (key, last) in &r.images {
+                let Ok(image) = Reference::parse(&format!("{registry}/{key}")) else {
+                    continue;
+                };
+                let claim = Claim {
+                    cluster: r.cluster.clone(),
+                    last: *last,
+                    // The publisher writes the images in use at `updated`.
+                    now: *last >= r.updated,
+                    stale,
+                };
+                for k in named(&image, &by_name) {
+                    match out.get(&k) {
+                        Some(c) if c.rank() >= claim.rank() => {}
+                        _ => {
+                            out.insert(k, claim.clone());
+                        }
+                    }
                 }
             }
         }
@@ -238,7 +309,7 @@ impl Retention {
                 Metrics::outcome(passes, "source_down")
             }
             Ok(_) => Metrics::outcome(passes, "done"),
-            Err(_) => Metrics::outcome(passes, "error"),
+            Err(e) => Metrics::outcome(passes, e.outcome()),
         }
         if let Ok(r) = &result {
             let m = &self.metrics.retention;
@@ -263,6 +334,16 @@ impl Retention {
         let client = self.mirror.target_client().await?;
         let repos = self.list(&client).await?;
         let mut used = self.in_use(in_use, &repos);
+        let mut claims = HashMap::new();
+        if let Some(p) = &self.sharing {
+            // This cluster's use first, so that the others see it before
+            // anything is removed here.
+            p.publish(in_use, true)
+                .await
+                .map_err(RetentionError::Publish)?;
+            let others = p.others().await.map_err(RetentionError::Records)?;
+            claims = self.claims(&others, &repos, Timestamp::now(), p.stale_after());
+        }
         let now = Timestamp::now();
         let keys: Vec<String> = repos
             .iter()
@@ -299,6 +380,13 @@ impl Retention {
                         tracked.insert(k.clone());
                     }
                 }
+                // Another cluster's later use only moves last use on: an
+                // image first seen here counts as used now all the same.
+                for (k, c) in &claims {
+                    if tracked.contains(k) {
+                        rec.seen(k, c.last, &mut bytes);
+                    }
+                }
             })
             .await?;
         let unused_for = self.unused_for;
@@ -308,16 +396,21 @@ impl Retention {
             let idle = Duration::try_from(now.duration_since(*last)).unwrap_or_default();
             (idle >= unused_for).then_some(idle)
         };
-        // Child manifests of the indexes listed, in repositories with anything due.
+        // Child manifests of the indexes listed, in repositories with
+        // anything due; an index another cluster claims keeps its children
+        // too.
+        let mut keep = used.clone();
+        keep.extend(claims.keys().cloned());
         for repo in &repos {
             let any_due = repo.manifests.keys().any(|d| {
                 let k = repo.target.with_digest(d.clone()).to_string();
-                !used.contains(&k) && due(&k).is_some()
+                !keep.contains(&k) && due(&k).is_some()
             });
             if any_due {
-                self.children_in_use(&client, repo, &mut used).await?;
+                self.children_in_use(&client, repo, &mut keep).await?;
             }
         }
+        used.extend(keep.into_iter().filter(|k| !claims.contains_key(k)));
         let mut report = Report::default();
         let mut candidates = Vec::new();
         // Source registries that could not answer, with why: only their
@@ -328,10 +421,24 @@ impl Retention {
             for (d, tags) in &repo.manifests {
                 let image = repo.target.with_digest(d.clone());
                 let k = image.to_string();
+                let claim = claims.get(&k);
                 let (state, why) = if used.contains(&k) {
                     (
                         State::InUse,
                         "named by a Pod or workload template".to_owned(),
+                    )
+                } else if let Some(c) = claim.filter(|c| c.stale) {
+                    (
+                        State::Kept,
+                        format!(
+                            "cluster {}'s usage record is stale (not updated within sharing.staleAfter): it counts as using everything it lists until `pinswap clusters forget {}`",
+                            c.cluster, c.cluster
+                        ),
+                    )
+                } else if let Some(c) = claim.filter(|c| c.now) {
+                    (
+                        State::InUse,
+                        format!("in use in cluster {} (its usage record)", c.cluster),
                     )
                 } else if !tracked.contains(&k) {
                     (
@@ -384,6 +491,31 @@ impl Retention {
             warn!(source = %registry, %why, "retention holds back this source's images: it cannot answer");
         }
         report.held = down;
+        if let Some(p) = &self.sharing
+            && !candidates.is_empty()
+            && !self.dry_run
+        {
+            // Read again just before removing, after long enough for a
+            // cluster that started to use a candidate to have published it.
+            tokio::time::sleep(p.settle()).await;
+            let again = p.others().await.map_err(RetentionError::Records)?;
+            let at = Timestamp::now();
+            let claims = self.claims(&again, &repos, at, p.stale_after());
+            candidates.retain(|&i| {
+                let img = &mut report.images[i];
+                match claims.get(&img.image.to_string()) {
+                    Some(c) if c.stale || age(at, c.last) < self.unused_for => {
+                        img.state = State::Kept;
+                        img.why = format!(
+                            "claimed by cluster {}'s usage record when read again before removal",
+                            c.cluster
+                        );
+                        false
+                    }
+                    _ => true,
+                }
+            });
+        }
         for i in candidates {
             let img = &mut report.images[i];
             if self.dry_run {

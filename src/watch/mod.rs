@@ -210,6 +210,29 @@ impl Background {
                 "retention.enabled, but there is no Kubernetes API client: retention does not run (it needs the leader's Pod and workload watches)"
             );
         }
+        let publisher = usage
+            .as_ref()
+            .filter(|_| config.sharing.enabled)
+            .zip(config.cluster.as_deref())
+            .map(|(u, cluster)| {
+                let p = Arc::new(crate::retention::publish::Publisher::new(
+                    mirror.clone(),
+                    cluster,
+                    &config.sharing,
+                ));
+                let (p2, l, t) = (p.clone(), leader.clone(), token.clone());
+                let in_use = in_use_source(u.clone());
+                tasks.spawn(async move {
+                    tokio::select! {
+                        _ = crate::retention::publish::run(p2, in_use, l) => {}
+                        _ = t.cancelled() => {}
+                    }
+                });
+                p
+            });
+        if let Some(cluster) = &config.cluster {
+            mirror.metrics().sharing.cluster(cluster);
+        }
         if let (Some(c), Some(u)) = (&client, &usage)
             && config.retention.enabled
         {
@@ -218,8 +241,8 @@ impl Background {
                 config,
                 c,
                 u.clone(),
-                leader.clone(),
-                token.clone(),
+                publisher,
+                (leader.clone(), token.clone()),
             ));
         }
         if config.identity.scan_rate > 0 {
@@ -288,24 +311,20 @@ fn retention(
     config: &Config,
     client: &kube::Client,
     usage: Arc<Usage>,
-    leader: watch::Receiver<bool>,
-    token: CancellationToken,
+    sharing: Option<Arc<crate::retention::publish::Publisher>>,
+    (leader, token): (watch::Receiver<bool>, CancellationToken),
 ) -> impl Future<Output = ()> + Send + 'static {
     let policy = crate::admission::policy::Policy::new(config, mirror.target().clone());
     let store = crate::retention::Store::new(client.clone(), client.default_namespace());
     let r = &config.retention;
     let service = policy.map(|p| {
-        Arc::new(crate::retention::Retention::new(
-            mirror.clone(),
-            p,
-            store,
-            r,
-        ))
+        let r = crate::retention::Retention::new(mirror.clone(), p, store, r);
+        Arc::new(match sharing {
+            Some(s) => r.with_sharing(s),
+            None => r,
+        })
     });
-    let in_use: crate::retention::InUseSource = Arc::new(move || {
-        let (synced, images) = usage.snapshot();
-        crate::retention::InUse { synced, images }
-    });
+    let in_use = in_use_source(usage);
     let interval = r.interval;
     async move {
         let Ok(service) = service else { return };
@@ -314,6 +333,14 @@ fn retention(
             _ = token.cancelled() => {}
         }
     }
+}
+
+/// What is in use, from the leader's usage record.
+fn in_use_source(usage: Arc<Usage>) -> crate::retention::InUseSource {
+    Arc::new(move || {
+        let (synced, images) = usage.snapshot();
+        crate::retention::InUse { synced, images }
+    })
 }
 
 /// What the leader watches.

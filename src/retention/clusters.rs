@@ -1,0 +1,477 @@
+//! Usage records of the clusters that share a target: the registry itself
+//! is the only shared state (docs/operations.md#several-clusters-one-mirror).
+//!
+//! Each cluster's leader publishes what its cluster uses as an OCI
+//! artifact at `<target>/pinswap-usage:<cluster>`: an image manifest with
+//! artifactType [`ARTIFACT_TYPE`], the empty config and one JSON layer,
+//! [`ClusterRecord`]. Entries name target repositories without the
+//! registry host (`repository@digest`, or `repository:tag` for a Pod that
+//! names a tag), each with when this cluster last used it.
+//!
+//! One writer per record, the leader of its cluster: records never
+//! conflict with each other, so no conditional request is needed between
+//! clusters. Distribution 2.8 keeps no ETags and writes a tag's link by
+//! truncating it first, so a record read while it is written may read as
+//! missing: a tag that is listed but cannot be read stops retention for
+//! that pass instead of counting as an unused cluster.
+//!
+//! `pinswap-usage` is one path component under the prefix; mirror paths
+//! always have two or more (`<registry>/<path>`), so it never names a
+//! mirrored image.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::mirror::Mirror;
+use crate::reference::{MirrorTarget, Reference};
+use crate::registry::Registry;
+use crate::registry::delete::Deleted;
+use crate::registry::manifest::{Descriptor, RawManifest};
+
+/// The repository under the target's prefix that holds the records.
+pub const REPOSITORY: &str = "pinswap-usage";
+/// The records' artifactType and layer media type.
+pub const ARTIFACT_TYPE: &str = "application/vnd.pinswap.usage.v1+json";
+/// The most entries a record holds. A cluster that uses more publishes an
+/// incomplete record, and no cluster's retention removes anything while
+/// one is.
+pub const MAX_ENTRIES: usize = 20_000;
+/// The most bytes of a record's layer (read and written).
+pub const MAX_BYTES: usize = 8 * 1024 * 1024;
+
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const EMPTY: &[u8] = b"{}";
+
+/// Errors about the records.
+#[derive(Debug, thiserror::Error)]
+pub enum ClustersError {
+    /// The target could not be reached.
+    #[error("usage records at {repository}: {source}")]
+    Target {
+        /// `registry/prefix/pinswap-usage`.
+        repository: String,
+        /// Why.
+        source: Box<crate::mirror::MirrorError>,
+    },
+    /// A request to the target failed or was refused.
+    #[error("usage records at {repository}: {source}")]
+    Registry {
+        /// `registry/prefix/pinswap-usage`.
+        repository: String,
+        /// Why.
+        source: Box<crate::registry::RegistryError>,
+    },
+    /// ECR refused to create or delete in the records' repository.
+    #[error("usage records at {repository}: {source}")]
+    Ecr {
+        /// `registry/prefix/pinswap-usage`.
+        repository: String,
+        /// Why.
+        source: Box<crate::registry::ecr::EcrError>,
+    },
+    /// A cluster's record is listed but cannot be read.
+    #[error("the usage record of cluster {cluster} cannot be read: {why}")]
+    Unreadable {
+        /// The tag.
+        cluster: String,
+        /// Why.
+        why: String,
+    },
+    /// A cluster uses more images than a record holds.
+    #[error(
+        "the usage record of cluster {cluster} is incomplete: it uses {entries} images, more than a record holds ({MAX_ENTRIES})"
+    )]
+    Incomplete {
+        /// The cluster.
+        cluster: String,
+        /// Images it uses.
+        entries: usize,
+    },
+}
+
+/// What one cluster uses, as its leader published it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterRecord {
+    /// The cluster's name (its tag).
+    pub cluster: String,
+    /// When it was published.
+    pub updated: Timestamp,
+    /// False when the cluster uses more than [`MAX_ENTRIES`] images:
+    /// `images` is a part of them, and retention removes nothing.
+    pub complete: bool,
+    /// How many images the cluster uses (all of them, also when
+    /// `complete` is false).
+    pub in_use: usize,
+    /// Target `repository@digest` (or `repository:tag`) → last use.
+    pub images: BTreeMap<String, Timestamp>,
+}
+
+impl ClusterRecord {
+    /// Whether it was not updated within `stale_after` of `now`.
+    pub fn is_stale(&self, now: Timestamp, stale_after: std::time::Duration) -> bool {
+        age(now, self.updated) > stale_after
+    }
+}
+
+/// `now - then`, 0 when `then` is ahead (another machine's clock).
+pub fn age(now: Timestamp, then: Timestamp) -> std::time::Duration {
+    std::time::Duration::try_from(now.duration_since(then)).unwrap_or_default()
+}
+
+/// The key a record gives a target reference: its repository, and its
+/// digest or else its tag; `None` for one outside `target`.
+pub fn entry_key(target: &MirrorTarget, image: &Reference) -> Option<String> {
+    if !target.contains(image) {
+        return None;
+    }
+    let repo = image.repository();
+    match (image.digest(), image.tag()) {
+        (Some(d), _) => Some(format!("{repo}@{d}")),
+        (None, Some(t)) => Some(format!("{repo}:{t}")),
+        (None, None) => None,
+    }
+}
+
+/// The records' repository at one target.
+pub struct Records {
+    client: Arc<Registry>,
+    repository: Reference,
+    ecr: Option<Arc<crate::registry::ecr::Ecr>>,
+}
+
+impl Records {
+    /// The records of `mirror`'s target.
+    ///
+    /// # Errors
+    /// [`ClustersError::Target`] when the target cannot be reached.
+    pub async fn of(mirror: &Mirror) -> Result<Self, ClustersError> {
+        let repository = records_repository(mirror.target());
+        let client = mirror
+            .target_client()
+            .await
+            .map_err(|e| ClustersError::Target {
+                repository: repository.to_string(),
+                source: Box::new(e),
+            })?;
+        Ok(Self {
+            client,
+            repository,
+            ecr: mirror.ecr().cloned(),
+        })
+    }
+
+    fn registry_error(&self, e: crate::registry::RegistryError) -> ClustersError {
+        ClustersError::Registry {
+            repository: self.repository.to_string(),
+            source: Box::new(e),
+        }
+    }
+
+    /// The clusters that have a record: the repository's tags.
+    ///
+    /// # Errors
+    /// [`ClustersError::Registry`].
+    pub async fn names(&self) -> Result<Vec<String>, ClustersError> {
+        // One request where the first page is the whole list.
+        let first = self
+            .client
+            .tags_page(&self.repository, 1000)
+            .await
+            .map_err(|e| self.registry_error(e))?;
+        let mut tags = match first {
+            None => Vec::new(),
+            Some((tags, true)) => tags,
+            Some((_, false)) => self
+                .client
+                .tags(&self.repository)
+                .await
+                .map_err(|e| self.registry_error(e))?,
+        };
+        tags.sort();
+        Ok(tags)
+    }
+
+    /// `cluster`'s record; `None` when it has none.
+    ///
+    /// # Errors
+    /// [`ClustersError::Registry`]; [`ClustersError::Unreadable`] for a
+    /// record that is not one pinswap writes, or names another cluster.
+    pub async fn read(&self, cluster: &str) -> Result<Option<ClusterRecord>, ClustersError> {
+        let unreadable = |why: String| ClustersError::Unreadable {
+            cluster: cluster.to_owned(),
+            why,
+        };
+        let tagged = self
+            .repository
+            .with_tag(cluster)
+            .map_err(|e| unreadable(e.to_string()))?;
+        let Some(m) = self
+            .client
+            .get_manifest_raw(&tagged)
+            .await
+            .map_err(|e| self.registry_error(e))?
+        else {
+            return Ok(None);
+        };
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Shape {
+            #[serde(default)]
+            artifact_type: Option<String>,
+            #[serde(default)]
+            layers: Vec<Descriptor>,
+        }
+        let shape: Shape = serde_json::from_slice(&m.bytes)
+            .map_err(|e| unreadable(format!("its manifest is not JSON: {e}")))?;
+        let layer = match (shape.artifact_type.as_deref(), shape.layers.as_slice()) {
+            (Some(ARTIFACT_TYPE), [l]) if l.media_type == ARTIFACT_TYPE => l,
+            _ => {
+                return Err(unreadable(format!(
+                    "its manifest is not a {ARTIFACT_TYPE} artifact with one layer"
+                )));
+            }
+        };
+        let bytes = self
+            .client
+            .blob_bytes(&tagged, layer, MAX_BYTES as u64)
+            .await
+            .map_err(|e| unreadable(e.to_string()))?;
+        let record: ClusterRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| unreadable(format!("its layer is not a usage record: {e}")))?;
+        if record.cluster != cluster {
+            return Err(unreadable(format!(
+                "it names cluster {:?}",
+                crate::logsafe::clip(&record.cluster, 80)
+            )));
+        }
+        Ok(Some(record))
+    }
+
+    /// Every cluster's record but `except`'s.
+    ///
+    /// # Errors
+    /// As [`Records::read`]; [`ClustersError::Unreadable`] for a listed
+    /// cluster whose record is gone (being written, or just forgotten).
+    pub async fn read_all(
+        &self,
+        except: Option<&str>,
+    ) -> Result<Vec<ClusterRecord>, ClustersError> {
+        let mut out = Vec::new();
+        for name in self.names().await? {
+            if Some(name.as_str()) == except {
+                continue;
+            }
+            match self.read(&name).await? {
+                Some(r) => out.push(r),
+                None => {
+                    return Err(ClustersError::Unreadable {
+                        cluster: name,
+                        why: "its tag is listed but its manifest is not found".into(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Publishes `record` under its cluster's tag: the empty config (unless
+    /// `config_present` says it is there; set once it is), the layer, the
+    /// manifest. Returns the bytes of the layer.
+    ///
+    /// # Errors
+    /// [`ClustersError::Registry`] or [`ClustersError::Ecr`] when a write
+    /// is refused; the record stored before stays as it was.
+    pub async fn publish(
+        &self,
+        record: &ClusterRecord,
+        config_present: &mut bool,
+    ) -> Result<usize, ClustersError> {
+        let tagged =
+            self.repository
+                .with_tag(&record.cluster)
+                .map_err(|e| ClustersError::Unreadable {
+                    cluster: record.cluster.clone(),
+                    why: e.to_string(),
+                })?;
+        if let Some(ecr) = &self.ecr {
+            ecr.ensure_repository(self.repository.repository())
+                .await
+                .map_err(|e| ClustersError::Ecr {
+                    repository: self.repository.to_string(),
+                    source: Box::new(e),
+                })?;
+        }
+        let layer = Bytes::from(serde_json::to_vec(record).expect("a record serialises"));
+        let config = descriptor("application/vnd.oci.empty.v1+json", EMPTY);
+        let layer_desc = descriptor(ARTIFACT_TYPE, &layer);
+        if !*config_present {
+            let exists = self
+                .client
+                .blob_exists(&tagged, &config.digest)
+                .await
+                .map_err(|e| self.registry_error(e))?;
+            if !exists {
+                self.push(&tagged, &config, Bytes::from_static(EMPTY))
+                    .await?;
+            }
+            *config_present = true;
+        }
+        self.push(&tagged, &layer_desc, layer.clone()).await?;
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "artifactType": ARTIFACT_TYPE,
+            "config": {"mediaType": config.media_type, "digest": config.digest, "size": config.size},
+            "layers": [{"mediaType": layer_desc.media_type, "digest": layer_desc.digest, "size": layer_desc.size}],
+            "annotations": {
+                "org.opencontainers.image.created": record.updated.to_string(),
+                "dev.pinswap.cluster": record.cluster,
+            },
+        });
+        let bytes = Bytes::from(serde_json::to_vec(&manifest).expect("a manifest serialises"));
+        let digest = crate::registry::check::sha256_digest(&bytes);
+        let raw = RawManifest::parse(bytes, digest, Some(OCI_MANIFEST)).map_err(|e| {
+            ClustersError::Unreadable {
+                cluster: record.cluster.clone(),
+                why: e.to_string(),
+            }
+        })?;
+        self.client
+            .push_manifest(&tagged, &raw)
+            .await
+            .map_err(|e| self.registry_error(e))?;
+        Ok(layer.len())
+    }
+
+    async fn push(
+        &self,
+        r: &Reference,
+        desc: &Descriptor,
+        bytes: Bytes,
+    ) -> Result<(), ClustersError> {
+        let stream: crate::registry::session::BlobStream =
+            Box::pin(futures::stream::once(async move { Ok(bytes) }));
+        self.client
+            .push_blob(r, desc, stream)
+            .await
+            .map_err(|e| self.registry_error(e))
+    }
+
+    /// Removes `cluster`'s record; false when it had none.
+    ///
+    /// # Errors
+    /// [`ClustersError::Registry`] or [`ClustersError::Ecr`].
+    pub async fn forget(&self, cluster: &str) -> Result<bool, ClustersError> {
+        let tagged = self
+            .repository
+            .with_tag(cluster)
+            .map_err(|e| ClustersError::Unreadable {
+                cluster: cluster.to_owned(),
+                why: e.to_string(),
+            })?;
+        let Some(digest) = self
+            .client
+            .head_manifest(&tagged)
+            .await
+            .map_err(|e| self.registry_error(e))?
+        else {
+            return Ok(false);
+        };
+        if let Some(ecr) = &self.ecr {
+            ecr.delete_image(self.repository.repository(), &[cluster.to_owned()], &digest)
+                .await
+                .map_err(|e| ClustersError::Ecr {
+                    repository: self.repository.to_string(),
+                    source: Box::new(e),
+                })?;
+            return Ok(true);
+        }
+        // By digest: Distribution cannot delete a tag, and removes the
+        // tags of a manifest deleted.
+        match self
+            .client
+            .delete_manifest_digest(&self.repository, &digest)
+            .await
+            .map_err(|e| self.registry_error(e))?
+        {
+            Deleted::Accepted | Deleted::Absent => Ok(true),
+            Deleted::Unsupported => Err(ClustersError::Unreadable {
+                cluster: cluster.to_owned(),
+                why: "the target registry refuses deletes (Distribution: storage.delete.enabled)"
+                    .into(),
+            }),
+        }
+    }
+}
+
+/// `<target registry>/<prefix>/pinswap-usage`.
+pub fn records_repository(target: &MirrorTarget) -> Reference {
+    let path = match target.prefix() {
+        Some(p) => format!("{}/{p}/{REPOSITORY}", target.registry()),
+        None => format!("{}/{REPOSITORY}", target.registry()),
+    };
+    Reference::parse(&path)
+        .expect("a target registry and prefix make a reference")
+        .without_tag()
+}
+
+fn descriptor(media_type: &str, bytes: &[u8]) -> Descriptor {
+    Descriptor {
+        media_type: media_type.to_owned(),
+        digest: crate::registry::check::sha256_digest(bytes).to_string(),
+        size: bytes.len() as u64,
+        platform: None,
+        urls: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_name_target_repositories_by_digest_or_tag() {
+        let target = MirrorTarget::parse("m.example.com/mirror").unwrap();
+        let d = format!("sha256:{}", "a".repeat(64));
+        let pinned = Reference::parse(&format!(
+            "m.example.com/mirror/docker.io/library/nginx:1@{d}"
+        ))
+        .unwrap();
+        assert_eq!(
+            entry_key(&target, &pinned).unwrap(),
+            format!("mirror/docker.io/library/nginx@{d}")
+        );
+        let tagged = Reference::parse("m.example.com/mirror/docker.io/library/nginx:1").unwrap();
+        assert_eq!(
+            entry_key(&target, &tagged).unwrap(),
+            "mirror/docker.io/library/nginx:1"
+        );
+        let outside = Reference::parse("docker.io/library/nginx:1").unwrap();
+        assert_eq!(entry_key(&target, &outside), None);
+        assert_eq!(
+            records_repository(&target).to_string(),
+            "m.example.com/mirror/pinswap-usage"
+        );
+    }
+
+    #[test]
+    fn a_record_is_stale_past_stale_after_and_never_from_a_clock_ahead() {
+        let now = Timestamp::from_second(10_000).unwrap();
+        let r = |s| ClusterRecord {
+            cluster: "a".into(),
+            updated: Timestamp::from_second(s).unwrap(),
+            complete: true,
+            in_use: 0,
+            images: BTreeMap::new(),
+        };
+        let hour = std::time::Duration::from_secs(3600);
+        assert!(!r(10_000 - 3600).is_stale(now, hour));
+        assert!(r(10_000 - 3601).is_stale(now, hour));
+        assert!(!r(20_000).is_stale(now, hour));
+    }
+}

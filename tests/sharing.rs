@@ -1,0 +1,581 @@
+//! Several clusters, one mirror: two clusters (each its own in-process
+//! Kubernetes API, admission, usage record and retention) share one real
+//! Distribution target. Cluster B reaches the target through a front, so
+//! its requests are counted and refused at will. The real kube-apiserver
+//! version of the two clusters is `cluster_sharing.rs`.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::fixtures::Image;
+use common::front::{Front, Mode};
+use common::kube::KubeApi;
+use common::review::{admit, pod};
+use common::{TestRegistry, push_image};
+use k8s_openapi::jiff::Timestamp;
+use pinswap::admission::Admission;
+use pinswap::admission::policy::Policy;
+use pinswap::config::Config;
+use pinswap::install::manifests::Tls;
+use pinswap::metrics::Metrics;
+use pinswap::reference::Reference;
+use pinswap::retention::clusters::{ClusterRecord, Records};
+use pinswap::retention::publish::Publisher;
+use pinswap::retention::{InUse, Retention, State, Store};
+
+const NS: &str = "pinswap";
+
+/// One cluster: its API, admission, publisher and retention.
+struct Cluster {
+    name: &'static str,
+    host: String,
+    config: Config,
+    metrics: Arc<Metrics>,
+    adm: Admission,
+    publisher: Arc<Publisher>,
+    ret: Retention,
+    _api: KubeApi,
+}
+
+/// The source, the target, and B's front to it.
+struct Rig {
+    src: TestRegistry,
+    dst: TestRegistry,
+    front: Front,
+}
+
+async fn rig() -> Rig {
+    common::init();
+    let dst = TestRegistry::plain().await;
+    let front = Front::start(&dst.host()).await;
+    Rig {
+        src: TestRegistry::plain().await,
+        dst,
+        front,
+    }
+}
+
+impl Rig {
+    /// Cluster `name` reaching the target at `host`, with `sharing` keys
+    /// (a flow mapping's inside) and `unusedFor: 1s`.
+    async fn cluster(&self, name: &'static str, host: &str, sharing: &str) -> Cluster {
+        let yaml = format!(
+            "target: {{registry: \"{host}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\ncopyDeadline: 8s\nserver: {{admissionBudget: 8s}}\ncache: {{ttl: 0s}}\ncluster: {name}\nretention: {{enabled: true, unusedFor: 1s}}\nsharing: {{enabled: true, keepFor: 1h, checkEvery: 300ms, {sharing}}}\n",
+            self.src.host()
+        );
+        let config = Config::from_yaml(&yaml, "test.yaml").unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let adm = Admission::from_config(&config, metrics.clone()).unwrap();
+        let api = KubeApi::start().await;
+        api.authorize_install(&config, Tls::CertManager);
+        let mirror = adm.mirror().clone();
+        let policy = Policy::new(&config, mirror.target().clone()).unwrap();
+        let publisher = Arc::new(Publisher::new(mirror.clone(), name, &config.sharing));
+        let ret = Retention::new(
+            mirror,
+            policy,
+            Store::new(api.install_client(), NS),
+            &config.retention,
+        )
+        .with_sharing(publisher.clone());
+        Cluster {
+            name,
+            host: host.to_owned(),
+            config,
+            metrics,
+            adm,
+            publisher,
+            ret,
+            _api: api,
+        }
+    }
+
+    /// Clusters `a` (direct) and `b` (through the front).
+    async fn two(&self, sharing: &str) -> (Cluster, Cluster) {
+        let a = self.cluster("a", &self.dst.host(), sharing).await;
+        let b = self.cluster("b", &self.front.host(), sharing).await;
+        (a, b)
+    }
+
+    /// Pushes `shop/<name>:v1` to the source.
+    async fn source_image(&self, name: &str, seed: u64) -> Img {
+        let image = Image::oci(1, seed);
+        push_image(&self.src, &format!("shop/{name}"), Some("v1"), &image).await;
+        Img {
+            source: format!("{}/shop/{name}:v1", self.src.host()),
+            repo: format!("mirror/127.0.0.1_{}/shop/{name}", self.src.port()),
+            image,
+        }
+    }
+
+    /// The target holds `img`'s manifest by digest, byte for byte.
+    async fn present(&self, img: &Img) -> bool {
+        match self.dst.get_manifest(&img.repo, &img.image.digest).await {
+            Some((bytes, _, _)) => bytes == img.image.manifest,
+            None => false,
+        }
+    }
+}
+
+struct Img {
+    image: Image,
+    source: String,
+    repo: String,
+}
+
+impl Img {
+    /// The pinned target reference `cluster`'s Pods run.
+    fn target(&self, cluster: &Cluster) -> Reference {
+        Reference::parse(&format!(
+            "{}/{}:v1@{}",
+            cluster.host, self.repo, self.image.digest
+        ))
+        .unwrap()
+    }
+
+    /// As a pass of `cluster` names it.
+    fn key(&self, cluster: &Cluster) -> String {
+        format!("{}/{}@{}", cluster.host, self.repo, self.image.digest)
+    }
+}
+
+impl Cluster {
+    /// Admits a Pod running `img`; asserts it was rewritten to the target.
+    async fn run(&self, img: &Img) {
+        let (patched, _) = admit(&self.adm, &pod("shop", "p", &[("app", &img.source)])).await;
+        assert_eq!(
+            patched["spec"]["containers"][0]["image"],
+            img.target(self).to_string().as_str(),
+            "cluster {} rewrote its Pod",
+            self.name
+        );
+    }
+
+    fn uses(&self, imgs: &[&Img]) -> InUse {
+        InUse {
+            synced: true,
+            images: imgs.iter().map(|i| i.target(self)).collect(),
+        }
+    }
+
+    /// The sample `name{label="value"}`, 0 when absent.
+    fn metric(&self, name: &str, label: (&str, &str)) -> f64 {
+        common::metrics::sample(&self.metrics.encode(), name, &[label]).unwrap_or(0.0)
+    }
+}
+
+async fn idle() {
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+}
+
+/// The second cluster's first admission of an image the first mirrored
+/// copies nothing: no blob read at the source, no upload at the target.
+#[tokio::test]
+async fn a_second_cluster_copies_nothing_the_first_mirrored() {
+    let r = rig().await;
+    let (a, b) = r.two("staleAfter: 1h").await;
+    let x = r.source_image("x", 1).await;
+    a.run(&x).await;
+    assert!(r.present(&x).await);
+    let source_before = r.src.log().lines().count();
+    r.front.reset();
+    b.run(&x).await;
+    let at_target = r.front.requests();
+    assert!(
+        at_target
+            .iter()
+            .all(|(m, p)| m == "GET" || m == "HEAD" || !p.contains("/blobs/")),
+        "no upload at the target: {at_target:?}"
+    );
+    assert_eq!(
+        r.front.count_method("POST", "/blobs/uploads/") + r.front.count_method("PUT", "/"),
+        0,
+        "{at_target:?}"
+    );
+    let source_blob_reads = r
+        .src
+        .log()
+        .lines()
+        .skip(source_before)
+        .filter(|l| l.contains("\"GET /v2/") && l.contains("/blobs/"))
+        .count();
+    assert_eq!(source_blob_reads, 0, "no blob read at the source");
+}
+
+/// Retention in each cluster keeps what the other uses, and still removes
+/// what neither does.
+#[tokio::test]
+async fn each_clusters_retention_keeps_what_the_other_uses() {
+    let r = rig().await;
+    let (a, b) = r.two("staleAfter: 1h").await;
+    let (x, y, z) = (
+        r.source_image("x", 11).await,
+        r.source_image("y", 12).await,
+        r.source_image("z", 13).await,
+    );
+    a.run(&x).await;
+    b.run(&y).await;
+    a.run(&z).await;
+    // Each leader's publisher has run once.
+    a.publisher.publish(&a.uses(&[&x]), true).await.unwrap();
+    b.publisher.publish(&b.uses(&[&y]), true).await.unwrap();
+    // First sight, then past unusedFor, in both.
+    for _ in 0..2 {
+        let ra = a.ret.sweep(&a.uses(&[&x])).await.unwrap();
+        let rb = b.ret.sweep(&b.uses(&[&y])).await.unwrap();
+        assert_eq!(ra.state(&y.key(&a)).unwrap(), State::InUse, "{ra:?}");
+        assert_eq!(rb.state(&x.key(&b)).unwrap(), State::InUse, "{rb:?}");
+        assert!(
+            ra.find(&y.key(&a))
+                .unwrap()
+                .why
+                .contains("in use in cluster b"),
+            "{ra:?}"
+        );
+        idle().await;
+    }
+    assert!(r.present(&x).await && r.present(&y).await);
+    assert!(!r.present(&z).await, "what no cluster uses goes");
+    // B stops using Y: it goes once unused for unusedFor everywhere.
+    b.ret.sweep(&b.uses(&[])).await.unwrap();
+    idle().await;
+    a.ret.sweep(&a.uses(&[&x])).await.unwrap();
+    assert!(!r.present(&y).await, "unused in both clusters: removed");
+    assert!(r.present(&x).await);
+}
+
+/// A cluster gone offline keeps everything it listed, until it is
+/// forgotten with `pinswap clusters forget`.
+#[tokio::test]
+async fn a_stale_cluster_keeps_what_it_listed_until_forgotten() {
+    let r = rig().await;
+    let (a, b) = r.two("interval: 1s, staleAfter: 3s").await;
+    let (x, y) = (r.source_image("x", 21).await, r.source_image("y", 22).await);
+    a.run(&x).await;
+    b.run(&y).await;
+    b.ret.sweep(&b.uses(&[&y])).await.unwrap();
+    // B is gone: nothing publishes its record any more.
+    drop(b);
+    a.ret.sweep(&a.uses(&[&x])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    for _ in 0..2 {
+        let ra = a.ret.sweep(&a.uses(&[&x])).await.unwrap();
+        let kept = ra.find(&y.key(&a)).unwrap();
+        assert_eq!(kept.state, State::Kept, "{ra:?}");
+        assert!(
+            kept.why.contains("cluster b's usage record is stale"),
+            "{}",
+            kept.why
+        );
+        idle().await;
+    }
+    assert!(r.present(&y).await);
+    assert_eq!(
+        a.metric("pinswap_usage_record_stale", ("cluster", "b")),
+        1.0
+    );
+
+    let cfg = common::cache_home();
+    let path = cfg.path().join("a.yaml");
+    std::fs::write(&path, serde_yaml_config(&a)).unwrap();
+    let list = common::cli::pinswap(&["clusters", "list", "-c", path.to_str().unwrap()]).await;
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let line = |name: &str| {
+        list.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{}", list.stdout))
+            .to_owned()
+    };
+    assert!(line("b").ends_with("stale"), "{}", list.stdout);
+    assert!(line("a").ends_with("fresh"), "{}", list.stdout);
+    let out =
+        common::cli::pinswap(&["clusters", "forget", "-c", path.to_str().unwrap(), "b"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let again =
+        common::cli::pinswap(&["clusters", "forget", "-c", path.to_str().unwrap(), "b"]).await;
+    assert_eq!(again.code, 1);
+    again.says("no usage record of cluster b");
+
+    let ra = a.ret.sweep(&a.uses(&[&x])).await.unwrap();
+    assert_eq!(ra.state(&y.key(&a)), Some(State::Removed), "{ra:?}");
+    assert!(r.present(&x).await && !r.present(&y).await);
+}
+
+/// The config file a cluster was built from, for the CLI.
+fn serde_yaml_config(c: &Cluster) -> String {
+    format!(
+        "target: {{registry: \"{}/mirror\"}}\ncluster: {}\nsharing: {{enabled: true, interval: 1s, staleAfter: {}s}}\n",
+        c.host,
+        c.name,
+        c.config.sharing.stale_after.as_secs()
+    )
+}
+
+/// Both leaders run retention at the same moment, round after round with
+/// random delays and random images in use: no image in use is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaders_sweeping_at_once_never_remove_what_either_uses() {
+    let r = rig().await;
+    let (a, b) = r.two("staleAfter: 1h").await;
+    let mut pool = Vec::new();
+    for i in 0..6 {
+        pool.push(r.source_image(&format!("i{i}"), 40 + i).await);
+    }
+    let seed = Timestamp::now().as_millisecond() as u64;
+    eprintln!("seed {seed}");
+    let mut rng = seed | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut removed = 0;
+    for round in 0..12 {
+        let pick = |bits: u64| -> Vec<&Img> {
+            pool.iter()
+                .enumerate()
+                .filter(|(i, _)| bits >> i & 1 == 1)
+                .map(|(_, img)| img)
+                .collect()
+        };
+        let (ua, ub) = (pick(next()), pick(next()));
+        // Each cluster's Pods are admitted (and mirrored again when gone).
+        for img in &ua {
+            a.run(img).await;
+        }
+        for img in &ub {
+            b.run(img).await;
+        }
+        let (da, db) = (next() % 400, next() % 400);
+        let (ia, ib) = (a.uses(&ua), b.uses(&ub));
+        let (ra, rb) = tokio::join!(
+            async {
+                tokio::time::sleep(Duration::from_millis(da)).await;
+                a.ret.sweep(&ia).await
+            },
+            async {
+                tokio::time::sleep(Duration::from_millis(db)).await;
+                b.ret.sweep(&ib).await
+            }
+        );
+        for rep in [ra.unwrap(), rb.unwrap()] {
+            removed += rep.count(State::Removed);
+        }
+        for img in ua.iter().chain(&ub) {
+            assert!(
+                r.present(img).await,
+                "round {round} (seed {seed}): {} in use was removed",
+                img.repo
+            );
+        }
+        idle().await;
+    }
+    eprintln!("{removed} unused images removed over the rounds");
+    assert!(
+        removed > 0,
+        "retention removed nothing: the test proved nothing"
+    );
+}
+
+/// Every failure around the records ends with nothing removed, and with a
+/// metric and a log line that say why.
+#[tokio::test]
+async fn a_record_that_cannot_be_read_or_written_removes_nothing() {
+    let r = rig().await;
+    let (a, b) = r.two("staleAfter: 1h").await;
+    let z = r.source_image("z", 31).await;
+    b.run(&z).await;
+    // Past unusedFor for both, used by neither.
+    a.ret.sweep(&a.uses(&[])).await.unwrap();
+    b.ret.sweep(&b.uses(&[])).await.unwrap();
+    idle().await;
+
+    // B cannot read A's record (the target answers 503 for it).
+    r.front.set(Mode::RefuseFirst(
+        "GET",
+        "/pinswap-usage/manifests/a",
+        503,
+        None,
+    ));
+    let e = b.ret.sweep(&b.uses(&[])).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("reading the clusters' usage records"),
+        "{e}"
+    );
+    assert_eq!(
+        b.metric(
+            "pinswap_retention_passes_total",
+            ("outcome", "records_unreadable")
+        ),
+        1.0
+    );
+    assert!(r.present(&z).await);
+
+    // B cannot publish its own record first.
+    r.front.set(Mode::RefuseFirst(
+        "PUT",
+        "/pinswap-usage/manifests/b",
+        403,
+        None,
+    ));
+    let e = b.ret.sweep(&b.uses(&[])).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("publishing this cluster's usage record"),
+        "{e}"
+    );
+    assert_eq!(
+        b.metric(
+            "pinswap_retention_passes_total",
+            ("outcome", "record_not_published")
+        ),
+        1.0
+    );
+    assert_eq!(
+        b.metric(
+            "pinswap_usage_record_publishes_total",
+            ("outcome", "failed")
+        ),
+        1.0
+    );
+    assert!(r.present(&z).await);
+
+    // A record that is not one: a plain image under a cluster's tag.
+    let other = Image::oci(1, 32);
+    push_image(&r.dst, "mirror/pinswap-usage", Some("c"), &other).await;
+    let e = a.ret.sweep(&a.uses(&[])).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the usage record of cluster c cannot be read"),
+        "{e}"
+    );
+    assert!(r.present(&z).await);
+    let records = Records::of(a.adm.mirror()).await.unwrap();
+    assert!(records.forget("c").await.unwrap());
+
+    // An incomplete record: its cluster uses more than a record holds.
+    records
+        .publish(
+            &ClusterRecord {
+                cluster: "d".into(),
+                updated: Timestamp::now(),
+                complete: false,
+                in_use: 30_000,
+                images: Default::default(),
+            },
+            &mut false,
+        )
+        .await
+        .unwrap();
+    let e = a.ret.sweep(&a.uses(&[])).await.unwrap_err();
+    assert!(e.to_string().contains("cluster d is incomplete"), "{e}");
+    assert_eq!(
+        a.metric(
+            "pinswap_retention_passes_total",
+            ("outcome", "record_incomplete")
+        ),
+        1.0
+    );
+    assert!(r.present(&z).await);
+    assert!(records.forget("d").await.unwrap());
+
+    // With the records readable again, the unused image goes.
+    r.front.set(Mode::Pass);
+    let rb = b.ret.sweep(&b.uses(&[])).await.unwrap();
+    assert_eq!(rb.state(&z.key(&b)), Some(State::Removed), "{rb:?}");
+}
+
+/// A cluster's record survives the cluster: a new leader (or a cluster
+/// rebuilt under the same name) carries on the last use it finds there.
+#[tokio::test]
+async fn a_clusters_record_outlives_its_leader() {
+    let r = rig().await;
+    let a = r.cluster("a", &r.dst.host(), "staleAfter: 1h").await;
+    let x = r.source_image("x", 51).await;
+    a.run(&x).await;
+    a.publisher.publish(&a.uses(&[&x]), true).await.unwrap();
+    let records = Records::of(a.adm.mirror()).await.unwrap();
+    let first = records.read("a").await.unwrap().unwrap();
+    let key = format!("{}@{}", x.repo, x.image.digest);
+    assert_eq!(first.images[&key], first.updated);
+    drop(a);
+    let again = r.cluster("a", &r.dst.host(), "staleAfter: 1h").await;
+    again
+        .publisher
+        .publish(&again.uses(&[]), true)
+        .await
+        .unwrap();
+    let second = records.read("a").await.unwrap().unwrap();
+    assert_eq!(
+        second.images[&key], first.updated,
+        "carried on, not renewed"
+    );
+    assert!(second.updated > first.updated);
+}
+
+/// The registry requests of a retention pass and of a record update, for
+/// 1 and for 10 clusters sharing the target (the figures in
+/// docs/operations.md): a pass reads each other record once (twice when
+/// it removes something), an update writes one layer and one manifest.
+#[tokio::test]
+async fn requests_per_pass_and_per_record_update() {
+    let r = rig().await;
+    let b = r.cluster("b", &r.front.host(), "staleAfter: 1h").await;
+    let x = r.source_image("x", 61).await;
+    b.run(&x).await;
+    let records = Records::of(b.adm.mirror()).await.unwrap();
+    let mut figures = Vec::new();
+    for others in [0usize, 9] {
+        for i in 0..others {
+            records
+                .publish(
+                    &ClusterRecord {
+                        cluster: format!("o{i}"),
+                        updated: Timestamp::now(),
+                        complete: true,
+                        in_use: 1,
+                        images: [(format!("{}@{}", x.repo, x.image.digest), Timestamp::now())]
+                            .into(),
+                    },
+                    &mut false,
+                )
+                .await
+                .unwrap();
+        }
+        b.ret.sweep(&b.uses(&[&x])).await.unwrap();
+        r.front.reset();
+        b.ret.sweep(&b.uses(&[&x])).await.unwrap();
+        let pass = r.front.requests();
+        let record_reads = pass
+            .iter()
+            .filter(|(_, p)| p.contains("/pinswap-usage/"))
+            .count();
+        let total = pass.len();
+        r.front.reset();
+        b.publisher.publish(&b.uses(&[&x]), true).await.unwrap();
+        let update = r.front.requests();
+        let size = records.read("b").await.unwrap().unwrap();
+        let bytes = serde_json::to_vec(&size).unwrap().len();
+        eprintln!(
+            "{} clusters: a pass sends {total} requests, {record_reads} of them to the records; an update sends {} ({bytes} bytes of record)",
+            others + 1,
+            update.len()
+        );
+        // An update: the layer's upload (POST, PUT) and the manifest PUT;
+        // the empty config was asked for once, at the first.
+        assert_eq!(update.len(), 3, "{update:#?}");
+        // A pass: its own update, one tag list, and a manifest GET and a
+        // blob GET per other cluster (none removed, so no second read).
+        assert_eq!(record_reads, 3 + 1 + 2 * others, "{pass:#?}");
+        figures.push((others + 1, total, record_reads));
+        for i in 0..others {
+            records.forget(&format!("o{i}")).await.unwrap();
+        }
+    }
+    assert_eq!(figures.len(), 2);
+}
