@@ -100,7 +100,11 @@ line([
 row("Retention")
 line([
  ("Retention images by state",[(f"max by (state) (pinswap_retention_images{S})","{{state}}"),(f"max(pinswap_retention_unrecoverable{S})","kept: unrecoverable")],"short","Leader only, as of the last pass: in_use, unused (for less than unusedFor), kept, candidate (dry run, or a source could not answer), removed. Unrecoverable: the source no longer serves them."),
- ("Retention removals and passes",[(rate("pinswap_retention_removed_total","outcome"),"removed: {{outcome}}"),(rate("pinswap_retention_passes_total","outcome"),"pass: {{outcome}}")],"ops","Images removed, that a dry run would remove, or whose removal failed; passes done, skipped (not_synced, source_down) or failed."),
+ ("Retention removals and passes",[(rate("pinswap_retention_removed_total","outcome"),"removed: {{outcome}}"),(rate("pinswap_retention_passes_total","outcome"),"pass: {{outcome}}")],"ops","Images removed, that a dry run would remove, or whose removal failed; passes done, skipped (not_synced, source_down) or failed (error; with sharing: records_unreadable, record_incomplete, record_not_published)."),
+])
+line([
+ ("Usage records by cluster",[(f"max by (cluster) (pinswap_usage_record_images{S})","entries: {{cluster}}"),(f"max by (cluster) (time() - pinswap_usage_record_updated_seconds{S})","age s: {{cluster}}"),(f"max by (cluster) (pinswap_usage_record_stale{S})","stale: {{cluster}}")],"short","Several clusters, one mirror: each cluster's usage record at the target as this leader last read or wrote it, its entries and age; a stale one keeps everything it lists until forgotten."),
+ ("Usage record publications",[(rate("pinswap_usage_record_publishes_total","outcome"),"{{outcome}}"),(f"max by (cluster) (pinswap_cluster_info{S})","cluster {{cluster}}")],"ops","This cluster's record published, incomplete (more images than a record holds: every cluster's retention stops) or failed; this cluster's name."),
 ])
 var=lambda n,label,query: {"name":n,"type":"query","label":label,"datasource":DS,"query":{"query":query,"refId":n},"definition":query,"refresh":2,"includeAll":True,"multi":True,"current":{}}
 dash={"title":"pinswap","uid":"pinswap","description":"pinswap admission webhook: admissions and decisions, copies, caches, recovery, identity findings, source and target health, the webhook listener, retention.",

@@ -10,9 +10,10 @@
 #   scripts/node-state.sh --after BEFORE   # wait for the harnesses to end, compare
 set -uo pipefail
 if [ "${1:-}" = --after ]; then
-  # A harness cleans up after its test process exits: wait for it.
+  # A harness cleans up after its test process exits: wait for it and for
+  # what it started (their command lines name its directory).
   for _ in $(seq 120); do
-    pgrep -f 'target/cluster/pinswap-cluster' >/dev/null || break
+    pgrep -f 'pinswap-cluster' >/dev/null || break
     sleep 0.5
   done
   after=$("$0")

@@ -1841,6 +1841,28 @@ retention:
   # Log and count what would be removed, and remove nothing.
   dryRun: false
 
+# This cluster's name (1 to 63 lowercase letters, digits, '-' and '.'), such
+# as eu-west-1: in logs, pinswap_cluster_info and, with sharing, its usage
+# record's tag. None by default.
+cluster: null
+
+sharing:
+  # Several clusters mirroring into one target and prefix: the leader
+  # publishes what this cluster uses at <target>/pinswap-usage:<cluster>,
+  # and retention keeps what any cluster's record names. Needs cluster:
+  # docs/operations.md#several-clusters-one-mirror.
+  enabled: false
+  # Publish at least this often; an image new to the record within
+  # checkEvery.
+  interval: 5m
+  checkEvery: 5s
+  # A record older than this counts as using everything it lists until
+  # `pinswap clusters forget NAME`.
+  staleAfter: 1h
+  # How long an image stays in the record after its last use here: at
+  # least the longest unusedFor of the clusters sharing the target.
+  keepFor: 720h
+
 identity:
   # Config-digest (image ID) collisions: warn (annotate, Event, metric, log),
   # repair (push a copy whose config is labelled with its layers' digest, and

@@ -86,6 +86,12 @@ impl Cluster {
         })
     }
 
+    /// Another control plane, this test's own: it stops when dropped
+    /// (the harness sees its standard input close).
+    pub fn another() -> Cluster {
+        Cluster::start(&[])
+    }
+
     fn start(args: &[&str]) -> Cluster {
         super::init();
         let bin = harness_bin();
