@@ -538,3 +538,81 @@ async fn retention_lists_repositories_and_deletes_tags_then_the_digest() {
         .await
         .unwrap();
 }
+
+/// Repositories made before a start, under other settings, are brought in
+/// line with `ecrOptions`: one at its first push, and every one under the
+/// prefix by the leader's pass; a repository outside the prefix is left
+/// alone, and a second pass changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_repositories_are_reconciled_with_changed_ecr_options() {
+    use aws_sdk_ecr::types::{ImageScanningConfiguration, ImageTagMutability};
+    let Some(moto) = MotoServer::start().await else {
+        return;
+    };
+    let sdk = moto.sdk("testing", "testing").await;
+    let client = aws_sdk_ecr::Client::new(&sdk);
+    let (app, other, outside) = ("cache/team/app", "cache/team/other", "tools/x");
+    for repo in [app, other, outside] {
+        client
+            .create_repository()
+            .repository_name(repo)
+            .image_tag_mutability(ImageTagMutability::Mutable)
+            .image_scanning_configuration(
+                ImageScanningConfiguration::builder()
+                    .scan_on_push(false)
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+    }
+    let host = "127.0.0.1:5999";
+    // Scan on push turned on: the SDK leaves a false out of the request,
+    // which moto then takes for no change.
+    let options = options_yaml().replace("imageScanOnPush: false", "imageScanOnPush: true");
+    let aws = config(host, &options).target.aws.unwrap();
+    let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+    let settled = |repo: &'static str| {
+        let client = client.clone();
+        async move {
+            let d = client
+                .describe_repositories()
+                .repository_names(repo)
+                .send()
+                .await
+                .unwrap();
+            let r = &d.repositories()[0];
+            let policy = client
+                .get_repository_policy()
+                .repository_name(repo)
+                .send()
+                .await
+                .ok()
+                .and_then(|p| p.policy_text().map(json));
+            let lifecycle = client
+                .get_lifecycle_policy()
+                .repository_name(repo)
+                .send()
+                .await
+                .ok()
+                .and_then(|p| p.lifecycle_policy_text().map(json));
+            r.image_tag_mutability() == Some(&ImageTagMutability::Immutable)
+                && r.image_scanning_configuration().map(|c| c.scan_on_push()) == Some(true)
+                && policy == Some(json(ACCESS_POLICY))
+                && lifecycle == Some(json(LIFECYCLE_POLICY))
+        }
+    };
+    assert!(!settled(app).await, "made under other settings");
+
+    let ecr = Ecr::connect_with(&aws, host, sdk.clone()).await;
+    ecr.ensure_repository(app).await.unwrap();
+    assert!(settled(app).await, "reconciled at its first push");
+    assert!(!settled(other).await, "not touched yet");
+
+    let ecr = Ecr::connect_with(&aws, host, sdk.clone()).await;
+    assert_eq!(ecr.reconcile_all(Some("cache"), 100).await.unwrap(), 2);
+    assert!(settled(app).await && settled(other).await);
+    assert!(!settled(outside).await, "outside the prefix: left alone");
+    assert_eq!(ecr.stats().policy_failures, 0);
+    assert_eq!(ecr.stats().creates, 0, "nothing created");
+}

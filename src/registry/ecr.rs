@@ -385,7 +385,7 @@ impl Ecr {
             .send()
             .await;
         match described {
-            Ok(_) => {
+            Ok(out) => {
                 debug!(repository, "ECR repository exists");
                 // Created by this process, but its policies failed: retry
                 // them, or they would never be applied.
@@ -396,6 +396,10 @@ impl Ecr {
                     .contains(repository);
                 if unconfigured {
                     return self.configure(repository).await;
+                }
+                // Made before this start, perhaps under other ecrOptions.
+                if let Some(r) = out.repositories().first() {
+                    self.reconcile(repository, r).await;
                 }
                 return Ok(());
             }
@@ -497,6 +501,188 @@ impl Ecr {
         applied
     }
 
+    /// Brings an existing `repository` (as `described`) to `ecrOptions`:
+    /// tag mutability, scan on push, and the access and lifecycle
+    /// policies where the config sets them (compared as JSON; an empty
+    /// option leaves the repository's own alone). A config change rolls
+    /// the Pods, so each repository is reconciled at its first use after
+    /// it. Encryption cannot change after creation. A failure is logged
+    /// and counted, and the push goes on.
+    async fn reconcile(&self, repository: &str, described: &aws_sdk_ecr::types::Repository) {
+        let mut changed = Vec::new();
+        let result = self
+            .reconcile_settings(repository, described, &mut changed)
+            .await;
+        match result {
+            Ok(()) if changed.is_empty() => {}
+            Ok(()) => {
+                info!(repository, changed = ?changed, "ECR repository reconciled with ecrOptions")
+            }
+            Err(e) => {
+                self.counters
+                    .policy_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                if let (
+                    Some(m),
+                    EcrError::Denied { action, .. }
+                    | EcrError::Api { action, .. }
+                    | EcrError::Call { action, .. },
+                ) = (&self.metrics, &e)
+                {
+                    m.ecr_policy_failure(action);
+                }
+                warn!(repository, error = %e, "ECR repository not reconciled with ecrOptions; it keeps its settings until the next start");
+            }
+        }
+    }
+
+    async fn reconcile_settings(
+        &self,
+        repository: &str,
+        described: &aws_sdk_ecr::types::Repository,
+        changed: &mut Vec<&'static str>,
+    ) -> Result<()> {
+        let o = &self.options;
+        let mutability = ImageTagMutability::from(o.image_tag_mutability.as_str());
+        if described.image_tag_mutability() != Some(&mutability) {
+            self.client
+                .put_image_tag_mutability()
+                .registry_id(&self.account)
+                .repository_name(repository)
+                .image_tag_mutability(mutability)
+                .send()
+                .await
+                .map_err(|e| {
+                    EcrError::from_sdk("ecr:PutImageTagMutability", Some(repository), &e)
+                })?;
+            changed.push("imageTagMutability");
+        }
+        let scan = o.image_scanning_configuration.image_scan_on_push;
+        if described
+            .image_scanning_configuration()
+            .map(|c| c.scan_on_push())
+            != Some(scan)
+        {
+            self.client
+                .put_image_scanning_configuration()
+                .registry_id(&self.account)
+                .repository_name(repository)
+                .image_scanning_configuration(
+                    ImageScanningConfiguration::builder()
+                        .scan_on_push(scan)
+                        .build(),
+                )
+                .send()
+                .await
+                .map_err(|e| {
+                    EcrError::from_sdk("ecr:PutImageScanningConfiguration", Some(repository), &e)
+                })?;
+            changed.push("imageScanningConfiguration");
+        }
+        if !o.access_policy.is_empty() {
+            let current = match self
+                .client
+                .get_repository_policy()
+                .registry_id(&self.account)
+                .repository_name(repository)
+                .send()
+                .await
+            {
+                Ok(p) => p.policy_text().map(str::to_owned),
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|s| s.is_repository_policy_not_found_exception()) =>
+                {
+                    None
+                }
+                Err(e) => {
+                    return Err(EcrError::from_sdk(
+                        "ecr:GetRepositoryPolicy",
+                        Some(repository),
+                        &e,
+                    ));
+                }
+            };
+            if !same_json(current.as_deref(), &o.access_policy) {
+                self.client
+                    .set_repository_policy()
+                    .registry_id(&self.account)
+                    .repository_name(repository)
+                    .policy_text(&o.access_policy)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        EcrError::from_sdk("ecr:SetRepositoryPolicy", Some(repository), &e)
+                    })?;
+                changed.push("accessPolicy");
+            }
+        }
+        if !o.lifecycle_policy.is_empty() {
+            let current = match self
+                .client
+                .get_lifecycle_policy()
+                .registry_id(&self.account)
+                .repository_name(repository)
+                .send()
+                .await
+            {
+                Ok(p) => p.lifecycle_policy_text().map(str::to_owned),
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|s| s.is_lifecycle_policy_not_found_exception()) =>
+                {
+                    None
+                }
+                Err(e) => {
+                    return Err(EcrError::from_sdk(
+                        "ecr:GetLifecyclePolicy",
+                        Some(repository),
+                        &e,
+                    ));
+                }
+            };
+            if !same_json(current.as_deref(), &o.lifecycle_policy) {
+                self.client
+                    .put_lifecycle_policy()
+                    .registry_id(&self.account)
+                    .repository_name(repository)
+                    .lifecycle_policy_text(&o.lifecycle_policy)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        EcrError::from_sdk("ecr:PutLifecyclePolicy", Some(repository), &e)
+                    })?;
+                changed.push("lifecyclePolicy");
+            }
+        }
+        Ok(())
+    }
+
+    /// Reconciles every repository under `prefix` with `ecrOptions`, at
+    /// most `per_second` a second (ECR's API limits are per account).
+    ///
+    /// # Errors
+    /// When the repositories cannot be listed; a repository that cannot
+    /// be reconciled is logged and counted, and the pass goes on.
+    pub async fn reconcile_all(&self, prefix: Option<&str>, per_second: u32) -> Result<usize> {
+        let gap = Duration::from_secs(1) / per_second.max(1);
+        let mut done = 0;
+        for name in self.repositories().await? {
+            let under = match prefix {
+                Some(p) => name.strip_prefix(p).is_some_and(|r| r.starts_with('/')),
+                None => true,
+            };
+            if !under {
+                continue;
+            }
+            if self.ensure_repository(&name).await.is_ok() {
+                done += 1;
+            }
+            tokio::time::sleep(gap).await;
+        }
+        Ok(done)
+    }
+
     async fn apply_policies(&self, repository: &str) -> Result<()> {
         let o = &self.options;
         if !o.access_policy.is_empty() {
@@ -542,6 +728,16 @@ impl BeforePush for Ecr {
                 })
         }
         .boxed()
+    }
+}
+
+/// Whether `current` is the JSON document `want` (ECR may store a policy
+/// reformatted).
+fn same_json(current: Option<&str>, want: &str) -> bool {
+    let parse = |t: &str| serde_json::from_str::<serde_json::Value>(t).ok();
+    match (current.and_then(parse), parse(want)) {
+        (Some(a), Some(b)) => a == b,
+        _ => current == Some(want),
     }
 }
 

@@ -230,6 +230,29 @@ impl Background {
                 });
                 p
             });
+        if let Some(ecr) = mirror.ecr().cloned() {
+            // ecrOptions may have changed since the repositories were
+            // made: the first leader after a start brings them in line.
+            let (mut l, t) = (leader.clone(), token.clone());
+            let prefix = mirror.target().prefix().map(str::to_owned);
+            tasks.spawn(async move {
+                let pass = async {
+                    while !*l.borrow_and_update() {
+                        if l.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                    match ecr.reconcile_all(prefix.as_deref(), ECR_RECONCILE_RATE).await {
+                        Ok(n) => info!(repositories = n, "ECR repositories reconciled with ecrOptions"),
+                        Err(e) => warn!(error = %e, "ECR repositories could not be listed to reconcile them with ecrOptions; each is reconciled at its next push"),
+                    }
+                };
+                tokio::select! {
+                    _ = pass => {}
+                    _ = t.cancelled() => {}
+                }
+            });
+        }
         if let Some(cluster) = &config.cluster {
             mirror.metrics().sharing.cluster(cluster);
         }
@@ -334,6 +357,10 @@ fn retention(
         }
     }
 }
+
+/// Repositories a second the leader reconciles with `ecrOptions` after a
+/// start: each costs up to five ECR API calls.
+const ECR_RECONCILE_RATE: u32 = 5;
 
 /// What is in use, from the leader's usage record.
 fn in_use_source(usage: Arc<Usage>) -> crate::retention::InUseSource {
