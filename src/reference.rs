@@ -1074,6 +1074,20 @@ pub fn registry_path_component(registry: &str) -> String {
     out
 }
 
+/// The repository under a target's prefix that holds the usage records of
+/// the clusters sharing it. One path component: a mirror path always has
+/// two or more (`<registry>/<path>`), so it never names a mirrored image.
+pub const USAGE_REPOSITORY: &str = "pinswap-usage";
+
+/// Whether `repository` (without the registry) is a target's usage-record
+/// repository, under any prefix.
+pub fn is_usage_repository(repository: &str) -> bool {
+    repository == USAGE_REPOSITORY
+        || repository
+            .strip_suffix(USAGE_REPOSITORY)
+            .is_some_and(|p| p.ends_with('/'))
+}
+
 /// The registry a mirror path component names: the inverse of
 /// [`registry_path_component`], `None` when it names none.
 pub fn registry_of_path_component(component: &str) -> Option<String> {

@@ -22,7 +22,7 @@ use pinswap::install::manifests::Tls;
 use pinswap::metrics::Metrics;
 use pinswap::reference::Reference;
 use pinswap::retention::clusters::{ClusterRecord, Records};
-use pinswap::retention::publish::Publisher;
+use pinswap::retention::publish::{Published, Publisher};
 use pinswap::retention::{InUse, Retention, State, Store};
 
 const NS: &str = "pinswap";
@@ -307,7 +307,7 @@ async fn a_stale_cluster_keeps_what_it_listed_until_forgotten() {
 /// The config file a cluster was built from, for the CLI.
 fn serde_yaml_config(c: &Cluster) -> String {
     format!(
-        "target: {{registry: \"{}/mirror\"}}\ncluster: {}\nsharing: {{enabled: true, interval: 1s, staleAfter: {}s}}\n",
+        "target: {{registry: \"{}/mirror\"}}\ncluster: {}\nsharing: {{enabled: true, interval: 1s, checkEvery: 300ms, staleAfter: {}s}}\n",
         c.host,
         c.name,
         c.config.sharing.stale_after.as_secs()
@@ -566,16 +566,129 @@ async fn requests_per_pass_and_per_record_update() {
             others + 1,
             update.len()
         );
-        // An update: the layer's upload (POST, PUT) and the manifest PUT;
-        // the empty config was asked for once, at the first.
-        assert_eq!(update.len(), 3, "{update:#?}");
+        // An update: a HEAD of its tag (one writer per name), the layer's
+        // upload (POST, PUT), the manifest PUT and the DELETE of the
+        // version before; the empty config was asked for once, at the
+        // first.
+        let methods: Vec<&str> = update.iter().map(|(m, _)| m.as_str()).collect();
+        assert_eq!(
+            methods,
+            ["HEAD", "POST", "PUT", "PUT", "DELETE"],
+            "{update:#?}"
+        );
         // A pass: its own update, one tag list, and a manifest GET and a
         // blob GET per other cluster (none removed, so no second read).
-        assert_eq!(record_reads, 3 + 1 + 2 * others, "{pass:#?}");
+        assert_eq!(record_reads, 5 + 1 + 2 * others, "{pass:#?}");
         figures.push((others + 1, total, record_reads));
         for i in 0..others {
             records.forget(&format!("o{i}")).await.unwrap();
         }
     }
     assert_eq!(figures.len(), 2);
+}
+
+/// An image used again after a while is published at once, not at the
+/// next interval: its old time would let another cluster remove it (a
+/// rollback to an earlier image is the common case).
+#[tokio::test]
+async fn an_image_used_again_is_published_at_once() {
+    let r = rig().await;
+    let a = r.cluster("a", &r.dst.host(), "staleAfter: 1h").await;
+    let x = r.source_image("x", 81).await;
+    a.run(&x).await;
+    a.publisher.publish(&a.uses(&[&x]), true).await.unwrap();
+    a.publisher.publish(&a.uses(&[]), true).await.unwrap();
+    assert_eq!(
+        a.publisher.publish(&a.uses(&[]), false).await.unwrap(),
+        Published::Unchanged,
+        "nothing new within sharing.interval"
+    );
+    let again = a.publisher.publish(&a.uses(&[&x]), false).await.unwrap();
+    assert!(matches!(again, Published::Written { .. }), "{again:?}");
+    let records = Records::of(a.adm.mirror()).await.unwrap();
+    let rec = records.read("a").await.unwrap().unwrap();
+    assert_eq!(
+        rec.images[&format!("{}@{}", x.repo, x.image.digest)],
+        rec.updated
+    );
+}
+
+/// Each publication removes the version before it, and a second install
+/// under the same cluster name is found out instead of overwritten.
+#[tokio::test]
+async fn one_writer_per_name_and_no_versions_left_behind() {
+    let r = rig().await;
+    let a = r.cluster("a", &r.dst.host(), "staleAfter: 1h").await;
+    let records = Records::of(a.adm.mirror()).await.unwrap();
+    a.publisher.publish(&a.uses(&[]), true).await.unwrap();
+    let first = records.read_full("a").await.unwrap().unwrap().digest;
+    a.publisher.publish(&a.uses(&[]), true).await.unwrap();
+    let second = records.read_full("a").await.unwrap().unwrap().digest;
+    assert_ne!(first, second);
+    let repo = "mirror/pinswap-usage";
+    assert!(
+        r.dst
+            .head_manifest(repo, &first.to_string())
+            .await
+            .is_none(),
+        "the version before is gone"
+    );
+
+    // Another install named "a" too: it reads the record back and writes;
+    // the first one then finds a record it did not write.
+    let twin = r.cluster("a", &r.front.host(), "staleAfter: 1h").await;
+    twin.publisher.publish(&twin.uses(&[]), true).await.unwrap();
+    let e = a.publisher.publish(&a.uses(&[]), true).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("another install publishes a usage record under cluster name a"),
+        "{e}"
+    );
+    assert_eq!(
+        a.metric(
+            "pinswap_usage_record_publishes_total",
+            ("outcome", "conflict")
+        ),
+        1.0
+    );
+    let pass = a.ret.sweep(&a.uses(&[])).await.unwrap_err();
+    assert!(
+        pass.to_string()
+            .contains("publishing this cluster's usage record"),
+        "{pass}"
+    );
+}
+
+/// An install with sharing off never removes from a target other
+/// clusters publish records at: their images would look unused to it.
+#[tokio::test]
+async fn retention_with_sharing_off_removes_nothing_from_a_shared_target() {
+    let r = rig().await;
+    let (a, b) = r.two("staleAfter: 1h").await;
+    let z = r.source_image("z", 91).await;
+    b.run(&z).await;
+    b.publisher.publish(&b.uses(&[&z]), true).await.unwrap();
+    let mirror = a.adm.mirror().clone();
+    let policy = Policy::new(&a.config, mirror.target().clone()).unwrap();
+    let api = KubeApi::start().await;
+    api.authorize_install(&a.config, Tls::CertManager);
+    let alone = Retention::new(
+        mirror,
+        policy,
+        Store::new(api.install_client(), NS),
+        &a.config.retention,
+    );
+    alone.sweep(&a.uses(&[])).await.unwrap_err();
+    idle().await;
+    let e = alone.sweep(&a.uses(&[])).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the target holds usage records of clusters [\"b\"]"),
+        "{e}"
+    );
+    assert_eq!(
+        a.metric("pinswap_retention_passes_total", ("outcome", "sharing_off")),
+        2.0
+    );
+    assert!(r.present(&z).await);
 }

@@ -71,7 +71,7 @@ fn d_720h() -> Duration {
 
 /// Why `name` is not a cluster name, if it is not: 1 to 63 lowercase
 /// letters, digits, `-` and `.`, starting and ending with a letter or
-/// digit (a DNS label's rules, and a valid OCI tag).
+/// digit (a valid OCI tag and metric label value).
 pub fn cluster_name_problem(name: &str) -> Option<String> {
     let ok_end = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     if name.is_empty() || name.len() > MAX_CLUSTER_NAME {
@@ -153,6 +153,16 @@ impl Sharing {
                     "found {}, expected at least three sharing.interval ({})",
                     humantime::format_duration(self.stale_after),
                     humantime::format_duration(self.interval * 3)
+                ),
+            );
+        }
+        if self.check_every > self.interval {
+            bad(
+                "sharing.checkEvery".into(),
+                format!(
+                    "found {}, expected at most sharing.interval ({})",
+                    humantime::format_duration(self.check_every),
+                    humantime::format_duration(self.interval)
                 ),
             );
         }

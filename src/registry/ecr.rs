@@ -30,7 +30,7 @@ use super::auth::Credentials;
 use super::copy::BeforePush;
 use crate::config::Aws;
 use crate::metrics::Metrics;
-use crate::reference::normalize_registry;
+use crate::reference::{is_usage_repository, normalize_registry};
 
 /// ECR errors. Each names the IAM action and, where there is one, the
 /// repository; none carries a credential.
@@ -444,7 +444,7 @@ impl Ecr {
             .create_repository()
             .registry_id(&self.account)
             .repository_name(repository)
-            .image_tag_mutability(ImageTagMutability::from(o.image_tag_mutability.as_str()))
+            .image_tag_mutability(tag_mutability(repository, &o.image_tag_mutability))
             .image_scanning_configuration(
                 ImageScanningConfiguration::builder()
                     .scan_on_push(o.image_scanning_configuration.image_scan_on_push)
@@ -543,7 +543,7 @@ impl Ecr {
         changed: &mut Vec<&'static str>,
     ) -> Result<()> {
         let o = &self.options;
-        let mutability = ImageTagMutability::from(o.image_tag_mutability.as_str());
+        let mutability = tag_mutability(repository, &o.image_tag_mutability);
         if described.image_tag_mutability() != Some(&mutability) {
             self.client
                 .put_image_tag_mutability()
@@ -617,7 +617,7 @@ impl Ecr {
                 changed.push("accessPolicy");
             }
         }
-        if !o.lifecycle_policy.is_empty() {
+        if !o.lifecycle_policy.is_empty() && !is_usage_repository(repository) {
             let current = match self
                 .client
                 .get_lifecycle_policy()
@@ -695,7 +695,7 @@ impl Ecr {
                 .await
                 .map_err(|e| EcrError::from_sdk("ecr:SetRepositoryPolicy", Some(repository), &e))?;
         }
-        if !o.lifecycle_policy.is_empty() {
+        if !o.lifecycle_policy.is_empty() && !is_usage_repository(repository) {
             self.client
                 .put_lifecycle_policy()
                 .registry_id(&self.account)
@@ -728,6 +728,18 @@ impl BeforePush for Ecr {
                 })
         }
         .boxed()
+    }
+}
+
+/// The tag mutability of `repository`: `configured`, but always MUTABLE
+/// for the usage records, whose tags each cluster rewrites. (Nor does a
+/// lifecycle policy apply there: it could expire a stale cluster's record,
+/// and with it the protection of what that cluster listed.)
+fn tag_mutability(repository: &str, configured: &str) -> ImageTagMutability {
+    if is_usage_repository(repository) {
+        ImageTagMutability::Mutable
+    } else {
+        ImageTagMutability::from(configured)
     }
 }
 

@@ -33,7 +33,7 @@ use crate::registry::delete::Deleted;
 use crate::registry::manifest::{Descriptor, RawManifest};
 
 /// The repository under the target's prefix that holds the records.
-pub const REPOSITORY: &str = "pinswap-usage";
+pub use crate::reference::USAGE_REPOSITORY as REPOSITORY;
 /// The records' artifactType and layer media type.
 pub const ARTIFACT_TYPE: &str = "application/vnd.pinswap.usage.v1+json";
 /// The most entries a record holds. A cluster that uses more publishes an
@@ -42,6 +42,10 @@ pub const ARTIFACT_TYPE: &str = "application/vnd.pinswap.usage.v1+json";
 pub const MAX_ENTRIES: usize = 20_000;
 /// The most bytes of a record's layer (read and written).
 pub const MAX_BYTES: usize = 8 * 1024 * 1024;
+/// The most records read: more stops retention, as unreadable.
+pub const MAX_CLUSTERS: usize = 256;
+/// The most bytes of all records read in one pass together.
+pub const MAX_TOTAL_BYTES: u64 = 64 * 1024 * 1024;
 
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const EMPTY: &[u8] = b"{}";
@@ -80,6 +84,27 @@ pub enum ClustersError {
         cluster: String,
         /// Why.
         why: String,
+    },
+    /// The target holds more records than are read, or larger ones
+    /// together than a pass reads.
+    #[error("usage records at {repository}: {why}")]
+    TooMany {
+        /// `registry/prefix/pinswap-usage`.
+        repository: String,
+        /// How many, or how large.
+        why: String,
+    },
+    /// Another install publishes under this cluster's name.
+    #[error(
+        "another install publishes a usage record under cluster name {cluster} (the record is {found}, this install last wrote {wrote}): give each cluster its own name"
+    )]
+    Conflict {
+        /// The name.
+        cluster: String,
+        /// The digest the tag names now.
+        found: String,
+        /// The digest this install wrote last.
+        wrote: String,
     },
     /// A cluster uses more images than a record holds.
     #[error(
@@ -137,6 +162,17 @@ pub fn entry_key(target: &MirrorTarget, image: &Reference) -> Option<String> {
     }
 }
 
+/// A record as read, with its manifest's digest and its layer's size.
+#[derive(Debug, Clone)]
+pub struct Read {
+    /// The record.
+    pub record: ClusterRecord,
+    /// Its manifest's digest.
+    pub digest: crate::reference::Digest,
+    /// Its layer's bytes.
+    pub bytes: u64,
+}
+
 /// The records' repository at one target.
 pub struct Records {
     client: Arc<Registry>,
@@ -150,7 +186,7 @@ impl Records {
     /// # Errors
     /// [`ClustersError::Target`] when the target cannot be reached.
     pub async fn of(mirror: &Mirror) -> Result<Self, ClustersError> {
-        let repository = records_repository(mirror.target());
+        let repository = records_repository(mirror.target())?;
         let client = mirror
             .target_client()
             .await
@@ -163,6 +199,16 @@ impl Records {
             repository,
             ecr: mirror.ecr().cloned(),
         })
+    }
+
+    /// `cluster`'s tag in the records' repository.
+    fn tagged(&self, cluster: &str) -> Result<Reference, ClustersError> {
+        self.repository
+            .with_tag(cluster)
+            .map_err(|e| ClustersError::Unreadable {
+                cluster: crate::logsafe::clip(cluster, 80),
+                why: e.to_string(),
+            })
     }
 
     fn registry_error(&self, e: crate::registry::RegistryError) -> ClustersError {
@@ -192,6 +238,15 @@ impl Records {
                 .await
                 .map_err(|e| self.registry_error(e))?,
         };
+        if tags.len() > MAX_CLUSTERS {
+            return Err(ClustersError::TooMany {
+                repository: self.repository.to_string(),
+                why: format!(
+                    "{} records, more than are read ({MAX_CLUSTERS}): forget retired clusters",
+                    tags.len()
+                ),
+            });
+        }
         tags.sort();
         Ok(tags)
     }
@@ -202,14 +257,23 @@ impl Records {
     /// [`ClustersError::Registry`]; [`ClustersError::Unreadable`] for a
     /// record that is not one pinswap writes, or names another cluster.
     pub async fn read(&self, cluster: &str) -> Result<Option<ClusterRecord>, ClustersError> {
+        Ok(self.read_full(cluster).await?.map(|r| r.record))
+    }
+
+    /// As [`Records::read`], with the manifest's digest and the layer's
+    /// size.
+    ///
+    /// # Errors
+    /// As [`Records::read`].
+    pub async fn read_full(&self, cluster: &str) -> Result<Option<Read>, ClustersError> {
         let unreadable = |why: String| ClustersError::Unreadable {
-            cluster: cluster.to_owned(),
+            cluster: crate::logsafe::clip(cluster, 80),
             why,
         };
-        let tagged = self
-            .repository
-            .with_tag(cluster)
-            .map_err(|e| unreadable(e.to_string()))?;
+        if let Some(why) = crate::config::cluster_name_problem(cluster) {
+            return Err(unreadable(format!("its tag is not a cluster name: {why}")));
+        }
+        let tagged = self.tagged(cluster)?;
         let Some(m) = self
             .client
             .get_manifest_raw(&tagged)
@@ -249,7 +313,17 @@ impl Records {
                 crate::logsafe::clip(&record.cluster, 80)
             )));
         }
-        Ok(Some(record))
+        if record.images.len() > MAX_ENTRIES {
+            return Err(unreadable(format!(
+                "{} entries, more than a record holds ({MAX_ENTRIES})",
+                record.images.len()
+            )));
+        }
+        Ok(Some(Read {
+            record,
+            digest: m.digest,
+            bytes: bytes.len() as u64,
+        }))
     }
 
     /// Every cluster's record but `except`'s.
@@ -262,12 +336,24 @@ impl Records {
         except: Option<&str>,
     ) -> Result<Vec<ClusterRecord>, ClustersError> {
         let mut out = Vec::new();
+        let mut total = 0;
         for name in self.names().await? {
             if Some(name.as_str()) == except {
                 continue;
             }
-            match self.read(&name).await? {
-                Some(r) => out.push(r),
+            match self.read_full(&name).await? {
+                Some(r) => {
+                    total += r.bytes;
+                    if total > MAX_TOTAL_BYTES {
+                        return Err(ClustersError::TooMany {
+                            repository: self.repository.to_string(),
+                            why: format!(
+                                "the records are larger together than a pass reads ({MAX_TOTAL_BYTES} bytes)"
+                            ),
+                        });
+                    }
+                    out.push(r.record);
+                }
                 None => {
                     return Err(ClustersError::Unreadable {
                         cluster: name,
@@ -281,7 +367,7 @@ impl Records {
 
     /// Publishes `record` under its cluster's tag: the empty config (unless
     /// `config_present` says it is there; set once it is), the layer, the
-    /// manifest. Returns the bytes of the layer.
+    /// manifest. Returns the bytes of the layer and the manifest's digest.
     ///
     /// # Errors
     /// [`ClustersError::Registry`] or [`ClustersError::Ecr`] when a write
@@ -290,14 +376,8 @@ impl Records {
         &self,
         record: &ClusterRecord,
         config_present: &mut bool,
-    ) -> Result<usize, ClustersError> {
-        let tagged =
-            self.repository
-                .with_tag(&record.cluster)
-                .map_err(|e| ClustersError::Unreadable {
-                    cluster: record.cluster.clone(),
-                    why: e.to_string(),
-                })?;
+    ) -> Result<(usize, crate::reference::Digest), ClustersError> {
+        let tagged = self.tagged(&record.cluster)?;
         if let Some(ecr) = &self.ecr {
             ecr.ensure_repository(self.repository.repository())
                 .await
@@ -345,7 +425,47 @@ impl Records {
             .push_manifest(&tagged, &raw)
             .await
             .map_err(|e| self.registry_error(e))?;
-        Ok(layer.len())
+        Ok((layer.len(), raw.digest))
+    }
+
+    /// The digest `cluster`'s tag names now, if any.
+    ///
+    /// # Errors
+    /// [`ClustersError::Registry`].
+    pub async fn current(
+        &self,
+        cluster: &str,
+    ) -> Result<Option<crate::reference::Digest>, ClustersError> {
+        let tagged = self.tagged(cluster)?;
+        self.client
+            .head_manifest(&tagged)
+            .await
+            .map_err(|e| self.registry_error(e))
+    }
+
+    /// Removes an earlier version of a record (by digest, no tag names it
+    /// any more), so versions do not pile up at the target.
+    ///
+    /// # Errors
+    /// [`ClustersError::Registry`] or [`ClustersError::Ecr`].
+    pub async fn remove_version(
+        &self,
+        digest: &crate::reference::Digest,
+    ) -> Result<(), ClustersError> {
+        if let Some(ecr) = &self.ecr {
+            return ecr
+                .delete_image(self.repository.repository(), &[], digest)
+                .await
+                .map_err(|e| ClustersError::Ecr {
+                    repository: self.repository.to_string(),
+                    source: Box::new(e),
+                });
+        }
+        self.client
+            .delete_manifest_digest(&self.repository, digest)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.registry_error(e))
     }
 
     async fn push(
@@ -367,13 +487,7 @@ impl Records {
     /// # Errors
     /// [`ClustersError::Registry`] or [`ClustersError::Ecr`].
     pub async fn forget(&self, cluster: &str) -> Result<bool, ClustersError> {
-        let tagged = self
-            .repository
-            .with_tag(cluster)
-            .map_err(|e| ClustersError::Unreadable {
-                cluster: cluster.to_owned(),
-                why: e.to_string(),
-            })?;
+        let tagged = self.tagged(cluster)?;
         let Some(digest) = self
             .client
             .head_manifest(&tagged)
@@ -410,14 +524,21 @@ impl Records {
 }
 
 /// `<target registry>/<prefix>/pinswap-usage`.
-pub fn records_repository(target: &MirrorTarget) -> Reference {
+///
+/// # Errors
+/// [`ClustersError::Unreadable`] when the prefix leaves no room for it (a
+/// repository name is at most 255 characters).
+pub fn records_repository(target: &MirrorTarget) -> Result<Reference, ClustersError> {
     let path = match target.prefix() {
         Some(p) => format!("{}/{p}/{REPOSITORY}", target.registry()),
         None => format!("{}/{REPOSITORY}", target.registry()),
     };
     Reference::parse(&path)
-        .expect("a target registry and prefix make a reference")
-        .without_tag()
+        .map(|r| r.without_tag())
+        .map_err(|e| ClustersError::Unreadable {
+            cluster: String::new(),
+            why: format!("the target's prefix leaves no room for {REPOSITORY}: {e}"),
+        })
 }
 
 fn descriptor(media_type: &str, bytes: &[u8]) -> Descriptor {
@@ -454,7 +575,7 @@ mod tests {
         let outside = Reference::parse("docker.io/library/nginx:1").unwrap();
         assert_eq!(entry_key(&target, &outside), None);
         assert_eq!(
-            records_repository(&target).to_string(),
+            records_repository(&target).unwrap().to_string(),
             "m.example.com/mirror/pinswap-usage"
         );
     }

@@ -81,6 +81,15 @@ pub enum RetentionError {
     /// This cluster's usage record could not be published first.
     #[error("publishing this cluster's usage record: {0}")]
     Publish(#[source] clusters::ClustersError),
+    /// Sharing is off, but other clusters publish usage records at the
+    /// target: their images would look unused here.
+    #[error(
+        "the target holds usage records of clusters {clusters:?}: turn sharing on (and name this cluster), or give this install a prefix of its own; nothing is removed until then"
+    )]
+    Unshared {
+        /// The records' names.
+        clusters: Vec<String>,
+    },
 }
 
 impl RetentionError {
@@ -92,6 +101,7 @@ impl RetentionError {
             Self::Records(_) => "records_unreadable",
             Self::Publish(clusters::ClustersError::Incomplete { .. }) => "record_incomplete",
             Self::Publish(_) => "record_not_published",
+            Self::Unshared { .. } => "sharing_off",
             _ => "error",
         }
     }
@@ -270,7 +280,21 @@ pub async fn run(
             if !*leader.borrow() {
                 break;
             }
-            next = match retention.sweep(&in_use()).await {
+            // A replica that stops leading mid-pass stops removing: the
+            // new leader judges for itself.
+            let lost = async {
+                while *leader.borrow_and_update() {
+                    if leader.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            let now_in_use = in_use();
+            let swept = tokio::select! {
+                r = retention.sweep(&now_in_use) => r,
+                _ = lost => break,
+            };
+            next = match swept {
                 Ok(r) if r.not_synced => soon,
                 Ok(_) => interval,
                 Err(e) => {

@@ -57,6 +57,8 @@ struct State {
     loaded: bool,
     /// The target holds the empty config blob.
     config_present: bool,
+    /// The manifest this install's tag named when last read or written.
+    digest: Option<crate::reference::Digest>,
 }
 
 impl Publisher {
@@ -100,8 +102,20 @@ impl Publisher {
     /// As [`Records::read_all`]; [`ClustersError::Incomplete`] for a
     /// record that holds only part of what its cluster uses.
     pub async fn others(&self) -> Result<Vec<ClusterRecord>, ClustersError> {
+        self.read(Some(&self.cluster)).await
+    }
+
+    /// Every cluster's record, this one's too.
+    ///
+    /// # Errors
+    /// As [`Publisher::others`].
+    pub async fn all(&self) -> Result<Vec<ClusterRecord>, ClustersError> {
+        self.read(None).await
+    }
+
+    async fn read(&self, except: Option<&str>) -> Result<Vec<ClusterRecord>, ClustersError> {
         let records = Records::of(&self.mirror).await?;
-        let all = records.read_all(Some(&self.cluster)).await?;
+        let all = records.read_all(except).await?;
         let now = Timestamp::now();
         for r in &all {
             self.metrics.sharing.record(
@@ -139,7 +153,9 @@ impl Publisher {
         if !state.loaded {
             // This cluster's last use survives the loss of the cluster
             // (or of its ConfigMap): what the target holds is carried on.
-            state.record = records.read(&self.cluster).await?;
+            let read = records.read_full(&self.cluster).await?;
+            state.digest = read.as_ref().map(|r| r.digest.clone());
+            state.record = read.map(|r| r.record);
             state.loaded = true;
         }
         let target = self.mirror.target();
@@ -156,11 +172,14 @@ impl Publisher {
             .collect();
         keys.sort();
         keys.dedup();
+        // Known: in use when the record was last written. An image used
+        // again after a while is news too (a rollback), as its old time
+        // would let another cluster remove it.
         let known = |k: &String| {
             state
                 .record
                 .as_ref()
-                .is_some_and(|r| r.images.contains_key(k))
+                .is_some_and(|r| r.images.get(k).is_some_and(|t| *t >= r.updated))
         };
         let new = keys.iter().any(|k| !known(k));
         let due = state.written.is_none_or(|w| w.elapsed() >= self.interval);
@@ -180,8 +199,27 @@ impl Publisher {
         }
         let record = bounded(&self.cluster, now, images, in_use_count);
         let complete = record.complete;
+        // One writer per name: a tag that moved since this install last
+        // read or wrote it is another install's under the same name.
+        let current = records.current(&self.cluster).await?;
+        if let (Some(found), Some(wrote)) = (&current, &state.digest)
+            && found != wrote
+        {
+            Metrics::outcome(&self.metrics.sharing.publishes, "conflict");
+            return Err(ClustersError::Conflict {
+                cluster: self.cluster.clone(),
+                found: found.to_string(),
+                wrote: wrote.to_string(),
+            });
+        }
         match records.publish(&record, &mut state.config_present).await {
-            Ok(bytes) => {
+            Ok((bytes, digest)) => {
+                if let Some(old) = current.filter(|d| *d != digest)
+                    && let Err(e) = records.remove_version(&old).await
+                {
+                    warn!(cluster = %self.cluster, error = %e, "the usage record's earlier version could not be removed; the registry's garbage collection or lifecycle rules must");
+                }
+                state.digest = Some(digest);
                 let entries = record.images.len();
                 Metrics::outcome(
                     &self.metrics.sharing.publishes,
@@ -214,23 +252,40 @@ impl Publisher {
     }
 }
 
-/// A record within [`MAX_ENTRIES`] and [`MAX_BYTES`]: past either, an
-/// incomplete one holding none of the entries (a part would mislead
-/// nobody, as nothing is removed while one is incomplete, but it would
-/// cost bytes on every read).
+/// A record within [`MAX_ENTRIES`] and [`MAX_BYTES`]: past either, the
+/// oldest entries not in use now go first; when what is in use now does
+/// not fit, an incomplete record holding none (nothing is removed
+/// anywhere while one stands, and an empty one costs no bytes to read).
 fn bounded(
     cluster: &str,
     now: Timestamp,
-    images: BTreeMap<String, Timestamp>,
+    mut images: BTreeMap<String, Timestamp>,
     in_use: usize,
 ) -> ClusterRecord {
-    let bytes: usize = images.keys().map(|k| k.len() + 40).sum();
-    let complete = images.len() <= MAX_ENTRIES && bytes + 256 <= MAX_BYTES;
+    let size = |k: &String| k.len() + 40;
+    let fits = |n: usize, bytes: usize| n <= MAX_ENTRIES && bytes + 256 <= MAX_BYTES;
+    let mut bytes: usize = images.keys().map(size).sum();
+    if !fits(images.len(), bytes) {
+        let mut history: Vec<(Timestamp, String)> = images
+            .iter()
+            .filter(|(_, t)| **t < now)
+            .map(|(k, t)| (*t, k.clone()))
+            .collect();
+        history.sort();
+        for (_, k) in history {
+            if fits(images.len(), bytes) {
+                break;
+            }
+            bytes -= size(&k);
+            images.remove(&k);
+        }
+    }
+    let complete = fits(images.len(), bytes);
     ClusterRecord {
         cluster: cluster.to_owned(),
         updated: now,
         complete,
-        in_use: in_use.max(if complete { 0 } else { images.len() }),
+        in_use,
         images: if complete { images } else { BTreeMap::new() },
     }
 }
@@ -249,6 +304,8 @@ pub async fn run(
             }
         }
         info!(cluster = %publisher.cluster, "leading: this cluster's usage record is published");
+        // Another replica may have led meanwhile: read the record back.
+        publisher.state.lock().await.loaded = false;
         let mut failing = false;
         loop {
             let lost = async {
@@ -284,19 +341,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_record_past_its_bounds_is_incomplete_and_empty() {
-        let now = Timestamp::from_second(1).unwrap();
-        let images: BTreeMap<String, Timestamp> = (0..MAX_ENTRIES + 1)
-            .map(|i| (format!("m/a@sha256:{i:064x}"), now))
-            .collect();
-        let r = bounded("a", now, images.clone(), MAX_ENTRIES + 1);
+    fn a_record_past_its_bounds_drops_history_first_then_is_incomplete() {
+        let now = Timestamp::from_second(1000).unwrap();
+        let old = Timestamp::from_second(1).unwrap();
+        let key = |i: usize| format!("m/a@sha256:{i:064x}");
+        // Ten old entries past the bound: they go, what is in use stays.
+        let mut images: BTreeMap<String, Timestamp> =
+            (0..MAX_ENTRIES).map(|i| (key(i), now)).collect();
+        images.extend((MAX_ENTRIES..MAX_ENTRIES + 10).map(|i| (key(i), old)));
+        let r = bounded("a", now, images, MAX_ENTRIES);
+        assert!(r.complete);
+        assert_eq!(r.images.len(), MAX_ENTRIES);
+        assert!(r.images.values().all(|t| *t == now));
+        assert!(serde_json::to_vec(&r).unwrap().len() <= MAX_BYTES);
+        // More in use than fits: incomplete, empty, the real count.
+        let images: BTreeMap<String, Timestamp> =
+            (0..MAX_ENTRIES + 1).map(|i| (key(i), now)).collect();
+        let r = bounded("a", now, images, MAX_ENTRIES + 1);
         assert!(!r.complete);
         assert!(r.images.is_empty());
         assert_eq!(r.in_use, MAX_ENTRIES + 1);
-        let fits: BTreeMap<_, _> = images.into_iter().take(MAX_ENTRIES).collect();
-        let r = bounded("a", now, fits, 10);
-        assert!(r.complete);
-        assert_eq!(r.images.len(), MAX_ENTRIES);
-        assert!(serde_json::to_vec(&r).unwrap().len() <= MAX_BYTES);
     }
 }

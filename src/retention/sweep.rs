@@ -237,10 +237,11 @@ impl Retention {
         &self,
         client: &crate::registry::client::Registry,
         repo: &Repository,
+        pinned_by: &HashSet<String>,
         used: &mut HashSet<String>,
     ) -> Result<(), RetentionError> {
         let prefix = format!("{}@", repo.target);
-        let pinned = used
+        let pinned = pinned_by
             .iter()
             .filter_map(|k| Digest::parse(k.strip_prefix(&prefix)?).ok())
             .filter(|d| !repo.manifests.contains_key(d));
@@ -335,6 +336,16 @@ impl Retention {
         let repos = self.list(&client).await?;
         let mut used = self.in_use(in_use, &repos);
         let mut claims = HashMap::new();
+        if self.sharing.is_none() {
+            // A shared target seen from an install with sharing off.
+            let records = super::clusters::Records::of(&self.mirror)
+                .await
+                .map_err(RetentionError::Records)?;
+            let clusters = records.names().await.map_err(RetentionError::Records)?;
+            if !clusters.is_empty() {
+                return Err(RetentionError::Unshared { clusters });
+            }
+        }
         if let Some(p) = &self.sharing {
             // This cluster's use first, so that the others see it before
             // anything is removed here.
@@ -397,20 +408,24 @@ impl Retention {
             (idle >= unused_for).then_some(idle)
         };
         // Child manifests of the indexes listed, in repositories with
-        // anything due; an index another cluster claims keeps its children
-        // too.
-        let mut keep = used.clone();
-        keep.extend(claims.keys().cloned());
+        // anything due; an index any cluster pins by digest keeps its
+        // children too.
+        let mut pinned_by = used.clone();
+        pinned_by.extend(claims.keys().cloned());
+        let mut children = HashSet::new();
         for repo in &repos {
             let any_due = repo.manifests.keys().any(|d| {
                 let k = repo.target.with_digest(d.clone()).to_string();
-                !keep.contains(&k) && due(&k).is_some()
+                !used.contains(&k)
+                    && !claims.get(&k).is_some_and(|c| c.stale || c.now)
+                    && due(&k).is_some()
             });
             if any_due {
-                self.children_in_use(&client, repo, &mut keep).await?;
+                self.children_in_use(&client, repo, &pinned_by, &mut children)
+                    .await?;
             }
         }
-        used.extend(keep.into_iter().filter(|k| !claims.contains_key(k)));
+        used.extend(children);
         let mut report = Report::default();
         let mut candidates = Vec::new();
         // Source registries that could not answer, with why: only their
@@ -496,20 +511,43 @@ impl Retention {
             && !self.dry_run
         {
             // Read again just before removing, after long enough for a
-            // cluster that started to use a candidate to have published it.
+            // cluster that started to use a candidate to have published it;
+            // this cluster's own record too, which its publisher keeps
+            // current meanwhile.
             tokio::time::sleep(p.settle()).await;
-            let again = p.others().await.map_err(RetentionError::Records)?;
+            let again = p.all().await.map_err(RetentionError::Records)?;
             let at = Timestamp::now();
             let claims = self.claims(&again, &repos, at, p.stale_after());
+            // Children of an index claimed now by digest alone (not listed:
+            // its tag moved), in the repositories with a candidate.
+            let pinned_by: HashSet<String> = claims.keys().cloned().collect();
+            let mut children = HashSet::new();
+            for repo in &repos {
+                let prefix = format!("{}@", repo.target);
+                let has_candidate = candidates
+                    .iter()
+                    .any(|&i| report.images[i].image.to_string().starts_with(&prefix));
+                if has_candidate {
+                    self.children_in_use(&client, repo, &pinned_by, &mut children)
+                        .await?;
+                }
+            }
             candidates.retain(|&i| {
                 let img = &mut report.images[i];
-                match claims.get(&img.image.to_string()) {
-                    Some(c) if c.stale || age(at, c.last) < self.unused_for => {
+                let k = img.image.to_string();
+                let claim = claims.get(&k);
+                match claim {
+                    Some(c) if c.stale || c.now || age(at, c.last) < self.unused_for => {
                         img.state = State::Kept;
                         img.why = format!(
                             "claimed by cluster {}'s usage record when read again before removal",
                             c.cluster
                         );
+                        false
+                    }
+                    _ if children.contains(&k) => {
+                        img.state = State::Kept;
+                        img.why = "a child of an index claimed when the usage records were read again before removal".into();
                         false
                     }
                     _ => true,

@@ -210,6 +210,11 @@ impl Background {
                 "retention.enabled, but there is no Kubernetes API client: retention does not run (it needs the leader's Pod and workload watches)"
             );
         }
+        if config.sharing.enabled && usage.is_none() {
+            warn!(
+                "sharing.enabled, but there is no Kubernetes API client: this cluster's usage record is not published (it comes from the leader's Pod and workload watches)"
+            );
+        }
         let publisher = usage
             .as_ref()
             .filter(|_| config.sharing.enabled)
