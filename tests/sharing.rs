@@ -651,12 +651,28 @@ async fn one_writer_per_name_and_no_versions_left_behind() {
         ),
         1.0
     );
-    let pass = a.ret.sweep(&a.uses(&[])).await.unwrap_err();
-    assert!(
-        pass.to_string()
-            .contains("publishing this cluster's usage record"),
-        "{pass}"
+    // A conflict reads the record back: the next try writes (a write
+    // whose answer was lost heals so), and the twin, still writing, is
+    // found out in its turn.
+    a.publisher.publish(&a.uses(&[]), true).await.unwrap();
+    let e = twin
+        .publisher
+        .publish(&twin.uses(&[]), true)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("another install"), "{e}");
+    assert_eq!(
+        twin.metric(
+            "pinswap_usage_record_publishes_total",
+            ("outcome", "conflict")
+        ),
+        1.0
     );
+    twin.publisher.publish(&twin.uses(&[]), true).await.unwrap();
+    let e = a.publisher.publish(&a.uses(&[]), true).await.unwrap_err();
+    assert!(e.to_string().contains("another install"), "{e}");
+    let pass = a.ret.sweep(&a.uses(&[])).await;
+    assert!(pass.is_ok(), "read back, then written: {pass:?}");
 }
 
 /// An install with sharing off never removes from a target other

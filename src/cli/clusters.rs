@@ -116,10 +116,12 @@ pub async fn run(command: ClustersCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ClustersCommand::Forget { config, name } => {
-            if let Some(why) = crate::config::cluster_name_problem(&name) {
-                return Err(Usage(format!("NAME: {why}")).into());
-            }
+            // Any tag, not only a cluster name: a tag another tool left in
+            // the records' repository stops retention until it goes.
             let (config, records) = records(&config).await?;
+            if let Err(e) = records.repository().with_tag(&name) {
+                return Err(Usage(format!("NAME: {e}")).into());
+            }
             if config.cluster.as_deref() == Some(name.as_str()) {
                 eprintln!(
                     "note: {name} is this config's own cluster; while its leader runs, it publishes its record again within sharing.interval"

@@ -201,6 +201,11 @@ impl Records {
         })
     }
 
+    /// `registry/prefix/pinswap-usage`.
+    pub fn repository(&self) -> &Reference {
+        &self.repository
+    }
+
     /// `cluster`'s tag in the records' repository.
     fn tagged(&self, cluster: &str) -> Result<Reference, ClustersError> {
         self.repository

@@ -149,6 +149,27 @@ impl Publisher {
             return Ok(Published::NotSynced);
         }
         let mut state = self.state.lock().await;
+        let result = self.publish_locked(&mut state, in_use, force).await;
+        if let Err(e) = &result {
+            // Read the record back before the next try: a write may have
+            // landed although its answer was lost, or another replica led
+            // meanwhile. A real second install under this name is found
+            // out again at each try.
+            state.loaded = false;
+            match e {
+                ClustersError::Conflict { .. } | ClustersError::Incomplete { .. } => {}
+                _ => Metrics::outcome(&self.metrics.sharing.publishes, "failed"),
+            }
+        }
+        result
+    }
+
+    async fn publish_locked(
+        &self,
+        state: &mut State,
+        in_use: &InUse,
+        force: bool,
+    ) -> Result<Published, ClustersError> {
         let records = Records::of(&self.mirror).await?;
         if !state.loaded {
             // This cluster's last use survives the loss of the cluster
@@ -244,10 +265,7 @@ impl Publisher {
                 }
                 Ok(Published::Written { entries, bytes })
             }
-            Err(e) => {
-                Metrics::outcome(&self.metrics.sharing.publishes, "failed");
-                Err(e)
-            }
+            Err(e) => Err(e),
         }
     }
 }
@@ -322,7 +340,21 @@ pub async fn run(
             if !*leader.borrow() {
                 break;
             }
-            match publisher.publish(&in_use(), false).await {
+            // A replica that stops leading stops writing at once: a late
+            // write would land over the new leader's.
+            let lost = async {
+                while *leader.borrow_and_update() {
+                    if leader.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            let now_in_use = in_use();
+            let published = tokio::select! {
+                r = publisher.publish(&now_in_use, false) => r,
+                _ = lost => break,
+            };
+            match published {
                 Ok(_) => failing = false,
                 Err(e) => {
                     // Once per failing stretch: it is retried every round.

@@ -337,11 +337,14 @@ impl Retention {
         let mut used = self.in_use(in_use, &repos);
         let mut claims = HashMap::new();
         if self.sharing.is_none() {
-            // A shared target seen from an install with sharing off.
-            let records = super::clusters::Records::of(&self.mirror)
-                .await
-                .map_err(RetentionError::Records)?;
-            let clusters = records.names().await.map_err(RetentionError::Records)?;
+            // A shared target seen from an install with sharing off. A
+            // target this install may not list records at (credentials
+            // scoped to the mirror paths, a prefix too long for them) is
+            // taken for an unshared one, as before sharing existed.
+            let clusters = match super::clusters::Records::of(&self.mirror).await {
+                Ok(records) => records.names().await.unwrap_or_default(),
+                Err(_) => Vec::new(),
+            };
             if !clusters.is_empty() {
                 return Err(RetentionError::Unshared { clusters });
             }
