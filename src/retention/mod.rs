@@ -258,20 +258,14 @@ pub async fn run(
 ) {
     let soon = interval.min(Duration::from_secs(5));
     loop {
-        while !*leader.borrow_and_update() {
-            if leader.changed().await.is_err() {
-                return;
-            }
+        if leader.wait_for(|l| *l).await.is_err() {
+            return;
         }
         info!(every = %humantime::format_duration(interval), "leading: retention passes start");
         let mut next = soon;
         loop {
             let lost = async {
-                while *leader.borrow_and_update() {
-                    if leader.changed().await.is_err() {
-                        return;
-                    }
-                }
+                let _ = leader.wait_for(|l| !*l).await;
             };
             tokio::select! {
                 _ = tokio::time::sleep(next) => {}
@@ -283,11 +277,7 @@ pub async fn run(
             // A replica that stops leading mid-pass stops removing: the
             // new leader judges for itself.
             let lost = async {
-                while *leader.borrow_and_update() {
-                    if leader.changed().await.is_err() {
-                        return;
-                    }
-                }
+                let _ = leader.wait_for(|l| !*l).await;
             };
             let now_in_use = in_use();
             let swept = tokio::select! {

@@ -233,40 +233,33 @@ impl Publisher {
                 wrote: wrote.to_string(),
             });
         }
-        match records.publish(&record, &mut state.config_present).await {
-            Ok((bytes, digest)) => {
-                if let Some(old) = current.filter(|d| *d != digest)
-                    && let Err(e) = records.remove_version(&old).await
-                {
-                    warn!(cluster = %self.cluster, error = %e, "the usage record's earlier version could not be removed; the registry's garbage collection or lifecycle rules must");
-                }
-                state.digest = Some(digest);
-                let entries = record.images.len();
-                Metrics::outcome(
-                    &self.metrics.sharing.publishes,
-                    if complete { "published" } else { "incomplete" },
-                );
-                self.metrics.sharing.record(
-                    &self.cluster,
-                    entries,
-                    record.updated.as_second(),
-                    false,
-                );
-                if new {
-                    info!(cluster = %self.cluster, entries, bytes, "usage record published: an image new to it is in use");
-                }
-                state.record = Some(record);
-                state.written = Some(Instant::now());
-                if !complete {
-                    return Err(ClustersError::Incomplete {
-                        cluster: self.cluster.clone(),
-                        entries: in_use_count,
-                    });
-                }
-                Ok(Published::Written { entries, bytes })
-            }
-            Err(e) => Err(e),
+        let (bytes, digest) = records.publish(&record, &mut state.config_present).await?;
+        if let Some(old) = current.filter(|d| *d != digest)
+            && let Err(e) = records.remove_version(&old).await
+        {
+            warn!(cluster = %self.cluster, error = %e, "the usage record's earlier version could not be removed; the registry's garbage collection or lifecycle rules must");
         }
+        state.digest = Some(digest);
+        let entries = record.images.len();
+        Metrics::outcome(
+            &self.metrics.sharing.publishes,
+            if complete { "published" } else { "incomplete" },
+        );
+        self.metrics
+            .sharing
+            .record(&self.cluster, entries, record.updated.as_second(), false);
+        if new {
+            info!(cluster = %self.cluster, entries, bytes, "usage record published: an image new to it is in use");
+        }
+        state.record = Some(record);
+        state.written = Some(Instant::now());
+        if !complete {
+            return Err(ClustersError::Incomplete {
+                cluster: self.cluster.clone(),
+                entries: in_use_count,
+            });
+        }
+        Ok(Published::Written { entries, bytes })
     }
 }
 
@@ -316,10 +309,8 @@ pub async fn run(
     mut leader: watch::Receiver<bool>,
 ) {
     loop {
-        while !*leader.borrow_and_update() {
-            if leader.changed().await.is_err() {
-                return;
-            }
+        if leader.wait_for(|l| *l).await.is_err() {
+            return;
         }
         info!(cluster = %publisher.cluster, "leading: this cluster's usage record is published");
         // Another replica may have led meanwhile: read the record back.
@@ -327,11 +318,7 @@ pub async fn run(
         let mut failing = false;
         loop {
             let lost = async {
-                while *leader.borrow_and_update() {
-                    if leader.changed().await.is_err() {
-                        return;
-                    }
-                }
+                let _ = leader.wait_for(|l| !*l).await;
             };
             tokio::select! {
                 _ = tokio::time::sleep(publisher.check_every) => {}
@@ -343,11 +330,7 @@ pub async fn run(
             // A replica that stops leading stops writing at once: a late
             // write would land over the new leader's.
             let lost = async {
-                while *leader.borrow_and_update() {
-                    if leader.changed().await.is_err() {
-                        return;
-                    }
-                }
+                let _ = leader.wait_for(|l| !*l).await;
             };
             let now_in_use = in_use();
             let published = tokio::select! {

@@ -242,10 +242,8 @@ impl Background {
             let prefix = mirror.target().prefix().map(str::to_owned);
             tasks.spawn(async move {
                 let pass = async {
-                    while !*l.borrow_and_update() {
-                        if l.changed().await.is_err() {
-                            return;
-                        }
+                    if l.wait_for(|l| *l).await.is_err() {
+                        return;
                     }
                     match ecr.reconcile_all(prefix.as_deref(), ECR_RECONCILE_RATE).await {
                         Ok(n) => info!(repositories = n, "ECR repositories reconciled with ecrOptions"),
