@@ -72,7 +72,7 @@ line([
 ])
 line([
  ("Backfill images by state",[(f"max by (state) (pinswap_backfill_images{S})","{{state}}")],"short","Leader only: images running Pods and workload templates name that admission would mirror. pending: not tried yet or waiting for the source; denied: private, no proof."),
- ("Images the cluster names",[(f"max(pinswap_usage_images{S})","distinct references"),(rate("pinswap_usage_images_dropped_total"),"dropped past the bound")],"short","Leader only: distinct image references of watched Pods and templates."),
+ ("Images the cluster names",[(f"max(pinswap_usage_images{S})","distinct references"),(rate("pinswap_usage_images_dropped_total"),"dropped past the bound"),(f"max(pinswap_usage_synced{S})","synced (1)")],"short","Leader only: distinct image references of watched Pods and templates."),
 ])
 row("Identity findings")
 line([

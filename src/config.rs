@@ -527,6 +527,11 @@ pub struct Cache {
     /// Re-verification interval of cached target manifests; `0s` turns it off.
     #[serde(default = "d_10m", with = "duration")]
     pub reverify: Duration,
+    /// Re-verification HEADs a second at most, per replica; `0` leaves the
+    /// round spread evenly over `reverify` alone. A round over more entries
+    /// than `reverify` allows at this rate takes longer than `reverify`.
+    #[serde(default = "reverify_rate")]
+    pub reverify_rate: u32,
     /// Serve `POST /cache/purge` on the health port. Off by default: that
     /// port is plain HTTP without authentication.
     #[serde(default)]
@@ -543,6 +548,7 @@ impl Default for Cache {
             resolution_ttl: d_30s(),
             jitter: jitter(),
             reverify: d_10m(),
+            reverify_rate: reverify_rate(),
             purge_endpoint: false,
         }
     }
@@ -550,6 +556,10 @@ impl Default for Cache {
 
 fn jitter() -> f64 {
     0.1
+}
+
+fn reverify_rate() -> u32 {
+    20
 }
 
 /// Pull-failure recovery (docs/architecture.md §3 "Background"): the Pod watcher and
@@ -1773,6 +1783,9 @@ cache:
   # How often cached target manifests are re-checked (HEAD); a missing one is
   # evicted, and mirrored again when a Pod still uses it. 0s turns it off.
   reverify: 10m
+  # At most this many re-verification HEADs a second (0: no cap beyond
+  # spreading each round over reverify).
+  reverifyRate: 20
   # Serve POST /cache/purge on the health port (plain HTTP, no auth).
   purgeEndpoint: false
 
@@ -2043,7 +2056,7 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
         let cases: &[(&str, &str)] = &[
             (
                 "target: {registry: m.example.com}\ncache: {ttll: 1h}\n",
-                "test.yaml:2:9: cache.ttll: unknown field `ttll`, expected one of `ttl`, `resolutionTtl`, `jitter`, `reverify`, `purgeEndpoint`",
+                "test.yaml:2:9: cache.ttll: unknown field `ttll`, expected one of `ttl`, `resolutionTtl`, `jitter`, `reverify`, `reverifyRate`, `purgeEndpoint`",
             ),
             (
                 "target: {registry: m.example.com}\nswapPolicy: sometimes\n",

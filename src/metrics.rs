@@ -204,6 +204,10 @@ pub struct Metrics {
     /// `pinswap_usage_images`: distinct image references the leader's
     /// Pods and workload templates name.
     pub usage_images: Gauge,
+    /// `pinswap_usage_synced`: 1 once every watch of the leader has listed
+    /// and its usage record left nothing out; 0 before, while one lists
+    /// again or after one failed.
+    pub usage_synced: Gauge,
     /// `pinswap_usage_images_dropped_total`: references left out of the
     /// usage record past its bound.
     pub usage_images_dropped: Counter,
@@ -461,6 +465,12 @@ impl Metrics {
                 &mut r,
                 "usage_images",
                 "Distinct image references named by the Pods and workload templates the leader watches",
+                Gauge::default(),
+            ),
+            usage_synced: register(
+                &mut r,
+                "usage_synced",
+                "1 once every watch of the leader has listed and the usage record left nothing out, else 0",
                 Gauge::default(),
             ),
             usage_images_dropped: register(

@@ -195,9 +195,21 @@ async fn killing_the_leader_hands_the_lease_and_the_recovery_to_the_other_replic
     no_forbidden(cluster, &rig);
 }
 
-/// The watch requests (`watch=true`) the install's ServiceAccount made, and
-/// its Pod lists, in order: (is_watch, resourceVersion).
-fn pod_requests(cluster: &Cluster, rig: &Rig) -> Vec<(bool, String)> {
+/// A Pod request of the install's ServiceAccount.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Asked {
+    /// A list (a page of one).
+    List,
+    /// A streamed list: a watch that sends the current Pods first
+    /// (`sendInitialEvents`), then goes on as the watch.
+    Streamed,
+    /// A watch from a resourceVersion.
+    Watch,
+}
+
+/// The Pod lists and watches the install's ServiceAccount made, in order,
+/// each with the resourceVersion it asked from.
+fn pod_requests(cluster: &Cluster, rig: &Rig) -> Vec<(Asked, String)> {
     cluster
         .audit_of(&rig.install.user())
         .iter()
@@ -215,9 +227,19 @@ fn pod_requests(cluster: &Cluster, rig: &Rig) -> Vec<(bool, String)> {
                 .find_map(|kv| kv.strip_prefix("resourceVersion="))
                 .unwrap_or("")
                 .to_owned();
-            (e["verb"] == "watch", rv)
+            let asked = match (e["verb"] == "watch", uri.contains("sendInitialEvents=true")) {
+                (false, _) => Asked::List,
+                (true, true) => Asked::Streamed,
+                (true, false) => Asked::Watch,
+            };
+            (asked, rv)
         })
         .collect()
+}
+
+/// Lists of either kind.
+fn lists(requests: &[(Asked, String)]) -> usize {
+    requests.iter().filter(|(a, _)| *a != Asked::Watch).count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,31 +249,29 @@ async fn the_watch_relists_after_a_compaction_and_reconnects_after_a_restart() {
     let rig = Rig::start(cluster, "watch", FAST).await;
     let served = rig.served();
     until("the replica watches", Duration::from_secs(30), || async {
-        pod_requests(cluster, &rig).iter().any(|(w, _)| *w)
+        pod_requests(cluster, &rig)
+            .iter()
+            .any(|(a, _)| *a != Asked::List)
     })
     .await;
-    let before = pod_requests(cluster, &rig).len();
+    // kube-apiserver v1.37 streams lists (WatchList): the replica's list is
+    // one watch request, no page of a list.
+    let start = pod_requests(cluster, &rig);
+    assert_eq!(start[0].0, Asked::Streamed, "{start:?}");
+    assert!(!start.iter().any(|(a, _)| *a == Asked::List), "{start:?}");
+    let before = start.len();
     // Compacted history and a restarted API server: the watcher's next
     // watch is from a version the server no longer has.
     cluster.compact().await;
     cluster.restart_apiserver().await;
+    // Streamed, the list after the restart goes on as the watch.
     until(
-        "a list after the restart",
+        "a streamed list after the restart",
         Duration::from_secs(60),
         || async {
             pod_requests(cluster, &rig)[before..]
                 .iter()
-                .any(|(w, _)| !*w)
-        },
-    )
-    .await;
-    until(
-        "a watch after that list",
-        Duration::from_secs(60),
-        || async {
-            let after = &pod_requests(cluster, &rig)[before..];
-            let list = after.iter().position(|(w, _)| !*w);
-            list.is_some_and(|i| after[i + 1..].iter().any(|(w, rv)| *w && !rv.is_empty()))
+                .any(|(a, _)| *a == Asked::Streamed)
         },
     )
     .await;
@@ -287,11 +307,21 @@ async fn a_cut_watch_resumes_from_the_servers_own_bookmark_without_listing_again
     until("the replica watches", Duration::from_secs(30), || async {
         pod_requests(cluster, &rig)[before..]
             .iter()
-            .any(|(w, _)| *w)
+            .any(|(a, _)| *a != Asked::List)
     })
     .await;
-    let ours = pod_requests(cluster, &rig)[before..].to_vec();
-    let watched_from: u64 = ours.iter().find(|(w, _)| *w).unwrap().1.parse().unwrap();
+    // The newest resourceVersion now: the replica's list ended at or
+    // before it, so a watch from a newer one resumes from a bookmark.
+    let mine: Api<Pod> = Api::namespaced(rig.client.clone(), "bookmarks");
+    let watched_from: u64 = mine
+        .list(&kube::api::ListParams::default().limit(1))
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
     // kube-apiserver sends a bookmark about once a minute on each watch.
     let elsewhere: Api<Pod> = Api::namespaced(rig.client.clone(), "kube-system");
     let t = Instant::now();
@@ -321,12 +351,12 @@ async fn a_cut_watch_resumes_from_the_servers_own_bookmark_without_listing_again
         let since = pod_requests(cluster, &rig)[cut..].to_vec();
         let resumed = since
             .iter()
-            .filter(|(w, _)| *w)
+            .filter(|(a, _)| *a == Asked::Watch)
             .any(|(_, rv)| rv.parse::<u64>().is_ok_and(|v| v > watched_from));
         if resumed {
-            let lists = since.iter().filter(|(w, _)| !*w).count();
             assert_eq!(
-                lists, 0,
+                lists(&since),
+                0,
                 "resumed from the bookmark without listing again: since the cut {since:?}, all {ours:?}"
             );
             break;

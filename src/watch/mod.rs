@@ -3,6 +3,7 @@
 //! the one replica running the watcher.
 //!
 //! - [`leader`]: client-go-style election on a `coordination.k8s.io` Lease.
+//! - [`lists`]: initial lists streamed where the API server offers it.
 //! - [`namespaces`]: which namespaces are in the webhook's scope; the
 //!   backfill, recovery and eviction keep to it.
 //! - [`pods`]: what a Pod tells the watcher.
@@ -17,8 +18,9 @@
 //! - [`evict`]: after a re-mirror, evicting controller-owned Pods still in
 //!   the kubelet's pull back-off (`recovery.evict`).
 //!
-//! The watcher is kube-runtime's `watcher` (list, then watch from the list's
-//! resourceVersion, with bookmarks; on 410 Gone it lists again), restarted
+//! The watcher is kube-runtime's `watcher` (list, streamed where the API
+//! server offers it, then watch from the list's resourceVersion, with
+//! bookmarks; on 410 Gone it lists again), restarted
 //! with backoff on API errors. Each (re-)list delivers every Pod, so a Pod
 //! that was failing while the watch was down, or before this replica became
 //! leader, is still seen.
@@ -27,6 +29,7 @@ pub(crate) mod backfill;
 pub mod evict;
 pub(crate) mod index;
 pub(crate) mod leader;
+pub(crate) mod lists;
 pub mod namespaces;
 pub(crate) mod nodes;
 pub(crate) mod pods;
@@ -289,10 +292,10 @@ impl Background {
                 leader.clone(),
                 token.clone(),
             );
-            let interval = config.cache.reverify;
+            let (interval, rate) = (config.cache.reverify, config.cache.reverify_rate);
             tasks.spawn(async move {
                 tokio::select! {
-                    _ = reverify::run(m, interval, rec, l) => {}
+                    _ = reverify::run(m, interval, rate, rec, l) => {}
                     _ = t.cancelled() => {}
                 }
             });
@@ -530,7 +533,7 @@ async fn watch_pods(
     let mut listing: HashMap<Option<String>, u32> = HashMap::new();
     loop {
         let streams = apis.iter().cloned().map(|(scope, api)| {
-            watcher::watcher(api, watcher::Config::default())
+            lists::watch(api, watcher::Config::default())
                 .default_backoff()
                 .map(move |ev| (scope.clone(), ev))
                 .boxed()

@@ -113,7 +113,7 @@ impl Namespaces {
                 None => watcher::Config::default(),
             };
             let only = only.clone();
-            watcher::watcher(api.clone(), config)
+            super::lists::watch(api.clone(), config)
                 .default_backoff()
                 .map(move |ev| (only.clone(), ev))
                 .boxed()

@@ -96,7 +96,7 @@ impl NodePlatforms {
 pub async fn watch(client: kube::Client, filter: Vec<PlatformSpec>, metrics: Arc<Metrics>) {
     // Metadata only: the labels are all it reads.
     let api: Api<PartialObjectMeta<Node>> = Api::all(client);
-    let mut events = watcher::watcher(api, watcher::Config::default())
+    let mut events = super::lists::watch(api, watcher::Config::default())
         .default_backoff()
         .boxed();
     let mut state = NodePlatforms::default();

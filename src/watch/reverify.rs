@@ -1,6 +1,6 @@
 //! Re-verification (docs/architecture.md §2): every `cache.reverify`, HEAD each cached
-//! target manifest, spread over the interval with at most [`CONCURRENCY`]
-//! requests at once. A missing manifest is evicted (cause
+//! target manifest, spread over the interval, at most `cache.reverifyRate`
+//! a second, with at most [`CONCURRENCY`] requests at once. A missing manifest is evicted (cause
 //! `reverification`); when a Pod the watcher knows still uses it, it is
 //! mirrored again.
 //!
@@ -22,11 +22,23 @@ use crate::mirror::Mirror;
 /// Re-verification HEADs in flight at once.
 pub const CONCURRENCY: usize = 4;
 
-/// Runs rounds every `interval` until the task is dropped. `recovery` and
-/// `leader` decide whether a missing, in-use image is mirrored again.
+/// The time between two HEADs of a round over `entries`: the round spread
+/// over `interval`, and no closer than `rate` a second allows (`0`: no cap).
+pub fn gap(interval: Duration, entries: usize, rate: u32) -> Duration {
+    let spread = interval / u32::try_from(entries.max(1)).unwrap_or(u32::MAX);
+    match rate {
+        0 => spread,
+        r => spread.max(Duration::from_secs(1) / r),
+    }
+}
+
+/// Runs rounds every `interval` until the task is dropped, at most `rate`
+/// HEADs a second. `recovery` and `leader` decide whether a missing,
+/// in-use image is mirrored again.
 pub async fn run(
     mirror: Arc<Mirror>,
     interval: Duration,
+    rate: u32,
     recovery: Option<Arc<Recovery>>,
     leader: watch::Receiver<bool>,
 ) {
@@ -39,7 +51,7 @@ pub async fn run(
         }
         // Spread the round over the interval so HEADs trickle rather than
         // burst.
-        let gap = interval / entries.len() as u32;
+        let gap = gap(interval, entries.len(), rate);
         debug!(entries = entries.len(), "re-verification round");
         let mut tasks = tokio::task::JoinSet::new();
         for e in entries {
@@ -92,5 +104,21 @@ async fn check(
             Metrics::outcome(&metrics.reverifications, "error");
             warn!(image = %t, error = %err, "re-verification HEAD failed; entry kept");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_is_spread_over_the_interval_and_capped_by_the_rate() {
+        let ten_min = Duration::from_secs(600);
+        // 1,000 entries over 10 minutes: 0.6 s apart, under the cap.
+        assert_eq!(gap(ten_min, 1000, 20), Duration::from_millis(600));
+        // 100,000 entries would be 6 ms apart; 20 a second holds them to 50 ms.
+        assert_eq!(gap(ten_min, 100_000, 20), Duration::from_millis(50));
+        assert_eq!(gap(ten_min, 100_000, 0), Duration::from_millis(6));
+        assert_eq!(gap(ten_min, 0, 20), ten_min);
     }
 }

@@ -378,6 +378,7 @@ impl Usage {
     pub fn clear(&self) {
         *self.lock() = Inner::default();
         self.metrics.usage_images.set(0);
+        self.metrics.usage_synced.set(0);
     }
 
     /// The watch of `kind` in `namespace` starts a (re-)list.
@@ -391,6 +392,7 @@ impl Usage {
             .or_default();
         w.listing = Some(g);
         w.erred = false;
+        self.metrics.usage_synced.set(0);
     }
 
     /// The watch's list ended: objects of its kind and namespace that it
@@ -434,6 +436,7 @@ impl Usage {
         {
             w.erred = true;
         }
+        self.metrics.usage_synced.set(0);
     }
 
     /// Takes in an object seen by a watch (delivered by its current list,
@@ -587,6 +590,9 @@ impl Usage {
     /// round of lists).
     fn after_removal(&self, inner: &mut Inner) {
         self.metrics.usage_images.set(inner.counts.len() as i64);
+        self.metrics
+            .usage_synced
+            .set(i64::from(Self::all_synced(inner)));
         let room = inner.counts.len() < MAX_IMAGES && inner.wanted.len() < MAX_IMAGES;
         if inner.truncated == 0 {
             inner.relisting = false;

@@ -1,7 +1,8 @@
 //! The leader's watches of workload templates (Deployments, StatefulSets,
 //! DaemonSets, ReplicaSets, Jobs, CronJobs): only the images, pull fields
 //! and namespace of each template are kept, in [`Usage`]. kube-runtime's
-//! `watcher` lists (paged) and watches each kind, re-listing on 410 Gone.
+//! `watcher` lists (streamed where the API server offers it, else paged)
+//! and watches each kind, re-listing on 410 Gone.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -85,7 +86,7 @@ async fn watch_kind<K>(
                 Some(ns) => Api::namespaced(client.clone(), ns),
             };
             let scope = scope.clone();
-            watcher::watcher(api, watcher::Config::default())
+            super::lists::watch(api, watcher::Config::default())
                 .default_backoff()
                 .map(move |ev| (scope.clone(), ev))
                 .boxed()

@@ -197,6 +197,19 @@ impl Front {
         self.shared.seen.lock().unwrap().len() as u64
     }
 
+    /// The arrival of every request with this method whose path contains
+    /// `part`, in order.
+    pub fn arrivals(&self, method: &str, part: &str) -> Vec<Instant> {
+        self.shared
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, p, _, _)| m == method && p.contains(part))
+            .map(|(_, _, start, _)| *start)
+            .collect()
+    }
+
     /// Forgets the counts.
     pub fn reset(&self) {
         self.shared.seen.lock().unwrap().clear();

@@ -31,8 +31,9 @@
 //! the API server's limits (a note of at most 1 KiB; reason, action and
 //! reportingInstance of at most 128 characters), on create and on patch.
 //! What it doesn't implement (label selectors, field selectors but
-//! `metadata.name=NAME`, `sendInitialEvents`,
-//! `resourceVersionMatch`, other verbs) is refused, never silently ignored. Every request is
+//! `metadata.name=NAME`, `resourceVersionMatch`, other verbs) is refused,
+//! never silently ignored; a streamed list (`sendInitialEvents`) is
+//! refused with the 422 of a kube-apiserver without WatchList. Every request is
 //! recorded ([`KubeApi::requests`]), and those answered 410 Expired too
 //! ([`KubeApi::expired`]); [`KubeApi::fail_next`] injects failures.
 //! Watches that allow bookmarks get a BOOKMARK at the latest
@@ -1111,6 +1112,16 @@ fn not_found(kind: Kind, name: &str) -> Response {
     failure_about(404, "NotFound", message, Some((kind, name)))
 }
 
+/// kube-apiserver's answer to a streamed list without its WatchList feature
+/// (its ListOptions validation).
+fn no_watch_list() -> Response {
+    failure(
+        422,
+        "Invalid",
+        "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled".into(),
+    )
+}
+
 fn bad_request(message: String) -> Response {
     failure(400, "BadRequest", message)
 }
@@ -1232,6 +1243,9 @@ async fn read(State(s): ApiState, Path(p): Params) -> Response {
 }
 
 async fn list_nodes(State(s): ApiState, Query(q): Query<HashMap<String, String>>) -> Response {
+    if q.contains_key("sendInitialEvents") {
+        return no_watch_list();
+    }
     if q.contains_key("watch") {
         return no_such_resource();
     }
@@ -1342,7 +1356,12 @@ fn list_or_watch_pods(
             serde_json::from_str::<Value>(line).is_ok_and(|v| v["object"]["metadata"]["name"] == n)
         })
     };
-    for refused in ["labelSelector", "sendInitialEvents", "resourceVersionMatch"] {
+    // As kube-apiserver without its WatchList feature: the watchers then
+    // list in pages.
+    if !param("sendInitialEvents").is_empty() {
+        return no_watch_list();
+    }
+    for refused in ["labelSelector", "resourceVersionMatch"] {
         if !param(refused).is_empty() {
             return bad_request(format!(
                 "{refused} is not implemented by the test API server"

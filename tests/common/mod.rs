@@ -99,9 +99,12 @@ pub fn init() {
     });
 }
 
-/// Path of the `pinswap` binary built by cargo for this test run.
+/// Path of the `pinswap` binary built by cargo for this test run, or
+/// `PINSWAP_BIN` (a benchmark's release build).
 pub fn pinswap_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_pinswap"))
+    std::env::var_os("PINSWAP_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pinswap")))
 }
 
 /// A fresh, empty cache directory for one `pinswap` run, given as
