@@ -527,9 +527,10 @@ pub struct Cache {
     /// Re-verification interval of cached target manifests; `0s` turns it off.
     #[serde(default = "d_10m", with = "duration")]
     pub reverify: Duration,
-    /// Re-verification HEADs a second at most, per replica; `0` leaves the
-    /// round spread evenly over `reverify` alone. A round over more entries
-    /// than `reverify` allows at this rate takes longer than `reverify`.
+    /// Re-verification HEADs a second at most (an entry's digest and each
+    /// of its tags), per replica; `0` leaves the round spread evenly over
+    /// `reverify` alone. A round needing more HEADs than `reverify` allows
+    /// at this rate takes longer than `reverify`.
     #[serde(default = "reverify_rate")]
     pub reverify_rate: u32,
     /// Serve `POST /cache/purge` on the health port. Off by default: that

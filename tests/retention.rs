@@ -746,3 +746,28 @@ async fn a_conflicting_record_write_is_read_again_and_retried() {
         "the conflicting write and the one after reading again"
     );
 }
+
+#[tokio::test]
+async fn a_pass_lists_each_repositorys_tags_once() {
+    let (r, _, _, adm, ret) = setup("unusedFor: 1h").await;
+    let one = r.mirrored(&adm, "one", 61).await;
+    let two = r.mirrored(&adm, "two", 62).await;
+    // Distribution 2.8 sends no `Link` and ignores `last`: a page of a few
+    // tags is the whole list, and asking again would repeat it.
+    let lists = |m: &Mirrored| {
+        let asked = format!("GET /v2/{}/tags/list", m.repo);
+        r.dst.log().lines().filter(|l| l.contains(&asked)).count()
+    };
+    let before = (lists(&one), lists(&two));
+    let report = ret
+        .sweep(&in_use(&[one.source_ref(), two.source_ref()]))
+        .await
+        .unwrap();
+    assert_eq!(report.state(&one.key(&r.dst)), Some(State::InUse));
+    assert_eq!(
+        (lists(&one) - before.0, lists(&two) - before.1),
+        (1, 1),
+        "{}",
+        r.dst.log()
+    );
+}

@@ -399,6 +399,7 @@ impl Registry {
             if !resp.status().is_success() {
                 return Err(self.refusal(resp, name, operation).await);
             }
+            let more = next_link(resp.headers()).is_some();
             let bad = |message: String| RegistryError::Other {
                 registry: self.host().to_owned(),
                 reference: name.to_owned(),
@@ -410,7 +411,8 @@ impl Registry {
                 .await?
                 .ok_or_else(|| bad(format!("a page larger than {MAX_LIST_BYTES} bytes")))?;
             let names = list_names(&body, key).map_err(bad)?;
-            if !extend_page(&mut out, names) {
+            let short = names.len() < SHORT_PAGE;
+            if !extend_page(&mut out, names) || (short && !more) {
                 return Ok(Some(out));
             }
         }
@@ -613,6 +615,12 @@ fn next_link(headers: &reqwest::header::HeaderMap) -> Option<String> {
             rel_next.then(|| target.to_owned())
         })
 }
+
+/// A page shorter than this without `Link: rel="next"` is the last, so a
+/// retention pass costs one tag list per repository, not two. distribution-
+/// spec has a registry with more to list send the `Link`; longer pages are
+/// still followed without one, for registries that cap pages silently.
+const SHORT_PAGE: usize = 100;
 
 /// Adds a page of a paginated list to `out`; returns whether to ask for the
 /// next page. Registries differ: some cap pages below `n`, and Distribution

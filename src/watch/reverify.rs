@@ -22,13 +22,14 @@ use crate::mirror::Mirror;
 /// Re-verification HEADs in flight at once.
 pub const CONCURRENCY: usize = 4;
 
-/// The time between two HEADs of a round over `entries`: the round spread
-/// over `interval`, and no closer than `rate` a second allows (`0`: no cap).
-pub fn gap(interval: Duration, entries: usize, rate: u32) -> Duration {
+/// The time after re-verifying an entry that takes `heads` HEADs (its
+/// digest and each of its tags) in a round over `entries`: the round spread
+/// over `interval`, and no more than `rate` HEADs a second (`0`: no cap).
+pub fn gap(interval: Duration, entries: usize, rate: u32, heads: usize) -> Duration {
     let spread = interval / u32::try_from(entries.max(1)).unwrap_or(u32::MAX);
     match rate {
         0 => spread,
-        r => spread.max(Duration::from_secs(1) / r),
+        r => spread.max(Duration::from_secs(1) * u32::try_from(heads).unwrap_or(u32::MAX) / r),
     }
 }
 
@@ -51,10 +52,11 @@ pub async fn run(
         }
         // Spread the round over the interval so HEADs trickle rather than
         // burst.
-        let gap = gap(interval, entries.len(), rate);
-        debug!(entries = entries.len(), "re-verification round");
+        let n = entries.len();
+        debug!(entries = n, "re-verification round");
         let mut tasks = tokio::task::JoinSet::new();
         for e in entries {
+            let pause = gap(interval, n, rate, 1 + e.tags.len());
             let permit = slots.clone().acquire_owned().await.expect("never closed");
             let (m, r, l) = (mirror.clone(), recovery.clone(), leader.clone());
             tasks.spawn(async move {
@@ -62,7 +64,7 @@ pub async fn run(
                 check(&m, e, r.as_ref(), leading).await;
                 drop(permit);
             });
-            tokio::time::sleep(gap).await;
+            tokio::time::sleep(pause).await;
         }
         while tasks.join_next().await.is_some() {}
     }
@@ -114,11 +116,14 @@ mod tests {
     #[test]
     fn a_round_is_spread_over_the_interval_and_capped_by_the_rate() {
         let ten_min = Duration::from_secs(600);
-        // 1,000 entries over 10 minutes: 0.6 s apart, under the cap.
-        assert_eq!(gap(ten_min, 1000, 20), Duration::from_millis(600));
-        // 100,000 entries would be 6 ms apart; 20 a second holds them to 50 ms.
-        assert_eq!(gap(ten_min, 100_000, 20), Duration::from_millis(50));
-        assert_eq!(gap(ten_min, 100_000, 0), Duration::from_millis(6));
-        assert_eq!(gap(ten_min, 0, 20), ten_min);
+        // 1,000 entries of one tag over 10 minutes: 0.6 s apart, under the
+        // cap of 20 HEADs a second (2 an entry: 0.1 s).
+        assert_eq!(gap(ten_min, 1000, 20, 2), Duration::from_millis(600));
+        // 100,000 would be 6 ms apart; 20 HEADs a second holds an entry of
+        // one HEAD to 50 ms, one with a tag to 100 ms.
+        assert_eq!(gap(ten_min, 100_000, 20, 1), Duration::from_millis(50));
+        assert_eq!(gap(ten_min, 100_000, 20, 2), Duration::from_millis(100));
+        assert_eq!(gap(ten_min, 100_000, 0, 2), Duration::from_millis(6));
+        assert_eq!(gap(ten_min, 0, 20, 1), ten_min);
     }
 }
