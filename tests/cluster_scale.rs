@@ -185,6 +185,10 @@ async fn scale_figures() {
         created as f64 / t.elapsed().as_secs_f64()
     );
 
+    // The summary: (what, figure, goal and whether it is met).
+    let mut table: Vec<[String; 3]> = Vec::new();
+    let goal = |met: bool, goal: &str| format!("{goal}: {}", if met { "met" } else { "missed" });
+    let per_pod_goal = if shape.name == "a" { 500.0 } else { 1000.0 };
     for ((install, (name, _)), floor) in installs.iter().zip(&configs).zip(&floors) {
         src_front.reset();
         dst_front.reset();
@@ -232,6 +236,49 @@ async fn scale_figures() {
             "scale {} {name}: source requests {:?}; target requests {:?}",
             shape.name, run.src, run.dst
         );
+        table.push([
+            format!("{name}: leader memory a Pod"),
+            format!("{per_pod:.0} B"),
+            goal(
+                per_pod <= per_pod_goal,
+                &format!(
+                    "at most {per_pod_goal:.0} B (a miss is per-image caches: docs/benchmarks.md)"
+                ),
+            ),
+        ]);
+        table.push([
+            format!("{name}: synced after"),
+            format!("{:.1} s", run.synced_s),
+            String::from("-"),
+        ]);
+        // A full list: a first page, or a streamed list.
+        let full = run
+            .list_uris
+            .iter()
+            .filter(|u| {
+                u.contains("sendInitialEvents=true")
+                    || (!u.contains("watch=true") && !u.contains("continue="))
+            })
+            .count();
+        table.push([
+            format!("{name}: full Pod lists on becoming leader"),
+            format!("{full} ({} requests)", run.list_uris.len()),
+            goal(full <= 1, "one a watch"),
+        ]);
+        if let (Some(s), Some(wanted)) = (run.backfilled_s, backfill) {
+            let sent: u64 = run.src.values().chain(run.dst.values()).sum();
+            table.push([
+                format!("{name}: backfill, {wanted} images"),
+                format!(
+                    "at the target after {s:.1} s; {sent} registry requests, {:.1} an image",
+                    sent as f64 / wanted as f64
+                ),
+                goal(
+                    sent <= 20 * wanted as u64,
+                    "bounded by the copies, none per Pod",
+                ),
+            ]);
+        }
     }
 
     // Retention alone (no backfill, identity scan or re-verification
@@ -271,6 +318,24 @@ async fn scale_figures() {
         }
     }
     let text = metrics_of(&served).await;
+    let inspected: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("pinswap_retention_images{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    let heads = dst_front.count_method("HEAD", "/manifests/");
+    table.push([
+        format!("retention pass over {inspected} images"),
+        format!(
+            "{heads} HEADs, {} tag lists, {} catalog pages",
+            dst_front.count_method("GET", "/tags/list"),
+            dst_front.count_method("GET", "/_catalog")
+        ),
+        goal(
+            heads as f64 <= inspected,
+            "one request an image, plus paging",
+        ),
+    ]);
     println!(
         "scale {} retention: one pass over {} images at the target ({} passes done): target requests {:?}; images by state: {:?}",
         shape.name,
@@ -328,6 +393,12 @@ async fn scale_figures() {
             .filter(|l| l.starts_with("pinswap_reverifications"))
             .collect::<Vec<_>>()
     );
+    let busiest = *per_second.iter().max().unwrap();
+    table.push([
+        String::from("re-verification HEADs in the busiest second"),
+        busiest.to_string(),
+        goal(busiest <= 20, "at most cache.reverifyRate (20)"),
+    ]);
     served.sigterm();
     let _ = tokio::time::timeout(Duration::from_secs(20), served.child.wait()).await;
 
@@ -358,6 +429,17 @@ async fn scale_figures() {
             (run.rss_kib as f64 - floor as f64) * 1024.0 / grown.pods as f64,
             run.hwm_kib as f64 / 1024.0,
         );
+        let mib = run.rss_kib as f64 / 1024.0;
+        table.push([
+            format!("default: leader memory at {} Pods", grown.pods),
+            format!("{mib:.1} MiB"),
+            goal(mib < 150.0, "under 150 MiB at 200,000"),
+        ]);
+    }
+    println!("scale {} | what | figure | goal |", shape.name);
+    println!("scale {} |---|---|---|", shape.name);
+    for [what, figure, goal] in &table {
+        println!("scale {} | {what} | {figure} | {goal} |", shape.name);
     }
 }
 
