@@ -302,7 +302,7 @@ async fn scale_figures() {
     for pass in 1..=2 {
         let t = Instant::now();
         loop {
-            let text = metrics_of(&served).await;
+            let text = served.health_get("/metrics").await.1;
             if passes(&text).unwrap_or(0.0) >= pass as f64 {
                 seen = passes(&text).unwrap_or(0.0);
                 break;
@@ -317,7 +317,7 @@ async fn scale_figures() {
             dst_front.reset();
         }
     }
-    let text = metrics_of(&served).await;
+    let text = served.health_get("/metrics").await.1;
     let inspected: f64 = text
         .lines()
         .filter(|l| l.starts_with("pinswap_retention_images{"))
@@ -358,7 +358,7 @@ async fn scale_figures() {
     let mut served = install.serve(&cluster, "reverify-0").await;
     let t = Instant::now();
     loop {
-        let text = metrics_of(&served).await;
+        let text = served.health_get("/metrics").await.1;
         let present =
             sample(&text, "pinswap_backfill_images", &[("state", "present")]).unwrap_or(0.0);
         if present >= shape.wanted() as f64 {
@@ -382,7 +382,7 @@ async fn scale_figures() {
     for a in &heads {
         per_second[a.duration_since(from).as_secs() as usize] += 1;
     }
-    let text = metrics_of(&served).await;
+    let text = served.health_get("/metrics").await.1;
     println!(
         "scale {} reverify: {} HEADs at the target in {} s (reverify 60s, reverifyRate 20), at most {} in one second; re-verifications {:?}",
         shape.name,
@@ -515,13 +515,11 @@ async fn measure(
     let before = apiserver_metrics(&client).await;
     let audit_from = cluster.audit_of(&install.user()).len();
     let mut served = install.serve(cluster, &format!("{name}-0")).await;
-    let scrape = reqwest::Client::builder().no_proxy().build().unwrap();
-    let url = format!("http://{}/metrics", served.health);
     let t = Instant::now();
     let mut run = Run::default();
     let (mut leading, mut synced, mut filled) = (None, None, backfill.map(|_| None));
     loop {
-        let text = scrape.get(&url).send().await.unwrap().text().await.unwrap();
+        let (_, text) = served.health_get("/metrics").await;
         let at = t.elapsed().as_secs_f64();
         if leading.is_none() && sample(&text, "pinswap_leader", &[]) == Some(1.0) {
             leading = Some(at);
@@ -631,19 +629,4 @@ async fn apiserver_metrics(client: &kube::Client) -> (f64, f64) {
         ),
         sum("apiserver_watch_events_sizes_sum", &["resource=\"pods\""]),
     )
-}
-
-async fn metrics_of(served: &common::serve::Served) -> String {
-    let url = format!("http://{}/metrics", served.health);
-    reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
 }
