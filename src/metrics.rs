@@ -851,7 +851,8 @@ pub struct SharingMetrics {
     /// `pinswap_cluster_info{cluster}`: 1 for this cluster's name.
     pub info: Family<ClusterLabel, Gauge>,
     /// `pinswap_usage_record_publishes_total{outcome}`: `published`,
-    /// `incomplete` (more images in use than a record holds), `failed`.
+    /// `incomplete` (more images in use than a record holds), `failed`,
+    /// `conflict`, `not_synced` (the watches have not listed everything).
     pub publishes: Family<OutcomeLabel, Counter>,
     /// `pinswap_usage_record_images{cluster}`: entries of each cluster's
     /// record as last read or written.
@@ -862,6 +863,9 @@ pub struct SharingMetrics {
     /// `pinswap_usage_record_stale{cluster}`: 1 for a record older than
     /// `sharing.staleAfter`.
     pub stale: Family<ClusterLabel, Gauge>,
+    /// `pinswap_usage_record_overdue`: 1 while this replica leads and has
+    /// published nothing for three `sharing.interval`.
+    pub overdue: Gauge,
 }
 
 impl SharingMetrics {
@@ -876,7 +880,7 @@ impl SharingMetrics {
             publishes: register(
                 r,
                 "usage_record_publishes",
-                "Publications of this cluster's usage record at the target, by outcome (published, incomplete, failed)",
+                "Publications of this cluster's usage record at the target, by outcome (published, incomplete, failed, conflict, not_synced)",
                 Family::default(),
             ),
             images: register(
@@ -896,6 +900,12 @@ impl SharingMetrics {
                 "usage_record_stale",
                 "1 for a cluster's usage record not updated within sharing.staleAfter (it keeps everything it lists)",
                 Family::default(),
+            ),
+            overdue: register(
+                r,
+                "usage_record_overdue",
+                "1 while this replica leads and has published its cluster's usage record for none of the last three sharing.interval",
+                Gauge::default(),
             ),
         }
     }

@@ -72,7 +72,12 @@ impl Rig {
         api.authorize_install(&config, Tls::CertManager);
         let mirror = adm.mirror().clone();
         let policy = Policy::new(&config, mirror.target().clone()).unwrap();
-        let publisher = Arc::new(Publisher::new(mirror.clone(), name, &config.sharing));
+        let publisher = Arc::new(Publisher::new(
+            mirror.clone(),
+            Policy::new(&config, mirror.target().clone()).unwrap(),
+            name,
+            &config.sharing,
+        ));
         let ret = Retention::new(
             mirror,
             policy,
@@ -704,4 +709,152 @@ async fn retention_with_sharing_off_removes_nothing_from_a_shared_target() {
         2.0
     );
     assert!(r.present(&z).await);
+}
+
+/// Whether the target holds other clusters' records is known only from an
+/// answer: a transient error listing them (here one 503) leaves it
+/// unknown, and an install with sharing off removes nothing then.
+#[tokio::test]
+async fn sharing_off_removes_nothing_when_the_records_cannot_be_listed() {
+    let r = rig().await;
+    let (a, b) = r.two("staleAfter: 1h").await;
+    let z = r.source_image("z", 93).await;
+    a.run(&z).await;
+    a.publisher.publish(&a.uses(&[&z]), true).await.unwrap();
+    // An install with sharing off, reaching the target through the front.
+    let mirror = b.adm.mirror().clone();
+    let policy = Policy::new(&b.config, mirror.target().clone()).unwrap();
+    let api = KubeApi::start().await;
+    api.authorize_install(&b.config, Tls::CertManager);
+    let alone = Retention::new(
+        mirror,
+        policy,
+        Store::new(api.install_client(), NS),
+        &b.config.retention,
+    );
+    for _ in 0..2 {
+        r.front
+            .set(Mode::RefuseFirst("GET", "pinswap-usage/tags/list", 503, None));
+        let e = alone.sweep(&b.uses(&[])).await.unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("whether other clusters publish usage records at the target is unknown"),
+            "{e}"
+        );
+        idle().await;
+    }
+    assert_eq!(
+        b.metric(
+            "pinswap_retention_passes_total",
+            ("outcome", "sharing_unknown")
+        ),
+        2.0
+    );
+    assert_eq!(r.front.count_method("DELETE", "/manifests/"), 0);
+    assert!(r.present(&z).await);
+    // Answered, the records are found and still nothing is removed.
+    r.front.set(Mode::Pass);
+    let e = alone.sweep(&b.uses(&[])).await.unwrap_err();
+    assert!(e.to_string().contains("clusters [\"a\"]"), "{e}");
+    assert!(r.present(&z).await);
+}
+
+/// A last use ahead of this clock (a skewed or forged record) goes into
+/// the local record as now at the latest: once its cluster is forgotten,
+/// the image ages out like any other.
+#[tokio::test]
+async fn a_future_last_use_does_not_outlive_its_record() {
+    let r = rig().await;
+    let (a, _b) = r.two("staleAfter: 1h").await;
+    let z = r.source_image("z", 94).await;
+    a.run(&z).await;
+    let records = Records::of(a.adm.mirror()).await.unwrap();
+    let ahead = Timestamp::now() + std::time::Duration::from_secs(365 * 24 * 3600);
+    records
+        .publish(
+            &ClusterRecord {
+                cluster: "skewed".into(),
+                updated: Timestamp::now(),
+                complete: true,
+                in_use: 1,
+                images: [(format!("{}@{}", z.repo, z.image.digest), ahead)].into(),
+            },
+            &mut false,
+        )
+        .await
+        .unwrap();
+    let pass = a.ret.sweep(&a.uses(&[])).await.unwrap();
+    assert_eq!(pass.state(&z.key(&a)), Some(State::InUse));
+    assert!(records.forget("skewed").await.unwrap());
+    idle().await;
+    let pass = a.ret.sweep(&a.uses(&[])).await.unwrap();
+    assert_eq!(
+        pass.state(&z.key(&a)),
+        Some(State::Removed),
+        "{pass:?}"
+    );
+    assert!(!r.present(&z).await);
+}
+
+/// A leader whose watches never list publishes nothing: each round counts
+/// as `not_synced`, and after three `sharing.interval` the record is
+/// overdue (the alert's gauge), until a publication lands.
+#[tokio::test]
+async fn a_leader_that_never_syncs_is_overdue() {
+    let r = rig().await;
+    let a = r
+        .cluster("a", &r.dst.host(), "interval: 300ms, staleAfter: 1h")
+        .await;
+    let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let in_use: pinswap::retention::InUseSource = {
+        let synced = synced.clone();
+        Arc::new(move || InUse {
+            synced: synced.load(std::sync::atomic::Ordering::SeqCst),
+            images: Vec::new(),
+        })
+    };
+    let (lead, leader) = tokio::sync::watch::channel(true);
+    let run = tokio::spawn(pinswap::retention::publish::run(
+        a.publisher.clone(),
+        in_use,
+        leader,
+    ));
+    let overdue = || {
+        common::metrics::sample(&a.metrics.encode(), "pinswap_usage_record_overdue", &[])
+            .unwrap_or(-1.0)
+    };
+    let started = std::time::Instant::now();
+    while overdue() != 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(20), "never overdue");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Not before three intervals (900 ms) had gone by with nothing written.
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert!(
+        a.metric(
+            "pinswap_usage_record_publishes_total",
+            ("outcome", "not_synced")
+        ) >= 3.0
+    );
+    assert_eq!(
+        a.metric(
+            "pinswap_usage_record_publishes_total",
+            ("outcome", "published")
+        ),
+        0.0
+    );
+    synced.store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    while overdue() != 0.0 {
+        assert!(started.elapsed() < Duration::from_secs(20), "still overdue");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        a.metric(
+            "pinswap_usage_record_publishes_total",
+            ("outcome", "published")
+        ) >= 1.0
+    );
+    lead.send(false).unwrap();
+    run.abort();
 }

@@ -118,6 +118,26 @@ pub enum ClustersError {
     },
 }
 
+impl ClustersError {
+    /// Whether the target refused to show the records (401, 403) or has
+    /// none (404): an answer, where every other error leaves it unknown.
+    pub fn refused(&self) -> bool {
+        use crate::registry::RegistryError as R;
+        match self {
+            Self::Registry { source, .. } => matches!(
+                **source,
+                R::Unauthorized { .. }
+                    | R::AuthRequired { .. }
+                    | R::Http {
+                        status: 401 | 403 | 404,
+                        ..
+                    }
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// What one cluster uses, as its leader published it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

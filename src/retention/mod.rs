@@ -90,6 +90,12 @@ pub enum RetentionError {
         /// The records' names.
         clusters: Vec<String>,
     },
+    /// Sharing is off, and whether the target holds other clusters'
+    /// records could not be told (an error other than 401, 403 or 404).
+    #[error(
+        "sharing is off, and whether other clusters publish usage records at the target is unknown ({0}); nothing is removed until it can be told"
+    )]
+    SharingUnknown(#[source] clusters::ClustersError),
 }
 
 impl RetentionError {
@@ -102,9 +108,34 @@ impl RetentionError {
             Self::Publish(clusters::ClustersError::Incomplete { .. }) => "record_incomplete",
             Self::Publish(_) => "record_not_published",
             Self::Unshared { .. } => "sharing_off",
+            Self::SharingUnknown(_) => "sharing_unknown",
             _ => "error",
         }
     }
+}
+
+/// The source that `repository` (under the target, without the registry)
+/// mirrors, when it is a mirror path of an allowed source: the one test of
+/// "pinswap wrote this repository" that retention, the usage records and
+/// ECR's reconcile share.
+pub fn mirrored_source(
+    target: &crate::reference::MirrorTarget,
+    policy: &Policy,
+    repository: &str,
+) -> Option<Reference> {
+    let rest = match target.prefix() {
+        Some(p) => repository.strip_prefix(p)?.strip_prefix('/')?,
+        None => repository,
+    };
+    let (component, path) = rest.split_once('/')?;
+    let source = Reference::parse(&format!(
+        "{}/{path}",
+        crate::reference::registry_of_path_component(component)?
+    ))
+    .ok()?;
+    let source = source.without_tag();
+    let back = target.map(&source).ok()?;
+    (back.repository() == repository && policy.source_allowed(&source).is_ok()).then_some(source)
 }
 
 /// What is in use now, as the leader's watches know it.

@@ -16,8 +16,10 @@ use super::clusters::{
     ClusterRecord, ClustersError, MAX_BYTES, MAX_ENTRIES, Records, age, entry_key,
 };
 use super::{InUse, InUseSource};
+use crate::admission::policy::Policy;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
+use crate::reference::{MirrorTarget, Reference};
 
 /// What [`Publisher::publish`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +40,8 @@ pub enum Published {
 /// This cluster's record and how to publish it.
 pub struct Publisher {
     mirror: Arc<Mirror>,
+    /// What may be mirrored: only such images go into the record.
+    policy: Policy,
     cluster: String,
     interval: Duration,
     check_every: Duration,
@@ -64,11 +68,17 @@ struct State {
 impl Publisher {
     /// The publisher of `cluster`'s record at `mirror`'s target, under the
     /// `sharing` settings.
-    pub fn new(mirror: Arc<Mirror>, cluster: &str, sharing: &crate::config::Sharing) -> Self {
+    pub fn new(
+        mirror: Arc<Mirror>,
+        policy: Policy,
+        cluster: &str,
+        sharing: &crate::config::Sharing,
+    ) -> Self {
         let metrics = mirror.metrics().clone();
         metrics.sharing.cluster(cluster);
         Self {
             mirror,
+            policy,
             cluster: cluster.to_owned(),
             interval: sharing.interval,
             check_every: sharing.check_every,
@@ -146,6 +156,9 @@ impl Publisher {
     /// then, so that every cluster's retention stops).
     pub async fn publish(&self, in_use: &InUse, force: bool) -> Result<Published, ClustersError> {
         if !in_use.synced {
+            // Not a success: other clusters see this one's use as of its
+            // last record, and may remove what it started to use since.
+            Metrics::outcome(&self.metrics.sharing.publishes, "not_synced");
             return Ok(Published::NotSynced);
         }
         let mut state = self.state.lock().await;
@@ -179,20 +192,7 @@ impl Publisher {
             state.record = read.map(|r| r.record);
             state.loaded = true;
         }
-        let target = self.mirror.target();
-        let mut keys: Vec<String> = in_use
-            .images
-            .iter()
-            .filter_map(|i| {
-                let mapped = match target.contains(i) {
-                    true => i.clone(),
-                    false => target.map(i).ok()?,
-                };
-                entry_key(target, &mapped)
-            })
-            .collect();
-        keys.sort();
-        keys.dedup();
+        let keys = record_keys(self.mirror.target(), &self.policy, &in_use.images);
         // Known: in use when the record was last written. An image used
         // again after a while is news too (a rollback), as its old time
         // would let another cluster remove it.
@@ -214,6 +214,11 @@ impl Publisher {
             .map(|r| r.images.clone())
             .unwrap_or_default();
         images.retain(|_, t| age(now, *t) <= self.keep_for);
+        // Carried on from a record written by a clock ahead of this one:
+        // never later than now, or it would never age out.
+        for t in images.values_mut() {
+            *t = (*t).min(now);
+        }
         let in_use_count = keys.len();
         for k in keys {
             images.insert(k, now);
@@ -261,6 +266,49 @@ impl Publisher {
         }
         Ok(Published::Written { entries, bytes })
     }
+}
+
+/// The record's keys for `images`: only what maps to an allowed source
+/// (what pinswap never mirrors is nobody's to keep), and a source tag
+/// only when no image names the same tag pinned by digest (a Pod's
+/// original reference next to its rewritten one is one image). Sorted,
+/// without repeats.
+fn record_keys(target: &MirrorTarget, policy: &Policy, images: &[Reference]) -> Vec<String> {
+    let mut pinned_tags = std::collections::HashSet::new();
+    let mut keys = Vec::new();
+    let mut tags = Vec::new();
+    for i in images {
+        let mapped = match target.contains(i) {
+            true => {
+                if super::mirrored_source(target, policy, i.repository()).is_none() {
+                    continue;
+                }
+                i.clone()
+            }
+            false => {
+                if policy.source_allowed(i).is_err() {
+                    continue;
+                }
+                let Ok(m) = target.map(i) else { continue };
+                m
+            }
+        };
+        let Some(key) = entry_key(target, &mapped) else {
+            continue;
+        };
+        match (mapped.digest(), mapped.tag()) {
+            (Some(_), Some(t)) => {
+                pinned_tags.insert(format!("{}:{t}", mapped.repository()));
+                keys.push(key);
+            }
+            (Some(_), None) => keys.push(key),
+            (None, _) => tags.push(key),
+        }
+    }
+    keys.extend(tags.into_iter().filter(|k| !pinned_tags.contains(k)));
+    keys.sort();
+    keys.dedup();
+    keys
 }
 
 /// A record within [`MAX_ENTRIES`] and [`MAX_BYTES`]: past either, the
@@ -316,6 +364,8 @@ pub async fn run(
         // Another replica may have led meanwhile: read the record back.
         publisher.state.lock().await.loaded = false;
         let mut failing = false;
+        // Since this replica last published, or began to lead.
+        let mut last_written = Instant::now();
         loop {
             let lost = async {
                 let _ = leader.wait_for(|l| !*l).await;
@@ -337,7 +387,21 @@ pub async fn run(
                 r = publisher.publish(&now_in_use, false) => r,
                 _ = lost => break,
             };
+            let overdue = match &published {
+                Ok(Published::Written { .. } | Published::Unchanged) => {
+                    last_written = Instant::now();
+                    false
+                }
+                _ => last_written.elapsed() >= publisher.interval * 3,
+            };
+            publisher.metrics.sharing.overdue.set(i64::from(overdue));
             match published {
+                Ok(Published::NotSynced) => {
+                    if overdue && !failing {
+                        warn!(cluster = %publisher.cluster, "the usage record has not been published for three sharing.interval: the Kubernetes watches have not listed everything (pinswap_usage_synced is 0), and other clusters' retention sees this cluster's use as of its last record");
+                    }
+                    failing = overdue;
+                }
                 Ok(_) => failing = false,
                 Err(e) => {
                     // Once per failing stretch: it is retried every round.
@@ -348,12 +412,50 @@ pub async fn run(
                 }
             }
         }
+        // Only a leader owes a record.
+        publisher.metrics.sharing.overdue.set(0);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only what maps to an allowed source is counted, and a Pod's
+    /// original reference next to its rewritten one counts once.
+    #[test]
+    fn a_record_counts_only_what_is_mirrored() {
+        let config = crate::config::Config::from_yaml(
+            "target: {registry: m.example.com/mirror}\nsource: {registries: [{registry: docker.io}]}\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let target = MirrorTarget::parse(&config.target.registry).unwrap();
+        let policy = Policy::new(&config, target.clone()).unwrap();
+        let d = format!("sha256:{}", "a".repeat(64));
+        let images: Vec<Reference> = [
+            // A rewritten Pod: its original and the rewritten reference.
+            "docker.io/library/nginx:1.25".to_owned(),
+            format!("m.example.com/mirror/docker.io/library/nginx:1.25@{d}"),
+            // A template between runs names the source's tag.
+            "docker.io/library/redis:7".to_owned(),
+            // Outside the allowlist, as written and under the target.
+            "quay.io/team/app:1".to_owned(),
+            format!("m.example.com/mirror/quay.io/team/app:1@{d}"),
+            // Under the target, but no mirror path.
+            "m.example.com/mirror/tools:1".to_owned(),
+        ]
+        .iter()
+        .map(|r| Reference::parse(r).unwrap())
+        .collect();
+        assert_eq!(
+            record_keys(&target, &policy, &images),
+            vec![
+                format!("mirror/docker.io/library/nginx@{d}"),
+                "mirror/docker.io/library/redis:7".to_owned(),
+            ]
+        );
+    }
 
     #[test]
     fn a_record_past_its_bounds_drops_history_first_then_is_incomplete() {

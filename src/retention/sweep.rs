@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::clusters::{ClusterRecord, age};
 use super::{Image, InUse, Report, Retention, RetentionError, State};
@@ -104,24 +104,9 @@ fn is_own(tag: &str) -> bool {
 }
 
 impl Retention {
-    /// The source `repository` (under the target, without the registry)
-    /// mirrors, when it is a mirror path of an allowed source.
+    /// The source `repository` mirrors ([`super::mirrored_source`]).
     fn source_of(&self, repository: &str) -> Option<Reference> {
-        let target = self.mirror.target();
-        let rest = match target.prefix() {
-            Some(p) => repository.strip_prefix(p)?.strip_prefix('/')?,
-            None => repository,
-        };
-        let (component, path) = rest.split_once('/')?;
-        let source = Reference::parse(&format!(
-            "{}/{path}",
-            crate::reference::registry_of_path_component(component)?
-        ))
-        .ok()?;
-        let source = source.without_tag();
-        let back = target.map(&source).ok()?;
-        (back.repository() == repository && self.policy.source_allowed(&source).is_ok())
-            .then_some(source)
+        super::mirrored_source(self.mirror.target(), &self.policy, repository)
     }
 
     /// Every repository pinswap mirrors into, with its manifests by tag.
@@ -209,7 +194,10 @@ impl Retention {
                 };
                 let claim = Claim {
                     cluster: r.cluster.clone(),
-                    last: *last,
+                    // A time ahead of this clock (a skewed or forged
+                    // record) would go into the local record and keep the
+                    // image past the record's own `clusters forget`.
+                    last: (*last).min(now),
                     // The publisher writes the images in use at `updated`.
                     now: *last >= r.updated,
                     stale,
@@ -341,9 +329,22 @@ impl Retention {
             // target this install may not list records at (credentials
             // scoped to the mirror paths, a prefix too long for them) is
             // taken for an unshared one, as before sharing existed.
+            // Only an answer that says "you may not look" (401, 403) or
+            // "there is nothing" (404) means unshared: any other error
+            // leaves the records unknown, and the pass removes nothing.
             let clusters = match super::clusters::Records::of(&self.mirror).await {
-                Ok(records) => records.names().await.unwrap_or_default(),
-                Err(_) => Vec::new(),
+                Ok(records) => match records.names().await {
+                    Ok(names) => names,
+                    Err(e) if e.refused() => Vec::new(),
+                    Err(e) => return Err(RetentionError::SharingUnknown(e)),
+                },
+                // A prefix that leaves no room for the records: no
+                // cluster can publish any there.
+                Err(e @ super::clusters::ClustersError::Unreadable { .. }) => {
+                    debug!(error = %e, "no usage records can exist at this target");
+                    Vec::new()
+                }
+                Err(e) => return Err(RetentionError::SharingUnknown(e)),
             };
             if !clusters.is_empty() {
                 return Err(RetentionError::Unshared { clusters });

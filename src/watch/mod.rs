@@ -222,9 +222,11 @@ impl Background {
             .as_ref()
             .filter(|_| config.sharing.enabled)
             .zip(config.cluster.as_deref())
-            .map(|(u, cluster)| {
+            .zip(crate::admission::policy::Policy::new(config, mirror.target().clone()).ok())
+            .map(|((u, cluster), policy)| {
                 let p = Arc::new(crate::retention::publish::Publisher::new(
                     mirror.clone(),
+                    policy,
                     cluster,
                     &config.sharing,
                 ));

@@ -49,6 +49,27 @@ pub enum Mode {
     /// hide private repositories; `/v2/` asks for Basic auth when none is
     /// sent and passes any.
     HideWithout(String),
+    /// Every request with this method (`*`: any) whose path contains this
+    /// part meets this fault; others pass.
+    Fault(&'static str, &'static str, Fault),
+}
+
+/// A fault of [`Mode::Fault`]: the classes of error a registry or the
+/// network between shows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fault {
+    /// An error status, with the registry's error envelope.
+    Status(u16),
+    /// No answer, ever: the caller's deadline ends it.
+    Hang,
+    /// The connection closes before any answer.
+    Reset,
+    /// The registry's status and headers, then half its body and a closed
+    /// connection (its `Content-Length` promised more).
+    CutBody,
+    /// A list (`tags/list`, `_catalog`) whose first page holds half of the
+    /// entries and links a next page, and whose next page fails with 503.
+    EndEarly,
 }
 
 struct Shared {
@@ -291,6 +312,21 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
         }
     };
     let mode = s.mode.lock().unwrap().clone();
+    if let Mode::Fault(method, part, fault) = mode
+        && (method == "*" || req.method().as_str() == method)
+        && path.contains(part)
+    {
+        match fault {
+            Fault::Status(status) => return refused(status, None),
+            Fault::Hang => std::future::pending::<()>().await,
+            // Unwinding the connection's task drops its socket unanswered;
+            // resume_unwind runs no panic hook, so nothing is printed.
+            Fault::Reset => std::panic::resume_unwind(Box::new("reset by the test front")),
+            Fault::CutBody => return cut_body(&s, req, &path).await,
+            Fault::EndEarly if path.contains("last=") => return refused(503, None),
+            Fault::EndEarly => return first_half(&s, &path).await,
+        }
+    }
     if let Mode::Challenge(challenge) = &mode {
         let mut resp = Response::new(Body::from(
             r#"{"errors":[{"code":"UNAUTHORIZED","message":"challenged by the test front"}]}"#,
@@ -335,7 +371,11 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
     let refusal = {
         let mut mode = s.mode.lock().unwrap();
         match *mode {
-            Mode::Pass | Mode::Challenge(_) | Mode::Relocate(_) | Mode::HideWithout(_) => None,
+            Mode::Pass
+            | Mode::Challenge(_)
+            | Mode::Relocate(_)
+            | Mode::HideWithout(_)
+            | Mode::Fault(..) => None,
             Mode::Refuse(status, retry_after) => Some((status, retry_after)),
             Mode::RefuseFirst(method, part, status, retry_after)
                 if req.method().as_str() == method
@@ -362,25 +402,7 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
         return page_referrers(&s, &path, n).await;
     }
     if let Some((status, retry_after)) = refusal {
-        let code = match status {
-            401 => "UNAUTHORIZED",
-            429 => "TOOMANYREQUESTS",
-            // What Distribution answers a manifest PUT whose blob it
-            // cannot read at that moment.
-            400 => "MANIFEST_BLOB_UNKNOWN",
-            _ => "UNAVAILABLE",
-        };
-        let mut resp = Response::new(Body::from(format!(
-            r#"{{"errors":[{{"code":"{code}","message":"refused by the test front"}}]}}"#
-        )));
-        *resp.status_mut() = StatusCode::from_u16(status).unwrap();
-        resp.headers_mut()
-            .insert("content-type", HeaderValue::from_static("application/json"));
-        if let Some(secs) = retry_after {
-            resp.headers_mut()
-                .insert("retry-after", HeaderValue::from(secs));
-        }
-        return resp;
+        return refused(status, retry_after);
     }
     let (parts, body) = req.into_parts();
     let mut fwd = s
@@ -460,5 +482,100 @@ async fn page_referrers(s: &Shared, path: &str, n: usize) -> Response {
         resp.headers_mut()
             .insert("link", HeaderValue::from_str(&link).unwrap());
     }
+    resp
+}
+
+/// `status` with the registry's error envelope, and `Retry-After` seconds
+/// when given.
+fn refused(status: u16, retry_after: Option<u64>) -> Response {
+    let code = match status {
+        401 => "UNAUTHORIZED",
+        403 => "DENIED",
+        404 => "NAME_UNKNOWN",
+        429 => "TOOMANYREQUESTS",
+        // What Distribution answers a manifest PUT whose blob it
+        // cannot read at that moment.
+        400 => "MANIFEST_BLOB_UNKNOWN",
+        _ => "UNAVAILABLE",
+    };
+    let mut resp = Response::new(Body::from(format!(
+        r#"{{"errors":[{{"code":"{code}","message":"refused by the test front"}}]}}"#
+    )));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+    resp.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
+    if status == 401 {
+        resp.headers_mut().insert(
+            "www-authenticate",
+            HeaderValue::from_static("Basic realm=\"test\""),
+        );
+    }
+    if let Some(secs) = retry_after {
+        resp.headers_mut()
+            .insert("retry-after", HeaderValue::from(secs));
+    }
+    resp
+}
+
+/// The upstream's answer to `req` with half of its body, then an error
+/// that closes the connection.
+async fn cut_body(s: &Shared, req: Request, path: &str) -> Response {
+    let mut fwd = s
+        .http
+        .request(req.method().clone(), format!("http://{}{path}", s.upstream));
+    for (k, v) in req.headers() {
+        fwd = fwd.header(k, v);
+    }
+    let Ok(up) = fwd.send().await else {
+        return refused(502, None);
+    };
+    let mut resp = Response::builder().status(up.status().as_u16());
+    for (k, v) in up.headers() {
+        resp = resp.header(k, v);
+    }
+    let body = up.bytes().await.unwrap_or_default();
+    let half = body.slice(..body.len() / 2);
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = vec![
+        Ok(half),
+        Err(std::io::Error::other("body cut by the test front")),
+    ];
+    resp.body(Body::from_stream(futures::stream::iter(chunks)))
+        .unwrap()
+}
+
+/// The first half of the upstream's list at `path`, linking a next page.
+async fn first_half(s: &Shared, path: &str) -> Response {
+    let Ok(up) = s
+        .http
+        .get(format!("http://{}{path}", s.upstream))
+        .send()
+        .await
+    else {
+        return refused(502, None);
+    };
+    if !up.status().is_success() {
+        return refused(up.status().as_u16(), None);
+    }
+    let mut list: serde_json::Value = up.json().await.unwrap();
+    let field = if path.contains("_catalog") {
+        "repositories"
+    } else {
+        "tags"
+    };
+    let all = list[field].as_array().cloned().unwrap_or_default();
+    let kept: Vec<_> = all.iter().take(all.len().div_ceil(2)).cloned().collect();
+    let last = kept
+        .last()
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    list[field] = serde_json::Value::Array(kept);
+    let base = path.split_once('?').map_or(path, |(b, _)| b);
+    let mut resp = Response::new(Body::from(serde_json::to_vec(&list).unwrap()));
+    resp.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
+    let link = format!("<{base}?n={}&last={last}>; rel=\"next\"", all.len());
+    resp.headers_mut()
+        .insert("link", HeaderValue::from_str(&link).unwrap());
     resp
 }
