@@ -455,6 +455,56 @@ async fn a_secret_that_does_not_serve_is_replaced_and_a_foreign_one_is_named() {
     );
 }
 
+/// A `kubernetes.io/tls` Secret of that name that pinswap did not make
+/// (cert-manager's, one a person created) is never overwritten, even when
+/// its certificate does not serve: the error says so and what to do.
+#[tokio::test]
+async fn a_tls_secret_pinswap_did_not_make_is_never_overwritten() {
+    common::init();
+    let api = KubeApi::start().await;
+    install_webhook(&api).await;
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = self_signed::generate(&["someone-else.example".to_owned()], None).unwrap();
+    let foreign = Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("pinswap-tls".into()),
+            annotations: Some(
+                [(
+                    "cert-manager.io/certificate-name".to_owned(),
+                    "pinswap".to_owned(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(
+            [
+                (
+                    "tls.crt".to_owned(),
+                    k8s_openapi::ByteString(theirs.cert_pem.clone().into_bytes()),
+                ),
+                (
+                    "tls.key".to_owned(),
+                    k8s_openapi::ByteString(theirs.key_pem.clone().into_bytes()),
+                ),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    api.put_secret(NS, foreign.clone());
+    let e = bootstrap(&api, dir.path())
+        .bootstrap()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pinswap did not make it"), "{e}");
+    let after = api.secret(NS, "pinswap-tls").unwrap();
+    assert_eq!(after.data, foreign.data);
+    assert_eq!(after.metadata.annotations, foreign.metadata.annotations);
+}
+
 #[tokio::test]
 async fn a_replica_with_older_material_never_drops_a_newer_ca() {
     common::init();

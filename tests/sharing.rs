@@ -733,8 +733,12 @@ async fn sharing_off_removes_nothing_when_the_records_cannot_be_listed() {
         &b.config.retention,
     );
     for _ in 0..2 {
-        r.front
-            .set(Mode::RefuseFirst("GET", "pinswap-usage/tags/list", 503, None));
+        r.front.set(Mode::RefuseFirst(
+            "GET",
+            "pinswap-usage/tags/list",
+            503,
+            None,
+        ));
         let e = alone.sweep(&b.uses(&[])).await.unwrap_err();
         assert!(
             e.to_string()
@@ -788,11 +792,7 @@ async fn a_future_last_use_does_not_outlive_its_record() {
     assert!(records.forget("skewed").await.unwrap());
     idle().await;
     let pass = a.ret.sweep(&a.uses(&[])).await.unwrap();
-    assert_eq!(
-        pass.state(&z.key(&a)),
-        Some(State::Removed),
-        "{pass:?}"
-    );
+    assert_eq!(pass.state(&z.key(&a)), Some(State::Removed), "{pass:?}");
     assert!(!r.present(&z).await);
 }
 

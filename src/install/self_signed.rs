@@ -83,6 +83,12 @@ pub enum SelfSignedError {
         /// Whether it is marked immutable.
         immutable: bool,
     },
+    /// The Secret is due for a new certificate, but pinswap did not make
+    /// it (none of its annotations): it is never overwritten.
+    #[error(
+        "{0} is due for a new certificate, but pinswap did not make it (it has no {NOT_AFTER} or {DNS_NAMES} annotation, as one cert-manager or a person wrote); pinswap does not overwrite it: delete it and pinswap creates its own, or renew it where it came from"
+    )]
+    NotOurs(String),
 }
 
 /// What one pass did to the MutatingWebhookConfiguration.
@@ -255,6 +261,9 @@ impl SelfSigned {
             let mut secret = secret_of(&self.secret, &fresh);
             let written = match current {
                 None => self.secrets.create(&PostParams::default(), &secret).await,
+                Some(current) if !made_here(&current) => {
+                    return Err(SelfSignedError::NotOurs(self.secret_path()));
+                }
                 Some(current) => {
                     // Keep what others put there (labels, owner) and guard
                     // the write with the version we read.
@@ -475,6 +484,16 @@ fn material_of(secret: &Secret) -> Option<Material> {
             .map(str::to_owned)
             .collect(),
     })
+}
+
+/// Whether pinswap wrote `secret`: it carries one of pinswap's own
+/// annotations (a copy restored from a backup keeps them).
+fn made_here(secret: &Secret) -> bool {
+    secret
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(NOT_AFTER) || a.contains_key(DNS_NAMES))
 }
 
 fn secret_of(name: &str, m: &Material) -> Secret {

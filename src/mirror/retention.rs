@@ -76,6 +76,38 @@ impl Mirror {
         }
     }
 
+    /// Whether the source still has the tag of `tagged` (a source
+    /// reference with a tag), whatever digest it names now: one HEAD, as
+    /// [`Mirror::source_serves`]. A tag at the target that its source does
+    /// not have is not known to be pinswap's.
+    pub async fn source_has_tag(&self, tagged: &Reference) -> SourceCheck {
+        let key = super::resolve::source_key(tagged);
+        if !self.resolver.breakers().is_closed(&key) {
+            return SourceCheck::Down(format!(
+                "source registry {key} cannot answer (its circuit breaker is not closed)"
+            ));
+        }
+        let head = self.resolver.ask(tagged, None, async {
+            let client = self.pool.get(tagged.registry(), Role::Source).await?;
+            Ok(client.head_manifest(tagged).await?)
+        });
+        match head.await {
+            Ok(Some(_)) => SourceCheck::Serves,
+            Ok(None) => SourceCheck::NotServed("the source has no such tag (404)".into()),
+            Err(MirrorError::SourceDown {
+                kind: ErrorCause::Credentials,
+                cause,
+                ..
+            }) => SourceCheck::NotServed(format!(
+                "the source refuses pinswap's credentials for it ({cause})"
+            )),
+            Err(MirrorError::SourceDown { cause, .. }) => {
+                SourceCheck::Down(format!("source registry {key} cannot answer ({cause})"))
+            }
+            Err(e) => SourceCheck::NotServed(e.to_string()),
+        }
+    }
+
     /// Forgets what this replica knows of removed target `repository@digest`
     /// and its `tags`, so admission does not rewrite to it without asking
     /// the target again.

@@ -351,18 +351,33 @@ impl Records {
         }))
     }
 
-    /// Every cluster's record but `except`'s.
+    /// Every cluster's record but `except`'s; `listed` names a record the
+    /// caller knows is there (its own, just written).
     ///
     /// # Errors
     /// As [`Records::read`]; [`ClustersError::Unreadable`] for a listed
-    /// cluster whose record is gone (being written, or just forgotten).
+    /// cluster whose record is gone (being written, or just forgotten), and
+    /// when the listing leaves `listed` out.
     pub async fn read_all(
         &self,
         except: Option<&str>,
+        listed: Option<&str>,
     ) -> Result<Vec<ClusterRecord>, ClustersError> {
         let mut out = Vec::new();
         let mut total = 0;
-        for name in self.names().await? {
+        let names = self.names().await?;
+        // A record known to be there (this cluster's, just written) that
+        // the listing leaves out: the listing is short (a 404, a list cut
+        // short), and what else it leaves out is unknown.
+        if let Some(own) = listed
+            && !names.iter().any(|n| n == own)
+        {
+            return Err(ClustersError::Unreadable {
+                cluster: own.to_owned(),
+                why: "the target's listing of the records leaves out this cluster's own, just written: the listing is incomplete".into(),
+            });
+        }
+        for name in names {
             if Some(name.as_str()) == except {
                 continue;
             }

@@ -125,7 +125,7 @@ impl Publisher {
 
     async fn read(&self, except: Option<&str>) -> Result<Vec<ClusterRecord>, ClustersError> {
         let records = Records::of(&self.mirror).await?;
-        let all = records.read_all(except).await?;
+        let all = records.read_all(except, Some(&self.cluster)).await?;
         let now = Timestamp::now();
         for r in &all {
             self.metrics.sharing.record(

@@ -635,6 +635,27 @@ impl Retention {
                 }
             }
         }
+        // A tag pinswap writes is an anchor or one the source has: any
+        // other (an operator's own tag in the mirror path) is not known to
+        // be pinswap's, and deleting the manifest would delete it too.
+        for t in tags.iter().filter(|t| anchor(t).is_none()) {
+            let Ok(tagged) = repo.source.with_tag(t) else {
+                return Err(format!("tag {t} is not one pinswap writes"));
+            };
+            match self.mirror.source_has_tag(&tagged).await {
+                SourceCheck::Serves => {}
+                SourceCheck::NotServed(why) => {
+                    return Err(format!(
+                        "tag {t} is not known to be pinswap's: {tagged}: {why}"
+                    ));
+                }
+                SourceCheck::Down(why) => {
+                    let e = format!("not checked: its source {registry} cannot answer ({why})");
+                    down.insert(registry, why);
+                    return Err(e);
+                }
+            }
+        }
         Ok(())
     }
 
