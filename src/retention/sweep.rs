@@ -107,20 +107,10 @@ impl Retention {
     /// The source `repository` (under the target, without the registry)
     /// mirrors, when it is a mirror path of an allowed source.
     fn source_of(&self, repository: &str) -> Option<Reference> {
-        let target = self.mirror.target();
-        let rest = match target.prefix() {
-            Some(p) => repository.strip_prefix(p)?.strip_prefix('/')?,
-            None => repository,
-        };
-        let (component, path) = rest.split_once('/')?;
-        let source = Reference::parse(&format!(
-            "{}/{path}",
-            crate::reference::registry_of_path_component(component)?
-        ))
-        .ok()?;
-        let source = source.without_tag();
-        let back = target.map(&source).ok()?;
-        (back.repository() == repository && self.policy.source_allowed(&source).is_ok())
+        let source = self.mirror.target().source_of(repository)?;
+        self.policy
+            .source_allowed(&source)
+            .is_ok()
             .then_some(source)
     }
 
