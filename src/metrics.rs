@@ -452,7 +452,7 @@ impl Metrics {
             ecr_policy_failures: register(
                 &mut r,
                 "ecr_policy_failures",
-                "Failed attempts to apply ecrOptions' access or lifecycle policy to a repository pinswap created, by action; retried before the next push into it",
+                "Failed attempts to apply ecrOptions to a repository pinswap made, by action: its access or lifecycle policy after the create (retried before the next push into it), a reconcile, or reading its tags (ecr:ListTagsForResource: then left as it is)",
                 Family::default(),
             ),
             referrers_copied: register(

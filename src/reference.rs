@@ -1248,6 +1248,36 @@ impl MirrorTarget {
         })
     }
 
+    /// The source whose mirror path is `repository` (a repository of this
+    /// target, without the registry), untagged: the inverse of
+    /// [`map`](Self::map). `None` when `repository` is not under the prefix,
+    /// its first component there names no registry, or mapping the source
+    /// back gives another name.
+    ///
+    /// ```
+    /// use pinswap::reference::MirrorTarget;
+    /// let target = MirrorTarget::parse("mirror.example.com/cache").unwrap();
+    /// let src = target.source_of("cache/127.0.0.1_5001/team/app").unwrap();
+    /// assert_eq!(src.to_string(), "127.0.0.1:5001/team/app");
+    /// assert!(target.source_of("cache/team/app").is_none());
+    /// assert!(target.source_of("tools/docker.io/app").is_none());
+    /// ```
+    pub fn source_of(&self, repository: &str) -> Option<Reference> {
+        let rest = match &self.prefix {
+            Some(p) => repository.strip_prefix(p.as_str())?.strip_prefix('/')?,
+            None => repository,
+        };
+        let (component, path) = rest.split_once('/')?;
+        let source = Reference::parse(&format!(
+            "{}/{path}",
+            registry_of_path_component(component)?
+        ))
+        .ok()?
+        .without_tag();
+        let back = self.map(&source).ok()?;
+        (back.repository() == repository).then_some(source)
+    }
+
     /// True when `r` already lives under this target: the same registry
     /// (compared ignoring ASCII case, as host names are) and, when there is a
     /// prefix, a repository that starts with `<prefix>/`. Without a prefix,

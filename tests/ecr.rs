@@ -2,8 +2,10 @@
 //! API and a real Distribution registry as the data plane: repositories
 //! created with every `ecrOptions` field (read back from moto), once under
 //! concurrent first pushes; the registry token fetched, used and renewed;
-//! `role` assumed through STS; permission errors naming the IAM action; and
-//! a converted k8s-image-swapper config mirroring an image end to end.
+//! `role` assumed through STS; permission errors naming the IAM action; a
+//! converted k8s-image-swapper config mirroring an image end to end; and
+//! only repositories pinswap made reconciled with `ecrOptions`, none when
+//! their tags cannot be read.
 //! Nothing here reaches an AWS host or the instance metadata address.
 
 mod common;
@@ -128,7 +130,14 @@ async fn repository_created_once_with_every_option() {
         .await
         .unwrap();
     let tags: Vec<(&str, &str)> = tags.tags().iter().map(|t| (t.key(), t.value())).collect();
-    assert_eq!(tags, [("CreatedBy", "pinswap"), ("team", "platform")]);
+    assert_eq!(
+        tags,
+        [
+            ("CreatedBy", "pinswap"),
+            ("team", "platform"),
+            pinswap::registry::ecr::MANAGED_BY
+        ]
+    );
     let policy = client
         .get_repository_policy()
         .repository_name("cache/team/app")
@@ -539,24 +548,207 @@ async fn retention_lists_repositories_and_deletes_tags_then_the_digest() {
         .unwrap();
 }
 
-/// Repositories made before a start, under other settings, are brought in
-/// line with `ecrOptions`: one at its first push, and every one under the
-/// prefix by the leader's pass; a repository outside the prefix is left
-/// alone, and a second pass changes nothing.
+/// A lifecycle policy that expires all but one image.
+const EXPIRE_ALL_BUT_ONE: &str = r#"{"rules":[{"rulePriority":1,"description":"expire all but 1","selection":{"tagStatus":"any","countType":"imageCountMoreThan","countNumber":1},"action":{"type":"expire"}}]}"#;
+/// Another owner's access and lifecycle policies.
+const THEIR_POLICY: &str = r#"{"Version":"2008-10-17","Statement":[{"Sid":"TeamPush","Effect":"Allow","Principal":{"AWS":"arn:aws:iam::123456789012:root"},"Action":["ecr:PutImage"]}]}"#;
+const THEIR_LIFECYCLE: &str = r#"{"rules":[{"rulePriority":1,"description":"keep 1000","selection":{"tagStatus":"any","countType":"imageCountMoreThan","countNumber":1000},"action":{"type":"expire"}}]}"#;
+
+/// `target.aws` with `prefix` (none when `None`) and these `ecrOptions`
+/// lines.
+fn aws_block(prefix: Option<&str>, options: &str) -> pinswap::config::Aws {
+    let prefix = prefix
+        .map(|p| format!("    prefix: {p}\n"))
+        .unwrap_or_default();
+    let y = format!(
+        "target:\n  registry: \"127.0.0.1:5999\"\n  aws:\n    accountId: \"{ACCOUNT}\"\n    region: eu-west-1\n{prefix}{options}source: {{registries: [{{registry: \"*\"}}]}}\n"
+    );
+    Config::from_yaml(&y, "ecr.yaml")
+        .unwrap_or_else(|e| panic!("{e}\n{y}"))
+        .target
+        .aws
+        .unwrap()
+}
+
+/// ecrOptions unlike anything the repositories below were made with:
+/// MUTABLE, all but one image expired, an access policy.
+fn expire_all_but_one() -> String {
+    format!(
+        "    ecrOptions:\n      imageTagMutability: MUTABLE\n      lifecyclePolicy: '{EXPIRE_ALL_BUT_ONE}'\n      accessPolicy: '{ACCESS_POLICY}'\n"
+    )
+}
+
+/// A repository's settings as moto has them.
+#[derive(Debug, PartialEq)]
+struct Settings {
+    mutability: Option<ImageTagMutability>,
+    scan_on_push: Option<bool>,
+    access_policy: Option<serde_json::Value>,
+    lifecycle_policy: Option<serde_json::Value>,
+}
+
+async fn settings(client: &aws_sdk_ecr::Client, repo: &str) -> Settings {
+    let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+    let d = client
+        .describe_repositories()
+        .repository_names(repo)
+        .send()
+        .await
+        .unwrap();
+    let r = &d.repositories()[0];
+    Settings {
+        mutability: r.image_tag_mutability().cloned(),
+        scan_on_push: r.image_scanning_configuration().map(|c| c.scan_on_push()),
+        access_policy: client
+            .get_repository_policy()
+            .repository_name(repo)
+            .send()
+            .await
+            .ok()
+            .and_then(|p| p.policy_text().map(json)),
+        lifecycle_policy: client
+            .get_lifecycle_policy()
+            .repository_name(repo)
+            .send()
+            .await
+            .ok()
+            .and_then(|p| p.lifecycle_policy_text().map(json)),
+    }
+}
+
+/// Another team's repository, made directly through the API: IMMUTABLE,
+/// with its own access and lifecycle policies.
+async fn create_theirs(client: &aws_sdk_ecr::Client, repo: &str) -> Settings {
+    client
+        .create_repository()
+        .repository_name(repo)
+        .image_tag_mutability(ImageTagMutability::Immutable)
+        .send()
+        .await
+        .unwrap();
+    client
+        .set_repository_policy()
+        .repository_name(repo)
+        .policy_text(THEIR_POLICY)
+        .send()
+        .await
+        .unwrap();
+    client
+        .put_lifecycle_policy()
+        .repository_name(repo)
+        .lifecycle_policy_text(THEIR_LIFECYCLE)
+        .send()
+        .await
+        .unwrap();
+    let made = settings(client, repo).await;
+    let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+    assert_eq!(made.mutability, Some(ImageTagMutability::Immutable));
+    assert_eq!(made.access_policy, Some(json(THEIR_POLICY)));
+    assert_eq!(made.lifecycle_policy, Some(json(THEIR_LIFECYCLE)));
+    made
+}
+
+/// A repository pinswap did not make is never changed by the leader's
+/// pass, without a prefix (every repository of the registry is looked at)
+/// or with one it sits under: its tag mutability and policies read back
+/// from moto as its owner left them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn existing_repositories_are_reconciled_with_changed_ecr_options() {
-    use aws_sdk_ecr::types::{ImageScanningConfiguration, ImageTagMutability};
+async fn the_leaders_pass_leaves_repositories_pinswap_did_not_make_alone() {
     let Some(moto) = MotoServer::start().await else {
         return;
     };
     let sdk = moto.sdk("testing", "testing").await;
     let client = aws_sdk_ecr::Client::new(&sdk);
-    let (app, other, outside) = ("cache/team/app", "cache/team/other", "tools/x");
-    for repo in [app, other, outside] {
+    let before = create_theirs(&client, "team/app").await;
+    for prefix in [None, Some("team")] {
+        let aws = aws_block(prefix, &expire_all_but_one());
+        let ecr = Ecr::connect_with(&aws, "127.0.0.1:5999", sdk.clone()).await;
+        assert_eq!(ecr.reconcile_all(100).await.unwrap(), 1, "{prefix:?}");
+        assert_eq!(
+            settings(&client, "team/app").await,
+            before,
+            "prefix {prefix:?}"
+        );
+        let stats = ecr.stats();
+        assert_eq!(
+            (stats.foreign, stats.policy_failures, stats.creates),
+            (1, 0, 0),
+            "prefix {prefix:?}: {stats:?}"
+        );
+    }
+}
+
+/// An image pushed into a repository that exists but that pinswap did not
+/// make lands there, and the repository keeps its settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_push_into_a_repository_pinswap_did_not_make_changes_nothing() {
+    let Some(moto) = MotoServer::start().await else {
+        return;
+    };
+    let sdk = moto.sdk("testing", "testing").await;
+    let client = aws_sdk_ecr::Client::new(&sdk);
+    let src = TestRegistry::plain().await;
+    let dst = TestRegistry::token_auth("AWS", &moto_token()).await;
+    let before = create_theirs(&client, "team/app").await;
+    let aws = aws_block(None, &expire_all_but_one());
+    let ecr = Arc::new(Ecr::connect_with(&aws, &dst.host(), sdk.clone()).await);
+    let pool = Arc::new(ClientPool::new(PoolOptions {
+        target_creds: Some(ecr.authorization().await.unwrap()),
+        ..PoolOptions::default()
+    }));
+    let copier = Copier::new(pool, CopyOptions::default()).with_before_push(ecr.clone());
+    push_image(&src, "team/app", Some("v1"), &Image::oci(1, 7401)).await;
+    let from = Reference::parse(&format!("{}/team/app:v1", src.host())).unwrap();
+    let to = Reference::parse(&format!("{}/team/app:v1", dst.host())).unwrap();
+    copier
+        .copy(&Endpoint::Registry(from), &Endpoint::Registry(to))
+        .await
+        .unwrap();
+    assert_eq!(dst.tags("team/app").await, ["v1"]);
+    assert_eq!(settings(&client, "team/app").await, before);
+    let stats = ecr.stats();
+    assert_eq!(
+        (stats.describes, stats.creates, stats.foreign),
+        (1, 0, 1),
+        "{stats:?}"
+    );
+}
+
+/// Repositories pinswap made under other settings are brought in line
+/// with `ecrOptions`: one it marked, at its first push and by the leader's
+/// pass (with or without a prefix), and, with a prefix, an unmarked one
+/// named as a mirror path under it (made before repositories were
+/// marked). Another team's repository under the prefix and one outside it
+/// are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repositories_pinswap_made_are_reconciled_with_changed_ecr_options() {
+    use aws_sdk_ecr::types::ImageScanningConfiguration;
+    let Some(moto) = MotoServer::start().await else {
+        return;
+    };
+    let sdk = moto.sdk("testing", "testing").await;
+    let client = aws_sdk_ecr::Client::new(&sdk);
+    let host = "127.0.0.1:5999";
+    let (made, made_too, legacy) = (
+        "cache/team/made",
+        "cache/team/made-too",
+        "cache/docker.io/team/app",
+    );
+    let (theirs, outside) = ("cache/team/other", "tools/x");
+    // Made by pinswap under the defaults (MUTABLE, no policies).
+    let old = Ecr::connect_with(&aws_block(Some("cache"), ""), host, sdk.clone()).await;
+    for repo in [made, made_too] {
+        old.ensure_repository(repo).await.unwrap();
+    }
+    Ecr::connect_with(&aws_block(None, ""), host, sdk.clone())
+        .await
+        .ensure_repository("solo/made")
+        .await
+        .unwrap();
+    for repo in [legacy, theirs, outside] {
         client
             .create_repository()
             .repository_name(repo)
-            .image_tag_mutability(ImageTagMutability::Mutable)
             .image_scanning_configuration(
                 ImageScanningConfiguration::builder()
                     .scan_on_push(false)
@@ -566,53 +758,125 @@ async fn existing_repositories_are_reconciled_with_changed_ecr_options() {
             .await
             .unwrap();
     }
-    let host = "127.0.0.1:5999";
+    let (theirs_before, outside_before) = (
+        settings(&client, theirs).await,
+        settings(&client, outside).await,
+    );
     // Scan on push turned on: the SDK leaves a false out of the request,
     // which moto then takes for no change.
     let options = options_yaml().replace("imageScanOnPush: false", "imageScanOnPush: true");
-    let aws = config(host, &options).target.aws.unwrap();
     let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
-    let settled = |repo: &'static str| {
-        let client = client.clone();
-        async move {
-            let d = client
-                .describe_repositories()
-                .repository_names(repo)
-                .send()
-                .await
-                .unwrap();
-            let r = &d.repositories()[0];
-            let policy = client
-                .get_repository_policy()
-                .repository_name(repo)
-                .send()
-                .await
-                .ok()
-                .and_then(|p| p.policy_text().map(json));
-            let lifecycle = client
-                .get_lifecycle_policy()
-                .repository_name(repo)
-                .send()
-                .await
-                .ok()
-                .and_then(|p| p.lifecycle_policy_text().map(json));
-            r.image_tag_mutability() == Some(&ImageTagMutability::Immutable)
-                && r.image_scanning_configuration().map(|c| c.scan_on_push()) == Some(true)
-                && policy == Some(json(ACCESS_POLICY))
-                && lifecycle == Some(json(LIFECYCLE_POLICY))
-        }
+    let settled = Settings {
+        mutability: Some(ImageTagMutability::Immutable),
+        scan_on_push: Some(true),
+        access_policy: Some(json(ACCESS_POLICY)),
+        lifecycle_policy: Some(json(LIFECYCLE_POLICY)),
     };
-    assert!(!settled(app).await, "made under other settings");
+    assert_ne!(
+        settings(&client, made).await,
+        settled,
+        "made under other settings"
+    );
 
-    let ecr = Ecr::connect_with(&aws, host, sdk.clone()).await;
-    ecr.ensure_repository(app).await.unwrap();
-    assert!(settled(app).await, "reconciled at its first push");
-    assert!(!settled(other).await, "not touched yet");
+    let ecr = Ecr::connect_with(&aws_block(Some("cache"), &options), host, sdk.clone()).await;
+    ecr.ensure_repository(made).await.unwrap();
+    assert_eq!(
+        settings(&client, made).await,
+        settled,
+        "reconciled at its first push"
+    );
+    assert_ne!(settings(&client, made_too).await, settled, "not met yet");
 
-    let ecr = Ecr::connect_with(&aws, host, sdk.clone()).await;
-    assert_eq!(ecr.reconcile_all(Some("cache"), 100).await.unwrap(), 2);
-    assert!(settled(app).await && settled(other).await);
-    assert!(!settled(outside).await, "outside the prefix: left alone");
-    assert_eq!(ecr.stats().policy_failures, 0);
-    assert_eq!(ecr.stats().creates, 0, "nothing created");
+    let ecr = Ecr::connect_with(&aws_block(Some("cache"), &options), host, sdk.clone()).await;
+    assert_eq!(ecr.reconcile_all(100).await.unwrap(), 4);
+    for repo in [made, made_too, legacy] {
+        assert_eq!(settings(&client, repo).await, settled, "{repo}");
+    }
+    assert_eq!(settings(&client, theirs).await, theirs_before);
+    assert_eq!(settings(&client, outside).await, outside_before);
+    assert_ne!(
+        settings(&client, "solo/made").await,
+        settled,
+        "outside the prefix"
+    );
+    let stats = ecr.stats();
+    assert_eq!(
+        (stats.foreign, stats.policy_failures, stats.creates),
+        (1, 0, 0),
+        "{stats:?}"
+    );
+
+    // Without a prefix only the mark tells: the unmarked mirror path is
+    // not pinswap's then.
+    let ecr = Ecr::connect_with(&aws_block(None, &options), host, sdk.clone()).await;
+    assert_eq!(ecr.reconcile_all(100).await.unwrap(), 6);
+    assert_eq!(settings(&client, "solo/made").await, settled);
+    assert_eq!(settings(&client, theirs).await, theirs_before);
+    assert_eq!(settings(&client, outside).await, outside_before);
+    let stats = ecr.stats();
+    assert_eq!(
+        (stats.foreign, stats.policy_failures, stats.creates),
+        (3, 0, 0),
+        "{stats:?}"
+    );
+}
+
+/// When a repository's tags cannot be read (ListTagsForResource answered
+/// 500, then 403, by a front before moto), whether pinswap made it is
+/// unknown: neither a first push nor the leader's pass changes it, the
+/// failure is counted under the action, and the push goes on. Once the
+/// tags can be read, the same repository (pinswap's) is reconciled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repositories_whose_tags_cannot_be_read_are_left_alone() {
+    let Some(moto) = MotoServer::start().await else {
+        return;
+    };
+    let front = Front::start(moto.endpoint().trim_start_matches("http://")).await;
+    let through_front = || {
+        pinswap::registry::ecr::sdk_loader(common::moto::REGION)
+            .credentials_provider(aws_credential_types::Credentials::new(
+                "testing", "testing", None, None, "test",
+            ))
+            .endpoint_url(format!("http://{}", front.host()))
+            .load()
+    };
+    let client = aws_sdk_ecr::Client::new(&moto.sdk("testing", "testing").await);
+    let host = "127.0.0.1:5999";
+    let repo = "cache/team/made";
+    Ecr::connect_with(&aws_block(Some("cache"), ""), host, through_front().await)
+        .await
+        .ensure_repository(repo)
+        .await
+        .unwrap();
+    let before = settings(&client, repo).await;
+    let aws = aws_block(Some("cache"), &expire_all_but_one());
+    for status in [500, 403] {
+        front.set(Mode::RefuseEvery("POST", "ListTagsForResource", status));
+        let metrics = Arc::new(Metrics::new());
+        let ecr = Ecr::connect_with(&aws, host, through_front().await)
+            .await
+            .with_metrics(metrics.clone());
+        ecr.ensure_repository(repo).await.expect("the push goes on");
+        assert_eq!(settings(&client, repo).await, before, "HTTP {status}");
+        let ecr = Ecr::connect_with(&aws, host, through_front().await)
+            .await
+            .with_metrics(metrics.clone());
+        assert_eq!(ecr.reconcile_all(100).await.unwrap(), 1);
+        assert_eq!(settings(&client, repo).await, before, "HTTP {status}");
+        assert_eq!(ecr.stats().policy_failures, 1, "HTTP {status}");
+        assert!(
+            metrics.encode().contains(
+                "pinswap_ecr_policy_failures_total{action=\"ecr:ListTagsForResource\"} 2"
+            ),
+            "{}",
+            metrics.encode()
+        );
+    }
+    front.set(Mode::Pass);
+    let ecr = Ecr::connect_with(&aws, host, through_front().await).await;
+    assert_eq!(ecr.reconcile_all(100).await.unwrap(), 1);
+    let after = settings(&client, repo).await;
+    assert_eq!(after.mutability, Some(ImageTagMutability::Mutable));
+    let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+    assert_eq!(after.lifecycle_policy, Some(json(EXPIRE_ALL_BUT_ONE)));
 }

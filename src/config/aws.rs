@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 /// An Amazon ECR target. pinswap signs in with `ecr:GetAuthorizationToken`
 /// (AWS credentials from the SDK's default chain, or `role` assumed through
-/// STS) and creates each repository, with `ecrOptions`, before its first
-/// push.
+/// STS) and creates each repository, with `ecrOptions` and the tag
+/// `pinswap.dev/managed-by: pinswap`, before its first push.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Aws {
@@ -29,8 +29,11 @@ pub struct Aws {
     pub ecr_options: EcrOptions,
 }
 
-/// Settings applied to each repository pinswap creates (an existing
-/// repository is left as it is). Defaults are k8s-image-swapper's.
+/// Settings applied to each repository pinswap creates, and kept on the
+/// repositories it made: those tagged `pinswap.dev/managed-by: pinswap`,
+/// and with a `prefix` those named as mirror paths under it. Any other
+/// existing repository is pushed into as it is, never changed. Defaults
+/// are k8s-image-swapper's.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EcrOptions {
@@ -40,7 +43,8 @@ pub struct EcrOptions {
     /// Lifecycle policy JSON, set with `PutLifecyclePolicy`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub lifecycle_policy: String,
-    /// Resource tags.
+    /// Resource tags, set with `CreateRepository` besides
+    /// `pinswap.dev/managed-by: pinswap` (which replaces a tag of that key).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<Tag>,
     /// `MUTABLE` (default) or `IMMUTABLE`.

@@ -119,6 +119,7 @@ impl Mirror {
         let target = MirrorTarget::parse(&config.target.registry)?;
         let ecr = Ecr::connect_with(aws, target.registry(), sdk)
             .await
+            .with_target(&target)
             .with_metrics(metrics.clone());
         let token = ecr.authorization().await?;
         let mirror = Self::build(config, metrics, Some(Arc::new(ecr)))?;

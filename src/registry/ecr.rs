@@ -3,6 +3,12 @@
 //! `ecrOptions` and policies) before the first push into it, since ECR
 //! refuses pushes to repositories that do not exist.
 //!
+//! pinswap marks each repository it creates with [`MANAGED_BY`], and
+//! changes the settings of an existing repository only when it is its own:
+//! marked, or (with a prefix) named as a mirror path under the prefix. When
+//! that cannot be told (the tags cannot be read), the repository is left
+//! as it is.
+//!
 //! AWS credentials come from the official SDK's default chain (environment,
 //! web identity token for IRSA, EKS Pod Identity and other container
 //! credentials, shared profile, instance metadata), or from `role` assumed
@@ -30,7 +36,14 @@ use super::auth::Credentials;
 use super::copy::BeforePush;
 use crate::config::Aws;
 use crate::metrics::Metrics;
-use crate::reference::{is_usage_repository, normalize_registry};
+use crate::reference::{MirrorTarget, USAGE_REPOSITORY, is_usage_repository, normalize_registry};
+
+/// The resource tag (key, value) pinswap puts on every repository it
+/// creates, besides `ecrOptions.tags` (a tag there with this key is
+/// replaced). It tells pinswap's repositories from the others in the
+/// registry: only a repository carrying it, or with a prefix one named as a
+/// mirror path under it, is ever brought in line with `ecrOptions`.
+pub const MANAGED_BY: (&str, &str) = ("pinswap.dev/managed-by", "pinswap");
 
 /// ECR errors. Each names the IAM action and, where there is one, the
 /// repository; none carries a credential.
@@ -175,8 +188,13 @@ pub struct EcrStats {
     pub creates: u64,
     /// `GetAuthorizationToken` calls.
     pub tokens: u64,
-    /// Failed `SetRepositoryPolicy` and `PutLifecyclePolicy` calls.
+    /// Failed `SetRepositoryPolicy` and `PutLifecyclePolicy` calls, failed
+    /// reconciles, and existing repositories left as they are because
+    /// `ListTagsForResource` failed (whether pinswap made them is unknown).
     pub policy_failures: u64,
+    /// Existing repositories found not to be pinswap's (no [`MANAGED_BY`]
+    /// tag, no mirror path under the prefix): pushed into, never changed.
+    pub foreign: u64,
 }
 
 #[derive(Default)]
@@ -185,6 +203,7 @@ struct Counters {
     creates: AtomicU64,
     tokens: AtomicU64,
     policy_failures: AtomicU64,
+    foreign: AtomicU64,
 }
 
 /// The SDK config loader pinswap uses: `region`, hyper 1 with rustls on
@@ -223,6 +242,11 @@ pub struct Ecr {
     /// The target registry host, normalised: pushes elsewhere are not ours.
     host: String,
     options: crate::config::EcrOptions,
+    /// The target when it has a prefix: a repository named as one of its
+    /// mirror paths (or its usage repository) is pinswap's, marked or not
+    /// (made before repositories were marked). Without a prefix, only the
+    /// mark tells.
+    prefixed: Option<MirrorTarget>,
     /// Repositories known to exist. `try_get_with` coalesces concurrent
     /// first pushes into one describe-or-create per repository.
     known: moka::future::Cache<String, ()>,
@@ -245,8 +269,8 @@ const KNOWN_TTL: Duration = Duration::from_secs(3600);
 
 impl Ecr {
     /// An ECR target for `aws`, whose data plane is `host` (the target
-    /// registry), with AWS credentials from the default chain and `role`
-    /// assumed on top when set.
+    /// registry, under `aws.prefix`), with AWS credentials from the default
+    /// chain and `role` assumed on top when set.
     pub async fn connect(aws: &Aws, host: &str) -> Self {
         Self::connect_with(aws, host, default_sdk_config(&aws.region).await).await
     }
@@ -272,6 +296,9 @@ impl Ecr {
             account: aws.account_id.clone(),
             host: normalize_registry(host),
             options: aws.ecr_options.clone(),
+            prefixed: aws
+                .prefix()
+                .and_then(|p| MirrorTarget::parse(&format!("{host}/{p}")).ok()),
             known: moka::future::Cache::builder()
                 .time_to_live(KNOWN_TTL)
                 .max_capacity(100_000)
@@ -281,6 +308,14 @@ impl Ecr {
             counters: Counters::default(),
             metrics: None,
         }
+    }
+
+    /// Takes the prefix from `target` (a `target.registry` may carry one
+    /// of its own): the prefix of the mirror paths counted as pinswap's,
+    /// and of the leader's pass.
+    pub fn with_target(mut self, target: &MirrorTarget) -> Self {
+        self.prefixed = target.prefix().is_some().then(|| target.clone());
+        self
     }
 
     /// Counts policy failures in `pinswap_ecr_policy_failures_total`.
@@ -296,6 +331,7 @@ impl Ecr {
             creates: self.counters.creates.load(Ordering::Relaxed),
             tokens: self.counters.tokens.load(Ordering::Relaxed),
             policy_failures: self.counters.policy_failures.load(Ordering::Relaxed),
+            foreign: self.counters.foreign.load(Ordering::Relaxed),
         }
     }
 
@@ -360,10 +396,13 @@ impl Ecr {
     }
 
     /// Makes sure `repository` exists: remembered, else
-    /// `DescribeRepositories`, else `CreateRepository` with `ecrOptions`,
-    /// then the access and lifecycle policies. Concurrent callers for one
-    /// repository share one check; `RepositoryAlreadyExistsException`
-    /// (another replica was first) counts as success.
+    /// `DescribeRepositories`, else `CreateRepository` with `ecrOptions`
+    /// and [`MANAGED_BY`], then the access and lifecycle policies. An
+    /// existing repository is reconciled with `ecrOptions` only when it is
+    /// pinswap's; any other is pushed into as it is. Concurrent callers
+    /// for one repository share one check;
+    /// `RepositoryAlreadyExistsException` (another replica was first)
+    /// counts as success.
     ///
     /// # Errors
     /// [`EcrError::Denied`] naming the missing IAM action, other API and
@@ -397,9 +436,23 @@ impl Ecr {
                 if unconfigured {
                     return self.configure(repository).await;
                 }
-                // Made before this start, perhaps under other ecrOptions.
+                // Made before this start, perhaps under other ecrOptions,
+                // perhaps by someone else: only pinswap's own is changed.
                 if let Some(r) = out.repositories().first() {
-                    self.reconcile(repository, r).await;
+                    match self.made_by_pinswap(repository, r).await {
+                        Ok(true) => self.reconcile(repository, r).await,
+                        Ok(false) => {
+                            self.counters.foreign.fetch_add(1, Ordering::Relaxed);
+                            debug!(
+                                repository,
+                                "ECR repository not made by pinswap: pushed into, its settings left as they are"
+                            );
+                        }
+                        Err(e) => {
+                            self.count_failure(&e);
+                            warn!(repository, error = %e, "ECR repository left as it is: whether pinswap made it is unknown");
+                        }
+                    }
                 }
                 return Ok(());
             }
@@ -432,10 +485,14 @@ impl Ecr {
             encryption = encryption.kms_key(&o.encryption_configuration.kms_key);
         }
         let encryption = encryption.build().map_err(|e| bad_option(e.to_string()))?;
+        let (key, value) = MANAGED_BY;
         let tags = o
             .tags
             .iter()
-            .map(|t| Tag::builder().key(&t.key).value(&t.value).build())
+            .filter(|t| t.key != key)
+            .map(|t| (t.key.as_str(), t.value.as_str()))
+            .chain([(key, value)])
+            .map(|(k, v)| Tag::builder().key(k).value(v).build())
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| bad_option(e.to_string()))?;
         self.counters.creates.fetch_add(1, Ordering::Relaxed);
@@ -451,7 +508,7 @@ impl Ecr {
                     .build(),
             )
             .encryption_configuration(encryption)
-            .set_tags((!tags.is_empty()).then_some(tags))
+            .set_tags(Some(tags))
             .send()
             .await;
         match created {
@@ -480,18 +537,7 @@ impl Ecr {
                 unconfigured.remove(repository);
             }
             Err(e) => {
-                self.counters
-                    .policy_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                if let (
-                    Some(m),
-                    EcrError::Denied { action, .. }
-                    | EcrError::Api { action, .. }
-                    | EcrError::Call { action, .. },
-                ) = (&self.metrics, e)
-                {
-                    m.ecr_policy_failure(action);
-                }
+                self.count_failure(e);
                 warn!(repository, error = %e, "ECR repository policy not applied; retried before the next push into it");
                 if unconfigured.len() < MAX_UNCONFIGURED {
                     unconfigured.insert(repository.to_owned());
@@ -499,6 +545,64 @@ impl Ecr {
             }
         }
         applied
+    }
+
+    /// Counts a failed call in the stats and in
+    /// `pinswap_ecr_policy_failures_total{action}`.
+    fn count_failure(&self, e: &EcrError) {
+        self.counters
+            .policy_failures
+            .fetch_add(1, Ordering::Relaxed);
+        if let (
+            Some(m),
+            EcrError::Denied { action, .. }
+            | EcrError::Api { action, .. }
+            | EcrError::Call { action, .. },
+        ) = (&self.metrics, e)
+        {
+            m.ecr_policy_failure(action);
+        }
+    }
+
+    /// Whether the existing `repository` (as `described`) is pinswap's:
+    /// with a prefix, named as a mirror path or the usage repository under
+    /// it; else carrying [`MANAGED_BY`], read with `ListTagsForResource`.
+    ///
+    /// # Errors
+    /// When the tags cannot be read: then nobody knows, and the caller
+    /// changes nothing.
+    async fn made_by_pinswap(
+        &self,
+        repository: &str,
+        described: &aws_sdk_ecr::types::Repository,
+    ) -> Result<bool> {
+        const ACTION: &str = "ecr:ListTagsForResource";
+        if let Some(t) = &self.prefixed {
+            let usage = t
+                .prefix()
+                .and_then(|p| repository.strip_prefix(p)?.strip_prefix('/'))
+                == Some(USAGE_REPOSITORY);
+            if usage || t.source_of(repository).is_some() {
+                return Ok(true);
+            }
+        }
+        let arn = described.repository_arn().ok_or_else(|| EcrError::Call {
+            action: ACTION,
+            repository: Some(repository.to_owned()),
+            reason: "DescribeRepositories answered without the repository's ARN".into(),
+        })?;
+        let out = self
+            .client
+            .list_tags_for_resource()
+            .resource_arn(arn)
+            .send()
+            .await
+            .map_err(|e| EcrError::from_sdk(ACTION, Some(repository), &e))?;
+        let (key, value) = MANAGED_BY;
+        Ok(out
+            .tags()
+            .iter()
+            .any(|t| t.key() == key && t.value() == value))
     }
 
     /// Brings an existing `repository` (as `described`) to `ecrOptions`:
@@ -519,18 +623,7 @@ impl Ecr {
                 info!(repository, changed = ?changed, "ECR repository reconciled with ecrOptions")
             }
             Err(e) => {
-                self.counters
-                    .policy_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                if let (
-                    Some(m),
-                    EcrError::Denied { action, .. }
-                    | EcrError::Api { action, .. }
-                    | EcrError::Call { action, .. },
-                ) = (&self.metrics, &e)
-                {
-                    m.ecr_policy_failure(action);
-                }
+                self.count_failure(&e);
                 warn!(repository, error = %e, "ECR repository not reconciled with ecrOptions; it keeps its settings until the next start");
             }
         }
@@ -658,14 +751,17 @@ impl Ecr {
         Ok(())
     }
 
-    /// Reconciles every repository under `prefix` with `ecrOptions`, at
-    /// most `per_second` a second (ECR's API limits are per account).
+    /// Reconciles with `ecrOptions` every repository of pinswap's under
+    /// the prefix (the whole registry without one), at most `per_second`
+    /// a second (ECR's API limits are per account): the count looked at.
+    /// Other repositories are left as they are, as at a first push.
     ///
     /// # Errors
     /// When the repositories cannot be listed; a repository that cannot
     /// be reconciled is logged and counted, and the pass goes on.
-    pub async fn reconcile_all(&self, prefix: Option<&str>, per_second: u32) -> Result<usize> {
+    pub async fn reconcile_all(&self, per_second: u32) -> Result<usize> {
         let gap = Duration::from_secs(1) / per_second.max(1);
+        let prefix = self.prefixed.as_ref().and_then(MirrorTarget::prefix);
         let mut done = 0;
         for name in self.repositories().await? {
             let under = match prefix {

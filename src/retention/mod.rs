@@ -123,19 +123,8 @@ pub fn mirrored_source(
     policy: &Policy,
     repository: &str,
 ) -> Option<Reference> {
-    let rest = match target.prefix() {
-        Some(p) => repository.strip_prefix(p)?.strip_prefix('/')?,
-        None => repository,
-    };
-    let (component, path) = rest.split_once('/')?;
-    let source = Reference::parse(&format!(
-        "{}/{path}",
-        crate::reference::registry_of_path_component(component)?
-    ))
-    .ok()?;
-    let source = source.without_tag();
-    let back = target.map(&source).ok()?;
-    (back.repository() == repository && policy.source_allowed(&source).is_ok()).then_some(source)
+    let source = target.source_of(repository)?;
+    policy.source_allowed(&source).is_ok().then_some(source)
 }
 
 /// What is in use now, as the leader's watches know it.

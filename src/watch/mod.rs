@@ -241,17 +241,17 @@ impl Background {
                 p
             });
         if let Some(ecr) = mirror.ecr().cloned() {
-            // ecrOptions may have changed since the repositories were
-            // made: the first leader after a start brings them in line.
+            // ecrOptions may have changed since pinswap made its
+            // repositories: the first leader after a start brings them in
+            // line (and leaves every other repository alone).
             let (mut l, t) = (leader.clone(), token.clone());
-            let prefix = mirror.target().prefix().map(str::to_owned);
             tasks.spawn(async move {
                 let pass = async {
                     if l.wait_for(|l| *l).await.is_err() {
                         return;
                     }
-                    match ecr.reconcile_all(prefix.as_deref(), ECR_RECONCILE_RATE).await {
-                        Ok(n) => info!(repositories = n, "ECR repositories reconciled with ecrOptions"),
+                    match ecr.reconcile_all(ECR_RECONCILE_RATE).await {
+                        Ok(n) => info!(repositories = n, not_pinswaps = ecr.stats().foreign, "ECR repositories pinswap made reconciled with ecrOptions; the others left as they are"),
                         Err(e) => warn!(error = %e, "ECR repositories could not be listed to reconcile them with ecrOptions; each is reconciled at its next push"),
                     }
                 };
@@ -367,7 +367,7 @@ fn retention(
 }
 
 /// Repositories a second the leader reconciles with `ecrOptions` after a
-/// start: each costs up to five ECR API calls.
+/// start: each costs up to eight ECR API calls.
 const ECR_RECONCILE_RATE: u32 = 5;
 
 /// What is in use, from the leader's usage record.

@@ -33,6 +33,9 @@ pub enum Mode {
     /// whose header values (an AWS API's `X-Amz-Target`), contains this
     /// part, as [`Mode::Refuse`], then pass everything through.
     RefuseFirst(&'static str, &'static str, u16, Option<u64>),
+    /// Refuse every request matched as by [`Mode::RefuseFirst`] with this
+    /// status; pass everything else through.
+    RefuseEvery(&'static str, &'static str, u16),
     /// Answer every request 401 with this `WWW-Authenticate` value (a
     /// token realm of the test's choosing).
     Challenge(String),
@@ -368,6 +371,16 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
         Mode::Relocate(to) => Some(HeaderValue::from_str(to).unwrap()),
         _ => None,
     };
+    let (asked, header_values) = (
+        req.method().to_string(),
+        req.headers()
+            .values()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect::<Vec<_>>(),
+    );
+    let matches = |method: &str, part: &str| {
+        asked == method && (path.contains(part) || header_values.iter().any(|v| v.contains(part)))
+    };
     let refusal = {
         let mut mode = s.mode.lock().unwrap();
         match *mode {
@@ -377,18 +390,14 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
             | Mode::HideWithout(_)
             | Mode::Fault(..) => None,
             Mode::Refuse(status, retry_after) => Some((status, retry_after)),
-            Mode::RefuseFirst(method, part, status, retry_after)
-                if req.method().as_str() == method
-                    && (path.contains(part)
-                        || req
-                            .headers()
-                            .values()
-                            .any(|v| String::from_utf8_lossy(v.as_bytes()).contains(part))) =>
-            {
+            Mode::RefuseFirst(method, part, status, retry_after) if matches(method, part) => {
                 *mode = Mode::Pass;
                 Some((status, retry_after))
             }
-            Mode::RefuseFirst(..) | Mode::PageReferrers(_) => None,
+            Mode::RefuseEvery(method, part, status) if matches(method, part) => {
+                Some((status, None))
+            }
+            Mode::RefuseFirst(..) | Mode::RefuseEvery(..) | Mode::PageReferrers(_) => None,
         }
     };
     let page_size = match *s.mode.lock().unwrap() {
