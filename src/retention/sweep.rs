@@ -73,6 +73,13 @@ fn named(mapped: &Reference, by_name: &HashMap<String, &Repository>) -> Vec<Stri
 }
 
 /// The source registry `repo` mirrors, normalised.
+/// Whether a pass removes, or only says what it would remove.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Run,
+    Plan,
+}
+
 fn source_registry(repo: &Repository) -> String {
     crate::reference::normalize_registry(repo.source.registry())
 }
@@ -292,7 +299,7 @@ impl Retention {
                 ..Report::default()
             });
         }
-        let result = self.pass(in_use).await;
+        let result = self.pass(in_use, Mode::Run).await;
         match &result {
             Ok(r) if r.skipped.is_some() || !r.held.is_empty() => {
                 Metrics::outcome(passes, "source_down")
@@ -319,7 +326,26 @@ impl Retention {
         result
     }
 
-    async fn pass(&self, in_use: &InUse) -> Result<Report, RetentionError> {
+    /// What the next pass would remove and keep, and why, without writing
+    /// anything: no record is published, the local record is read, not
+    /// updated, and nothing is removed. Its candidates are what a pass
+    /// run now would remove, unless a cluster claims one in the pass's
+    /// second read of the records.
+    ///
+    /// # Errors
+    /// As [`Retention::sweep`].
+    pub async fn plan(&self, in_use: &InUse) -> Result<Report, RetentionError> {
+        if !in_use.synced {
+            return Ok(Report {
+                skipped: Some("the Kubernetes watches have not synced".into()),
+                not_synced: true,
+                ..Report::default()
+            });
+        }
+        self.pass(in_use, Mode::Plan).await
+    }
+
+    async fn pass(&self, in_use: &InUse, mode: Mode) -> Result<Report, RetentionError> {
         let client = self.mirror.target_client().await?;
         let repos = self.list(&client).await?;
         let mut used = self.in_use(in_use, &repos);
@@ -353,9 +379,11 @@ impl Retention {
         if let Some(p) = &self.sharing {
             // This cluster's use first, so that the others see it before
             // anything is removed here.
-            p.publish(in_use, true)
-                .await
-                .map_err(RetentionError::Publish)?;
+            if mode == Mode::Run {
+                p.publish(in_use, true)
+                    .await
+                    .map_err(RetentionError::Publish)?;
+            }
             let others = p.others().await.map_err(RetentionError::Records)?;
             claims = self.claims(&others, &repos, Timestamp::now(), p.stale_after());
         }
@@ -370,40 +398,50 @@ impl Retention {
             .collect();
         // What is in use first, so the cap never leaves one of them out.
         let mut tracked = HashSet::new();
-        let record = self
-            .store
-            .update(now, |rec| {
-                tracked.clear();
-                let listed: HashSet<&String> = keys.iter().collect();
-                // Gone from the target: forgotten (it starts again if it
-                // comes back).
-                rec.images
-                    .retain(|k, _| listed.contains(k) || used.contains(k));
-                let mut bytes = rec.bytes();
-                for k in keys.iter().filter(|k| used.contains(*k)) {
-                    if rec.seen(k, now, &mut bytes) {
-                        tracked.insert(k.clone());
-                    }
+        let apply = |rec: &mut super::Record| {
+            tracked.clear();
+            let listed: HashSet<&String> = keys.iter().collect();
+            // Gone from the target: forgotten (it starts again if it
+            // comes back).
+            rec.images
+                .retain(|k, _| listed.contains(k) || used.contains(k));
+            let mut bytes = rec.bytes();
+            for k in keys.iter().filter(|k| used.contains(*k)) {
+                if rec.seen(k, now, &mut bytes) {
+                    tracked.insert(k.clone());
                 }
-                for k in keys.iter().filter(|k| !used.contains(*k)) {
-                    let first = !rec.images.contains_key(k);
-                    let known = match first {
-                        true => rec.seen(k, now, &mut bytes),
-                        false => true,
-                    };
-                    if known {
-                        tracked.insert(k.clone());
-                    }
+            }
+            for k in keys.iter().filter(|k| !used.contains(*k)) {
+                let first = !rec.images.contains_key(k);
+                let known = match first {
+                    true => rec.seen(k, now, &mut bytes),
+                    false => true,
+                };
+                if known {
+                    tracked.insert(k.clone());
                 }
-                // Another cluster's later use only moves last use on: an
-                // image first seen here counts as used now all the same.
-                for (k, c) in &claims {
-                    if tracked.contains(k) {
-                        rec.seen(k, c.last, &mut bytes);
-                    }
+            }
+            // Another cluster's later use only moves last use on: an
+            // image first seen here counts as used now all the same.
+            for (k, c) in &claims {
+                if tracked.contains(k) {
+                    rec.seen(k, c.last, &mut bytes);
                 }
-            })
-            .await?;
+            }
+        };
+        let record = match mode {
+            Mode::Run => self.store.update(now, apply).await?,
+            Mode::Plan => {
+                let mut apply = apply;
+                let mut rec = self
+                    .store
+                    .read()
+                    .await?
+                    .unwrap_or_else(|| super::Record::new(now));
+                apply(&mut rec);
+                rec
+            }
+        };
         let unused_for = self.unused_for;
         let due = |k: &str| -> Option<Duration> {
             let last = record.images.get(k)?;
@@ -510,6 +548,9 @@ impl Retention {
             warn!(source = %registry, %why, "retention holds back this source's images: it cannot answer");
         }
         report.held = down;
+        if mode == Mode::Plan {
+            return Ok(report);
+        }
         if let Some(p) = &self.sharing
             && !candidates.is_empty()
             && !self.dry_run
