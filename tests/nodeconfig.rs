@@ -323,3 +323,43 @@ async fn cri_o_never_unblocks_or_unmirrors_what_the_node_configures() {
     let last = cri_o_view(&conf, &dropins, &images);
     assert_eq!(last[3]["blocked"], true, "registry.k8s.io: {}", last[3]);
 }
+
+#[test]
+fn node_config_writes_what_the_node_leaves_open_and_names_what_it_refuses() {
+    let etc = tempfile::tempdir().unwrap();
+    let containers = etc.path().join("containers");
+    let dropins = containers.join("registries.conf.d");
+    std::fs::create_dir_all(&dropins).unwrap();
+    let conf = containers.join("registries.conf");
+    std::fs::write(
+        &conf,
+        "[[registry]]\nprefix = \"quay.io\"\nlocation = \"quay.io\"\nblocked = true\n",
+    )
+    .unwrap();
+    let config = etc.path().join("pinswap.yaml");
+    std::fs::write(
+        &config,
+        "target: {registry: m.example.com}\nsource: {registries: [{registry: quay.io}, {registry: ghcr.io}]}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pinswap"))
+        .args(["node-config", "--runtime", "cri-o", "-c"])
+        .arg(&config)
+        .arg("--out")
+        .arg(&dropins)
+        .env_clear()
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "error: {}: [[registry]] prefix = \"quay.io\" sets blocked = true",
+            conf.display()
+        )),
+        "{stderr}"
+    );
+    let view = cri_o_view(&conf, &dropins, &["quay.io/a:1", "ghcr.io/a:1"]);
+    assert_eq!(view[0]["blocked"], true);
+    assert_eq!(view[1]["mirrors"][0]["location"], "m.example.com/ghcr.io");
+}
