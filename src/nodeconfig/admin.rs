@@ -55,7 +55,7 @@ pub enum AdminError {
     },
     /// An admin's `[[registry]]` for the same prefix.
     #[error(
-        "{path}: [[registry]] prefix = {prefix:?} sets {settings}; CRI-O keeps one [[registry]] per prefix and pinswap's drop-in would replace it, so {registry} gets no mirror from pinswap (add pinswap's [[registry.mirror]] to that entry yourself, or remove it)"
+        "{path}: [[registry]] prefix = {prefix:?} sets {settings}; CRI-O keeps one [[registry]] per prefix (the last file's, whole), so pinswap's would replace it or be replaced by it: {registry} gets no mirror from pinswap (add pinswap's [[registry.mirror]] to that entry yourself, or remove it)"
     )]
     Registry {
         /// The registries.conf or drop-in.
