@@ -3,7 +3,10 @@
 # target/tools/: cosign and oras at pinned versions, and a registry that
 # implements the OCI 1.1 referrers API (tests/tools/referrers-registry, on
 # go-containerregistry's registry package; Distribution 2.8 answers that API
-# with 404). pinswap never links them. Modules come through the Go module
+# with 404), and registries-conf (tests/tools/registries-conf), which prints
+# the [[registry]] CRI-O takes for an image from a registries.conf and its
+# drop-ins, through containers/image's own sysregistriesv2 (tests/nodeconfig.rs).
+# pinswap never links them. Modules come through the Go module
 # proxy; the build is reused while this script and the registry's sources
 # are unchanged. Prints the tools directory.
 set -euo pipefail
@@ -17,8 +20,9 @@ oras=oras.land/oras/cmd/oras@v1.3.6
 out=target/tools
 stamp=$out/inputs.sha256
 mkdir -p "$out"
-inputs=$(cat scripts/build-tools.sh tests/tools/referrers-registry/go.mod tests/tools/referrers-registry/go.sum tests/tools/referrers-registry/*.go | sha256sum | cut -d" " -f1)
+inputs=$(cat scripts/build-tools.sh tests/tools/*/go.mod tests/tools/*/go.sum tests/tools/*/*.go | sha256sum | cut -d" " -f1)
 if [ -x "$out/cosign" ] && [ -x "$out/oras" ] && [ -x "$out/referrers-registry" ] &&
+  [ -x "$out/registries-conf" ] &&
   [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ]; then
   echo "$out"
   exit 0
@@ -29,6 +33,8 @@ export GOFLAGS=-mod=mod
 GOBIN="$bin" go install -buildvcs=false -ldflags "-s -w" "$cosign"
 GOBIN="$bin" go install -buildvcs=false -ldflags "-s -w" "$oras"
 (cd tests/tools/referrers-registry && go build -buildvcs=false -ldflags "-s -w" -o "$bin/referrers-registry" .)
+# Only sysregistriesv2 is linked: no cgo, no gpgme.
+(cd tests/tools/registries-conf && CGO_ENABLED=0 go build -buildvcs=false -ldflags "-s -w" -o "$bin/registries-conf" .)
 echo "$inputs" >"$stamp"
-echo "built $out (cosign, oras, referrers-registry) in $(($(date +%s) - start)) s" >&2
+echo "built $out (cosign, oras, referrers-registry, registries-conf) in $(($(date +%s) - start)) s" >&2
 echo "$out"

@@ -134,9 +134,12 @@ pub struct NodeConfigArgs {
     /// The runtime and mode.
     #[command(flatten)]
     pub node: NodeRuntimeArgs,
-    /// Write the files under this directory (containerd's config_path, CRI-O's registries.conf.d), each atomically, never over a file pinswap did not write; without it they are printed.
+    /// Write the files under this directory (containerd's config_path, CRI-O's registries.conf.d), each atomically, never over a file pinswap did not write nor over what the node configures itself for a source; without it they are printed.
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
+    /// With --out and CRI-O: the node's registries.conf (default: beside --out); a source it configures gets no [[registry]] of pinswap's.
+    #[arg(long)]
+    pub registries_conf: Option<std::path::PathBuf>,
 }
 
 /// `pinswap node-agent --config FILE --dir DIR [...]`.
@@ -153,6 +156,9 @@ pub struct NodeAgentArgs {
     /// The runtime's directory (containerd's config_path, CRI-O's registries.conf.d), as mounted.
     #[arg(long)]
     pub dir: std::path::PathBuf,
+    /// CRI-O's registries.conf, as mounted (default: beside --dir): a source it configures gets no [[registry]] of pinswap's.
+    #[arg(long)]
+    pub registries_conf: Option<std::path::PathBuf>,
     /// Between rounds (the config is read and, with a "*" allowlist, the target listed again).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub interval: std::time::Duration,
@@ -937,6 +943,7 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         runtime: args.node.runtime,
         mode: args.node.mode,
         dir: args.dir,
+        registries_conf: args.registries_conf,
         interval: args.interval,
         daemonset,
     };
@@ -967,9 +974,31 @@ fn node_config(args: &NodeConfigArgs) -> anyhow::Result<ExitCode> {
     }
     match &args.out {
         Some(dir) => {
-            crate::nodeconfig::write(dir, &files)?;
-            for f in &files {
+            let registries_conf = args
+                .registries_conf
+                .clone()
+                .unwrap_or_else(|| crate::nodeconfig::default_registries_conf(dir));
+            let fitted =
+                crate::nodeconfig::fit(args.node.runtime, dir, &registries_conf, files.clone());
+            crate::nodeconfig::write(dir, &fitted.files)?;
+            for f in &fitted.files {
                 eprintln!("wrote {}", dir.join(&f.path).display());
+            }
+            // A refused source's earlier file of ours would still override
+            // the node's setting.
+            let refused: Vec<_> = files
+                .iter()
+                .map(|f| f.path.clone())
+                .filter(|p| !fitted.keep().contains(p))
+                .collect();
+            for p in crate::nodeconfig::remove_ours(dir, args.node.runtime, &refused)? {
+                eprintln!("removed {}", dir.join(p).display());
+            }
+            if !fitted.refused.is_empty() {
+                for e in &fitted.refused {
+                    eprintln!("error: {e}");
+                }
+                return Ok(ExitCode::FAILURE);
             }
         }
         None => {

@@ -1149,9 +1149,34 @@ mod tests {
                 "pinswap-node-agent"
             ]
         );
+        assert_eq!(pod["volumes"].as_array().unwrap().len(), 3);
         let sc = &pod["containers"][0]["securityContext"];
         assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
         assert_eq!(sc["readOnlyRootFilesystem"], true);
+        // CRI-O: the node's registries.conf, read-only, so that a registry
+        // it configures itself gets no [[registry]] of pinswap's.
+        let cri_o = Options {
+            node_agent: Some(super::super::node_agent::NodeAgent {
+                runtime: crate::nodeconfig::Runtime::CriO,
+                mode: crate::nodeconfig::Mode::Resolve,
+                host_path: "/etc/containers/registries.conf.d".into(),
+            }),
+            ..opts(Tls::SelfSigned)
+        };
+        let all_cri_o = objects(&cri_o).unwrap();
+        let pod_cri_o = &all_cri_o.iter().find(|v| v["kind"] == "DaemonSet").unwrap()["spec"]["template"]
+            ["spec"];
+        assert_eq!(
+            pod_cri_o["volumes"][3],
+            json!({"name": "host-containers", "hostPath": {"path": "/etc/containers", "type": "DirectoryOrCreate"}})
+        );
+        let container = &pod_cri_o["containers"][0];
+        assert!(container["volumeMounts"].as_array().unwrap().contains(
+            &json!({"name": "host-containers", "mountPath": "/host-containers", "readOnly": true})
+        ));
+        let args = container["args"].as_array().unwrap();
+        let at = args.iter().position(|a| a == "--registries-conf").unwrap();
+        assert_eq!(args[at + 1], "/host-containers/registries.conf");
         // Its selector is not the webhook Deployment's.
         assert_eq!(
             ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],

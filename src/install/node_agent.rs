@@ -30,6 +30,14 @@ const INTERVAL: &str = "30s";
 /// Where the node's directory is mounted in the agent's container.
 const HOST_DIR: &str = "/host-config";
 
+/// CRI-O's own directory on the node, read-only in the agent's container:
+/// its `registries.conf` says which registries the node blocks or mirrors
+/// itself, and the agent's drop-in must not replace those.
+const CRI_O_CONF_DIR: &str = "/etc/containers";
+
+/// Where [`CRI_O_CONF_DIR`] is mounted.
+const HOST_CRI_O_CONF_DIR: &str = "/host-containers";
+
 /// What the node agent is installed with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeAgent {
@@ -139,25 +147,43 @@ pub fn objects(
             .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
             .collect::<BTreeMap<_, _>>()
     };
+    let cri_o = agent.runtime == Runtime::CriO;
+    let mut args: Vec<String> = vec![
+        "node-agent".into(),
+        "--config".into(),
+        config_path.into(),
+        "--runtime".into(),
+        runtime_arg(agent.runtime).into(),
+        "--mode".into(),
+        mode_arg(agent.mode).into(),
+        "--dir".into(),
+        HOST_DIR.into(),
+    ];
+    if cri_o {
+        args.extend([
+            "--registries-conf".into(),
+            format!("{HOST_CRI_O_CONF_DIR}/registries.conf"),
+        ]);
+    }
+    args.extend([
+        "--interval".into(),
+        INTERVAL.into(),
+        "--daemonset".into(),
+        NODE_AGENT.into(),
+    ]);
+    let mut mounts = vec![
+        mount("host-config", HOST_DIR, false),
+        mount("config", &config_dir, true),
+        mount("registry-auth", registry_auth.1, true),
+    ];
+    if cri_o {
+        mounts.push(mount("host-containers", HOST_CRI_O_CONF_DIR, true));
+    }
     let container = Container {
         name: "node-agent".into(),
         image: Some(image.into()),
         image_pull_policy: Some("IfNotPresent".into()),
-        args: Some(vec![
-            "node-agent".into(),
-            "--config".into(),
-            config_path.into(),
-            "--runtime".into(),
-            runtime_arg(agent.runtime).into(),
-            "--mode".into(),
-            mode_arg(agent.mode).into(),
-            "--dir".into(),
-            HOST_DIR.into(),
-            "--interval".into(),
-            INTERVAL.into(),
-            "--daemonset".into(),
-            NODE_AGENT.into(),
-        ]),
+        args: Some(args),
         env: Some(vec![
             EnvVar {
                 name: "POD_NAMESPACE".into(),
@@ -184,11 +210,7 @@ pub fn objects(
         // Root, to write the root-owned directory it is given; no
         // capability (owner permissions suffice).
         security_context: Some(super::locked_down(true)),
-        volume_mounts: Some(vec![
-            mount("host-config", HOST_DIR, false),
-            mount("config", &config_dir, true),
-            mount("registry-auth", registry_auth.1, true),
-        ]),
+        volume_mounts: Some(mounts),
         ..Default::default()
     };
     let daemonset = DaemonSet {
@@ -229,33 +251,51 @@ pub fn objects(
                     }]),
                     termination_grace_period_seconds: Some(30),
                     containers: vec![container],
-                    volumes: Some(vec![
-                        Volume {
-                            name: "host-config".into(),
-                            host_path: Some(HostPathVolumeSource {
-                                path: agent.host_path.display().to_string(),
-                                type_: Some("DirectoryOrCreate".into()),
-                            }),
-                            ..Default::default()
-                        },
-                        Volume {
-                            name: "config".into(),
-                            config_map: Some(ConfigMapVolumeSource {
-                                name: NAME.into(),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        },
-                        Volume {
-                            name: "registry-auth".into(),
-                            secret: Some(SecretVolumeSource {
-                                secret_name: Some(registry_auth.0.into()),
-                                optional: Some(true),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        },
-                    ]),
+                    volumes: Some(
+                        [
+                            vec![
+                                Volume {
+                                    name: "host-config".into(),
+                                    host_path: Some(HostPathVolumeSource {
+                                        path: agent.host_path.display().to_string(),
+                                        type_: Some("DirectoryOrCreate".into()),
+                                    }),
+                                    ..Default::default()
+                                },
+                                Volume {
+                                    name: "config".into(),
+                                    config_map: Some(ConfigMapVolumeSource {
+                                        name: NAME.into(),
+                                        ..Default::default()
+                                    }),
+                                    ..Default::default()
+                                },
+                                Volume {
+                                    name: "registry-auth".into(),
+                                    secret: Some(SecretVolumeSource {
+                                        secret_name: Some(registry_auth.0.into()),
+                                        optional: Some(true),
+                                        ..Default::default()
+                                    }),
+                                    ..Default::default()
+                                },
+                            ],
+                            // Read-only; DirectoryOrCreate as the drop-in
+                            // directory's own volume would create it anyway.
+                            cri_o
+                                .then(|| Volume {
+                                    name: "host-containers".into(),
+                                    host_path: Some(HostPathVolumeSource {
+                                        path: CRI_O_CONF_DIR.into(),
+                                        type_: Some("DirectoryOrCreate".into()),
+                                    }),
+                                    ..Default::default()
+                                })
+                                .into_iter()
+                                .collect(),
+                        ]
+                        .concat(),
+                    ),
                     ..Default::default()
                 }),
             },

@@ -4,8 +4,10 @@
 //!
 //! Each round it reads the config file again (a ConfigMap volume follows
 //! edits), lists the source registries the target holds when the
-//! allowlist has `"*"`, writes what changed and removes the files it wrote
-//! that no longer apply. A config that does not load, or a target that
+//! allowlist has `"*"`, fits the files to what the node configures itself
+//! ([`super::fit`]: a source the node configures otherwise is refused, and
+//! a file of ours for it removed), writes what changed and removes the
+//! files it wrote that no longer apply. A config that does not load, or a target that
 //! cannot be listed, leaves the files as they are: the node keeps pulling
 //! as before. On SIGTERM it removes its files only when its DaemonSet is
 //! gone or being deleted (an uninstall); a rolling update leaves them for
@@ -20,7 +22,9 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use tracing::{info, warn};
 
-use super::{Mode, NodeConfigError, Runtime, remove_stale, render_with, write};
+use super::{
+    Mode, NodeConfigError, Runtime, default_registries_conf, fit, remove_stale, render_with, write,
+};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
@@ -40,6 +44,8 @@ pub struct Agent {
     pub mode: Mode,
     /// The runtime's directory, as mounted.
     pub dir: PathBuf,
+    /// CRI-O's `registries.conf`, as mounted; `None`: beside [`Agent::dir`].
+    pub registries_conf: Option<PathBuf>,
     /// Between rounds.
     pub interval: Duration,
     /// `namespace/name` of the agent's DaemonSet: its files are removed at
@@ -97,15 +103,25 @@ impl Agent {
             }
             Err(e) => return Err(e.into()),
         };
+        let registries_conf = self
+            .registries_conf
+            .clone()
+            .unwrap_or_else(|| default_registries_conf(&self.dir));
+        let fitted = fit(self.runtime, &self.dir, &registries_conf, files);
+        for e in &fitted.refused {
+            warn!(error = %e, "node mirror configuration refused for a source the node configures itself");
+        }
         // File by file: one someone else wrote holds back only itself.
         let mut written = Vec::new();
-        for f in &files {
+        for f in &fitted.files {
             match write(&self.dir, std::slice::from_ref(f)) {
                 Ok(w) => written.extend(w),
                 Err(e) => warn!(error = %e, "node mirror file not written"),
             }
         }
-        let removed = remove_stale(&self.dir, self.runtime, &files)?;
+        // A refused source's file of ours goes: the node's own setting
+        // applies again.
+        let removed = remove_stale(&self.dir, self.runtime, &fitted.keep())?;
         Ok((written, removed))
     }
 
@@ -220,6 +236,7 @@ mod tests {
             runtime: Runtime::Containerd,
             mode: Mode::Resolve,
             dir: dir.join("certs.d"),
+            registries_conf: None,
             interval: Duration::from_secs(30),
             daemonset: None,
         }

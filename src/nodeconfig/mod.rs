@@ -3,15 +3,20 @@
 //! pulls from the target even for Pods that are not rewritten (`mirrorOnly`).
 //! containerd gets `certs.d/<source>/hosts.toml` per source registry, CRI-O
 //! one `registries.conf.d` drop-in. Neither runtime copies anything: an
-//! image the target lacks is pulled from the source.
+//! image the target lacks is pulled from the source. What the node already
+//! configures for a source is carried or refused, never overridden
+//! ([`admin`], [`fit`]).
 
+pub mod admin;
 pub mod agent;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
-use crate::reference::{MirrorTarget, normalize_registry, registry_path_component};
+use crate::reference::{
+    MirrorTarget, normalize_registry, registry_of_path_component, registry_path_component,
+};
 
 /// Why node configuration was not rendered or written.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +39,9 @@ pub enum NodeConfigError {
     /// The target is not a valid mirror target.
     #[error("target.registry: {0}")]
     Target(String),
+    /// The node's own configuration for a source says otherwise.
+    #[error(transparent)]
+    Admin(#[from] admin::AdminError),
     /// A file could not be written.
     #[error("{path}: {reason}")]
     Write {
@@ -85,6 +93,56 @@ fn is_directory_name(name: &str) -> bool {
 
 /// CRI-O's drop-in, in `registries.conf.d`.
 const CRI_O_FILE: &str = "50-pinswap.conf";
+
+/// The most source registries `"*"` adds from the target's listing: each is
+/// a host directory (or `[[registry]]`) on every node, and whoever can name
+/// a repository at the target can add to that listing.
+pub const ANY_REGISTRIES_MAX: usize = 32;
+
+/// Whether `name` (normalised) is a registry host a source can be: a DNS
+/// name with a dot, `localhost`, or a bracketed IPv6 address, with an
+/// optional port, and the one the target's path component for it names
+/// back. Never `_default` or another name a runtime gives a meaning.
+fn is_source_host(name: &str) -> bool {
+    let (host, port) = if name.starts_with('[') {
+        match name.split_once(']') {
+            Some((h, rest)) => (
+                &name[..=h.len()],
+                match rest {
+                    "" => None,
+                    r => match r.strip_prefix(':') {
+                        Some(p) => Some(p),
+                        None => return false,
+                    },
+                },
+            ),
+            None => return false,
+        }
+    } else {
+        match name.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (name, None),
+        }
+    };
+    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|n| n > 0 && n.to_string() == p));
+    let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        inner.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        host.len() <= 253
+            && (host.contains('.') || host == "localhost")
+            && host.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            })
+    };
+    port_ok
+        && host_ok
+        && registry_of_path_component(&registry_path_component(name)).as_deref() == Some(name)
+}
 
 /// The runtimes' own name for Docker Hub's API host.
 fn api_host(registry: &str) -> &str {
@@ -141,13 +199,30 @@ pub fn render_with(
             sources.push((name, r.insecure));
         }
     }
-    // "*" cannot be insecure (config validation): those speak HTTPS. A
-    // name from the target's listing that is no directory name is skipped.
+    // "*" cannot be insecure (config validation): those speak HTTPS. Only
+    // names that are registry hosts, and at most ANY_REGISTRIES_MAX of
+    // them: anyone who can push a repository name shapes the listing.
     if config.source.registries.iter().any(|r| r.registry == "*") {
+        let mut added = 0;
+        let mut skipped = 0;
         for r in mirrored.iter().map(|r| normalize_registry(r)) {
-            if is_directory_name(&r) && !sources.iter().any(|(s, _)| *s == r) {
-                sources.push((r, false));
+            if !is_source_host(&r) || !is_directory_name(&r) || sources.iter().any(|(s, _)| *s == r)
+            {
+                continue;
             }
+            if added == ANY_REGISTRIES_MAX {
+                skipped += 1;
+                continue;
+            }
+            sources.push((r, false));
+            added += 1;
+        }
+        if skipped > 0 {
+            tracing::warn!(
+                skipped,
+                max = ANY_REGISTRIES_MAX,
+                "the target holds images of more registries than \"*\" configures on nodes; name the ones that matter in source.registries"
+            );
         }
     }
     if sources.is_empty() {
@@ -207,10 +282,132 @@ pub fn render_with(
     })
 }
 
+/// Rendered files fitted to what a node configures ([`fit`]).
+#[derive(Debug, Default)]
+pub struct Fitted {
+    /// The files to write.
+    pub files: Vec<File>,
+    /// The sources (or files) refused, each naming the node's file and
+    /// setting.
+    pub refused: Vec<NodeConfigError>,
+    /// Files of ours to leave as they are: what the node sets there is
+    /// unknown (a file that cannot be read).
+    pub hold: Vec<PathBuf>,
+}
+
+impl Fitted {
+    /// The files of ours that stay: those to write and those held.
+    pub fn keep(&self) -> Vec<PathBuf> {
+        self.files
+            .iter()
+            .map(|f| f.path.clone())
+            .chain(self.hold.iter().cloned())
+            .collect()
+    }
+}
+
+/// CRI-O's `registries.conf` beside a drop-in directory.
+pub fn default_registries_conf(dropins: &Path) -> PathBuf {
+    dropins
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join("registries.conf")
+}
+
+/// Fits `files` (as [`render`] made them for `runtime`) to what the node
+/// under `dir` already configures, so that none overrides it: containerd's
+/// host directories get their TLS files carried into the `hosts.toml`
+/// ([`admin::containerd`]); a source whose directory is a link, or that
+/// `_default/hosts.toml` of someone else's configures, is refused. CRI-O's
+/// drop-in leaves out each source that `registries_conf` or another
+/// drop-in configures ([`admin::cri_o`]). A refusal holds back only its
+/// source.
+pub fn fit(runtime: Runtime, dir: &Path, registries_conf: &Path, files: Vec<File>) -> Fitted {
+    let mut fitted = Fitted::default();
+    for f in files {
+        match runtime {
+            Runtime::Containerd => {
+                let host = f
+                    .path
+                    .parent()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                match admin::containerd(dir, &host, &f.contents) {
+                    Ok(contents) => fitted.files.push(File {
+                        path: f.path,
+                        contents,
+                    }),
+                    Err(e) => {
+                        if e.is_unknown() {
+                            fitted.hold.push(f.path);
+                        }
+                        fitted.refused.push(e.into());
+                    }
+                }
+            }
+            Runtime::CriO => {
+                // Our drop-in: the header, then one [[registry]] per source.
+                const SEP: &str = "\n[[registry]]\n";
+                let mut parts = f.contents.split(SEP);
+                let head = parts.next().unwrap_or_default().to_owned();
+                let blocks: Vec<(String, &str)> = parts
+                    .map(|b| {
+                        let prefix = b
+                            .strip_prefix("prefix = \"")
+                            .and_then(|r| r.split_once('"'))
+                            .map(|(p, _)| p.to_owned())
+                            .unwrap_or_default();
+                        (prefix, b)
+                    })
+                    .collect();
+                let prefixes: Vec<String> = blocks.iter().map(|(p, _)| p.clone()).collect();
+                match admin::cri_o(registries_conf, dir, CRI_O_FILE, &prefixes) {
+                    Err(e) => {
+                        fitted.hold.push(f.path);
+                        fitted.refused.push(e.into());
+                    }
+                    Ok(conflicts) => {
+                        let refused: BTreeSet<String> = conflicts
+                            .iter()
+                            .filter_map(|c| match c {
+                                admin::AdminError::Registry { registry, .. } => {
+                                    Some(registry.clone())
+                                }
+                                _ => None,
+                            })
+                            .collect();
+                        fitted.refused.extend(conflicts.into_iter().map(Into::into));
+                        let kept: Vec<&str> = blocks
+                            .iter()
+                            .filter(|(p, _)| !refused.contains(p))
+                            .map(|(_, b)| *b)
+                            .collect();
+                        // With every source refused, no drop-in: a stale one
+                        // of ours would still replace the node's.
+                        if !kept.is_empty() {
+                            let mut contents = head;
+                            for b in kept {
+                                contents.push_str(SEP);
+                                contents.push_str(b);
+                            }
+                            fitted.files.push(File {
+                                path: f.path,
+                                contents,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    fitted
+}
+
 /// Writes `files` under `dir`, each atomically (a temporary file renamed
 /// over it) and only when its text changed. A file there that pinswap did
-/// not write (without [`HEADER`]) is left alone and reported. Returns the
-/// files written, relative to `dir`.
+/// not write (without [`HEADER`]) is left alone and reported, and so is a
+/// file whose directory is a link. Returns the files written, relative to
+/// `dir`.
 ///
 /// # Errors
 /// [`NodeConfigError::Write`] for the first file that cannot be written or
@@ -245,6 +442,19 @@ pub fn write(dir: &Path, files: &[File]) -> Result<Vec<PathBuf>, NodeConfigError
             Err(e) => return Err(err(format!("cannot be inspected ({e}); left alone"))),
         }
         let parent = path.parent().unwrap_or(dir);
+        // A host directory that is a link would put the file wherever it
+        // points.
+        if parent != dir {
+            match std::fs::symlink_metadata(parent) {
+                Ok(m) if !m.file_type().is_dir() => {
+                    return Err(err(format!(
+                        "{} is not a directory (a link, or a file); left alone",
+                        parent.display()
+                    )));
+                }
+                _ => {}
+            }
+        }
         std::fs::create_dir_all(parent).map_err(|e| err(e.to_string()))?;
         let tmp = parent.join(format!(
             ".{}.pinswap-tmp",
@@ -291,11 +501,32 @@ fn written(dir: &Path, runtime: Runtime) -> Vec<PathBuf> {
 pub fn remove_stale(
     dir: &Path,
     runtime: Runtime,
-    keep: &[File],
+    keep: &[PathBuf],
+) -> Result<Vec<PathBuf>, NodeConfigError> {
+    remove_where(dir, runtime, |rel| !keep.contains(rel))
+}
+
+/// Removes those of `paths` (relative to `dir`) that pinswap wrote, as
+/// [`remove_stale`] does.
+///
+/// # Errors
+/// As [`remove_stale`].
+pub fn remove_ours(
+    dir: &Path,
+    runtime: Runtime,
+    paths: &[PathBuf],
+) -> Result<Vec<PathBuf>, NodeConfigError> {
+    remove_where(dir, runtime, |rel| paths.contains(rel))
+}
+
+fn remove_where(
+    dir: &Path,
+    runtime: Runtime,
+    remove: impl Fn(&PathBuf) -> bool,
 ) -> Result<Vec<PathBuf>, NodeConfigError> {
     let mut removed = Vec::new();
     for rel in written(dir, runtime) {
-        if keep.iter().any(|f| f.path == rel) {
+        if !remove(&rel) {
             continue;
         }
         let path = dir.join(&rel);
@@ -457,8 +688,12 @@ mod tests {
         )
         .unwrap();
         std::fs::write(dir.path().join("b.example/ca.crt"), "theirs").unwrap();
-        let removed =
-            remove_stale(dir.path(), Runtime::Containerd, std::slice::from_ref(&a)).unwrap();
+        let removed = remove_stale(
+            dir.path(),
+            Runtime::Containerd,
+            std::slice::from_ref(&a.path),
+        )
+        .unwrap();
         assert_eq!(removed, [PathBuf::from("b.example/hosts.toml")]);
         assert!(
             dir.path().join("b.example/ca.crt").exists(),
@@ -500,6 +735,222 @@ mod tests {
                 panic!("{bad} rendered");
             }
         }
+    }
+
+    /// A containerd host file of ours for `host`, as `render` makes it.
+    fn rendered(host: &str) -> File {
+        let c = config(&format!(
+            "target: {{registry: m.example.com}}\nsource: {{registries: [{{registry: \"{host}\"}}]}}\n"
+        ));
+        render(&c, Runtime::Containerd, Mode::Resolve)
+            .unwrap()
+            .remove(0)
+    }
+
+    fn fit_containerd(dir: &Path, host: &str) -> Fitted {
+        fit(
+            Runtime::Containerd,
+            dir,
+            &dir.join("unused"),
+            vec![rendered(host)],
+        )
+    }
+
+    #[test]
+    fn a_host_directorys_own_tls_files_are_carried_into_the_hosts_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = dir.path().join("quay.io");
+        std::fs::create_dir_all(host.join("sub.crt")).unwrap();
+        for f in [
+            "ca.crt",
+            "client.cert",
+            "client.key",
+            "whole.cert",
+            "notes.txt",
+        ] {
+            std::fs::write(host.join(f), "theirs").unwrap();
+        }
+        let fitted = fit_containerd(dir.path(), "quay.io");
+        assert!(fitted.refused.is_empty(), "{:?}", fitted.refused);
+        let text = &fitted.files[0].contents;
+        let v: toml::Table = toml::from_str(text).unwrap();
+        assert_eq!(v["ca"], toml::Value::from(vec!["ca.crt"]));
+        assert_eq!(
+            v["client"],
+            toml::Value::Array(vec![
+                toml::Value::from(vec!["client.cert", "client.key"]),
+                toml::Value::from("whole.cert"),
+            ])
+        );
+        assert_eq!(v["server"].as_str(), Some("https://quay.io"));
+        assert!(
+            v["host"]["https://m.example.com/v2/quay.io"]["override_path"].as_bool() == Some(true)
+        );
+        write(dir.path(), &fitted.files).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(host.join("ca.crt")).unwrap(),
+            "theirs"
+        );
+
+        // A CA added beside a file of ours is carried at the next fit.
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &[rendered("ghcr.io")]).unwrap();
+        std::fs::write(dir.path().join("ghcr.io/ca.crt"), "theirs").unwrap();
+        let fitted = fit_containerd(dir.path(), "ghcr.io");
+        assert!(fitted.files[0].contents.contains("\nca = [\"ca.crt\"]\n"));
+        assert_eq!(write(dir.path(), &fitted.files).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn the_nodes_default_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let default = dir.path().join("_default");
+        std::fs::create_dir_all(&default).unwrap();
+        std::fs::write(default.join("hosts.toml"), "server = \"https://theirs\"\n").unwrap();
+        let fitted = fit_containerd(dir.path(), "quay.io");
+        assert!(fitted.files.is_empty());
+        let e = fitted.refused[0].to_string();
+        assert!(
+            e.contains("_default/hosts.toml") && e.contains("quay.io"),
+            "{e}"
+        );
+        assert!(fitted.hold.is_empty());
+
+        // A host directory of the node's own: `_default` does not apply.
+        std::fs::create_dir_all(dir.path().join("ghcr.io")).unwrap();
+        std::fs::write(dir.path().join("ghcr.io/ca.crt"), "theirs").unwrap();
+        assert!(fit_containerd(dir.path(), "ghcr.io").refused.is_empty());
+
+        // Only TLS files there: carried from `_default`.
+        std::fs::remove_file(default.join("hosts.toml")).unwrap();
+        std::fs::write(default.join("corp.crt"), "theirs").unwrap();
+        let fitted = fit_containerd(dir.path(), "quay.io");
+        assert!(
+            fitted.files[0]
+                .contents
+                .contains("\nca = [\"../_default/corp.crt\"]\n")
+        );
+
+        // "*" never names `_default` (nor another name that is no host).
+        let c = config(
+            "target: {registry: m.example.com}\nsource: {registries: [{registry: quay.io}, {registry: \"*\"}]}\n",
+        );
+        let held = BTreeSet::from(["_default".to_owned(), "x_y.example".to_owned()]);
+        let files = render_with(&c, Runtime::Containerd, Mode::Resolve, &held).unwrap();
+        assert_eq!(files.len(), 1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_linked_host_directory_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), dir.path().join("quay.io")).unwrap();
+        let fitted = fit_containerd(dir.path(), "quay.io");
+        assert!(fitted.files.is_empty());
+        let e = fitted.refused[0].to_string();
+        assert!(e.contains("quay.io: is not a directory"), "{e}");
+        let e = write(dir.path(), &[rendered("quay.io")]).unwrap_err();
+        assert!(e.to_string().contains("is not a directory"), "{e}");
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn any_registry_adds_a_bounded_number_of_registry_hosts() {
+        let c = config(
+            "target: {registry: m.example.com/cache}\nsource: {registries: [{registry: quay.io}, {registry: \"*\"}]}\n",
+        );
+        let mut held: BTreeSet<String> = (0..200).map(|i| format!("r{i:03}.example")).collect();
+        for bad in [
+            "_default",
+            "localhost:0",
+            "a..b",
+            "-a.example",
+            "a.example:070",
+            "x\".example",
+            "a.example:99999",
+        ] {
+            held.insert(bad.to_owned());
+        }
+        let files = render_with(&c, Runtime::Containerd, Mode::Resolve, &held).unwrap();
+        assert_eq!(files.len(), 1 + ANY_REGISTRIES_MAX);
+        assert_eq!(files[1].path, PathBuf::from("r000.example/hosts.toml"));
+        for f in &files {
+            let host = f.path.parent().unwrap().to_str().unwrap();
+            assert!(host == "quay.io" || host.starts_with('r'), "{host}");
+        }
+        // As the target's listing names it back.
+        assert!(is_source_host("[fd00:0:0:0:0:0:0:1]:5000"));
+        assert!(!is_source_host("[fd00::1]:5000"));
+        assert!(is_source_host("localhost:5000"));
+        assert!(!is_source_host("[fd00::1]x"));
+    }
+
+    #[test]
+    fn a_cri_o_registry_the_node_configures_is_refused() {
+        let etc = tempfile::tempdir().unwrap();
+        let dropins = etc.path().join("registries.conf.d");
+        std::fs::create_dir_all(&dropins).unwrap();
+        let conf = etc.path().join("registries.conf");
+        std::fs::write(
+            &conf,
+            "[[registry]]\nlocation = \"quay.io\"\nblocked = true\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dropins.join("10-corp.conf"),
+            "[[registry]]\nprefix = \"*.corp.example\"\nlocation = \"mirror.corp.example\"\ninsecure = true\n",
+        )
+        .unwrap();
+        let c = config(
+            "target: {registry: m.example.com}\nsource: {registries: [{registry: quay.io}, {registry: ghcr.io}, {registry: r.corp.example}]}\n",
+        );
+        let files = render(&c, Runtime::CriO, Mode::Resolve).unwrap();
+        let fitted = fit(Runtime::CriO, &dropins, &conf, files.clone());
+        let errors: Vec<String> = fitted.refused.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0]
+                .contains("registries.conf: [[registry]] prefix = \"quay.io\" sets blocked = true"),
+            "{}",
+            errors[0]
+        );
+        assert!(
+            errors[1].contains(
+                "10-corp.conf: [[registry]] prefix = \"*.corp.example\" sets insecure = true"
+            ),
+            "{}",
+            errors[1]
+        );
+        let text = &fitted.files[0].contents;
+        assert!(text.starts_with(HEADER));
+        let v: toml::Table = toml::from_str(text).unwrap();
+        let prefixes: Vec<_> = v["registry"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["prefix"].as_str().unwrap())
+            .collect();
+        assert_eq!(prefixes, ["ghcr.io"]);
+
+        // Every source refused: no drop-in at all.
+        std::fs::write(
+            dropins.join("90-late.conf"),
+            "[[registry]]\nprefix = \"ghcr.io\"\nlocation = \"ghcr.io\"\n[[registry.mirror]]\nlocation = \"theirs.example/ghcr\"\n",
+        )
+        .unwrap();
+        let fitted = fit(Runtime::CriO, &dropins, &conf, files.clone());
+        assert!(fitted.files.is_empty() && fitted.hold.is_empty());
+        assert!(fitted.refused[2].to_string().contains(
+            "90-late.conf: [[registry]] prefix = \"ghcr.io\" sets 1 [[registry.mirror]]"
+        ));
+
+        // A file that does not parse: nothing is known, ours stays as it is.
+        std::fs::write(dropins.join("20-broken.conf"), "[[registry]\n").unwrap();
+        let fitted = fit(Runtime::CriO, &dropins, &conf, files);
+        assert!(fitted.files.is_empty());
+        assert_eq!(fitted.hold, [PathBuf::from(CRI_O_FILE)]);
+        assert!(fitted.refused[0].to_string().contains("20-broken.conf"));
     }
 
     #[cfg(unix)]
