@@ -771,3 +771,174 @@ async fn a_pass_lists_each_repositorys_tags_once() {
         r.dst.log()
     );
 }
+
+/// A plan says what the next pass removes and keeps, and why, and writes
+/// nothing: the target and the local record are as they were, and the
+/// pass that follows removes exactly what the plan named.
+#[tokio::test]
+async fn a_plan_names_what_the_next_pass_removes_and_writes_nothing() {
+    let (r, _, _, adm, ret) = setup("unusedFor: 1s").await;
+    let unused = r.mirrored(&adm, "unused", 31).await;
+    let used = r.mirrored(&adm, "used", 32).await;
+    let lost = r.mirrored(&adm, "lost", 33).await;
+    r.src.delete_manifest("shop/lost", &lost.image.digest).await;
+    let uses = in_use(&[Reference::parse(&used.target(&r.dst)).unwrap()]);
+    ret.sweep(&uses).await.unwrap();
+    idle(SHORT).await;
+    let record = r.record();
+    let plan = ret.plan(&uses).await.unwrap();
+    assert_eq!(plan.state(&unused.key(&r.dst)), Some(State::Candidate));
+    assert_eq!(plan.state(&used.key(&r.dst)), Some(State::InUse));
+    let kept = plan.find(&lost.key(&r.dst)).unwrap();
+    assert_eq!(kept.state, State::Kept);
+    assert!(kept.why.starts_with("unrecoverable"), "{}", kept.why);
+    // Nothing written.
+    assert_eq!(r.record(), record);
+    assert!(r.present(&unused).await);
+    let json = plan.plan_json();
+    let remove: Vec<&str> = json["remove"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["image"].as_str().unwrap())
+        .collect();
+    assert_eq!(remove, vec![unused.key(&r.dst).as_str()]);
+    assert_eq!(json["keep"].as_array().unwrap().len(), 2);
+    // The pass removes what the plan named, and only that.
+    let pass = ret.sweep(&uses).await.unwrap();
+    let removed: Vec<String> = pass
+        .images
+        .iter()
+        .filter(|i| i.state == State::Removed)
+        .map(|i| i.image.to_string())
+        .collect();
+    assert_eq!(removed, remove);
+    assert!(!r.has_digest(&unused).await);
+    assert!(r.present(&used).await);
+    assert!(r.present(&lost).await);
+}
+
+/// The leader plans with retention off (what operators read before they
+/// turn it on): what its watches see in use, with nothing written and
+/// nothing removed; a replica without the watches says why it has none.
+#[tokio::test]
+async fn the_leader_plans_with_retention_off() {
+    let r = rig().await;
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource:\n  registries: [{{registry: \"{}\"}}]\ncopyPolicy: immediate\ncopyDeadline: 8s\nserver: {{admissionBudget: 8s}}\nrecovery:\n  lease: {{duration: 2s, renewDeadline: 1500ms, retryPeriod: 200ms}}\nretention: {{enabled: false, unusedFor: 1s}}\n",
+        r.dst.host(),
+        r.src.host()
+    );
+    let cfg = Config::from_yaml(&yaml, "test.yaml").unwrap();
+    let metrics = Arc::new(pinswap::metrics::Metrics::new());
+    let adm = Admission::from_config(&cfg, metrics.clone()).unwrap();
+    let used = r.mirrored(&adm, "used", 91).await;
+    let unused = r.mirrored(&adm, "unused", 92).await;
+    let (patched, _) = admit(&adm, &pod("shop", "web", &[("app", &used.source)])).await;
+    r.api
+        .apply_pod(serde_json::from_value::<Pod>(patched).unwrap());
+    r.api.authorize_install(&cfg, Tls::CertManager);
+    let none = Background::start(adm.mirror().clone(), &cfg, None, CancellationToken::new());
+    let e = none.planner().plan().await.unwrap_err().to_string();
+    assert!(e.contains("watches do not run"), "{e}");
+    none.stop().await;
+    let bg = Background::start(
+        adm.mirror().clone(),
+        &cfg,
+        Some(r.api.install_client()),
+        CancellationToken::new(),
+    );
+    let planner = bg.planner();
+    common::wait_until("leading", Duration::from_secs(10), || bg.is_leader()).await;
+    let start = Instant::now();
+    let plan = loop {
+        let plan = planner.plan().await.unwrap();
+        if !plan.not_synced {
+            break plan;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "never synced");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(plan.state(&used.key(&r.dst)), Some(State::InUse));
+    // Never seen by a pass: a first pass would only start its clock.
+    assert_eq!(plan.state(&unused.key(&r.dst)), Some(State::Unused));
+    assert!(r.record().is_none(), "no record written");
+    assert!(r.present(&unused).await);
+    bg.stop().await;
+}
+
+/// `pinswap retention plan` asks a running `pinswap serve`'s leader over
+/// its health port, as an operator does before turning retention on, and
+/// prints what it would remove and keep, as text and as JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinswap_retention_plan_asks_the_leader() {
+    let r = rig().await;
+    let cfg = r.config("unusedFor: 1s");
+    let metrics = Arc::new(pinswap::metrics::Metrics::new());
+    let adm = Admission::from_config(&cfg, metrics).unwrap();
+    let used = r.mirrored(&adm, "used", 97).await;
+    let unused = r.mirrored(&adm, "unused", 98).await;
+    let (patched, _) = admit(&adm, &pod("shop", "web", &[("app", &used.source)])).await;
+    r.api
+        .apply_pod(serde_json::from_value::<Pod>(patched).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let kc = r.api.kubeconfig(dir.path());
+    let body = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource: {{registries: [{{registry: \"{}\"}}]}}\ncache: {{reverify: 0s}}\nidentity: {{scanRate: 0}}\nrecovery:\n  lease: {{duration: 2s, renewDeadline: 1500ms, retryPeriod: 200ms}}\n",
+        r.dst.host(),
+        r.src.host()
+    );
+    let env = [
+        ("KUBECONFIG", kc.to_str().unwrap()),
+        ("POD_NAMESPACE", "pinswap"),
+    ];
+    let served = common::serve::Served::start_with(&body, "", &env, None).await;
+    let server = format!("http://{}", served.health);
+    let start = Instant::now();
+    let plan = loop {
+        let out = common::cli::pinswap(&["retention", "plan", "--server", &server, "--json"]).await;
+        if out.code == 0 {
+            let plan: Value = serde_json::from_str(&out.stdout).unwrap();
+            if plan["skipped"].is_null() {
+                break plan;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no plan: {} {}",
+            out.stderr,
+            served.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let keep = plan["keep"].as_array().unwrap();
+    let state = |m: &Mirrored| {
+        keep.iter()
+            .find(|i| i["image"] == m.key(&r.dst).as_str())
+            .map(|i| i["state"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(state(&used).as_deref(), Some("in_use"), "{plan}");
+    assert_eq!(state(&unused).as_deref(), Some("unused"), "{plan}");
+    assert!(plan["remove"].as_array().unwrap().is_empty(), "{plan}");
+    let text = common::cli::pinswap(&["retention", "plan", "--server", &server]).await;
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    assert!(
+        text.stdout.starts_with("0 to remove, 2 kept\n"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout.contains(&format!(
+            "KEEP\tin_use\t{}\t[v1]\tnamed by a Pod or workload template",
+            used.key(&r.dst)
+        )),
+        "{}",
+        text.stdout
+    );
+    assert!(r.present(&unused).await);
+    assert!(r.record().is_none(), "no record written");
+    // A replica that cannot plan says why, with a non-zero exit.
+    let other =
+        common::cli::pinswap(&["retention", "plan", "--server", "http://127.0.0.1:1"]).await;
+    assert_ne!(other.code, 0);
+}

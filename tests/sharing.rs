@@ -858,3 +858,30 @@ async fn a_leader_that_never_syncs_is_overdue() {
     lead.send(false).unwrap();
     run.abort();
 }
+
+/// A plan with sharing on keeps what another cluster's record names, says
+/// so, and publishes nothing; the pass after it removes what it named.
+#[tokio::test]
+async fn a_plan_keeps_what_another_cluster_uses_and_publishes_nothing() {
+    let r = rig().await;
+    let (a, b) = r.two("staleAfter: 1h").await;
+    let x = r.source_image("x", 95).await;
+    let y = r.source_image("y", 96).await;
+    b.run(&x).await;
+    b.run(&y).await;
+    a.publisher.publish(&a.uses(&[&x]), true).await.unwrap();
+    b.ret.sweep(&b.uses(&[])).await.unwrap();
+    idle().await;
+    r.front.reset();
+    let plan = b.ret.plan(&b.uses(&[])).await.unwrap();
+    assert_eq!(r.front.count_method("PUT", "pinswap-usage"), 0);
+    assert_eq!(r.front.count_method("DELETE", "/manifests/"), 0);
+    let kept = plan.find(&x.key(&b)).unwrap();
+    assert_eq!(kept.state, State::InUse);
+    assert!(kept.why.contains("in use in cluster a"), "{}", kept.why);
+    assert_eq!(plan.state(&y.key(&b)), Some(State::Candidate));
+    let pass = b.ret.sweep(&b.uses(&[])).await.unwrap();
+    assert_eq!(pass.state(&y.key(&b)), Some(State::Removed));
+    assert_eq!(pass.state(&x.key(&b)), Some(State::InUse));
+    assert!(r.present(&x).await);
+}

@@ -12,6 +12,7 @@ mod clusters;
 pub(crate) mod install;
 mod meta;
 mod mutate;
+mod retention;
 
 pub use meta::{CompletionsArgs, ManArgs, VersionArgs};
 pub use mutate::MutateArgs;
@@ -72,6 +73,9 @@ pub enum Command {
     /// List or forget the usage records of the clusters sharing the target.
     #[command(subcommand)]
     Clusters(clusters::ClustersCommand),
+    /// What retention would remove from the target, and what it keeps, and why.
+    #[command(subcommand)]
+    Retention(retention::RetentionCommand),
     /// Print the Kubernetes objects that install pinswap (`| kubectl apply -f -`).
     Manifests(install::ManifestsArgs),
     /// Render the container runtime's mirror configuration (containerd hosts.toml, CRI-O registries.conf.d) so nodes pull from the target.
@@ -463,6 +467,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Mutate(args) => mutate::run(args).await,
         Command::Cache(CacheCommand::Purge(args)) => purge(args).await,
         Command::Clusters(c) => clusters::run(c).await,
+        Command::Retention(c) => retention::run(c).await,
         Command::Check(args) => check::check(args).await,
         Command::Manifests(args) => install::manifests(args),
         Command::NodeConfig(args) => node_config(&args),
@@ -872,7 +877,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         eviction_client,
         token.clone(),
     );
-    let served = crate::server::serve(opts, admission, metrics, async move {
+    let plans = retention::plan_route(background.planner());
+    let served = crate::server::serve_with(opts, admission, metrics, plans, async move {
         crate::server::shutdown_signal().await;
         token.cancel();
     })

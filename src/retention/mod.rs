@@ -224,6 +224,31 @@ impl Report {
     pub fn count(&self, state: State) -> usize {
         self.images.iter().filter(|i| i.state == state).count()
     }
+
+    /// As a plan: `remove` (the candidates) and `keep` (every other image,
+    /// with its state), each image with its tags and why; sources that
+    /// could not answer (`held`), and why nothing was looked at
+    /// (`skipped`).
+    pub fn plan_json(&self) -> serde_json::Value {
+        let entry = |i: &Image| {
+            serde_json::json!({
+                "image": i.image.to_string(),
+                "tags": i.tags,
+                "state": i.state.as_str(),
+                "why": i.why,
+            })
+        };
+        let (remove, keep): (Vec<&Image>, Vec<&Image>) = self
+            .images
+            .iter()
+            .partition(|i| matches!(i.state, State::Candidate | State::Removed));
+        serde_json::json!({
+            "skipped": self.skipped,
+            "held": self.held,
+            "remove": remove.into_iter().map(entry).collect::<Vec<_>>(),
+            "keep": keep.into_iter().map(entry).collect::<Vec<_>>(),
+        })
+    }
 }
 
 /// The retention service: the leader runs [`Retention::sweep`] every

@@ -125,7 +125,12 @@ impl Publisher {
 
     async fn read(&self, except: Option<&str>) -> Result<Vec<ClusterRecord>, ClustersError> {
         let records = Records::of(&self.mirror).await?;
-        let all = records.read_all(except, Some(&self.cluster)).await?;
+        // This cluster's own record, once written or read back here, must
+        // be in the listing: one without it is short.
+        let written = self.state.lock().await.digest.is_some();
+        let all = records
+            .read_all(except, written.then_some(self.cluster.as_str()))
+            .await?;
         let now = Timestamp::now();
         for r in &all {
             self.metrics.sharing.record(

@@ -433,11 +433,16 @@ impl Retention {
             Mode::Run => self.store.update(now, apply).await?,
             Mode::Plan => {
                 let mut apply = apply;
-                let mut rec = self
-                    .store
-                    .read()
-                    .await?
-                    .unwrap_or_else(|| super::Record::new(now));
+                // With retention off, the install may not read the
+                // record: there is none then, and every image is new to it.
+                let read = match self.store.read().await {
+                    Err(RetentionError::Record {
+                        source: kube::Error::Api(s),
+                        ..
+                    }) if s.code == 403 => None,
+                    r => r?,
+                };
+                let mut rec = read.unwrap_or_else(|| super::Record::new(now));
                 apply(&mut rec);
                 rec
             }

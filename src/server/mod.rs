@@ -557,6 +557,21 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    serve_with(opts, admission, metrics, Router::new(), shutdown).await
+}
+
+/// [`serve`], with `extra` routes on the health listener (the leader's
+/// `GET /retention/plan`, which needs what only the background knows).
+///
+/// # Errors
+/// As [`serve`].
+pub async fn serve_with(
+    opts: ServerOptions,
+    admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
+    extra: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     let tls = RustlsConfig::from_pem_file(&opts.tls_cert, &opts.tls_key)
         .await
         .map_err(|source| ServerError::Tls {
@@ -614,7 +629,8 @@ pub async fn serve(
         what: "health",
         tcp: health_tcp,
         tls: None,
-        router: health_routes(admission, metrics.clone(), stopping.clone(), Some(budget)),
+        router: health_routes(admission, metrics.clone(), stopping.clone(), Some(budget))
+            .merge(extra),
         limits: ConnLimits {
             max_connections: HEALTH_MAX_CONNECTIONS,
             ..conn_limits

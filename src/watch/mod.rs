@@ -64,6 +64,53 @@ pub struct Background {
     leader: watch::Receiver<bool>,
     recovery: Option<Arc<Recovery>>,
     usage: Option<Arc<Usage>>,
+    /// Retention as the leader would run it, for plans; with or without
+    /// `retention.enabled`.
+    retention: Option<Arc<crate::retention::Retention>>,
+}
+
+/// What the next retention pass would remove and keep, and why: on the
+/// leader, with what its watches see in use now.
+#[derive(Clone)]
+pub struct Planner {
+    retention: Option<Arc<crate::retention::Retention>>,
+    usage: Option<Arc<Usage>>,
+    leader: watch::Receiver<bool>,
+}
+
+impl Planner {
+    /// [`crate::retention::Retention::plan`] with what is in use now.
+    ///
+    /// # Errors
+    /// [`PlanError`].
+    pub async fn plan(&self) -> Result<crate::retention::Report, PlanError> {
+        let (Some(retention), Some(usage)) = (&self.retention, &self.usage) else {
+            return Err(PlanError::NoWatches);
+        };
+        if !*self.leader.borrow() {
+            return Err(PlanError::NotLeader);
+        }
+        let in_use = in_use_source(usage.clone())();
+        Ok(retention.plan(&in_use).await?)
+    }
+}
+
+/// Why [`Planner::plan`] has no plan.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// Nothing here knows what is in use.
+    #[error(
+        "no plan here: the leader's Pod and workload watches do not run (they need recovery.enabled and a Kubernetes API client, and the backfill, retention or sharing on)"
+    )]
+    NoWatches,
+    /// Another replica leads.
+    #[error(
+        "this replica does not lead: ask the replica holding the Lease (kubectl get lease -n NAMESPACE pinswap-leader -o jsonpath='{{.spec.holderIdentity}}')"
+    )]
+    NotLeader,
+    /// The pass could not look.
+    #[error(transparent)]
+    Retention(#[from] crate::retention::RetentionError),
 }
 
 impl Background {
@@ -264,15 +311,17 @@ impl Background {
         if let Some(cluster) = &config.cluster {
             mirror.metrics().sharing.cluster(cluster);
         }
-        if let (Some(c), Some(u)) = (&client, &usage)
+        let retention = client
+            .as_ref()
+            .zip(usage.as_ref())
+            .and_then(|(c, _)| retention_service(&mirror, config, c, publisher));
+        if let (Some(service), Some(u)) = (&retention, &usage)
             && config.retention.enabled
         {
-            tasks.spawn(retention(
-                &mirror,
+            tasks.spawn(retention_passes(
+                service.clone(),
                 config,
-                c,
                 u.clone(),
-                publisher,
                 (leader.clone(), token.clone()),
             ));
         }
@@ -308,6 +357,16 @@ impl Background {
             leader,
             recovery,
             usage,
+            retention,
+        }
+    }
+
+    /// Plans of the next retention pass, as the leader sees it.
+    pub fn planner(&self) -> Planner {
+        Planner {
+            retention: self.retention.clone(),
+            usage: self.usage.clone(),
+            leader: self.leader.clone(),
         }
     }
 
@@ -335,30 +394,34 @@ impl Background {
     }
 }
 
-/// The leader's retention passes, with what the usage record says is in
-/// use (Pods and workload templates).
-fn retention(
+/// Retention over `mirror`'s target with the config's `retention` (and
+/// `sharing`) settings, its record in the client's namespace.
+fn retention_service(
     mirror: &Arc<Mirror>,
     config: &Config,
     client: &kube::Client,
-    usage: Arc<Usage>,
     sharing: Option<Arc<crate::retention::publish::Publisher>>,
+) -> Option<Arc<crate::retention::Retention>> {
+    let policy = crate::admission::policy::Policy::new(config, mirror.target().clone()).ok()?;
+    let store = crate::retention::Store::new(client.clone(), client.default_namespace());
+    let r = crate::retention::Retention::new(mirror.clone(), policy, store, &config.retention);
+    Some(Arc::new(match sharing {
+        Some(s) => r.with_sharing(s),
+        None => r,
+    }))
+}
+
+/// The leader's retention passes, with what the usage record says is in
+/// use (Pods and workload templates).
+fn retention_passes(
+    service: Arc<crate::retention::Retention>,
+    config: &Config,
+    usage: Arc<Usage>,
     (leader, token): (watch::Receiver<bool>, CancellationToken),
 ) -> impl Future<Output = ()> + Send + 'static {
-    let policy = crate::admission::policy::Policy::new(config, mirror.target().clone());
-    let store = crate::retention::Store::new(client.clone(), client.default_namespace());
-    let r = &config.retention;
-    let service = policy.map(|p| {
-        let r = crate::retention::Retention::new(mirror.clone(), p, store, r);
-        Arc::new(match sharing {
-            Some(s) => r.with_sharing(s),
-            None => r,
-        })
-    });
     let in_use = in_use_source(usage);
-    let interval = r.interval;
+    let interval = config.retention.interval;
     async move {
-        let Ok(service) = service else { return };
         tokio::select! {
             _ = crate::retention::run(service, in_use, interval, leader) => {}
             _ = token.cancelled() => {}
