@@ -3,6 +3,11 @@
 //! runtime's directory as a hostPath, its ServiceAccount, and a Role that
 //! lets it read its own DaemonSet (to tell an uninstall from a rolling
 //! update).
+//!
+//! It runs on every node, so it never gets the webhook's registry Secret
+//! (push credentials): one compromised node could overwrite tags the
+//! others pull. Only a `"*"` allowlist makes it talk to the target (to list
+//! its repositories), and then only with a read-only Secret the user names.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +35,13 @@ const INTERVAL: &str = "30s";
 /// Where the node's directory is mounted in the agent's container.
 const HOST_DIR: &str = "/host-config";
 
+/// Where [`NodeAgent::registry_auth_secret`] is mounted.
+pub const REGISTRY_AUTH_DIR: &str = "/var/run/secrets/pinswap-node-agent";
+
+/// The key of a `kubernetes.io/dockerconfigjson` Secret, under
+/// [`REGISTRY_AUTH_DIR`]: the agent's `--target-auth`.
+pub const REGISTRY_AUTH_KEY: &str = ".dockerconfigjson";
+
 /// What the node agent is installed with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeAgent {
@@ -39,6 +51,11 @@ pub struct NodeAgent {
     pub mode: Mode,
     /// The runtime's directory on the node.
     pub host_path: PathBuf,
+    /// A `kubernetes.io/dockerconfigjson` Secret with read-only
+    /// credentials for the target, for listing it under a `"*"`
+    /// allowlist; without it the agent lists anonymously and mounts no
+    /// Secret.
+    pub registry_auth_secret: Option<String>,
 }
 
 impl NodeAgent {
@@ -85,14 +102,12 @@ fn runtime_arg(runtime: Runtime) -> &'static str {
 /// The ServiceAccount, Role, RoleBinding and DaemonSet, in that order.
 /// `config_checksum` (annotation key and value) rolls the DaemonSet when
 /// the config changes.
-#[allow(clippy::too_many_arguments)]
 pub fn objects(
     agent: &NodeAgent,
     ns: &str,
     image: &str,
     image_pull_secrets: &[String],
     config_path: &str,
-    registry_auth: (&str, &str),
     config_checksum: (&str, &str),
 ) -> (ServiceAccount, Role, RoleBinding, DaemonSet) {
     let account = ServiceAccount {
@@ -139,25 +154,67 @@ pub fn objects(
             .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
             .collect::<BTreeMap<_, _>>()
     };
+    let mut args: Vec<String> = [
+        "node-agent",
+        "--config",
+        config_path,
+        "--runtime",
+        runtime_arg(agent.runtime),
+        "--mode",
+        mode_arg(agent.mode),
+        "--dir",
+        HOST_DIR,
+        "--interval",
+        INTERVAL,
+        "--daemonset",
+        NODE_AGENT,
+    ]
+    .map(String::from)
+    .into();
+    let mut mounts = vec![
+        mount("host-config", HOST_DIR, false),
+        mount("config", &config_dir, true),
+    ];
+    let mut volumes = vec![
+        Volume {
+            name: "host-config".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: agent.host_path.display().to_string(),
+                type_: Some("DirectoryOrCreate".into()),
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "config".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: NAME.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ];
+    if let Some(secret) = &agent.registry_auth_secret {
+        args.extend([
+            "--target-auth".to_owned(),
+            format!("{REGISTRY_AUTH_DIR}/{REGISTRY_AUTH_KEY}"),
+        ]);
+        mounts.push(mount("registry-auth", REGISTRY_AUTH_DIR, true));
+        // Not optional: a Secret the user named and forgot shows as a
+        // Pod that cannot start, not as a listing that fails quietly.
+        volumes.push(Volume {
+            name: "registry-auth".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     let container = Container {
         name: "node-agent".into(),
         image: Some(image.into()),
         image_pull_policy: Some("IfNotPresent".into()),
-        args: Some(vec![
-            "node-agent".into(),
-            "--config".into(),
-            config_path.into(),
-            "--runtime".into(),
-            runtime_arg(agent.runtime).into(),
-            "--mode".into(),
-            mode_arg(agent.mode).into(),
-            "--dir".into(),
-            HOST_DIR.into(),
-            "--interval".into(),
-            INTERVAL.into(),
-            "--daemonset".into(),
-            NODE_AGENT.into(),
-        ]),
+        args: Some(args),
         env: Some(vec![
             EnvVar {
                 name: "POD_NAMESPACE".into(),
@@ -184,11 +241,7 @@ pub fn objects(
         // Root, to write the root-owned directory it is given; no
         // capability (owner permissions suffice).
         security_context: Some(super::locked_down(true)),
-        volume_mounts: Some(vec![
-            mount("host-config", HOST_DIR, false),
-            mount("config", &config_dir, true),
-            mount("registry-auth", registry_auth.1, true),
-        ]),
+        volume_mounts: Some(mounts),
         ..Default::default()
     };
     let daemonset = DaemonSet {
@@ -229,33 +282,7 @@ pub fn objects(
                     }]),
                     termination_grace_period_seconds: Some(30),
                     containers: vec![container],
-                    volumes: Some(vec![
-                        Volume {
-                            name: "host-config".into(),
-                            host_path: Some(HostPathVolumeSource {
-                                path: agent.host_path.display().to_string(),
-                                type_: Some("DirectoryOrCreate".into()),
-                            }),
-                            ..Default::default()
-                        },
-                        Volume {
-                            name: "config".into(),
-                            config_map: Some(ConfigMapVolumeSource {
-                                name: NAME.into(),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        },
-                        Volume {
-                            name: "registry-auth".into(),
-                            secret: Some(SecretVolumeSource {
-                                secret_name: Some(registry_auth.0.into()),
-                                optional: Some(true),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        },
-                    ]),
+                    volumes: Some(volumes),
                     ..Default::default()
                 }),
             },
