@@ -129,3 +129,83 @@ async fn mutate_leaves_mirrored_only_templates_as_written() {
         Some(app.digest.as_str())
     );
 }
+
+/// A Deployment in `namespace` (none written when `None`) whose template
+/// makes the Pod [`plain_pod`] describes.
+fn deployment(namespace: Option<&str>, container: &str, image: &str) -> String {
+    let ns = namespace.map_or(String::new(), |n| format!(", namespace: {n}"));
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web{ns}}}\nspec:\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    metadata:\n      labels: {{app: web}}\n    spec:\n      containers:\n      - name: {container}\n        image: {image}\n"
+    )
+}
+
+/// The Pod that Deployment's ReplicaSet creates, as admission gets it.
+fn plain_pod(namespace: &str, container: &str, image: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "generateName": "web-5d9c7b-", "namespace": namespace, "labels": {"app": "web"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d9c7b",
+                "uid": "6f1c0e1e-0000-4000-8000-000000000002", "controller": true, "blockOwnerDeletion": true}]
+        },
+        "spec": {"containers": [{"name": container, "image": image}]}
+    })
+}
+
+/// The same `mirrorOnly` rule decides alike for a Pod in admission and for
+/// the template that makes it in `pinswap mutate`: a JMESPath over the
+/// Pod's spec and namespace, and a `namespaces` entry for a manifest that
+/// names no namespace (it goes where `kubectl apply` puts it: `default`,
+/// or `mutate --namespace`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_is_mirrored_only_exactly_when_the_pod_it_makes_would_be() {
+    common::init();
+    let r = rig().await;
+    let image = format!("{}/shop/app:v1", r.src.host());
+    let rules = [
+        "mirrorOnly: {pods: [{jmespath: \"obj.spec.containers[0].name == 'postgres' && obj.metadata.namespace == 'db' && obj.kind == 'Pod'\"}]}\n",
+        "mirrorOnly: {pods: [{namespaces: [default, db]}]}\n",
+    ];
+    // (rule, namespace written in the manifest, namespace given to mutate,
+    // container, mirrored only)
+    let cases = [
+        (0, Some("db"), "default", "postgres", true),
+        (0, Some("db"), "default", "web", false),
+        (0, Some("shop"), "default", "postgres", false),
+        (0, None, "db", "postgres", true),
+        (1, None, "default", "web", true),
+        (1, None, "shop", "web", false),
+        (1, Some("shop"), "default", "web", false),
+        (1, Some("db"), "shop", "web", true),
+    ];
+    for (rule, written, given, container, want) in cases {
+        let (adm, _) = r.admission(&format!("copyPolicy: immediate\n{}", rules[rule]));
+        let namespace = written.unwrap_or(given);
+        let admitted = review(&adm, body(&plain_pod(namespace, container, &image), false)).await;
+        assert!(admitted.allowed());
+        let pod_mirrored_only = admitted.response.get("patch").is_none();
+
+        let input = deployment(written, container, &image);
+        let out = pinswap::mutate::mutate(
+            &adm,
+            &input,
+            pinswap::mutate::Options {
+                dry_run: false,
+                namespace: given.to_owned(),
+            },
+        )
+        .await
+        .unwrap();
+        let template_mirrored_only = out.text == input;
+        assert_eq!(
+            out.slots[0].reason.starts_with("mirrored only"),
+            template_mirrored_only,
+            "{:?}",
+            out.slots
+        );
+        let case =
+            format!("rule {rule}, written {written:?}, given {given}, container {container}");
+        assert_eq!(pod_mirrored_only, want, "{case}: the Pod");
+        assert_eq!(template_mirrored_only, want, "{case}: the template");
+    }
+}

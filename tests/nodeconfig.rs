@@ -39,6 +39,7 @@ fn agent(etc: &Path, runtime: Runtime, dir: &str) -> Agent {
         registries_conf: None,
         interval: Duration::from_secs(30),
         daemonset: None,
+        target_auth: None,
     }
 }
 

@@ -483,6 +483,7 @@ impl Admission {
         &self,
         obj: &serde_json::Value,
         template: &serde_json::Value,
+        default_namespace: &str,
         dry_run: bool,
     ) -> Vec<SlotDecision> {
         let slots = pod::slots(template.get("spec").unwrap_or(&serde_json::Value::Null));
@@ -490,7 +491,7 @@ impl Admission {
         let outcomes = self
             .decide_slots(obj, &slots, deadline, dry_run, &PodCredentials::none())
             .await;
-        let mirror_only = self.mirror_only_template(obj, template);
+        let mirror_only = self.mirror_only_template(obj, template, default_namespace);
         slots
             .into_iter()
             .zip(outcomes)
@@ -517,13 +518,17 @@ impl Admission {
     }
 
     /// The `mirrorOnly` rule the Pods made from `template`, the pod
-    /// template of workload `obj`, match: their labels, `obj`'s namespace,
-    /// and the controller such a Pod has (a Deployment's Pods are its
-    /// ReplicaSet's, a CronJob's its Job's; a Pod's own).
+    /// template of workload `obj`, match, seen as Pod admission sees them:
+    /// the Pod built from the template (its metadata and spec), in `obj`'s
+    /// namespace, or `default_namespace` when `obj` names none (where
+    /// `kubectl apply` would put it), with the controller such a Pod has (a
+    /// Deployment's Pods are its ReplicaSet's, a CronJob's its Job's; a
+    /// Pod's own).
     fn mirror_only_template(
         &self,
         obj: &serde_json::Value,
         template: &serde_json::Value,
+        default_namespace: &str,
     ) -> Option<&str> {
         if self.mirror_only.is_empty() {
             return None;
@@ -532,11 +537,10 @@ impl Admission {
         let namespace = obj
             .pointer("/metadata/namespace")
             .and_then(|n| n.as_str())
-            .unwrap_or("");
-        if kind == "Pod" {
-            return self.mirror_only.matches(obj, namespace);
-        }
+            .filter(|n| !n.is_empty())
+            .unwrap_or(default_namespace);
         let controller = match kind {
+            "Pod" => None,
             "Deployment" | "ReplicaSet" => Some(("apps/v1", "ReplicaSet")),
             "StatefulSet" => Some(("apps/v1", "StatefulSet")),
             "DaemonSet" => Some(("apps/v1", "DaemonSet")),
@@ -544,18 +548,27 @@ impl Admission {
             "ReplicationController" => Some(("v1", "ReplicationController")),
             _ => None,
         };
-        let mut meta = template
-            .get("metadata")
-            .cloned()
-            .unwrap_or_else(|| serde_json::json!({}));
-        if let (Some(m), Some((api, kind))) = (meta.as_object_mut(), controller) {
-            m.insert(
-                "ownerReferences".into(),
-                serde_json::json!([{"apiVersion": api, "kind": kind, "controller": true}]),
-            );
+        let mut pod = match kind {
+            "Pod" => obj.clone(),
+            _ => serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": template.get("metadata").cloned().unwrap_or_else(|| serde_json::json!({})),
+                "spec": template.get("spec").cloned().unwrap_or_else(|| serde_json::json!({})),
+            }),
+        };
+        if let Some(m) = pod.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            // A workload's Pods are made in its namespace, whatever the
+            // template says.
+            m.insert("namespace".into(), namespace.into());
+            if let Some((api, kind)) = controller {
+                m.insert(
+                    "ownerReferences".into(),
+                    serde_json::json!([{"apiVersion": api, "kind": kind, "controller": true}]),
+                );
+            }
         }
-        self.mirror_only
-            .matches(&serde_json::json!({"metadata": meta}), namespace)
+        self.mirror_only.matches(&pod, namespace)
     }
 
     /// Waits for the copies decisions have started; returns how many failed.

@@ -53,6 +53,9 @@ pub struct ManifestsArgs {
     /// The runtime's directory on each node, for --node-agent [default: /etc/containerd/certs.d, or /etc/containers/registries.conf.d for cri-o].
     #[arg(long, value_name = "DIR", requires = "node_agent")]
     pub node_agent_dir: Option<PathBuf>,
+    /// For --node-agent with a "*" allowlist: a Secret (type kubernetes.io/dockerconfigjson) with read-only credentials for the target, which the agent lists; without it, it lists anonymously. Never the webhook's Secret (it can push).
+    #[arg(long, value_name = "NAME", requires = "node_agent")]
+    pub node_agent_registry_auth_secret: Option<String>,
 }
 
 /// The image `pinswap manifests` names without `--image`.
@@ -136,6 +139,7 @@ pub(super) fn manifests(args: ManifestsArgs) -> anyhow::Result<ExitCode> {
                 host_path: args.node_agent_dir.clone().unwrap_or_else(|| {
                     crate::install::node_agent::NodeAgent::default_path(args.node_agent_runtime)
                 }),
+                registry_auth_secret: args.node_agent_registry_auth_secret.clone(),
             }),
     };
     let objects = manifests::objects(&opts).map_err(|e| Usage(e.to_string()))?;

@@ -169,6 +169,9 @@ pub struct NodeAgentArgs {
     /// The agent's DaemonSet, in $POD_NAMESPACE: at SIGTERM the files are removed when it is gone (an uninstall), kept otherwise (a rolling update).
     #[arg(long)]
     pub daemonset: Option<String>,
+    /// A Docker config.json with read-only credentials for the target, to list it for a "*" allowlist. Without it the target is listed anonymously: the config's auth blocks are never read.
+    #[arg(long, value_name = "FILE")]
+    pub target_auth: Option<std::path::PathBuf>,
 }
 
 /// `pinswap cache ...`.
@@ -952,6 +955,7 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         registries_conf: args.registries_conf,
         interval: args.interval,
         daemonset,
+        target_auth: args.target_auth,
     };
     // SIGTERM's handler is installed now, before the first round: as PID 1
     // without one, the kernel would drop the signal.

@@ -14,7 +14,7 @@ use super::Usage;
 use crate::admission::Admission;
 use crate::mutate::{self, Options, SlotReport, Status, krm};
 
-/// `pinswap mutate -c FILE [-f PATH]... [--in-place|--check] [--json]`, or
+/// `pinswap mutate -c FILE [-f PATH]... [-n NS] [--in-place|--check] [--json]`, or
 /// `pinswap mutate --krm`.
 #[derive(Debug, Args)]
 #[command(
@@ -61,6 +61,10 @@ pub struct MutateArgs {
     /// object whose spec is the config) unless --config is given.
     #[arg(long, conflicts_with = "files")]
     pub krm: bool,
+    /// The namespace of manifests that name none, as `kubectl apply -n` would
+    /// put them: the namespace `mirrorOnly` sees for their Pods.
+    #[arg(long, short = 'n', value_name = "NS", default_value = crate::mutate::DEFAULT_NAMESPACE)]
+    pub namespace: String,
 }
 
 /// One input and what became of it, in the JSON report.
@@ -228,6 +232,7 @@ pub async fn run(args: MutateArgs) -> anyhow::Result<ExitCode> {
     let adm = admission(&config, &config_path.display().to_string()).await?;
     let opts = Options {
         dry_run: args.dry_run || args.check,
+        namespace: args.namespace.clone(),
     };
     let mut reports = Vec::new();
     let mut outputs: Vec<String> = Vec::new();
@@ -244,7 +249,7 @@ pub async fn run(args: MutateArgs) -> anyhow::Result<ExitCode> {
             images: Vec::new(),
         };
         let result = match read_input(path) {
-            Ok(input) => match mutate::mutate(&adm, &input, opts).await {
+            Ok(input) => match mutate::mutate(&adm, &input, opts.clone()).await {
                 Ok(m) => Ok((input, m)),
                 Err(e) => {
                     // On stdout the stream stays whole: this input as it was.
@@ -384,6 +389,7 @@ async fn run_krm(args: MutateArgs) -> anyhow::Result<ExitCode> {
         &input,
         Options {
             dry_run: args.dry_run,
+            namespace: args.namespace.clone(),
         },
     )
     .await

@@ -118,6 +118,9 @@ pub enum InstallError {
     /// `--node-agent` with a config it cannot serve.
     #[error("--node-agent: {0}")]
     NodeAgent(String),
+    /// `--node-agent-registry-auth-secret` the agent must not get.
+    #[error("--node-agent-registry-auth-secret: {0}")]
+    NodeAgentSecret(String),
     /// `--namespace` is not an RFC 1123 label.
     #[error(
         "--namespace {0:?}: not a valid namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)"
@@ -218,6 +221,13 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
             crate::nodeconfig::NodeConfigError::PrivateImages.to_string(),
         ));
     }
+    if let Some(secret) = opts
+        .node_agent
+        .as_ref()
+        .and_then(|a| a.registry_auth_secret.as_deref())
+    {
+        node_agent_secret_problem(&opts.config, secret).map_err(InstallError::NodeAgentSecret)?;
+    }
     let problems = in_cluster_problems(&opts.config);
     if !problems.is_empty() {
         return Err(InstallError::InCluster(problems));
@@ -244,7 +254,6 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
             &opts.image,
             &opts.image_pull_secrets,
             CONFIG_PATH,
-            (REGISTRY_AUTH_SECRET, REGISTRY_AUTH_DIR),
             (CONFIG_CHECKSUM, &sha256_hex(opts.config_text.as_bytes())),
         );
         out.push(value("ServiceAccount", &account)?);
@@ -260,6 +269,31 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
         &webhook_configuration(opts),
     )?);
     Ok(out)
+}
+
+/// Why the node agent may not mount `secret`: it talks to the target
+/// only to list it under a `"*"` allowlist, and never with the webhook's
+/// push credentials.
+fn node_agent_secret_problem(config: &Config, secret: &str) -> Result<(), String> {
+    if !is_dns_subdomain(secret) {
+        return Err(format!("{secret:?} is not a valid Secret name"));
+    }
+    if secret == REGISTRY_AUTH_SECRET {
+        return Err(format!(
+            "{secret} is the webhook's Secret, which can push to the target; every node would hold it. Name a Secret with read-only credentials"
+        ));
+    }
+    if !config.source.registries.iter().any(|r| r.registry == "*") {
+        return Err(
+            "source.registries has no \"*\": the agent then renders from the config alone and never contacts the target".into(),
+        );
+    }
+    if config.target.aws.is_some() {
+        return Err(
+            "target.aws: an ECR target is listed through the AWS API, not with registry credentials".into(),
+        );
+    }
+    Ok(())
 }
 
 fn value<T: serde::Serialize>(kind: &'static str, object: &T) -> Result<Value, InstallError> {
@@ -1117,6 +1151,7 @@ mod tests {
                 runtime: crate::nodeconfig::Runtime::Containerd,
                 mode: crate::nodeconfig::Mode::DigestOnly,
                 host_path: "/etc/containerd/certs.d".into(),
+                registry_auth_secret: None,
             }),
             ..opts(Tls::SelfSigned)
         };
@@ -1149,7 +1184,8 @@ mod tests {
                 "pinswap-node-agent"
             ]
         );
-        assert_eq!(pod["volumes"].as_array().unwrap().len(), 3);
+        // No Secret: the host directory and the config.
+        assert_eq!(pod["volumes"].as_array().unwrap().len(), 2);
         let sc = &pod["containers"][0]["securityContext"];
         assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
         assert_eq!(sc["readOnlyRootFilesystem"], true);
@@ -1160,6 +1196,7 @@ mod tests {
                 runtime: crate::nodeconfig::Runtime::CriO,
                 mode: crate::nodeconfig::Mode::Resolve,
                 host_path: "/etc/containers/registries.conf.d".into(),
+                registry_auth_secret: None,
             }),
             ..opts(Tls::SelfSigned)
         };
@@ -1167,7 +1204,7 @@ mod tests {
         let pod_cri_o = &all_cri_o.iter().find(|v| v["kind"] == "DaemonSet").unwrap()["spec"]["template"]
             ["spec"];
         assert_eq!(
-            pod_cri_o["volumes"][3],
+            pod_cri_o["volumes"][2],
             json!({"name": "host-containers", "hostPath": {"path": "/etc/containers", "type": "DirectoryOrCreate"}})
         );
         let container = &pod_cri_o["containers"][0];

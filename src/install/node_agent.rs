@@ -3,6 +3,11 @@
 //! runtime's directory as a hostPath, its ServiceAccount, and a Role that
 //! lets it read its own DaemonSet (to tell an uninstall from a rolling
 //! update).
+//!
+//! It runs on every node, so it never gets the webhook's registry Secret
+//! (push credentials): one compromised node could overwrite tags the
+//! others pull. Only a `"*"` allowlist makes it talk to the target (to list
+//! its repositories), and then only with a read-only Secret the user names.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,6 +43,13 @@ const CRI_O_CONF_DIR: &str = "/etc/containers";
 /// Where [`CRI_O_CONF_DIR`] is mounted.
 const HOST_CRI_O_CONF_DIR: &str = "/host-containers";
 
+/// Where [`NodeAgent::registry_auth_secret`] is mounted.
+pub const REGISTRY_AUTH_DIR: &str = "/var/run/secrets/pinswap-node-agent";
+
+/// The key of a `kubernetes.io/dockerconfigjson` Secret, under
+/// [`REGISTRY_AUTH_DIR`]: the agent's `--target-auth`.
+pub const REGISTRY_AUTH_KEY: &str = ".dockerconfigjson";
+
 /// What the node agent is installed with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeAgent {
@@ -47,6 +59,11 @@ pub struct NodeAgent {
     pub mode: Mode,
     /// The runtime's directory on the node.
     pub host_path: PathBuf,
+    /// A `kubernetes.io/dockerconfigjson` Secret with read-only
+    /// credentials for the target, for listing it under a `"*"`
+    /// allowlist; without it the agent lists anonymously and mounts no
+    /// Secret.
+    pub registry_auth_secret: Option<String>,
 }
 
 impl NodeAgent {
@@ -93,14 +110,12 @@ fn runtime_arg(runtime: Runtime) -> &'static str {
 /// The ServiceAccount, Role, RoleBinding and DaemonSet, in that order.
 /// `config_checksum` (annotation key and value) rolls the DaemonSet when
 /// the config changes.
-#[allow(clippy::too_many_arguments)]
 pub fn objects(
     agent: &NodeAgent,
     ns: &str,
     image: &str,
     image_pull_secrets: &[String],
     config_path: &str,
-    registry_auth: (&str, &str),
     config_checksum: (&str, &str),
 ) -> (ServiceAccount, Role, RoleBinding, DaemonSet) {
     let account = ServiceAccount {
@@ -148,36 +163,77 @@ pub fn objects(
             .collect::<BTreeMap<_, _>>()
     };
     let cri_o = agent.runtime == Runtime::CriO;
-    let mut args: Vec<String> = vec![
-        "node-agent".into(),
-        "--config".into(),
-        config_path.into(),
-        "--runtime".into(),
-        runtime_arg(agent.runtime).into(),
-        "--mode".into(),
-        mode_arg(agent.mode).into(),
-        "--dir".into(),
-        HOST_DIR.into(),
-    ];
+    let mut args: Vec<String> = [
+        "node-agent",
+        "--config",
+        config_path,
+        "--runtime",
+        runtime_arg(agent.runtime),
+        "--mode",
+        mode_arg(agent.mode),
+        "--dir",
+        HOST_DIR,
+    ]
+    .map(String::from)
+    .into();
     if cri_o {
         args.extend([
             "--registries-conf".into(),
             format!("{HOST_CRI_O_CONF_DIR}/registries.conf"),
         ]);
     }
-    args.extend([
-        "--interval".into(),
-        INTERVAL.into(),
-        "--daemonset".into(),
-        NODE_AGENT.into(),
-    ]);
+    args.extend(["--interval", INTERVAL, "--daemonset", NODE_AGENT].map(String::from));
     let mut mounts = vec![
         mount("host-config", HOST_DIR, false),
         mount("config", &config_dir, true),
-        mount("registry-auth", registry_auth.1, true),
+    ];
+    let mut volumes = vec![
+        Volume {
+            name: "host-config".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: agent.host_path.display().to_string(),
+                type_: Some("DirectoryOrCreate".into()),
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "config".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: NAME.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
     ];
     if cri_o {
         mounts.push(mount("host-containers", HOST_CRI_O_CONF_DIR, true));
+        // Read-only; DirectoryOrCreate as the drop-in directory's own
+        // volume would create it anyway.
+        volumes.push(Volume {
+            name: "host-containers".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: CRI_O_CONF_DIR.into(),
+                type_: Some("DirectoryOrCreate".into()),
+            }),
+            ..Default::default()
+        });
+    }
+    if let Some(secret) = &agent.registry_auth_secret {
+        args.extend([
+            "--target-auth".to_owned(),
+            format!("{REGISTRY_AUTH_DIR}/{REGISTRY_AUTH_KEY}"),
+        ]);
+        mounts.push(mount("registry-auth", REGISTRY_AUTH_DIR, true));
+        // Not optional: a Secret the user named and forgot shows as a
+        // Pod that cannot start, not as a listing that fails quietly.
+        volumes.push(Volume {
+            name: "registry-auth".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
     }
     let container = Container {
         name: "node-agent".into(),
@@ -251,51 +307,7 @@ pub fn objects(
                     }]),
                     termination_grace_period_seconds: Some(30),
                     containers: vec![container],
-                    volumes: Some(
-                        [
-                            vec![
-                                Volume {
-                                    name: "host-config".into(),
-                                    host_path: Some(HostPathVolumeSource {
-                                        path: agent.host_path.display().to_string(),
-                                        type_: Some("DirectoryOrCreate".into()),
-                                    }),
-                                    ..Default::default()
-                                },
-                                Volume {
-                                    name: "config".into(),
-                                    config_map: Some(ConfigMapVolumeSource {
-                                        name: NAME.into(),
-                                        ..Default::default()
-                                    }),
-                                    ..Default::default()
-                                },
-                                Volume {
-                                    name: "registry-auth".into(),
-                                    secret: Some(SecretVolumeSource {
-                                        secret_name: Some(registry_auth.0.into()),
-                                        optional: Some(true),
-                                        ..Default::default()
-                                    }),
-                                    ..Default::default()
-                                },
-                            ],
-                            // Read-only; DirectoryOrCreate as the drop-in
-                            // directory's own volume would create it anyway.
-                            cri_o
-                                .then(|| Volume {
-                                    name: "host-containers".into(),
-                                    host_path: Some(HostPathVolumeSource {
-                                        path: CRI_O_CONF_DIR.into(),
-                                        type_: Some("DirectoryOrCreate".into()),
-                                    }),
-                                    ..Default::default()
-                                })
-                                .into_iter()
-                                .collect(),
-                        ]
-                        .concat(),
-                    ),
+                    volumes: Some(volumes),
                     ..Default::default()
                 }),
             },

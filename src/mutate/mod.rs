@@ -119,10 +119,26 @@ pub struct Mutated {
 }
 
 /// How to decide.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Resolve and look at the target, but copy nothing.
     pub dry_run: bool,
+    /// The namespace of objects that name none, as `kubectl apply` would
+    /// put them: what `mirrorOnly` sees for their Pods.
+    pub namespace: String,
+}
+
+/// The namespace `kubectl apply` puts an object without one in, short of
+/// `-n` or a kubeconfig context's namespace.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            dry_run: false,
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+        }
+    }
 }
 
 /// JSON pointers to the pod templates (`{metadata, spec}`) in an object of
@@ -239,7 +255,7 @@ async fn rewrite(
     }
     for t in &mut targets {
         t.decisions = adm
-            .decide_template(&t.obj, &t.template.to_json(), opts.dry_run)
+            .decide_template(&t.obj, &t.template.to_json(), &opts.namespace, opts.dry_run)
             .await;
     }
     let kept = |t: &Target<'_>| {
@@ -256,7 +272,7 @@ async fn rewrite(
     if !opts.dry_run && targets.iter().any(kept) {
         for t in targets.iter_mut().filter(|t| kept(t)) {
             let again = adm
-                .decide_template(&t.obj, &t.template.to_json(), true)
+                .decide_template(&t.obj, &t.template.to_json(), &opts.namespace, true)
                 .await;
             for (d, a) in t.decisions.iter_mut().zip(again) {
                 let SlotOutcome::Keep(first) = &d.outcome else {

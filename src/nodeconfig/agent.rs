@@ -12,6 +12,10 @@
 //! as before. On SIGTERM it removes its files only when its DaemonSet is
 //! gone or being deleted (an uninstall); a rolling update leaves them for
 //! the next Pod.
+//!
+//! It lists the target anonymously, or with the read-only credentials of
+//! [`Agent::target_auth`]; never with the config's `auth` blocks, which
+//! name the webhook's push credentials.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -25,9 +29,10 @@ use tracing::{info, warn};
 use super::{
     Mode, NodeConfigError, Runtime, default_registries_conf, fit, remove_stale, render_with, write,
 };
-use crate::config::Config;
+use crate::config::{Auth, Config};
 use crate::metrics::Metrics;
-use crate::mirror::Mirror;
+use crate::mirror::{Mirror, MirrorError};
+use crate::registry::RegistryError;
 
 /// How often the config file is compared with the one the last round
 /// read (a ConfigMap volume changes when the kubelet syncs it).
@@ -51,6 +56,9 @@ pub struct Agent {
     /// `namespace/name` of the agent's DaemonSet: its files are removed at
     /// exit when it is gone. Without it they are always kept.
     pub daemonset: Option<(String, String)>,
+    /// A Docker config.json with read-only credentials for the target,
+    /// for listing it; `None` lists anonymously.
+    pub target_auth: Option<PathBuf>,
 }
 
 /// Why a round changed nothing.
@@ -62,6 +70,18 @@ pub enum AgentError {
     /// The target's repositories could not be listed (for `"*"`).
     #[error("listing the target's repositories for the \"*\" allowlist: {0}")]
     Target(String),
+    /// The target refused the listing (401 or 403).
+    #[error(
+        "{registry} refused to list its repositories for the \"*\" allowlist (HTTP {status}) {who}; the files keep the registries as last listed"
+    )]
+    Refused {
+        /// The target registry.
+        registry: String,
+        /// 401 or 403.
+        status: u16,
+        /// Whose request it refused, and what to do.
+        who: &'static str,
+    },
     /// Rendering or writing failed.
     #[error(transparent)]
     Files(#[from] NodeConfigError),
@@ -125,15 +145,59 @@ impl Agent {
         Ok((written, removed))
     }
 
-    /// The registries the target holds images of.
-    async fn list(&self, config: &Config) -> Result<BTreeSet<String>, AgentError> {
-        let mirror = Mirror::connect(config, Arc::new(Metrics::new()))
+    /// The registries the target holds images of, listed with
+    /// [`Agent::target_auth`] or anonymously.
+    ///
+    /// # Errors
+    /// [`AgentError::Refused`] when the target answers 401 or 403,
+    /// [`AgentError::Target`] for any other failure.
+    pub async fn list(&self, config: &Config) -> Result<BTreeSet<String>, AgentError> {
+        let mirror = Mirror::connect(&self.listing_config(config), Arc::new(Metrics::new()))
             .await
             .map_err(|e| AgentError::Target(e.to_string()))?;
         mirror
             .mirrored_registries()
             .await
-            .map_err(|e| AgentError::Target(e.to_string()))
+            .map_err(|e| self.listing_error(&e))
+    }
+
+    /// `config` with [`Agent::target_auth`] as the target's only
+    /// credentials: the config's own `auth` files are the webhook's, not
+    /// mounted here, and sources are never contacted.
+    fn listing_config(&self, config: &Config) -> Config {
+        let mut c = config.clone();
+        for r in &mut c.source.registries {
+            r.auth = None;
+        }
+        c.target.auth = self.target_auth.as_ref().map(|file| {
+            let mut a = Auth::default();
+            a.docker_config_file = Some(file.clone());
+            a
+        });
+        c
+    }
+
+    fn listing_error(&self, e: &MirrorError) -> AgentError {
+        let (registry, status) = match e {
+            MirrorError::Registry(
+                RegistryError::Unauthorized { registry, .. }
+                | RegistryError::AuthRequired { registry, .. },
+            ) => (registry, 401),
+            MirrorError::Registry(RegistryError::Http {
+                registry, status, ..
+            }) if *status == 401 || *status == 403 => (registry, *status),
+            other => return AgentError::Target(other.to_string()),
+        };
+        AgentError::Refused {
+            registry: registry.clone(),
+            status,
+            who: match self.target_auth {
+                None => {
+                    "to an anonymous request; give the node agent read-only credentials for it (nodeAgent.registryAuthSecret, or pinswap manifests --node-agent-registry-auth-secret)"
+                }
+                Some(_) => "to the node agent's credentials (--target-auth)",
+            },
+        }
     }
 
     /// Rounds every [`Agent::interval`], and within [`CONFIG_POLL`] of a
@@ -239,6 +303,7 @@ mod tests {
             registries_conf: None,
             interval: Duration::from_secs(30),
             daemonset: None,
+            target_auth: None,
         }
     }
 

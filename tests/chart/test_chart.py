@@ -189,6 +189,8 @@ MATRIX = [
     ("no-rbac-existing-account", {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}}, "pinswap", "pinswap"),
     ("node-agent", {"nodeAgent": {"enabled": True, "runtime": "cri-o", "interval": "1m", "nodeSelector": {"kubernetes.io/os": "linux"},
                                   "priorityClassName": "system-node-critical"}}, "mirror", "mirror-system"),
+    ("node-agent-star-secret", {"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"},
+                                "config": {"target": {"registry": "m.example.com"}, "source": {"registries": [{"registry": "*"}]}}}, "pinswap", "pinswap"),
 ]
 
 
@@ -385,6 +387,7 @@ SCHEMA_REFUSALS = [
     ({"config": {"target": {"registry": "m.example.com"}, "mirrorOnly": {"profiles": ["mysql"]}}}, "/config/mirrorOnly/profiles/0'"),
     ({"nodeAgent": {"interval": "500ms"}}, "/nodeAgent/interval'"),
     ({"nodeAgent": {"mode": "digestOnly"}}, "/nodeAgent/mode'"),
+    ({"nodeAgent": {"registryAuthSecret": "Node_Pull"}}, "/nodeAgent/registryAuthSecret'"),
 ]
 
 
@@ -429,6 +432,12 @@ def without_chart_labels(value):
     return value
 
 
+# The webhook's credentials in its Secret, and "*": the node agent lists the target.
+STAR_CONFIG = {
+    "target": {"registry": "m.example.com", "auth": {"username": "u", "passwordFile": "/var/run/secrets/pinswap/pw"}},
+    "source": {"registries": [{"registry": "*"}, {"registry": "quay.io"}]},
+}
+
 # (values, namespace, extra `pinswap manifests` flags)
 EQUIVALENT = [
     ({}, "pinswap", ["--tls", "self-signed"]),
@@ -457,6 +466,10 @@ EQUIVALENT = [
     ({"nodeAgent": {"enabled": True}}, "pinswap", ["--tls", "self-signed", "--node-agent"]),
     ({"nodeAgent": {"enabled": True, "runtime": "cri-o", "mode": "digest-only", "hostPath": "/etc/crio/mirrors.d"}}, "mirror",
      ["--tls", "self-signed", "--node-agent", "--node-agent-runtime", "cri-o", "--node-agent-mode", "digest-only", "--node-agent-dir", "/etc/crio/mirrors.d"]),
+    # A "*" allowlist: anonymous, or with the read-only Secret named for it.
+    ({"nodeAgent": {"enabled": True}, "config": STAR_CONFIG}, "pinswap", ["--tls", "self-signed", "--node-agent"]),
+    ({"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"}, "config": STAR_CONFIG}, "pinswap",
+     ["--tls", "self-signed", "--node-agent", "--node-agent-registry-auth-secret", "node-agent-pull"]),
 ]
 
 
@@ -556,6 +569,13 @@ RENDER_REFUSALS = [
      "webhook.objectSelector and config.scope.objectSelector: set one"),
     ({"nodeAgent": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "source": {"imagePullSecrets": True}}},
      "nodeAgent.enabled: config.source.imagePullSecrets is true"),
+    ({"nodeAgent": {"enabled": True, "registryAuthSecret": "pinswap-registry-auth"}, "config": STAR_CONFIG},
+     "nodeAgent.registryAuthSecret: pinswap-registry-auth is the webhook's Secret"),
+    ({"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"}, "config": {"target": {"registry": "m.example.com"}}},
+     "nodeAgent.registryAuthSecret: config.source.registries has no \"*\""),
+    ({"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"},
+      "config": {"target": {"aws": {"accountId": "123456789012", "region": "eu-west-1"}}, "source": {"registries": [{"registry": "*"}]}}},
+     "nodeAgent.registryAuthSecret: config.target.aws"),
 ]
 
 
@@ -573,3 +593,55 @@ def test_settings_near_the_limits_render(chart):
         {"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "[::]:9443", "healthListen": "0.0.0.0:1024"}}},
     ):
         assert render(chart, values)
+
+
+def secrets_of(pod):
+    """Every Secret a Pod template reaches: volumes (plain and projected) and environment."""
+    out = []
+    for v in pod.get("volumes", []):
+        if "secret" in v:
+            out.append(v["secret"]["secretName"])
+        for p in v.get("projected", {}).get("sources", []):
+            if "secret" in p:
+                out.append(p["secret"]["name"])
+    for c in pod["containers"]:
+        for e in c.get("env", []):
+            if "secretKeyRef" in e.get("valueFrom", {}):
+                out.append(e["valueFrom"]["secretKeyRef"]["name"])
+        for e in c.get("envFrom", []):
+            if "secretRef" in e:
+                out.append(e["secretRef"]["name"])
+    return out
+
+
+def agent_objects(objects, name="pinswap-node-agent"):
+    return [o for o in objects if o["metadata"]["name"] == name]
+
+
+@pytest.mark.parametrize("release", ["pinswap", "mirror"])
+def test_the_node_agent_gets_no_secret_unless_a_read_only_one_is_named_for_star(chart, release):
+    agent = f"{release}-pinswap-node-agent" if release != "pinswap" else "pinswap-node-agent"
+    webhook_secret = f"{release}-pinswap-registry-auth" if release != "pinswap" else "pinswap-registry-auth"
+    named = {"target": STAR_CONFIG["target"], "source": {"registries": [{"registry": "quay.io"}]}}
+    for config in (None, named, STAR_CONFIG):
+        values = {"nodeAgent": {"enabled": True}}
+        if config:
+            values["config"] = config
+        objects = render(chart, values, release)
+        ds = find(objects, "DaemonSet", agent)
+        assert secrets_of(ds["spec"]["template"]["spec"]) == [], config
+        text = json.dumps(agent_objects(objects, agent))
+        assert "registry-auth" not in text and "/var/run/secrets/pinswap" not in text, config
+        # The webhook keeps its own.
+        assert secrets_of(pod_spec(objects, "pinswap" if release == "pinswap" else f"{release}-pinswap")) == [webhook_secret]
+
+    objects = render(chart, {"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"}, "config": STAR_CONFIG}, release)
+    pod = find(objects, "DaemonSet", agent)["spec"]["template"]["spec"]
+    assert secrets_of(pod) == ["node-agent-pull"]
+    volume = next(v for v in pod["volumes"] if "secret" in v)
+    assert volume["secret"] == {"secretName": "node-agent-pull"}
+    container = pod["containers"][0]
+    mounts = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mounts == [{"name": "registry-auth", "mountPath": "/var/run/secrets/pinswap-node-agent", "readOnly": True}]
+    assert container["args"][-2:] == ["--target-auth", "/var/run/secrets/pinswap-node-agent/.dockerconfigjson"]
+    assert webhook_secret not in json.dumps(agent_objects(objects, agent))

@@ -1,0 +1,249 @@
+//! The node agent: what `pinswap manifests --node-agent` gives it (no
+//! Secret, or a read-only one named for a `"*"` allowlist), and how
+//! `pinswap node-agent` lists the target: anonymously or with those
+//! credentials, never with the config's own, against a real registry.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use base64::Engine;
+use common::manifests::*;
+use common::{Image, TestRegistry, push_image};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use pinswap::nodeconfig::agent::{Agent, AgentError};
+use pinswap::nodeconfig::{Mode, Runtime};
+use serde_json::{Value, json};
+
+/// Every Secret a Pod template reaches: volumes (plain and projected) and
+/// environment variables.
+fn secrets_of(pod: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for v in pod["volumes"].as_array().into_iter().flatten() {
+        if let Some(s) = v["secret"]["secretName"].as_str() {
+            out.push(s.to_owned());
+        }
+        for p in v["projected"]["sources"].as_array().into_iter().flatten() {
+            if let Some(s) = p["secret"]["name"].as_str() {
+                out.push(s.to_owned());
+            }
+        }
+    }
+    for c in pod["containers"].as_array().into_iter().flatten() {
+        for e in c["env"].as_array().into_iter().flatten() {
+            if let Some(s) = e["valueFrom"]["secretKeyRef"]["name"].as_str() {
+                out.push(s.to_owned());
+            }
+        }
+        for e in c["envFrom"].as_array().into_iter().flatten() {
+            if let Some(s) = e["secretRef"]["name"].as_str() {
+                out.push(s.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// The node agent's four objects.
+fn agent_objects(objects: &[Value]) -> Vec<&Value> {
+    objects
+        .iter()
+        .filter(|o| o["metadata"]["name"] == "pinswap-node-agent")
+        .collect()
+}
+
+#[tokio::test]
+async fn the_node_agent_gets_no_secret_but_a_read_only_one_named_for_a_star_allowlist() {
+    let dir = tempfile::tempdir().unwrap();
+    let named = dir.path().join("named.yaml");
+    std::fs::write(
+        &named,
+        "target: {registry: m.example.com, auth: {username: u, passwordFile: /var/run/secrets/pinswap/pw}}\nsource: {registries: [{registry: quay.io}]}\n",
+    )
+    .unwrap();
+    let star = dir.path().join("star.yaml");
+    std::fs::write(
+        &star,
+        "target: {registry: m.example.com, auth: {username: u, passwordFile: /var/run/secrets/pinswap/pw}}\nsource: {registries: [{registry: \"*\"}]}\n",
+    )
+    .unwrap();
+    let (named, star) = (named.to_str().unwrap(), star.to_str().unwrap());
+    for config in [None, Some(named), Some(star)] {
+        let mut args = vec!["--tls", "self-signed", "--node-agent"];
+        if let Some(c) = config {
+            args.extend(["--config", c]);
+        }
+        let objects = manifests(&args).await;
+        let ds = find(&objects, "DaemonSet", "pinswap-node-agent");
+        let _: DaemonSet = typed(ds);
+        let pod = &ds["spec"]["template"]["spec"];
+        assert_eq!(secrets_of(pod), Vec::<String>::new(), "{config:?}");
+        let text = serde_json::to_string(&agent_objects(&objects)).unwrap();
+        assert!(!text.contains("registry-auth"), "{config:?}: {text}");
+        assert!(!text.contains("/var/run/secrets/pinswap"), "{config:?}");
+        // The webhook keeps its own.
+        let d = find(&objects, "Deployment", "pinswap");
+        assert_eq!(
+            secrets_of(&d["spec"]["template"]["spec"]),
+            ["pinswap-registry-auth"]
+        );
+    }
+
+    let objects = manifests(&[
+        "--tls",
+        "self-signed",
+        "--config",
+        star,
+        "--node-agent",
+        "--node-agent-registry-auth-secret",
+        "node-agent-pull",
+    ])
+    .await;
+    let ds = find(&objects, "DaemonSet", "pinswap-node-agent");
+    let _: DaemonSet = typed(ds);
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(secrets_of(pod), ["node-agent-pull"]);
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"].is_object())
+        .unwrap();
+    assert_eq!(volume["secret"], json!({"secretName": "node-agent-pull"}));
+    let container = &pod["containers"][0];
+    let mounts: Vec<&Value> = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["name"] == volume["name"])
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            &json!({"name": "registry-auth", "mountPath": "/var/run/secrets/pinswap-node-agent", "readOnly": true})
+        ]
+    );
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.ends_with(&[
+            "--target-auth",
+            "/var/run/secrets/pinswap-node-agent/.dockerconfigjson"
+        ]),
+        "{args:?}"
+    );
+    let text = serde_json::to_string(&agent_objects(&objects)).unwrap();
+    assert!(!text.contains("pinswap-registry-auth"), "{text}");
+
+    // Refused: the webhook's Secret, a named allowlist, an ECR target.
+    let ecr = dir.path().join("ecr.yaml");
+    std::fs::write(
+        &ecr,
+        "target: {aws: {accountId: \"123456789012\", region: eu-west-1}}\nsource: {registries: [{registry: \"*\"}]}\n",
+    )
+    .unwrap();
+    let cases = [
+        (star, "pinswap-registry-auth", "is the webhook's Secret"),
+        (named, "node-agent-pull", "source.registries has no \"*\""),
+        (ecr.to_str().unwrap(), "node-agent-pull", "target.aws"),
+        (star, "Node_Pull", "not a valid Secret name"),
+    ];
+    for (config, secret, want) in cases {
+        let (code, out, err) = common::run_pinswap(&[
+            "manifests",
+            "--config",
+            config,
+            "--node-agent",
+            "--node-agent-registry-auth-secret",
+            secret,
+        ])
+        .await;
+        assert_eq!(code, 2, "{secret}: {err}");
+        assert!(out.is_empty());
+        assert!(
+            err.contains("--node-agent-registry-auth-secret: ") && err.contains(want),
+            "{secret}: {err}"
+        );
+    }
+}
+
+fn agent(dir: &Path, target_auth: Option<&Path>) -> Agent {
+    Agent {
+        config: dir.join("pinswap.yaml"),
+        runtime: Runtime::Containerd,
+        mode: Mode::Resolve,
+        dir: dir.join("certs.d"),
+        registries_conf: None,
+        interval: Duration::from_secs(30),
+        daemonset: None,
+        target_auth: target_auth.map(Path::to_path_buf),
+    }
+}
+
+#[tokio::test]
+async fn the_agent_lists_the_target_anonymously_or_with_its_own_credentials_never_the_webhooks() {
+    let target = TestRegistry::plain_auth("pusher", "push-secret").await;
+    push_image(&target, "cache/quay.io/app", Some("v1"), &Image::oci(1, 41)).await;
+    let tmp = tempfile::tempdir().unwrap();
+    // The webhook's credentials, readable where the config says: the
+    // agent must not use them.
+    let pw = tmp.path().join("pw");
+    std::fs::write(&pw, "push-secret\n").unwrap();
+    let config_text = format!(
+        "target: {{registry: {}/cache, insecure: true, auth: {{username: pusher, passwordFile: {}}}}}\nsource: {{registries: [{{registry: \"*\"}}, {{registry: ghcr.io}}]}}\n",
+        target.host(),
+        pw.display()
+    );
+    let anonymous = agent(tmp.path(), None);
+    std::fs::write(&anonymous.config, &config_text).unwrap();
+    let config = pinswap::config::Config::load(&anonymous.config).unwrap();
+
+    // Anonymous: refused, and said so with what to do.
+    let e = anonymous.list(&config).await.unwrap_err();
+    assert!(
+        matches!(e, AgentError::Refused { status: 401, .. }),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(text.contains("nodeAgent.registryAuthSecret"), "{text}");
+    assert!(!text.contains("push-secret"), "{text}");
+    let mut known = BTreeSet::new();
+    let (written, _) = anonymous.round(&mut known).await.unwrap();
+    assert_eq!(
+        written,
+        [Path::new("ghcr.io/hosts.toml")],
+        "only the named registry"
+    );
+    assert!(!anonymous.dir.join("quay.io").exists());
+
+    // Its own read-only credentials (a dockerconfigjson Secret's file).
+    let auth = tmp.path().join(".dockerconfigjson");
+    let basic = base64::engine::general_purpose::STANDARD.encode("pusher:push-secret");
+    std::fs::write(
+        &auth,
+        json!({"auths": {target.host(): {"auth": basic}}}).to_string(),
+    )
+    .unwrap();
+    let credentialed = agent(tmp.path(), Some(&auth));
+    assert_eq!(
+        credentialed.list(&config).await.unwrap(),
+        BTreeSet::from(["quay.io".to_owned()])
+    );
+    let (written, _) = credentialed.round(&mut known).await.unwrap();
+    assert_eq!(written, [Path::new("quay.io/hosts.toml")]);
+
+    // Refused later: the files keep the registries as last listed.
+    let (written, removed) = anonymous.round(&mut known).await.unwrap();
+    assert!(
+        written.is_empty() && removed.is_empty(),
+        "{written:?} {removed:?}"
+    );
+    assert!(anonymous.dir.join("quay.io/hosts.toml").exists());
+    assert!(anonymous.dir.join("ghcr.io/hosts.toml").exists());
+}
