@@ -61,6 +61,14 @@ die() { echo "error: $*" >&2; exit 1; }
 cleanup=()
 trap 'rm -rf "${cleanup[@]}"' EXIT
 
+# --rootfs and --out are replaced whole: only when empty, or an earlier
+# run's (a file tree with its packages' records, a layout).
+ours_or_empty() { [ ! -e "$1" ] || { [ -d "$1" ] && { [ -z "$(ls -A "$1")" ] || [ -e "$1/$2" ]; }; }; }
+[ -z "$rootfs_only" ] || ours_or_empty "$rootfs_only" var/lib/dpkg/status.d ||
+  die "--rootfs $rootfs_only holds files this script did not write: remove them or name another directory"
+[ -n "$rootfs_only" ] || [ -n "$fetch_only" ] || ours_or_empty "$out" oci-layout ||
+  die "--out $out holds files this script did not write: remove them or name another directory"
+
 # Debian's name and the GNU triplet of an ELF file's machine.
 elf_arch() {
   local -a b
@@ -141,26 +149,34 @@ else
         die "apt-get download $p:$parch=$version failed"
       got=("$fetch"/*.deb)
       ((${#got[@]} == 1)) && [ -f "${got[0]}" ] || die "apt-get download $p:$parch=$version gave no single .deb"
-      [ "$(sha256 "${got[0]}")" = "$sum" ] || die "$p $version: the download's sha256 is not apt's"
-      chown "$(id -u):$(id -g)" "${got[0]}"
-      chmod 0644 "${got[0]}"
-      mv -f "${got[0]}" "$debs/$file"
+      # Out of the sandbox user's reach first, then checked and put in place.
+      staged=$(mktemp "$debs/.incoming.XXXXXX")
+      cleanup+=("$staged")
+      mv -f "${got[0]}" "$staged"
+      chown "$(id -u):$(id -g)" "$staged"
+      chmod 0644 "$staged"
+      [ "$(sha256 "$staged")" = "$sum" ] || die "$p $version: the download's sha256 is not apt's"
+      mv -f "$staged" "$debs/$file"
     fi
     chosen+=("$p $version $file $sum")
   done
-  # Files the previous manifest named and this one does not: replaced.
-  if [ -f "$manifest" ]; then
-    while read -r _ _ old _; do
-      valid_name "${old:-}" || continue
-      printf '%s\n' "${chosen[@]}" | awk -v f="$old" '$3 == f { found = 1 } END { exit !found }' ||
-        rm -f "$debs/$old"
-    done < <(grep -v '^#' "$manifest")
-  fi
+  previous=()
+  [ ! -f "$manifest" ] || mapfile -t previous < <(awk '!/^#/ { print $3 }' "$manifest")
+  next=$(mktemp "$debs/.manifest.XXXXXX")
+  cleanup+=("$next")
   {
     echo "# scripts/build-image.sh: PACKAGE VERSION FILE SHA256, apt's candidates for $arch"
     printf '%s\n' "${chosen[@]}"
-  } >"$manifest.new"
-  mv -f "$manifest.new" "$manifest"
+  } >"$next"
+  chmod 0644 "$next"
+  mv -f "$next" "$manifest"
+  # A file the previous manifest named and no manifest names now was
+  # replaced: it goes. Files no manifest ever named are not this script's.
+  for old in "${previous[@]}"; do
+    valid_name "$old" || continue
+    awk -v f="$old" '!/^#/ && $3 == f { found = 1 } END { exit !found }' "$debs"/*.manifest ||
+      rm -f "$debs/$old"
+  done
 fi
 [ -z "$fetch_only" ] || { echo "$debs"; exit 0; }
 

@@ -514,4 +514,64 @@ fn a_new_candidate_replaces_the_cached_package_and_offline_keeps_it() {
     let tree = offline.rootfs(&bin, &dir.path().join("both"));
     assert_eq!(status_field(&tree, "libc6", "Version"), new);
     assert!(cached(&debs).contains(&old_file));
+
+    // A package for all architectures that another architecture's
+    // manifest still names stays when this one's moves on.
+    online.ok(&["--fetch", "--arch", foreign_arch()]);
+    repo.add("netbase", "6.5", "all");
+    let online = Build {
+        repo: &repo,
+        debs: debs.clone(),
+        offline: false,
+        path_first: None,
+    };
+    let tree = online.rootfs(&bin, &dir.path().join("netbase"));
+    assert_eq!(status_field(&tree, "netbase", "Version"), "6.5");
+    let files = cached(&debs);
+    assert!(
+        files.contains(&"netbase_6.4_all.deb".to_owned()),
+        "{files:?}"
+    );
+    let foreign = go_binary(dir.path(), foreign_arch());
+    let offline = Build {
+        repo: &repo,
+        debs: debs.clone(),
+        offline: true,
+        path_first: None,
+    };
+    let tree = offline.rootfs(&foreign, &dir.path().join("foreign"));
+    assert_eq!(status_field(&tree, "netbase", "Version"), "6.4");
+}
+
+/// `--rootfs` and `--out` are replaced whole, so a directory holding
+/// anything but an earlier run's output is refused and left as it was.
+#[test]
+fn a_directory_it_did_not_write_is_not_replaced() {
+    let repo = Repo::new("2.36-9+deb12u14");
+    let dir = tempfile::tempdir().unwrap();
+    let bin = go_binary(dir.path(), host_arch_go());
+    let build = Build {
+        repo: &repo,
+        debs: dir.path().join("debs"),
+        offline: false,
+        path_first: None,
+    };
+    let (tree, layout) = (dir.path().join("tree"), dir.path().join("layout"));
+    for (flag, d) in [("--rootfs", &tree), ("--out", &layout)] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("notes.txt"), "someone's\n").unwrap();
+        let out = build.run(&["--binary", bin.to_str().unwrap(), flag, d.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(flag), "{flag}: {err}");
+        assert_eq!(
+            std::fs::read_to_string(d.join("notes.txt")).unwrap(),
+            "someone's\n"
+        );
+        // Emptied, it is written; written, it is written again.
+        std::fs::remove_file(d.join("notes.txt")).unwrap();
+        build.ok(&["--binary", bin.to_str().unwrap(), flag, d.to_str().unwrap()]);
+        build.ok(&["--binary", bin.to_str().unwrap(), flag, d.to_str().unwrap()]);
+    }
+    assert!(tree.join("etc/nsswitch.conf").exists());
+    assert!(layout.join("oci-layout").exists());
 }
