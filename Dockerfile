@@ -15,10 +15,12 @@
 # The file tree is the one scripts/build-image.sh makes without a container
 # engine (the test suite's image, docs/install.md "pinswap's image"): the
 # same packages (libc6, libgcc-s1, ca-certificates, netbase), the same
-# /etc/passwd, the same entrypoint, user and ports. What differs: the labels
-# come from the release workflow (docker/metadata-action), the layer holds
-# the tree as one COPY (its digest differs from the script's), and the
-# package versions are those bookworm serves on the day of the build.
+# /etc/passwd, /etc/group and /etc/nsswitch.conf, the same entrypoint,
+# user and ports; each platform's packages are its own architecture's.
+# What differs: the labels come from the release workflow
+# (docker/metadata-action), the layer holds the tree as one COPY (its digest
+# differs from the script's), and the package versions are those bookworm
+# serves on the day of the build.
 
 FROM docker.io/library/rust:1.95-bookworm AS build
 WORKDIR /src

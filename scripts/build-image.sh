@@ -7,11 +7,22 @@
 #
 #   scripts/build-image.sh [--binary FILE] [--out DIR]   # layout, prints the manifest digest
 #   scripts/build-image.sh --rootfs DIR [--binary FILE]  # only the file tree (the Dockerfile's stage)
-#   scripts/build-image.sh --fetch                       # only download the packages
+#   scripts/build-image.sh --fetch [--arch ARCH]         # only download the packages
 #
-# The packages are downloaded once into target/image/debs (apt-get download)
-# and reused, so later builds need no network and give the same bytes; with
-# PINSWAP_IMAGE_OFFLINE=1 a missing package is an error (the tests set it).
+# The architecture is the binary's (its ELF header); --arch names it when
+# only fetching (default: dpkg --print-architecture), and must agree with
+# the binary otherwise. The image's config says it, and the packages are
+# that architecture's (apt-get download PACKAGE:ARCH; another architecture
+# than the machine's needs dpkg --add-architecture ARCH and apt-get update).
+#
+# The packages are the versions apt gives as candidates, downloaded into
+# target/image/debs and recorded in its ARCH.manifest (package, version,
+# file, sha256). A build reuses what the manifest names while apt's
+# candidate is the same, and downloads again when it changed (apt-get
+# update brought a new version); the file it replaces goes. With
+# PINSWAP_IMAGE_OFFLINE=1 (the tests set it) apt is not asked: the build
+# uses what the manifest names, and fails when it names nothing or a file
+# is missing or altered.
 #
 # Defaults: --binary target/release/pinswap (built when missing), --out
 # target/image/layout. The image runs /usr/local/bin/pinswap as 65532:65532
@@ -22,17 +33,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 binary=target/release/pinswap
+binary_given=""
+arch=""
 out=target/image/layout
 rootfs_only=""
 fetch_only=""
 debs=${PINSWAP_IMAGE_DEBS:-target/image/debs}
+usage="usage: $0 [--binary FILE] [--arch ARCH] [--out DIR] | --rootfs DIR [--binary FILE] | --fetch [--arch ARCH]"
 while (($#)); do
   case $1 in
-  --binary) binary=$2; shift 2 ;;
+  --binary) binary=$2; binary_given=1; shift 2 ;;
+  --arch) arch=$2; shift 2 ;;
   --out) out=$2; shift 2 ;;
   --rootfs) rootfs_only=$2; shift 2 ;;
   --fetch) fetch_only=1; shift ;;
-  *) echo "usage: $0 [--binary FILE] [--out DIR] | --rootfs DIR [--binary FILE] | --fetch" >&2; exit 2 ;;
+  *) echo "$usage" >&2; exit 2 ;;
   esac
 done
 # The runtime files of distroless/cc-debian12 that the binary uses: glibc,
@@ -42,43 +57,151 @@ done
 # tzdata (logs are UTC).
 packages=(libc6 libgcc-s1 ca-certificates netbase)
 
+die() { echo "error: $*" >&2; exit 1; }
+cleanup=()
+trap 'rm -rf "${cleanup[@]}"' EXIT
+
+# --rootfs and --out are replaced whole: only when empty, or an earlier
+# run's (a file tree with its packages' records, a layout).
+ours_or_empty() { [ ! -e "$1" ] || { [ -d "$1" ] && { [ -z "$(ls -A "$1")" ] || [ -e "$1/$2" ]; }; }; }
+[ -z "$rootfs_only" ] || ours_or_empty "$rootfs_only" var/lib/dpkg/status.d ||
+  die "--rootfs $rootfs_only holds files this script did not write: remove them or name another directory"
+[ -n "$rootfs_only" ] || [ -n "$fetch_only" ] || ours_or_empty "$out" oci-layout ||
+  die "--out $out holds files this script did not write: remove them or name another directory"
+
+# Debian's name and the GNU triplet of an ELF file's machine.
+elf_arch() {
+  local -a b
+  read -r -a b <<<"$(od -An -tu1 -N20 -v "$1" | tr '\n' ' ')"
+  ((${#b[@]} == 20)) && [ "${b[*]:0:4}" = "127 69 76 70" ] || die "$1 is not an ELF binary"
+  local class=${b[4]} machine
+  if [ "${b[5]}" = 2 ]; then machine=$((b[18] * 256 + b[19])); else machine=$((b[19] * 256 + b[18])); fi
+  case "$class:${b[5]}:$machine" in
+  2:1:62) echo "amd64 x86_64-linux-gnu" ;;
+  2:1:183) echo "arm64 aarch64-linux-gnu" ;;
+  2:1:21) echo "ppc64el powerpc64le-linux-gnu" ;;
+  2:2:22) echo "s390x s390x-linux-gnu" ;;
+  2:1:243) echo "riscv64 riscv64-linux-gnu" ;;
+  1:1:3) echo "i386 i686-linux-gnu" ;;
+  *) die "$1: ELF machine $machine (class $class) is not one this script knows" ;;
+  esac
+}
+
+command -v dpkg >/dev/null || die "dpkg is needed to build the image"
+host_arch=$(dpkg --print-architecture)
+if [ -n "$fetch_only" ] && [ -z "$binary_given" ]; then
+  arch=${arch:-$host_arch}
+else
+  if [ ! -x "$binary" ]; then
+    [ "$binary" = target/release/pinswap ] || die "$binary is not an executable"
+    cargo build --release --locked --bin pinswap >&2
+  fi
+  elf=$(elf_arch "$binary")
+  read -r bin_arch triplet <<<"$elf"
+  [ -z "$arch" ] || [ "$arch" = "$bin_arch" ] || die "--arch $arch, but $binary is $bin_arch"
+  arch=$bin_arch
+fi
+[[ $arch =~ ^[a-z0-9]+$ ]] || die "--arch $arch: not a Debian architecture name"
+
+# The cache: never writable by others (apt-get download's sandbox user
+# writes into a private directory of its own, below).
 mkdir -p "$debs"
-missing=()
-for p in "${packages[@]}"; do
-  compgen -G "$debs/${p}_*.deb" >/dev/null || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  [ -z "${PINSWAP_IMAGE_OFFLINE:-}" ] || {
-    echo "error: $debs lacks ${missing[*]}: run scripts/build-image.sh --fetch" >&2
-    exit 1
-  }
-  # apt's sandbox user must be able to write there.
-  chmod 0777 "$debs"
-  (cd "$debs" && apt-get download -q "${missing[@]}" >/dev/null) || {
-    echo "error: apt-get download ${missing[*]} failed (run apt-get update first)" >&2
-    exit 1
-  }
-  chmod 0755 "$debs"
+[ -O "$debs" ] || die "$debs is not the current user's"
+chmod go-w "$debs"
+manifest=$debs/$arch.manifest
+
+# One field of a Debian control record on stdin.
+field() { awk -v f="$1" 'index($0, f ": ") == 1 { print substr($0, length(f) + 3); exit }'; }
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+valid_name() { [[ $1 =~ ^[A-Za-z0-9.+~%_-]+\.deb$ ]]; }
+
+# PACKAGE VERSION FILE SHA256, one line per package, for this build.
+chosen=()
+if [ -n "${PINSWAP_IMAGE_OFFLINE:-}" ]; then
+  [ -f "$manifest" ] || die "$manifest is missing: run scripts/build-image.sh --fetch --arch $arch"
+  for p in "${packages[@]}"; do
+    line=$(awk -v p="$p" '$1 == p' "$manifest")
+    read -r _ version file sum <<<"$line"
+    [ -n "$line" ] && valid_name "$file" || die "$manifest names no $p: run scripts/build-image.sh --fetch --arch $arch"
+    [ -f "$debs/$file" ] || die "$debs/$file is missing: run scripts/build-image.sh --fetch --arch $arch"
+    [ "$(sha256 "$debs/$file")" = "$sum" ] || die "$debs/$file is not the file $manifest names (sha256 differs)"
+    chosen+=("$p $version $file $sum")
+  done
+else
+  command -v apt-get >/dev/null || die "apt-get is needed to fetch the packages"
+  fetch=$(mktemp -d "$debs/.fetch.XXXXXX")
+  cleanup+=("$fetch")
+  # apt-get download drops to _apt when run as root: let it write only here.
+  if [ "$(id -u)" = 0 ] && id _apt >/dev/null 2>&1; then chown _apt "$fetch"; fi
+  for p in "${packages[@]}"; do
+    # The candidate's record: this architecture's, or the one for all.
+    record=$(apt-cache show --no-all-versions "$p:$arch" 2>/dev/null) ||
+      record=$(apt-cache show --no-all-versions "$p:all" 2>/dev/null) ||
+      die "apt has no $p for $arch: run apt-get update (for another architecture than the machine's, dpkg --add-architecture $arch first)"
+    version=$(field Version <<<"$record")
+    parch=$(field Architecture <<<"$record")
+    file=$(basename "$(field Filename <<<"$record")")
+    sum=$(field SHA256 <<<"$record")
+    [ -n "$version" ] && [ -n "$parch" ] && [ -n "$sum" ] && valid_name "$file" ||
+      die "apt's record of $p:$arch lacks a version, architecture, file name or sha256"
+    if ! [ -f "$debs/$file" ] || [ "$(sha256 "$debs/$file")" != "$sum" ]; then
+      (cd "$fetch" && apt-get download -q "$p:$parch=$version" >/dev/null) ||
+        die "apt-get download $p:$parch=$version failed"
+      got=("$fetch"/*.deb)
+      ((${#got[@]} == 1)) && [ -f "${got[0]}" ] || die "apt-get download $p:$parch=$version gave no single .deb"
+      # Out of the sandbox user's reach first, then checked and put in place.
+      staged=$(mktemp "$debs/.incoming.XXXXXX")
+      cleanup+=("$staged")
+      mv -f "${got[0]}" "$staged"
+      chown "$(id -u):$(id -g)" "$staged"
+      chmod 0644 "$staged"
+      [ "$(sha256 "$staged")" = "$sum" ] || die "$p $version: the download's sha256 is not apt's"
+      mv -f "$staged" "$debs/$file"
+    fi
+    chosen+=("$p $version $file $sum")
+  done
+  previous=()
+  [ ! -f "$manifest" ] || mapfile -t previous < <(awk '!/^#/ { print $3 }' "$manifest")
+  next=$(mktemp "$debs/.manifest.XXXXXX")
+  cleanup+=("$next")
+  {
+    echo "# scripts/build-image.sh: PACKAGE VERSION FILE SHA256, apt's candidates for $arch"
+    printf '%s\n' "${chosen[@]}"
+  } >"$next"
+  chmod 0644 "$next"
+  mv -f "$next" "$manifest"
+  # A file the previous manifest named and no manifest names now was
+  # replaced: it goes. Files no manifest ever named are not this script's.
+  for old in "${previous[@]}"; do
+    valid_name "$old" || continue
+    awk -v f="$old" '!/^#/ && $3 == f { found = 1 } END { exit !found }' "$debs"/*.manifest ||
+      rm -f "$debs/$old"
+  done
 fi
 [ -z "$fetch_only" ] || { echo "$debs"; exit 0; }
 
-if [ ! -x "$binary" ]; then
-  [ "$binary" = target/release/pinswap ] || { echo "error: $binary is not an executable" >&2; exit 1; }
-  cargo build --release --locked --bin pinswap >&2
+# strip for the binary's architecture.
+if [ "$arch" = "$host_arch" ]; then
+  strip=strip
+elif command -v "$triplet-strip" >/dev/null; then
+  strip=$triplet-strip
+else
+  strip=llvm-strip
 fi
-for tool in apt-get dpkg-deb python3 strip; do
-  command -v "$tool" >/dev/null || { echo "error: $tool is needed to build the image" >&2; exit 1; }
+for tool in dpkg-deb python3 "$strip"; do
+  command -v "$tool" >/dev/null || die "$tool is needed to build the image for $arch"
 done
 
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+cleanup+=("$work")
 rootfs=${rootfs_only:-$work/rootfs}
 rm -rf "$rootfs"
 mkdir -p "$rootfs"
 
 mkdir -p "$rootfs/var/lib/dpkg/status.d"
-for p in "${packages[@]}"; do
-  deb=$(compgen -G "$debs/${p}_*.deb" | LC_ALL=C sort | tail -1)
+for c in "${chosen[@]}"; do
+  read -r _ _ file _ <<<"$c"
+  deb=$debs/$file
   name=$(dpkg-deb -f "$deb" Package)
   dpkg-deb -x "$deb" "$rootfs"
   dpkg-deb -f "$deb" >"$rootfs/var/lib/dpkg/status.d/$name"
@@ -90,7 +213,7 @@ find "$rootfs/usr/share/ca-certificates" -name '*.crt' | LC_ALL=C sort | xargs c
 
 mkdir -p "$rootfs/usr/local/bin" "$rootfs/home/nonroot" "$rootfs/tmp" "$rootfs/etc"
 install -m 0755 "$binary" "$rootfs/usr/local/bin/pinswap"
-strip "$rootfs/usr/local/bin/pinswap"
+"$strip" "$rootfs/usr/local/bin/pinswap"
 chmod 1777 "$rootfs/tmp"
 chmod 0700 "$rootfs/home/nonroot"
 cat >"$rootfs/etc/passwd" <<'EOF'
@@ -103,7 +226,24 @@ root:x:0:
 nogroup:x:65534:
 nonroot:x:65532:
 EOF
-chmod 0644 "$rootfs/etc/passwd" "$rootfs/etc/group"
+# The lookup order stated, as distroless's base-files does: /etc/hosts
+# (where the kubelet writes hostAliases) before DNS, whatever the C
+# library's built-in order for a missing file.
+cat >"$rootfs/etc/nsswitch.conf" <<'EOF'
+passwd:         files
+group:          files
+shadow:         files
+gshadow:        files
+
+hosts:          files dns
+networks:       files
+
+protocols:      files
+services:       files
+ethers:         files
+rpc:            files
+EOF
+chmod 0644 "$rootfs/etc/passwd" "$rootfs/etc/group" "$rootfs/etc/nsswitch.conf"
 printf 'home/nonroot 65532:65532\n' >"$rootfs.owners"
 if [ -n "$rootfs_only" ]; then
   chown 65532:65532 "$rootfs/home/nonroot" 2>/dev/null || true
@@ -119,7 +259,7 @@ created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 mkdir -p "$(dirname "$out")"
 SOURCE_DATE_EPOCH=$epoch python3 scripts/oci-image.py --out "$out" --rootfs "$rootfs" \
   --entrypoint /usr/local/bin/pinswap --cmd=--help --user 65532:65532 \
-  --expose 8443/tcp --expose 8080/tcp --ref "$version" \
+  --expose 8443/tcp --expose 8080/tcp --ref "$version" --arch "$arch" \
   --label "org.opencontainers.image.title=pinswap" \
   --label "org.opencontainers.image.description=Mirrors the images a cluster uses into a registry you own and pins Pods to them by digest" \
   --label "org.opencontainers.image.source=https://github.com/pinswap/pinswap" \

@@ -371,6 +371,14 @@ async fn pinswap_image_is_reproducible_and_runs_as_nonroot() {
     };
     let manifest = blob(&ia["manifests"][0]["digest"]);
     let config = blob(&manifest["config"]["digest"]);
+    // The binary under test is the machine's, and so is the image.
+    let arch = std::process::Command::new("dpkg")
+        .arg("--print-architecture")
+        .output()
+        .unwrap();
+    let arch = String::from_utf8(arch.stdout).unwrap();
+    assert_eq!(config["architecture"], arch.trim());
+    assert_eq!(ia["manifests"][0]["platform"]["architecture"], arch.trim());
     assert_eq!(config["config"]["User"], "65532:65532");
     assert_eq!(
         config["config"]["Entrypoint"],
