@@ -1866,8 +1866,9 @@ sharing:
   # and retention keeps what any cluster's record names. Needs cluster:
   # docs/operations.md#several-clusters-one-mirror.
   enabled: false
-  # Publish at least this often; an image new to the record within
-  # checkEvery.
+  # Publish again this long after an image stopped being used (with
+  # nothing changed, every third of staleAfter); an image new to the
+  # record within checkEvery.
   interval: 5m
   checkEvery: 5s
   # A record older than this counts as using everything it lists until

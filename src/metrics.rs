@@ -854,6 +854,12 @@ pub struct SharingMetrics {
     /// `incomplete` (more images in use than a record holds), `failed`,
     /// `conflict`, `not_synced` (the watches have not listed everything).
     pub publishes: Family<OutcomeLabel, Counter>,
+    /// `pinswap_usage_record_versions_total{outcome}`: what became of the
+    /// version each publication replaced: `removed`, `kept` (the registry
+    /// refuses deletes, and keeps every version), `failed` (the delete
+    /// failed; it stays), `not_own` (not known to be this install's; it
+    /// stays).
+    pub versions: Family<OutcomeLabel, Counter>,
     /// `pinswap_usage_record_images{cluster}`: entries of each cluster's
     /// record as last read or written.
     pub images: Family<ClusterLabel, Gauge>,
@@ -881,6 +887,12 @@ impl SharingMetrics {
                 r,
                 "usage_record_publishes",
                 "Publications of this cluster's usage record at the target, by outcome (published, incomplete, failed, conflict, not_synced)",
+                Family::default(),
+            ),
+            versions: register(
+                r,
+                "usage_record_versions",
+                "Versions of this cluster's usage record replaced by a publication, by what became of them (removed; kept: the registry refuses deletes and keeps every version; failed; not_own)",
                 Family::default(),
             ),
             images: register(

@@ -655,8 +655,24 @@ async fn one_writer_per_name_and_no_versions_left_behind() {
     );
     // A conflict reads the record back: the next try writes (a write
     // whose answer was lost heals so), and the twin, still writing, is
-    // found out in its turn.
+    // found out in its turn. The twin's version, which this install did
+    // not write, stays.
+    let twins = records.read_full("a").await.unwrap().unwrap().digest;
     a.publisher.publish(&a.uses(&[]), true).await.unwrap();
+    assert!(
+        r.dst
+            .head_manifest(repo, &twins.to_string())
+            .await
+            .is_some(),
+        "another install's version stays"
+    );
+    assert_eq!(
+        a.metric(
+            "pinswap_usage_record_versions_total",
+            ("outcome", "not_own")
+        ),
+        1.0
+    );
     let e = twin
         .publisher
         .publish(&twin.uses(&[]), true)
@@ -884,4 +900,201 @@ async fn a_plan_keeps_what_another_cluster_uses_and_publishes_nothing() {
     assert_eq!(pass.state(&y.key(&b)), Some(State::Removed));
     assert_eq!(pass.state(&x.key(&b)), Some(State::InUse));
     assert!(r.present(&x).await);
+}
+
+/// Log lines at INFO and above of the current thread, as text.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Captures this thread's log lines (a current-thread test runtime
+    /// runs every task on it) until the guard drops.
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn count(&self, part: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(part))
+            .count()
+    }
+}
+
+/// A target that refuses deletes (`storage.delete.enabled: false`) keeps
+/// every version of a record: each publication counts it, one log line
+/// per stretch says so, and nothing but the version replaced is asked to
+/// go.
+#[tokio::test]
+async fn a_target_that_refuses_deletes_is_told_once_per_stretch() {
+    common::init();
+    let dst = TestRegistry::plain_without_deletes().await;
+    let front = Front::start(&dst.host()).await;
+    let r = Rig {
+        src: TestRegistry::plain().await,
+        dst,
+        front,
+    };
+    let b = r.cluster("b", &r.front.host(), "staleAfter: 1h").await;
+    let records = Records::of(b.adm.mirror()).await.unwrap();
+    let (logs, guard) = Logs::capture();
+    let told = "keeps every version of this cluster's usage record";
+    let mut versions = Vec::new();
+    for _ in 0..3 {
+        b.publisher.publish(&b.uses(&[]), true).await.unwrap();
+        versions.push(records.read_full("b").await.unwrap().unwrap().digest);
+    }
+    let kept = ("outcome", "kept");
+    assert_eq!(b.metric("pinswap_usage_record_versions_total", kept), 2.0);
+    assert_eq!(logs.count(told), 1, "once per stretch");
+    let repo = "mirror/pinswap-usage";
+    for v in &versions {
+        assert!(r.dst.head_manifest(repo, &v.to_string()).await.is_some());
+    }
+    let deletes: Vec<String> = r
+        .front
+        .requests()
+        .into_iter()
+        .filter(|(m, _)| m == "DELETE")
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(
+        deletes,
+        versions[..2]
+            .iter()
+            .map(|v| format!("/v2/{repo}/manifests/{v}"))
+            .collect::<Vec<_>>(),
+        "only the versions replaced"
+    );
+
+    // Deletes on: the stretch ends, the version replaced goes; off again:
+    // a new stretch, told once more.
+    let mut r = r;
+    r.dst.set_deletes(true).await;
+    b.publisher.publish(&b.uses(&[]), true).await.unwrap();
+    assert_eq!(
+        b.metric(
+            "pinswap_usage_record_versions_total",
+            ("outcome", "removed")
+        ),
+        1.0
+    );
+    assert!(
+        r.dst
+            .head_manifest(repo, &versions[2].to_string())
+            .await
+            .is_none()
+    );
+    assert_eq!(logs.count("earlier versions are removed again"), 1);
+    r.dst.set_deletes(false).await;
+    for _ in 0..2 {
+        b.publisher.publish(&b.uses(&[]), true).await.unwrap();
+    }
+    assert_eq!(b.metric("pinswap_usage_record_versions_total", kept), 4.0);
+    assert_eq!(logs.count(told), 2, "once per stretch");
+    drop(guard);
+}
+
+/// With nothing changing, a record is written once per third of
+/// `sharing.staleAfter`, not every `sharing.interval`: between, one HEAD
+/// per interval makes sure it is still there. Other clusters still see
+/// its images in use now, and an image that stops being used gets its
+/// true last use.
+#[tokio::test]
+async fn a_record_is_written_less_often_when_nothing_changes() {
+    let r = rig().await;
+    let b = r
+        .cluster("b", &r.front.host(), "interval: 300ms, staleAfter: 1h")
+        .await;
+    let x = r.source_image("x", 91).await;
+    let y = r.source_image("y", 92).await;
+    b.run(&x).await;
+    b.run(&y).await;
+    let records = Records::of(b.adm.mirror()).await.unwrap();
+    let both = b.uses(&[&x, &y]);
+    let first = b.publisher.publish(&both, false).await.unwrap();
+    assert!(matches!(first, Published::Written { .. }), "{first:?}");
+    let written = records.read("b").await.unwrap().unwrap();
+    r.front.reset();
+    let rounds = 6;
+    for _ in 0..rounds {
+        tokio::time::sleep(Duration::from_millis(320)).await;
+        b.publisher.publish(&both, false).await.unwrap();
+    }
+    let puts = r.front.count_method("PUT", "/pinswap-usage/manifests/");
+    let uploads = r
+        .front
+        .count_method("POST", "/pinswap-usage/blobs/uploads/");
+    let heads = r.front.count_method("HEAD", "/pinswap-usage/manifests/");
+    eprintln!(
+        "{rounds} intervals with nothing changing: {puts} manifest PUTs, {uploads} blob uploads, {heads} HEADs"
+    );
+    assert_eq!((puts, uploads), (0, 0), "{:#?}", r.front.requests());
+    assert!((1..=rounds).contains(&(heads as usize)), "{heads}");
+    // Still in use now, as other clusters read it.
+    let rec = records.read("b").await.unwrap().unwrap();
+    assert_eq!(rec, written);
+    assert!(rec.images.values().all(|t| *t >= rec.updated));
+
+    // y stops being used: written at the interval, with y's last use the
+    // last round that saw it, not the record's earlier write.
+    tokio::time::sleep(Duration::from_millis(320)).await;
+    let only_x = b.uses(&[&x]);
+    let next = b.publisher.publish(&only_x, false).await.unwrap();
+    assert!(matches!(next, Published::Written { .. }), "{next:?}");
+    let rec = records.read("b").await.unwrap().unwrap();
+    let y_key = format!("{}@{}", y.repo, y.image.digest);
+    assert!(rec.images[&y_key] > written.updated, "{rec:?}");
+    assert!(rec.images[&y_key] < rec.updated, "no longer in use now");
+
+    // Forgotten while it runs: written again within an interval.
+    records.forget("b").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(320)).await;
+    let again = b.publisher.publish(&only_x, false).await.unwrap();
+    assert!(matches!(again, Published::Written { .. }), "{again:?}");
+    assert!(records.read("b").await.unwrap().is_some());
+}
+
+/// A record that names what is in use is written again within a third of
+/// `sharing.staleAfter`: it never looks stale to another cluster.
+#[tokio::test]
+async fn a_record_with_nothing_new_never_goes_stale() {
+    let r = rig().await;
+    let stale_after = Duration::from_millis(1500);
+    let a = r
+        .cluster("a", &r.dst.host(), "interval: 300ms, staleAfter: 1500ms")
+        .await;
+    let x = r.source_image("x", 93).await;
+    a.run(&x).await;
+    let records = Records::of(a.adm.mirror()).await.unwrap();
+    let mut writes = 0;
+    for _ in 0..10 {
+        if matches!(
+            a.publisher.publish(&a.uses(&[&x]), false).await.unwrap(),
+            Published::Written { .. }
+        ) {
+            writes += 1;
+        }
+        let rec = records.read("a").await.unwrap().unwrap();
+        assert!(!rec.is_stale(Timestamp::now(), stale_after), "{rec:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!((3..10).contains(&writes), "{writes} writes in 10 rounds");
 }

@@ -22,9 +22,11 @@ pub struct Sharing {
     /// and `recovery.enabled` (the leader publishes).
     #[serde(default)]
     pub enabled: bool,
-    /// Time between two publications of this cluster's record when
-    /// nothing new is in use (an image new to the record is published
-    /// within seconds).
+    /// Time between two publications of this cluster's record when an
+    /// image it names as in use stopped being used, and between two looks
+    /// at its tag when nothing changed (it is written again then every
+    /// third of `stale_after`). An image new to the record is published
+    /// within `check_every`.
     #[serde(default = "d_5m", with = "duration")]
     pub interval: Duration,
     /// How often the leader looks for images new to its record. Retention

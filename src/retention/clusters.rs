@@ -407,7 +407,8 @@ impl Records {
 
     /// Publishes `record` under its cluster's tag: the empty config (unless
     /// `config_present` says it is there; set once it is), the layer, the
-    /// manifest. Returns the bytes of the layer and the manifest's digest.
+    /// manifest. Returns the bytes of the layer and the manifest's digest,
+    /// which [`Records::digest_of`] tells before.
     ///
     /// # Errors
     /// [`ClustersError::Registry`] or [`ClustersError::Ecr`] when a write
@@ -426,46 +427,34 @@ impl Records {
                     source: Box::new(e),
                 })?;
         }
-        let layer = Bytes::from(serde_json::to_vec(record).expect("a record serialises"));
-        let config = descriptor("application/vnd.oci.empty.v1+json", EMPTY);
-        let layer_desc = descriptor(ARTIFACT_TYPE, &layer);
+        let artifact = Artifact::of(record)?;
         if !*config_present {
             let exists = self
                 .client
-                .blob_exists(&tagged, &config.digest)
+                .blob_exists(&tagged, &artifact.config.digest)
                 .await
                 .map_err(|e| self.registry_error(e))?;
             if !exists {
-                self.push(&tagged, &config, Bytes::from_static(EMPTY))
+                self.push(&tagged, &artifact.config, Bytes::from_static(EMPTY))
                     .await?;
             }
             *config_present = true;
         }
-        self.push(&tagged, &layer_desc, layer.clone()).await?;
-        let manifest = serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "artifactType": ARTIFACT_TYPE,
-            "config": {"mediaType": config.media_type, "digest": config.digest, "size": config.size},
-            "layers": [{"mediaType": layer_desc.media_type, "digest": layer_desc.digest, "size": layer_desc.size}],
-            "annotations": {
-                "org.opencontainers.image.created": record.updated.to_string(),
-                "dev.pinswap.cluster": record.cluster,
-            },
-        });
-        let bytes = Bytes::from(serde_json::to_vec(&manifest).expect("a manifest serialises"));
-        let digest = crate::registry::check::sha256_digest(&bytes);
-        let raw = RawManifest::parse(bytes, digest, Some(OCI_MANIFEST)).map_err(|e| {
-            ClustersError::Unreadable {
-                cluster: record.cluster.clone(),
-                why: e.to_string(),
-            }
-        })?;
+        self.push(&tagged, &artifact.layer_desc, artifact.layer.clone())
+            .await?;
         self.client
-            .push_manifest(&tagged, &raw)
+            .push_manifest(&tagged, &artifact.manifest)
             .await
             .map_err(|e| self.registry_error(e))?;
-        Ok((layer.len(), raw.digest))
+        Ok((artifact.layer.len(), artifact.manifest.digest))
+    }
+
+    /// The digest of the manifest [`Records::publish`] writes for `record`.
+    ///
+    /// # Errors
+    /// [`ClustersError::Unreadable`] when it cannot be built.
+    pub fn digest_of(record: &ClusterRecord) -> Result<crate::reference::Digest, ClustersError> {
+        Ok(Artifact::of(record)?.manifest.digest)
     }
 
     /// The digest `cluster`'s tag names now, if any.
@@ -485,17 +474,20 @@ impl Records {
 
     /// Removes an earlier version of a record (by digest, no tag names it
     /// any more), so versions do not pile up at the target.
+    /// [`Deleted::Unsupported`]: the registry refuses deletes, and keeps
+    /// every version.
     ///
     /// # Errors
     /// [`ClustersError::Registry`] or [`ClustersError::Ecr`].
     pub async fn remove_version(
         &self,
         digest: &crate::reference::Digest,
-    ) -> Result<(), ClustersError> {
+    ) -> Result<Deleted, ClustersError> {
         if let Some(ecr) = &self.ecr {
             return ecr
                 .delete_image(self.repository.repository(), &[], digest)
                 .await
+                .map(|()| Deleted::Accepted)
                 .map_err(|e| ClustersError::Ecr {
                     repository: self.repository.to_string(),
                     source: Box::new(e),
@@ -504,7 +496,6 @@ impl Records {
         self.client
             .delete_manifest_digest(&self.repository, digest)
             .await
-            .map(|_| ())
             .map_err(|e| self.registry_error(e))
     }
 
@@ -579,6 +570,47 @@ pub fn records_repository(target: &MirrorTarget) -> Result<Reference, ClustersEr
             cluster: String::new(),
             why: format!("the target's prefix leaves no room for {REPOSITORY}: {e}"),
         })
+}
+
+/// A record as pushed: its layer and the manifest naming it.
+struct Artifact {
+    config: Descriptor,
+    layer: Bytes,
+    layer_desc: Descriptor,
+    manifest: RawManifest,
+}
+
+impl Artifact {
+    fn of(record: &ClusterRecord) -> Result<Self, ClustersError> {
+        let layer = Bytes::from(serde_json::to_vec(record).expect("a record serialises"));
+        let config = descriptor("application/vnd.oci.empty.v1+json", EMPTY);
+        let layer_desc = descriptor(ARTIFACT_TYPE, &layer);
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "artifactType": ARTIFACT_TYPE,
+            "config": {"mediaType": config.media_type, "digest": config.digest, "size": config.size},
+            "layers": [{"mediaType": layer_desc.media_type, "digest": layer_desc.digest, "size": layer_desc.size}],
+            "annotations": {
+                "org.opencontainers.image.created": record.updated.to_string(),
+                "dev.pinswap.cluster": record.cluster,
+            },
+        });
+        let bytes = Bytes::from(serde_json::to_vec(&manifest).expect("a manifest serialises"));
+        let digest = crate::registry::check::sha256_digest(&bytes);
+        let manifest = RawManifest::parse(bytes, digest, Some(OCI_MANIFEST)).map_err(|e| {
+            ClustersError::Unreadable {
+                cluster: record.cluster.clone(),
+                why: e.to_string(),
+            }
+        })?;
+        Ok(Self {
+            config,
+            layer,
+            layer_desc,
+            manifest,
+        })
+    }
 }
 
 fn descriptor(media_type: &str, bytes: &[u8]) -> Descriptor {

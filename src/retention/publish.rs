@@ -1,10 +1,11 @@
 //! Publishing this cluster's usage record ([`super::clusters`]) on the
 //! leader: when an image new to the record is in use (looked for every
-//! `sharing.checkEvery`), else every `sharing.interval`, and before each
-//! retention pass. Runs whether or not this cluster's retention is on:
-//! another cluster's retention reads it.
+//! `sharing.checkEvery`), every `sharing.interval` while the images in use
+//! differ from the record's, every third of `sharing.staleAfter` when
+//! nothing changed, and before each retention pass. Runs whether or not
+//! this cluster's retention is on: another cluster's retention reads it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,14 +20,18 @@ use super::{InUse, InUseSource};
 use crate::admission::policy::Policy;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
-use crate::reference::{MirrorTarget, Reference};
+use crate::reference::{Digest, MirrorTarget, Reference};
+use crate::registry::delete::Deleted;
 
 /// What [`Publisher::publish`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Published {
     /// The watches have not listed everything: nothing published.
     NotSynced,
-    /// Nothing new, and the record is younger than `sharing.interval`.
+    /// Nothing to write: nothing new is in use, and the record at the
+    /// target stands (younger than `sharing.interval`, or, when the images
+    /// in use are those it names as in use, than a third of
+    /// `sharing.staleAfter`).
     Unchanged,
     /// Written, with this many entries and layer bytes.
     Written {
@@ -46,6 +51,8 @@ pub struct Publisher {
     interval: Duration,
     check_every: Duration,
     stale_after: Duration,
+    /// How long a record stands while nothing changes.
+    refresh: Duration,
     keep_for: Duration,
     metrics: Arc<Metrics>,
     state: Mutex<State>,
@@ -62,7 +69,35 @@ struct State {
     /// The target holds the empty config blob.
     config_present: bool,
     /// The manifest this install's tag named when last read or written.
-    digest: Option<crate::reference::Digest>,
+    digest: Option<Digest>,
+    /// `digest` is this install's: written here, or read back when this
+    /// replica began to lead (one writer per name). Not one read back after
+    /// a failure that this process did not write: another install's.
+    own: bool,
+    /// The next read-back follows a failed or refused publication.
+    after_failure: bool,
+    /// The manifest this process last tried to write: a write whose answer
+    /// was lost is recognised by it.
+    attempted: Option<Digest>,
+    /// When the tag was last found naming `digest` (or written).
+    checked: Option<Instant>,
+    /// Between writes, when each entry was last seen in use: an image that
+    /// stops being used gets its true last use at the next write.
+    seen: HashMap<String, Timestamp>,
+    /// Replaced versions stay at the target (refused or failed deletes):
+    /// told once per stretch.
+    keeping: bool,
+}
+
+impl State {
+    /// A replica that begins to lead reads the record back and writes at
+    /// its first round: another replica may have led meanwhile.
+    fn lead(&mut self) {
+        self.loaded = false;
+        self.after_failure = false;
+        self.written = None;
+        self.checked = None;
+    }
 }
 
 impl Publisher {
@@ -83,6 +118,7 @@ impl Publisher {
             interval: sharing.interval,
             check_every: sharing.check_every,
             stale_after: sharing.stale_after,
+            refresh: refresh(sharing),
             keep_for: sharing.keep_for,
             metrics,
             state: Mutex::new(State::default()),
@@ -150,9 +186,12 @@ impl Publisher {
     }
 
     /// Publishes this cluster's record when `in_use` names an image new to
-    /// it, when it is older than `sharing.interval`, or with `force`.
-    /// Images in use are last used now; others keep their time and are
-    /// dropped past `sharing.keepFor`.
+    /// it, when it is older than `sharing.interval` and the images in use
+    /// are not those it names as in use, when it is older than a third of
+    /// `sharing.staleAfter`, when its tag no longer names it (looked at
+    /// every `sharing.interval`), or with `force`. Images in use are last
+    /// used now; others keep their time (the last round that saw them in
+    /// use) and are dropped past `sharing.keepFor`.
     ///
     /// # Errors
     /// [`ClustersError`] when the record could not be read back or
@@ -172,8 +211,12 @@ impl Publisher {
             // Read the record back before the next try: a write may have
             // landed although its answer was lost, or another replica led
             // meanwhile. A real second install under this name is found
-            // out again at each try.
+            // out again at each try. The next round writes.
             state.loaded = false;
+            if !matches!(e, ClustersError::Incomplete { .. }) {
+                state.after_failure = true;
+                state.written = None;
+            }
             match e {
                 ClustersError::Conflict { .. } | ClustersError::Incomplete { .. } => {}
                 _ => Metrics::outcome(&self.metrics.sharing.publishes, "failed"),
@@ -193,7 +236,15 @@ impl Publisher {
             // This cluster's last use survives the loss of the cluster
             // (or of its ConfigMap): what the target holds is carried on.
             let read = records.read_full(&self.cluster).await?;
+            let before = (state.own, state.digest.take());
             state.digest = read.as_ref().map(|r| r.digest.clone());
+            // After a failure, only what this process wrote or tried to
+            // write is known to be its own; anything else came from
+            // elsewhere.
+            state.own = !state.after_failure
+                || state.digest == state.attempted
+                || (before.0 && state.digest == before.1);
+            state.after_failure = false;
             state.record = read.map(|r| r.record);
             state.loaded = true;
         }
@@ -201,6 +252,9 @@ impl Publisher {
         // Known: in use when the record was last written. An image used
         // again after a while is news too (a rollback), as its old time
         // would let another cluster remove it.
+        let in_use_then = state.record.as_ref().map_or(0, |r| {
+            r.images.values().filter(|t| **t >= r.updated).count()
+        });
         let known = |k: &String| {
             state
                 .record
@@ -208,9 +262,30 @@ impl Publisher {
                 .is_some_and(|r| r.images.get(k).is_some_and(|t| *t >= r.updated))
         };
         let new = keys.iter().any(|k| !known(k));
-        let due = state.written.is_none_or(|w| w.elapsed() >= self.interval);
+        // Nothing new: the same images, or fewer.
+        let same = !new && keys.len() == in_use_then;
+        let since = |at: Option<Instant>| at.map_or(Duration::MAX, |w| w.elapsed());
+        // A record that names exactly what is in use would change only in
+        // its times, all of which readers take from `updated`: it stands
+        // until a third of staleAfter, so it never looks stale elsewhere.
+        let due = since(state.written) >= if same { self.refresh } else { self.interval };
+        let mut current = None;
         if !(new || due || force) {
-            return Ok(Published::Unchanged);
+            let now = Timestamp::now();
+            for k in &keys {
+                state.seen.insert(k.clone(), now);
+            }
+            if since(state.checked) < self.interval {
+                return Ok(Published::Unchanged);
+            }
+            // The record must still be there (`clusters forget` removes
+            // it) and still this install's: one HEAD per interval.
+            let found = records.current(&self.cluster).await?;
+            if found.is_some() && found == state.digest {
+                state.checked = Some(Instant::now());
+                return Ok(Published::Unchanged);
+            }
+            current = Some(found);
         }
         let now = Timestamp::now();
         let mut images: BTreeMap<String, Timestamp> = state
@@ -218,6 +293,11 @@ impl Publisher {
             .as_ref()
             .map(|r| r.images.clone())
             .unwrap_or_default();
+        for (k, t) in state.seen.drain() {
+            if let Some(last) = images.get_mut(&k) {
+                *last = (*last).max(t);
+            }
+        }
         images.retain(|_, t| age(now, *t) <= self.keep_for);
         // Carried on from a record written by a clock ahead of this one:
         // never later than now, or it would never age out.
@@ -231,25 +311,32 @@ impl Publisher {
         let record = bounded(&self.cluster, now, images, in_use_count);
         let complete = record.complete;
         // One writer per name: a tag that moved since this install last
-        // read or wrote it is another install's under the same name.
-        let current = records.current(&self.cluster).await?;
-        if let (Some(found), Some(wrote)) = (&current, &state.digest)
-            && found != wrote
+        // read or wrote it, or that names a record where there was none,
+        // is another install's under the same name.
+        let current = match current {
+            Some(c) => c,
+            None => records.current(&self.cluster).await?,
+        };
+        if let Some(found) = &current
+            && state.digest.as_ref() != Some(found)
         {
             Metrics::outcome(&self.metrics.sharing.publishes, "conflict");
             return Err(ClustersError::Conflict {
                 cluster: self.cluster.clone(),
                 found: found.to_string(),
-                wrote: wrote.to_string(),
+                wrote: state
+                    .digest
+                    .as_ref()
+                    .map_or_else(|| "nothing".to_owned(), ToString::to_string),
             });
         }
+        state.attempted = Some(Records::digest_of(&record)?);
         let (bytes, digest) = records.publish(&record, &mut state.config_present).await?;
-        if let Some(old) = current.filter(|d| *d != digest)
-            && let Err(e) = records.remove_version(&old).await
-        {
-            warn!(cluster = %self.cluster, error = %e, "the usage record's earlier version could not be removed; the registry's garbage collection or lifecycle rules must");
+        if let Some(old) = current.filter(|d| *d != digest) {
+            self.replaced(&records, &old, state).await;
         }
         state.digest = Some(digest);
+        state.own = true;
         let entries = record.images.len();
         Metrics::outcome(
             &self.metrics.sharing.publishes,
@@ -263,6 +350,7 @@ impl Publisher {
         }
         state.record = Some(record);
         state.written = Some(Instant::now());
+        state.checked = state.written;
         if !complete {
             return Err(ClustersError::Incomplete {
                 cluster: self.cluster.clone(),
@@ -271,6 +359,55 @@ impl Publisher {
         }
         Ok(Published::Written { entries, bytes })
     }
+
+    /// Removes `old`, the version a publication just replaced, when it is
+    /// known to be this install's; counts and tells what became of it.
+    async fn replaced(&self, records: &Records, old: &Digest, state: &mut State) {
+        let versions = &self.metrics.sharing.versions;
+        if !state.own {
+            // Read back after a failure, and not what this process wrote:
+            // another install's, which only its writer removes.
+            Metrics::outcome(versions, "not_own");
+            info!(cluster = %self.cluster, version = %old, "the usage record's version before is not known to be this install's: it stays at the target");
+            return;
+        }
+        let kept = match records.remove_version(old).await {
+            Ok(Deleted::Accepted | Deleted::Absent) => {
+                Metrics::outcome(versions, "removed");
+                None
+            }
+            Ok(Deleted::Unsupported) => {
+                Metrics::outcome(versions, "kept");
+                Some("the target registry refuses deletes (Distribution: storage.delete.enabled is false), so it keeps every version of this cluster's usage record, one per publication".to_owned())
+            }
+            Err(e) => {
+                Metrics::outcome(versions, "failed");
+                Some(format!(
+                    "the usage record's earlier versions could not be removed ({e}), so they stay at the target"
+                ))
+            }
+        };
+        match kept {
+            // Once per stretch: it is the same at each publication.
+            Some(why) if !state.keeping => {
+                warn!(cluster = %self.cluster, "{why}: remove the old versions and run the registry's garbage collection (docs/operations.md#several-clusters-one-mirror); pinswap_usage_record_versions_total counts them");
+                state.keeping = true;
+            }
+            Some(_) => {}
+            None if state.keeping => {
+                info!(cluster = %self.cluster, "the usage record's earlier versions are removed again");
+                state.keeping = false;
+            }
+            None => {}
+        }
+    }
+}
+
+/// How long a record that names exactly what is in use stands: a third of
+/// `sharing.staleAfter` (at least `sharing.interval`), so that two missed
+/// writes in a row still leave it fresh for other clusters.
+fn refresh(sharing: &crate::config::Sharing) -> Duration {
+    (sharing.stale_after / 3).max(sharing.interval)
 }
 
 /// The record's keys for `images`: only what maps to an allowed source
@@ -367,7 +504,7 @@ pub async fn run(
         }
         info!(cluster = %publisher.cluster, "leading: this cluster's usage record is published");
         // Another replica may have led meanwhile: read the record back.
-        publisher.state.lock().await.loaded = false;
+        publisher.state.lock().await.lead();
         let mut failing = false;
         // Since this replica last published, or began to lead.
         let mut last_written = Instant::now();

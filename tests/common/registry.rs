@@ -30,6 +30,8 @@ pub struct TestRegistry {
     tls: bool,
     creds: Option<(String, String)>,
     token: Option<TokenServer>,
+    /// `storage.delete.enabled`.
+    deletes: bool,
     child: Option<Child>,
     http: reqwest::Client,
 }
@@ -37,18 +39,36 @@ pub struct TestRegistry {
 impl TestRegistry {
     /// Plain HTTP, no auth.
     pub async fn plain() -> TestRegistry {
-        Self::start(false, None, None).await
+        Self::start(false, None, None, true).await
+    }
+
+    /// Plain HTTP, no auth, with `storage.delete.enabled: false`: every
+    /// DELETE answers 405 `UNSUPPORTED`.
+    pub async fn plain_without_deletes() -> TestRegistry {
+        Self::start(false, None, None, false).await
     }
 
     /// TLS with a fresh test CA, and htpasswd (bcrypt) basic auth.
     pub async fn tls_auth(user: &str, password: &str) -> TestRegistry {
-        Self::start(true, Some((user.to_owned(), password.to_owned())), None).await
+        Self::start(
+            true,
+            Some((user.to_owned(), password.to_owned())),
+            None,
+            true,
+        )
+        .await
     }
 
     /// Plain HTTP with htpasswd (bcrypt) basic auth: the credentials cross
     /// the wire readable, so a [`super::front::Front`] can see whose they are.
     pub async fn plain_auth(user: &str, password: &str) -> TestRegistry {
-        Self::start(false, Some((user.to_owned(), password.to_owned())), None).await
+        Self::start(
+            false,
+            Some((user.to_owned(), password.to_owned())),
+            None,
+            true,
+        )
+        .await
     }
 
     /// Plain HTTP with `auth: token:`: bearer tokens from an in-process
@@ -57,13 +77,14 @@ impl TestRegistry {
         super::init();
         let server = TokenServer::start(user, password).await;
         let creds = Some((user.to_owned(), password.to_owned()));
-        Self::start(false, creds, Some(server)).await
+        Self::start(false, creds, Some(server), true).await
     }
 
     async fn start(
         tls: bool,
         creds: Option<(String, String)>,
         token: Option<TokenServer>,
+        deletes: bool,
     ) -> TestRegistry {
         super::init();
         let dir = tempfile::Builder::new()
@@ -87,6 +108,7 @@ impl TestRegistry {
             tls,
             creds,
             token,
+            deletes,
             child: None,
             http,
         };
@@ -209,6 +231,14 @@ impl TestRegistry {
         assert!(ok, "kill {sig} {pid}");
     }
 
+    /// Turns `storage.delete.enabled` on or off: starts again on the same
+    /// port with the same storage.
+    pub async fn set_deletes(&mut self, on: bool) {
+        self.deletes = on;
+        self.write_config();
+        self.restart().await;
+    }
+
     /// Start again on the same port with the same storage. As at the first
     /// start, "address already in use" is retried: another test's
     /// [`free_port`] probe may hold the port for a moment.
@@ -231,11 +261,12 @@ impl TestRegistry {
             "version: 0.1\n\
              log:\n  level: error\n  accesslog:\n    disabled: false\n\
              storage:\n  filesystem:\n    rootdirectory: {storage}\n  \
-             delete:\n    enabled: true\n  \
+             delete:\n    enabled: {deletes}\n  \
              maintenance:\n    uploadpurging:\n      enabled: false\n\
              http:\n  addr: 127.0.0.1:{port}\n  secret: pinswap-test-secret\n",
             storage = d.join("storage").display(),
             port = self.port,
+            deletes = self.deletes,
         );
         if self.tls {
             cfg += &format!(
