@@ -880,3 +880,29 @@ async fn repositories_whose_tags_cannot_be_read_are_left_alone() {
     let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
     assert_eq!(after.lifecycle_policy, Some(json(EXPIRE_ALL_BUT_ONE)));
 }
+
+/// A repository named as the mirror path of a source the allowlist does
+/// not name is not pinswap's by its name: left as it is. With `"*"`
+/// allowed, the same name is one of pinswap's (made before repositories
+/// were marked) and is reconciled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_path_of_a_source_not_allowed_is_left_alone() {
+    let Some(moto) = MotoServer::start().await else {
+        return;
+    };
+    let sdk = moto.sdk("testing", "testing").await;
+    let client = aws_sdk_ecr::Client::new(&sdk);
+    let before = create_theirs(&client, "team/ghcr.io/org/app").await;
+    let aws = aws_block(Some("team"), &expire_all_but_one());
+    let named = Ecr::connect_with(&aws, "127.0.0.1:5999", sdk.clone())
+        .await
+        .with_sources(["docker.io", "quay.io"]);
+    named.reconcile_all(100).await.unwrap();
+    assert_eq!(settings(&client, "team/ghcr.io/org/app").await, before);
+    assert_eq!(named.stats().foreign, 1);
+    let any = Ecr::connect_with(&aws, "127.0.0.1:5999", sdk.clone())
+        .await
+        .with_sources(["*"]);
+    any.reconcile_all(100).await.unwrap();
+    assert_ne!(settings(&client, "team/ghcr.io/org/app").await, before);
+}

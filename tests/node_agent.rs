@@ -246,4 +246,15 @@ async fn the_agent_lists_the_target_anonymously_or_with_its_own_credentials_neve
     );
     assert!(anonymous.dir.join("quay.io/hosts.toml").exists());
     assert!(anonymous.dir.join("ghcr.io/hosts.toml").exists());
+
+    // A new agent (an upgrade rolled its Pod), refused at its first
+    // listing: what the one before it wrote for "*" is unknown to it, and
+    // stays.
+    let mut fresh = BTreeSet::new();
+    let (written, removed) = anonymous.round(&mut fresh).await.unwrap();
+    assert!(
+        written.is_empty() && removed.is_empty(),
+        "{written:?} {removed:?}"
+    );
+    assert!(anonymous.dir.join("quay.io/hosts.toml").exists());
 }

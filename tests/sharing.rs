@@ -1098,3 +1098,39 @@ async fn a_record_with_nothing_new_never_goes_stale() {
     }
     assert!((3..10).contains(&writes), "{writes} writes in 10 rounds");
 }
+
+/// A tag added to a candidate while the pass waits to read the records
+/// again was never judged: the image stays, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tag_added_during_a_pass_keeps_the_image() {
+    let r = rig().await;
+    let (_a, b) = r.two("staleAfter: 1h").await;
+    let y = r.source_image("y", 97).await;
+    b.run(&y).await;
+    b.ret.sweep(&b.uses(&[])).await.unwrap();
+    idle().await;
+    r.front.reset();
+    let pass = {
+        let uses = b.uses(&[]);
+        let ret = &b.ret;
+        let pass = ret.sweep(&uses);
+        let tag = async {
+            // The pass has listed the target and reads the records a first
+            // time; it waits two checkEvery before reading them again.
+            while r.front.count_method("GET", "pinswap-usage/tags/list") == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            push_image(&r.dst, &y.repo, Some("keep"), &y.image).await;
+        };
+        let (pass, ()) = tokio::join!(pass, tag);
+        pass.unwrap()
+    };
+    let kept = pass.find(&y.key(&b)).unwrap();
+    assert_eq!(kept.state, State::Kept, "{pass:?}");
+    assert!(kept.why.contains("tag keep points at it"), "{}", kept.why);
+    assert!(r.present(&y).await);
+    assert_eq!(
+        r.dst.head_manifest(&y.repo, "keep").await.as_deref(),
+        Some(y.image.digest.as_str())
+    );
+}

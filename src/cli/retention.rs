@@ -113,13 +113,21 @@ fn table(plan: &serde_json::Value) -> String {
     out
 }
 
+/// How long a plan is given again instead of a new one.
+const PLAN_REUSE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// `GET /retention/plan` on the health listener: the plan as JSON; 503
 /// with why on a replica that does not lead or has no watches, 500 when
 /// the pass could not look.
 pub fn plan_route(planner: Planner) -> Router {
     // One plan at a time: each lists the whole target, and the health
     // port takes requests from anyone who reaches it.
+    // The last answer is given again for PLAN_REUSE: back-to-back
+    // requests cost the registries and the sources' breakers nothing more.
+    type Answer = (StatusCode, String);
     let one = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
+    let last: std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, Answer)>>> =
+        std::sync::Arc::default();
     Router::new().route(
         "/retention/plan",
         get(async move || {
@@ -129,13 +137,28 @@ pub fn plan_route(planner: Planner) -> Router {
                     "a plan is being made; ask again when it is done".to_owned(),
                 );
             };
-            match planner.plan().await {
-                Ok(report) => (StatusCode::OK, report.plan_json().to_string()),
-                Err(e @ (PlanError::NoWatches | PlanError::NotLeader)) => {
-                    (StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-                }
-                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            if let Some((at, answer)) = &*last.lock().unwrap_or_else(|e| e.into_inner())
+                && at.elapsed() < PLAN_REUSE
+            {
+                return answer.clone();
             }
+            // Only a plan is given again: a replica that starts to lead,
+            // or whose watches sync, answers anew.
+            let (answer, made) = match planner.plan().await {
+                Ok(report) => (
+                    (StatusCode::OK, report.plan_json().to_string()),
+                    report.skipped.is_none(),
+                ),
+                Err(e @ (PlanError::NoWatches | PlanError::NotLeader)) => {
+                    ((StatusCode::SERVICE_UNAVAILABLE, e.to_string()), false)
+                }
+                Err(e) => ((StatusCode::INTERNAL_SERVER_ERROR, e.to_string()), false),
+            };
+            if made {
+                *last.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((std::time::Instant::now(), answer.clone()));
+            }
+            answer
         }),
     )
 }

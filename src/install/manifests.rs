@@ -221,6 +221,13 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
             crate::nodeconfig::NodeConfigError::PrivateImages.to_string(),
         ));
     }
+    if opts.node_agent.is_some()
+        && matches!(opts.config.platforms, crate::config::Platforms::Only(_))
+    {
+        return Err(InstallError::NodeAgent(
+            crate::nodeconfig::NodeConfigError::Platforms.to_string(),
+        ));
+    }
     if let Some(secret) = opts
         .node_agent
         .as_ref()
@@ -1243,8 +1250,18 @@ mod tests {
                 "t",
             )
             .unwrap(),
+            ..o.clone()
+        };
+        let filtered = Options {
+            config: Config::from_yaml(
+                "target: {registry: m.example.com}\nplatforms: [linux/amd64]\n",
+                "t",
+            )
+            .unwrap(),
             ..o
         };
+        let e = objects(&filtered).unwrap_err().to_string();
+        assert!(e.starts_with("--node-agent: platforms is set"), "{e}");
         let e = objects(&private).unwrap_err().to_string();
         assert!(
             e.starts_with("--node-agent: source.imagePullSecrets"),

@@ -120,6 +120,7 @@ impl Mirror {
         let ecr = Ecr::connect_with(aws, target.registry(), sdk)
             .await
             .with_target(&target)
+            .with_sources(config.source.registries.iter().map(|r| r.registry.as_str()))
             .with_metrics(metrics.clone());
         let token = ecr.authorization().await?;
         let mirror = Self::build(config, metrics, Some(Arc::new(ecr)))?;

@@ -365,11 +365,19 @@ fn cri_o_files(
             });
         }
     };
-    let mut names: Vec<_> = entries
-        .flatten()
-        .map(|e| e.file_name())
-        .filter(|n| n.to_string_lossy().ends_with(".conf") && n != ours)
-        .collect();
+    let mut names = Vec::new();
+    for entry in entries {
+        // An entry that cannot be read may be a drop-in of the admin's.
+        let entry = entry.map_err(|e| AdminError::Unreadable {
+            path: dropins.to_owned(),
+            reason: format!("cannot be listed ({e})"),
+            what: "every registry".into(),
+        })?;
+        let n = entry.file_name();
+        if n.to_string_lossy().ends_with(".conf") && n != ours {
+            names.push(n);
+        }
+    }
     names.sort();
     files.extend(names.into_iter().map(|n| dropins.join(n)));
     Ok(files)

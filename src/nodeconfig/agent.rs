@@ -101,23 +101,30 @@ impl Agent {
         known: &mut BTreeSet<String>,
     ) -> Result<(Vec<PathBuf>, Vec<PathBuf>), AgentError> {
         let config = Config::load(&self.config).map_err(|e| AgentError::Config(e.to_string()))?;
+        // With nothing listed yet (a new agent Pod), a failed listing
+        // leaves unknown which files of ours "*" wrote: none is removed or
+        // rewritten then, and only files not there yet are written.
+        let mut unknown = false;
         if config.source.registries.iter().any(|r| r.registry == "*") {
             match self.list(&config).await {
                 Ok(held) => *known = held,
                 // The registries the config names still get their files.
-                Err(e) => warn!(error = %e, "the target's registries as last listed"),
+                Err(e) => {
+                    unknown = known.is_empty();
+                    warn!(error = %e, "the target's registries as last listed");
+                }
             }
         }
         let files = match render_with(&config, self.runtime, self.mode, known) {
             Ok(f) => f,
-            Err(NodeConfigError::PrivateImages) => {
-                // The target may now hold private images: no node may
-                // serve them to any Pod.
+            Err(e @ (NodeConfigError::PrivateImages | NodeConfigError::Platforms)) => {
+                // The target may now hold private images, or indexes
+                // filtered under digests of their own: no node may serve
+                // them to every Pod.
                 let removed = remove_stale(&self.dir, self.runtime, &[])?;
                 warn!(
                     removed = removed.len(),
-                    "{}; removed the node mirror configuration",
-                    NodeConfigError::PrivateImages
+                    "{e}; removed the node mirror configuration"
                 );
                 return Ok((Vec::new(), removed));
             }
@@ -134,6 +141,9 @@ impl Agent {
         // File by file: one someone else wrote holds back only itself.
         let mut written = Vec::new();
         for f in &fitted.files {
+            if unknown && std::fs::symlink_metadata(self.dir.join(&f.path)).is_ok() {
+                continue;
+            }
             match write(&self.dir, std::slice::from_ref(f)) {
                 Ok(w) => written.extend(w),
                 Err(e) => warn!(error = %e, "node mirror file not written"),
@@ -141,7 +151,10 @@ impl Agent {
         }
         // A refused source's file of ours goes: the node's own setting
         // applies again.
-        let removed = remove_stale(&self.dir, self.runtime, &fitted.keep())?;
+        let removed = match unknown {
+            true => Vec::new(),
+            false => remove_stale(&self.dir, self.runtime, &fitted.keep())?,
+        };
         Ok((written, removed))
     }
 

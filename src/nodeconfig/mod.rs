@@ -26,6 +26,12 @@ pub enum NodeConfigError {
         "source.imagePullSecrets is true: the target may hold private images, and a node mirror serves every Pod naming an image whatever its pull secrets; render node configuration for a target that holds only shared images"
     )]
     PrivateImages,
+    /// A `platforms` filter: the mirror holds filtered indexes under
+    /// digests of their own.
+    #[error(
+        "platforms is set: the mirror holds each index filtered to those platforms, under a digest of its own; a node mirror would never find the digest Pods pin (digest-only mode: they pull from the source), or would serve the filtered index for every Pod on the node, also Pods pinswap leaves alone, which fail on a node outside the list (resolve mode); remove platforms to render node configuration"
+    )]
+    Platforms,
     /// No registry is named (only `"*"`).
     #[error(
         "source.registries names no registry (\"*\" alone): a node mirror is configured per source registry"
@@ -179,6 +185,9 @@ pub fn render_with(
 ) -> Result<Vec<File>, NodeConfigError> {
     if config.source.image_pull_secrets {
         return Err(NodeConfigError::PrivateImages);
+    }
+    if matches!(config.platforms, crate::config::Platforms::Only(_)) {
+        return Err(NodeConfigError::Platforms);
     }
     let target = MirrorTarget::parse(&config.target.registry)
         .map_err(|e| NodeConfigError::Target(e.to_string()))?;
@@ -597,6 +606,21 @@ mod tests {
             "[[registry]]\nprefix = \"quay.io\"\nlocation = \"quay.io\"\ninsecure = false\n"
         ));
         assert!(text.contains("[[registry.mirror]]\nlocation = \"mirror.internal:5000/quay.io\"\ninsecure = true\npull-from-mirror = \"digest-only\"\n"));
+    }
+
+    /// A platform filter would hand nodes indexes under digests of their
+    /// own: refused in both modes, naming the key.
+    #[test]
+    fn a_platforms_filter_is_refused() {
+        let c = config(
+            "target: {registry: mirror.example.com/cache}\nsource: {registries: [{registry: docker.io}]}\nplatforms: [linux/amd64]\n",
+        );
+        for mode in [Mode::Resolve, Mode::DigestOnly] {
+            for runtime in [Runtime::Containerd, Runtime::CriO] {
+                let e = render(&c, runtime, mode).unwrap_err();
+                assert!(e.to_string().starts_with("platforms is set"), "{e}");
+            }
+        }
     }
 
     #[test]

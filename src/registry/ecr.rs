@@ -247,6 +247,10 @@ pub struct Ecr {
     /// (made before repositories were marked). Without a prefix, only the
     /// mark tells.
     prefixed: Option<MirrorTarget>,
+    /// The source registries the allowlist names, normalised; `None`
+    /// (or `"*"` among them) allows any. A mirror path of another source
+    /// is not pinswap's by its name.
+    sources: Option<Vec<String>>,
     /// Repositories known to exist. `try_get_with` coalesces concurrent
     /// first pushes into one describe-or-create per repository.
     known: moka::future::Cache<String, ()>,
@@ -299,6 +303,7 @@ impl Ecr {
             prefixed: aws
                 .prefix()
                 .and_then(|p| MirrorTarget::parse(&format!("{host}/{p}")).ok()),
+            sources: None,
             known: moka::future::Cache::builder()
                 .time_to_live(KNOWN_TTL)
                 .max_capacity(100_000)
@@ -315,6 +320,14 @@ impl Ecr {
     /// and of the leader's pass.
     pub fn with_target(mut self, target: &MirrorTarget) -> Self {
         self.prefixed = target.prefix().is_some().then(|| target.clone());
+        self
+    }
+
+    /// Only mirror paths of these source registries (the config's
+    /// `source.registries`) count as pinswap's by their name.
+    pub fn with_sources<'a>(mut self, registries: impl IntoIterator<Item = &'a str>) -> Self {
+        let all: Vec<String> = registries.into_iter().map(normalize_registry).collect();
+        self.sources = (!all.iter().any(|r| r == "*")).then_some(all);
         self
     }
 
@@ -582,7 +595,12 @@ impl Ecr {
                 .prefix()
                 .and_then(|p| repository.strip_prefix(p)?.strip_prefix('/'))
                 == Some(USAGE_REPOSITORY);
-            if usage || t.source_of(repository).is_some() {
+            let allowed = |s: &crate::reference::Reference| {
+                self.sources
+                    .as_ref()
+                    .is_none_or(|all| all.iter().any(|r| *r == normalize_registry(s.registry())))
+            };
+            if usage || t.source_of(repository).is_some_and(|s| allowed(&s)) {
                 return Ok(true);
             }
         }

@@ -618,6 +618,11 @@ impl Retention {
                     self.mirror.forget_removed(&img.image, &img.tags).await;
                     img.state = State::Removed;
                 }
+                Err(e) if e.starts_with(KEPT) => {
+                    info!(image = %img.image, why = %e, "retention keeps an image it chose: a tag was added to it meanwhile");
+                    img.state = State::Kept;
+                    img.why = e.trim_start_matches(KEPT).to_owned();
+                }
                 Err(e) => {
                     warn!(image = %img.image, error = %e, "retention could not remove an unused image");
                     Metrics::outcome(&self.metrics.retention.removed, "failed");
@@ -713,14 +718,35 @@ impl Retention {
         image: &Reference,
         tags: &[String],
     ) -> Result<(), String> {
+        let repo = image.without_digest();
+        let d = image.digest().expect("a digest");
+        // Deleting the manifest deletes every tag on it: one added since
+        // the listing (an operator's, another tool's) was never judged.
+        for t in client.tags(&repo).await.map_err(|e| e.to_string())? {
+            if tags.contains(&t) {
+                continue;
+            }
+            let tagged = repo.with_tag(&t).map_err(|e| e.to_string())?;
+            if client
+                .manifest_digest(&tagged)
+                .await
+                .map_err(|e| e.to_string())?
+                == Some(d.clone())
+            {
+                return Err(format!(
+                    "{KEPT}tag {t} points at it since the pass listed the repository"
+                ));
+            }
+        }
         if let Some(ecr) = self.mirror.ecr() {
+            // By digest only: a tag an admission moved to new content since
+            // the listing would take that image with it on ECR (an image
+            // goes with its last tag).
             return ecr
-                .delete_image(image.repository(), tags, image.digest().expect("a digest"))
+                .delete_image(image.repository(), &[], d)
                 .await
                 .map_err(|e| e.to_string());
         }
-        let repo = image.without_digest();
-        let d = image.digest().expect("a digest");
         for t in tags {
             let tagged = repo.with_tag(t).map_err(|e| e.to_string())?;
             // A tag moved since the listing (an admission copied the
@@ -748,6 +774,9 @@ impl Retention {
         }
     }
 }
+
+/// How [`Retention::remove`] says it kept an image rather than failed.
+const KEPT: &str = "kept: ";
 
 /// How a kept image that could not be mirrored again is described.
 const UNRECOVERABLE: &str = "unrecoverable";

@@ -569,6 +569,8 @@ RENDER_REFUSALS = [
      "webhook.objectSelector and config.scope.objectSelector: set one"),
     ({"nodeAgent": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "source": {"imagePullSecrets": True}}},
      "nodeAgent.enabled: config.source.imagePullSecrets is true"),
+    ({"nodeAgent": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "platforms": ["linux/amd64"]}},
+     "nodeAgent.enabled: config.platforms is set"),
     ({"nodeAgent": {"enabled": True, "registryAuthSecret": "pinswap-registry-auth"}, "config": STAR_CONFIG},
      "nodeAgent.registryAuthSecret: pinswap-registry-auth is the webhook's Secret"),
     ({"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"}, "config": {"target": {"registry": "m.example.com"}}},
