@@ -982,6 +982,11 @@ fn node_config(args: &NodeConfigArgs) -> anyhow::Result<ExitCode> {
             "note: source.registries allows \"*\"; only the registries it names get a mirror"
         );
     }
+    if config.identity.collisions == crate::config::CollisionPolicy::Repair {
+        eprintln!(
+            "note: identity.collisions is repair: a Pod admitted as written gets the repaired copy for a tag, and a digest's own bytes, as from the source, for a digest"
+        );
+    }
     match &args.out {
         Some(dir) => {
             let registries_conf = args

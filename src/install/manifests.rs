@@ -228,6 +228,13 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
             crate::nodeconfig::NodeConfigError::Platforms.to_string(),
         ));
     }
+    if opts.node_agent.as_ref().map(|a| a.mode) == Some(crate::nodeconfig::Mode::DigestOnly)
+        && opts.config.identity.collisions == crate::config::CollisionPolicy::Repair
+    {
+        return Err(InstallError::NodeAgent(
+            crate::nodeconfig::NodeConfigError::RepairDigestOnly.to_string(),
+        ));
+    }
     if let Some(secret) = opts
         .node_agent
         .as_ref()
@@ -1258,10 +1265,32 @@ mod tests {
                 "t",
             )
             .unwrap(),
-            ..o
+            ..o.clone()
         };
         let e = objects(&filtered).unwrap_err().to_string();
         assert!(e.starts_with("--node-agent: platforms is set"), "{e}");
+        let repair = |mode| Options {
+            config: Config::from_yaml(
+                "target: {registry: m.example.com}\nidentity: {collisions: repair}\n",
+                "t",
+            )
+            .unwrap(),
+            node_agent: o
+                .node_agent
+                .clone()
+                .map(|a| super::super::node_agent::NodeAgent { mode, ..a }),
+            ..o.clone()
+        };
+        let e = objects(&repair(crate::nodeconfig::Mode::DigestOnly))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "--node-agent: identity.collisions is repair and the mode is digest-only"
+            ),
+            "{e}"
+        );
+        assert!(objects(&repair(crate::nodeconfig::Mode::Resolve)).is_ok());
         let e = objects(&private).unwrap_err().to_string();
         assert!(
             e.starts_with("--node-agent: source.imagePullSecrets"),

@@ -117,10 +117,14 @@ impl Agent {
         }
         let files = match render_with(&config, self.runtime, self.mode, known) {
             Ok(f) => f,
-            Err(e @ (NodeConfigError::PrivateImages | NodeConfigError::Platforms)) => {
-                // The target may now hold private images, or indexes
-                // filtered under digests of their own: no node may serve
-                // them to every Pod.
+            Err(
+                e @ (NodeConfigError::PrivateImages
+                | NodeConfigError::Platforms
+                | NodeConfigError::RepairDigestOnly),
+            ) => {
+                // The target may now hold private images, or copies under
+                // digests of their own that these nodes would not pull:
+                // no node may serve them in place of what Pods name.
                 let removed = remove_stale(&self.dir, self.runtime, &[])?;
                 warn!(
                     removed = removed.len(),

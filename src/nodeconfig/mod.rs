@@ -32,6 +32,12 @@ pub enum NodeConfigError {
         "platforms is set: the mirror holds each index filtered to those platforms, under a digest of its own; a node mirror would never find the digest Pods pin (digest-only mode: they pull from the source), or would serve the filtered index for every Pod on the node, also Pods pinswap leaves alone, which fail on a node outside the list (resolve mode); remove platforms to render node configuration"
     )]
     Platforms,
+    /// `identity.collisions: repair` in digest-only mode: the mirror's tag
+    /// names the repaired copy, but nodes resolve tags at the source.
+    #[error(
+        "identity.collisions is repair and the mode is digest-only: nodes resolve a tag at the source, to the manifest whose config collides, and pull that digest's own bytes from the mirror, never the repaired copy the mirror's tag names; use mode resolve, or let admission pin Pods to the repaired copies"
+    )]
+    RepairDigestOnly,
     /// No registry is named (only `"*"`).
     #[error(
         "source.registries names no registry (\"*\" alone): a node mirror is configured per source registry"
@@ -188,6 +194,13 @@ pub fn render_with(
     }
     if matches!(config.platforms, crate::config::Platforms::Only(_)) {
         return Err(NodeConfigError::Platforms);
+    }
+    // In resolve mode a tag resolves at the mirror, to the repaired copy; a
+    // digest is that digest's own bytes at any registry.
+    if mode == Mode::DigestOnly
+        && config.identity.collisions == crate::config::CollisionPolicy::Repair
+    {
+        return Err(NodeConfigError::RepairDigestOnly);
     }
     let target = MirrorTarget::parse(&config.target.registry)
         .map_err(|e| NodeConfigError::Target(e.to_string()))?;
@@ -621,6 +634,29 @@ mod tests {
                 assert!(e.to_string().starts_with("platforms is set"), "{e}");
             }
         }
+    }
+
+    /// With repair, the mirror's tag names the repaired copy: nodes get it
+    /// when tags resolve at the mirror, never when they resolve at the
+    /// source (digest-only), which is refused.
+    #[test]
+    fn identity_repair_is_refused_in_digest_only_mode() {
+        let c = config(
+            "target: {registry: mirror.example.com/cache}\nsource: {registries: [{registry: docker.io}]}\nidentity: {collisions: repair}\n",
+        );
+        for runtime in [Runtime::Containerd, Runtime::CriO] {
+            let e = render(&c, runtime, Mode::DigestOnly).unwrap_err();
+            assert!(
+                e.to_string()
+                    .starts_with("identity.collisions is repair and the mode is digest-only"),
+                "{e}"
+            );
+            assert!(!render(&c, runtime, Mode::Resolve).unwrap().is_empty());
+        }
+        let warn = config(
+            "target: {registry: mirror.example.com/cache}\nsource: {registries: [{registry: docker.io}]}\nidentity: {collisions: deny}\n",
+        );
+        assert!(render(&warn, Runtime::Containerd, Mode::DigestOnly).is_ok());
     }
 
     #[test]
