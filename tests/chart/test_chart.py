@@ -163,6 +163,7 @@ MATRIX = [
                 }
             ],
             "priorityClassName": "system-cluster-critical",
+            "hostAliases": [{"ip": "10.0.0.7", "hostnames": ["mirror.corp.internal"]}],
             "podAnnotations": {"example.com/team": "platform"},
             "podLabels": {"example.com/tier": "infra"},
             "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/pinswap"}},
@@ -321,6 +322,8 @@ def test_the_matrix_renders_what_each_value_asks_for(chart):
     assert list(spec["affinity"]) == ["nodeAffinity"], "a given affinity replaces the default"
     assert spec["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
     assert spec["priorityClassName"] == "system-cluster-critical"
+    assert spec["hostAliases"] == [{"ip": "10.0.0.7", "hostnames": ["mirror.corp.internal"]}]
+    assert "hostAliases" not in pod_spec(by["defaults"])
     assert spec["terminationGracePeriodSeconds"] == 45
     template = find(c, "Deployment", "pinswap")["spec"]["template"]["metadata"]
     assert template["annotations"]["example.com/team"] == "platform"
@@ -380,6 +383,7 @@ SCHEMA_REFUSALS = [
     ({"networkPolicy": {"enable": True}}, "/networkPolicy': additional properties 'enable' not allowed"),
     ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval'"),
     ({"nodeSelector": {"zone": 1}}, "/nodeSelector/zone': got number, want string"),
+    ({"hostAliases": [{"ip": "10.0.0.7", "hostname": ["m.internal"]}]}, "/hostAliases/0'"),
     # null removes a default, as on helm's command line.
     ({"config": {"target": {"registry": None}}}, "/config/target': missing property 'registry'"),
     ({"config": {"target": {"registry": "m.example.com"}, "copyPolicy": "later"}}, "/config/copyPolicy'"),
@@ -571,6 +575,8 @@ RENDER_REFUSALS = [
      "nodeAgent.enabled: config.source.imagePullSecrets is true"),
     ({"nodeAgent": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "platforms": ["linux/amd64"]}},
      "nodeAgent.enabled: config.platforms is set"),
+    ({"nodeAgent": {"enabled": True, "mode": "digest-only"}, "config": {"target": {"registry": "m.example.com"}, "identity": {"collisions": "repair"}}},
+     "nodeAgent.mode: digest-only with config.identity.collisions repair"),
     ({"nodeAgent": {"enabled": True, "registryAuthSecret": "pinswap-registry-auth"}, "config": STAR_CONFIG},
      "nodeAgent.registryAuthSecret: pinswap-registry-auth is the webhook's Secret"),
     ({"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"}, "config": {"target": {"registry": "m.example.com"}}},
