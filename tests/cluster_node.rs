@@ -108,6 +108,128 @@ async fn pods_run_from_the_mirror_with_pinswap_installed_from_its_manifests() {
         logs.contains("admitted"),
         "no admission in kubectl logs:\n{logs}"
     );
+
+    // The suite's fail-open count sees a Pod the API server let through
+    // unanswered: the webhook pointed at a path pinswap does not serve.
+    assert_eq!(rig.failed_open(), Vec::<String>::new());
+    unanswered_webhook(&rig).await;
+    let p = common::node::create_pod(
+        &rig.client,
+        "web",
+        serde_json::json!({
+            "metadata": {"name": "unanswered"},
+            "spec": {"containers": [{"name": "web", "image": rig.source("shop/web:v1")}]},
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        p.spec.unwrap().containers[0].image.as_deref(),
+        Some(rig.source("shop/web:v1").as_str()),
+        "admitted as written"
+    );
+    let failed = rig.failed_open();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(
+        failed[0].starts_with("create web pods/unanswered "),
+        "{failed:?}"
+    );
+    rig.expect_fail_open("the webhook pointed at a path pinswap does not serve");
+}
+
+/// A target that DNS does not name, reached through the chart's
+/// `hostAliases`: pinswap's image resolves it from the Pod's `/etc/hosts`
+/// (where the kubelet writes the aliases) and copies there, and containerd
+/// pulls the rewritten image through its own `hosts.toml` for that name.
+#[tokio::test]
+async fn a_target_named_only_by_host_aliases_is_mirrored_to_and_pulled_from() {
+    let c = cluster();
+    let _held = c.lock().await;
+    let rig = NodeRig::start_aliased(c, "aliased", "mirror.pinswap.test").await;
+    assert!(
+        rig.dst_at.starts_with("mirror.pinswap.test:"),
+        "{}",
+        rig.dst_at
+    );
+    let digest = push_runnable(&rig.src, "shop/alias", "v1", "alias").await;
+    let stored = common::node::create_pod(
+        &rig.client,
+        "aliased",
+        serde_json::json!({
+            "metadata": {"name": "app", "labels": {"app": "alias"}},
+            "spec": {"containers": [{"name": "app", "image": rig.source("shop/alias:v1")}]},
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        stored.spec.unwrap().containers[0].image.as_deref(),
+        Some(
+            format!(
+                "{}/{}:v1@{digest}",
+                rig.dst_at,
+                rig.mirrored_repo("shop/alias")
+            )
+            .as_str()
+        ),
+        "rewritten to the aliased target"
+    );
+    wait_running(
+        &rig.client,
+        "aliased",
+        "app=alias",
+        1,
+        Duration::from_secs(120),
+    )
+    .await;
+    rig.assert_pulled_from_target("shop/alias");
+    assert_eq!(
+        rig.dst
+            .head_manifest(&rig.mirrored_repo("shop/alias"), &digest)
+            .await
+            .as_deref(),
+        Some(digest.as_str())
+    );
+}
+
+/// Points every webhook of `rig`'s install at a path pinswap does not
+/// serve: the API server's calls get 404 and, failing open, admit Pods
+/// as written.
+async fn unanswered_webhook(rig: &NodeRig) {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use kube::api::{Patch, PatchParams};
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(rig.client.clone());
+    for w in hooks.list(&ListParams::default()).await.unwrap().items {
+        let ours = w.webhooks.iter().flatten().any(|h| {
+            h.client_config
+                .service
+                .as_ref()
+                .is_some_and(|s| s.namespace == rig.install.namespace)
+        });
+        if !ours {
+            continue;
+        }
+        // Strategic merge: webhooks merge by name.
+        let webhooks: Vec<_> = w
+            .webhooks
+            .iter()
+            .flatten()
+            .map(|h| {
+                serde_json::json!({
+                    "name": h.name,
+                    "clientConfig": {"service": {"path": "/no-such-path"}},
+                })
+            })
+            .collect();
+        hooks
+            .patch(
+                w.metadata.name.as_deref().unwrap(),
+                &PatchParams::default(),
+                &Patch::Strategic(serde_json::json!({"webhooks": webhooks})),
+            )
+            .await
+            .unwrap();
+    }
 }
 
 /// Seed 003 on a node: the mirror loses an image; a new Pod of the

@@ -73,6 +73,7 @@ async fn bench_apply_to_running() {
     let node = c.node.as_ref().unwrap();
     let (mut direct, mut warm, mut immediate, mut delayed, mut copy) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let mut failed_open = vec![];
     for (policy, first) in [("immediate", true), ("delayed", false)] {
         let name = format!("bench-{policy}");
         let rig = NodeRig::start(
@@ -143,6 +144,10 @@ async fn bench_apply_to_running() {
                 delayed.push(took);
             }
         }
+        // Counted and reported here, not failed on: a Pod let through
+        // unanswered is a figure of this run.
+        failed_open.extend(rig.failed_open());
+        rig.expect_fail_open("load, measured by this benchmark");
     }
     println!("apply to Running, image {} MiB:", DATA >> 20);
     let d = stats("without pinswap", &mut direct);
@@ -159,4 +164,11 @@ async fn bench_apply_to_running() {
         if over <= 1000.0 { "met" } else { "missed" },
         ratio(l, d)
     );
+    println!(
+        "admissions failed open (the Pod let through unrewritten): {}",
+        failed_open.len()
+    );
+    for f in &failed_open {
+        println!("  {f}");
+    }
 }

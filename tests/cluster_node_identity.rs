@@ -12,8 +12,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::cluster::{Cluster, namespace};
-use common::fixtures::Image;
-use common::node::{NodeRig, Via, container_state, crictl, image_id, push_runnable, until};
+use common::node::{NodeRig, Via, container_state, pulled, push_runnable, until};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
@@ -36,33 +35,6 @@ async fn create(client: &kube::Client, ns: &str, p: Value) -> Pod {
         .unwrap()
 }
 
-/// Waits until containerd holds `image` (the kubelet pulled it), and returns
-/// its image ID through CRI.
-async fn pulled(node: &common::node::NodeInfo, image: &str) -> String {
-    let listed = || {
-        let images = crictl(node, &["images", "--digests", "-o", "json"]);
-        let v: Value = serde_json::from_str(&images).unwrap();
-        v["images"].as_array().unwrap().iter().any(|i| {
-            i["repoDigests"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .chain(i["repoTags"].as_array().into_iter().flatten())
-                .any(|r| {
-                    let r = r.as_str().unwrap();
-                    r == image || image.ends_with(r.rsplit('@').next().unwrap())
-                })
-        })
-    };
-    until(
-        &format!("containerd holds {image}"),
-        Duration::from_secs(90),
-        || async { listed() },
-    )
-    .await;
-    image_id(node, image)
-}
-
 /// Seed 000: three Spin apps sharing one config, pulled by the kubelet
 /// from the source, get one image ID in containerd; pulled from the mirror
 /// with `identity.collisions: repair`, three. The apps need not run (no
@@ -81,15 +53,7 @@ async fn shared_configs_get_one_image_id_from_the_source_and_three_repaired() {
         "identity: {collisions: repair}\n",
     )
     .await;
-    let apps = [
-        ("spin/hello:v1", Image::spin("hello", 1, None)),
-        ("spin/hello:v2", Image::spin("hello-v2", 1, None)),
-        ("spin/other:w", Image::spin("other", 2, None)),
-    ];
-    for (name, img) in &apps {
-        let (repo, tag) = name.split_once(':').unwrap();
-        common::push_image(&rig.src, repo, Some(tag), img).await;
-    }
+    let apps = common::node::push_spin_apps(&rig.src).await;
     let configs: BTreeSet<_> = apps.iter().map(|(_, i)| i.config.digest.clone()).collect();
     assert_eq!(configs.len(), 1, "the fixtures share one config");
 
@@ -177,6 +141,7 @@ async fn private_images_come_from_the_mirror_only_for_pods_that_may_pull_them() 
         "",
         "  imagePullSecrets: true\n",
         src,
+        None,
     )
     .await;
     // Pushed through the registry's own credentials.

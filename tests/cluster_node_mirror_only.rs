@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::cluster::Cluster;
 use common::node::{NodeRig, Via, create_pod, forget_images, wait_running};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use serde_json::{Value, json};
 
@@ -45,16 +46,32 @@ impl Drop for Restore {
 /// writes it into containerd's certs.d (the harness's file for that host
 /// put back when the guard drops).
 async fn node_config(rig: &NodeRig, node: &common::node::NodeInfo, args: &[&str]) -> Restore {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("pinswap.yaml");
+    node_config_with(rig, node, "", args).await
+}
+
+/// The config `node-config` reads for `rig`, with `extra` at its top level.
+fn node_config_file(rig: &NodeRig, dir: &std::path::Path, extra: &str) -> PathBuf {
+    let cfg = dir.join("pinswap.yaml");
     std::fs::write(
         &cfg,
         format!(
-            "target: {{registry: \"{}/mirror\", insecure: true}}\nsource: {{registries: [{{registry: \"{}\", insecure: true}}]}}\n",
+            "target: {{registry: \"{}/mirror\", insecure: true}}\nsource: {{registries: [{{registry: \"{}\", insecure: true}}]}}\n{extra}",
             rig.dst_at, rig.src_at
         ),
     )
     .unwrap();
+    cfg
+}
+
+/// As [`node_config`], with `extra` added to the config's top level.
+async fn node_config_with(
+    rig: &NodeRig,
+    node: &common::node::NodeInfo,
+    extra: &str,
+    args: &[&str],
+) -> Restore {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = node_config_file(rig, dir.path(), extra);
     let restore = Restore::take(rig, node);
     let hosts = restore.file.clone();
     let mut cmd = vec![
@@ -86,6 +103,20 @@ fn pod(ns: &str, name: &str, app: &str, image: &str) -> Value {
     })
 }
 
+/// Creates Pod `name` (label `app`) naming `image` in the rig's namespace
+/// and asserts that it was stored with the image as written.
+async fn create_as_written(rig: &NodeRig, name: &str, app: &str, image: &str) -> Pod {
+    let stored = create_pod(&rig.client, &rig.ns, pod(&rig.ns, name, app, image))
+        .await
+        .unwrap();
+    assert_eq!(
+        stored.spec.as_ref().unwrap().containers[0].image.as_deref(),
+        Some(image),
+        "the image as written"
+    );
+    stored
+}
+
 /// A Pod `mirrorOnly` matches is stored as it was sent (no image changed,
 /// no annotation), its image is copied, and containerd, with the
 /// `hosts.toml` that `pinswap node-config` wrote for the source, pulls it
@@ -110,18 +141,7 @@ async fn a_pod_admitted_as_written_is_pulled_from_the_mirror_by_node_config() {
     let _restore = node_config(&rig, node, &[]).await;
 
     let source = rig.source("shop/ledger:v1");
-    let stored = create_pod(
-        &rig.client,
-        "asis",
-        pod("asis", "ledger-1", "ledger", &source),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        stored.spec.as_ref().unwrap().containers[0].image.as_deref(),
-        Some(source.as_str()),
-        "the image as written"
-    );
+    let stored = create_as_written(&rig, "ledger-1", "ledger", &source).await;
     let notes = common::node::pinswap_notes(&stored);
     assert!(notes.is_empty(), "annotated: {notes:?}");
     let running = wait_running(
@@ -159,6 +179,186 @@ async fn a_pod_admitted_as_written_is_pulled_from_the_mirror_by_node_config() {
     )
     .await;
     assert_eq!(running[0].metadata.name.as_deref(), Some("ledger-2"));
+}
+
+/// Seed 000 for Pods admitted as written: with `identity.collisions:
+/// repair` the mirror's tags name repaired copies, and containerd, with
+/// the `hosts.toml` node-config writes in resolve mode, resolves each tag
+/// at the mirror. Three Spin apps sharing one config get three image IDs
+/// on the node, none the shared config's. node-config refuses the same
+/// config in digest-only mode, where tags resolve at the source, to the
+/// colliding manifests.
+#[tokio::test]
+async fn apps_sharing_a_config_get_the_repaired_copies_through_the_node_mirror() {
+    let c = Cluster::with_node();
+    let _held = c.lock().await;
+    let node = c.node.as_ref().unwrap();
+    let repair = "identity: {collisions: repair}\n";
+    let rig = NodeRig::start(
+        c,
+        "spinasis",
+        Via::Manifests,
+        1,
+        "",
+        &format!(
+            "{repair}mirrorOnly: {{pods: [{{podSelector: {{matchLabels: {{app: spin}}}}}}]}}\n"
+        ),
+    )
+    .await;
+    let apps = common::node::push_spin_apps(&rig.src).await;
+    let shared = apps[0].1.config.digest.to_string();
+    assert!(apps.iter().all(|(_, i)| i.config.digest == shared));
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = node_config_file(&rig, dir.path(), repair);
+    let out = dir.path().join("certs.d");
+    let (code, _, err) = common::run_pinswap(&[
+        "node-config",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--mode",
+        "digest-only",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("identity.collisions is repair and the mode is digest-only"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing written");
+
+    let _restore = node_config_with(&rig, node, repair, &["--mode", "resolve"]).await;
+    let mut ids = std::collections::BTreeSet::new();
+    for (i, (name, _)) in apps.iter().enumerate() {
+        let source = rig.source(name);
+        create_as_written(&rig, &format!("app-{i}"), "spin", &source).await;
+        ids.insert(common::node::pulled(node, &source).await);
+    }
+    assert_eq!(ids.len(), 3, "three apps, three image IDs: {ids:?}");
+    assert!(!ids.contains(&shared), "{ids:?}");
+    rig.assert_pulled_from_target("spin/hello");
+}
+
+/// Removes a host directory the test made in containerd's certs.d.
+struct HostDir(PathBuf);
+
+impl Drop for HostDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What the node configures for a source is kept, on containerd itself: the
+/// source's host directory holds the node's own `ca.crt` and no
+/// `hosts.toml`, so containerd trusts that CA for the source. The
+/// `hosts.toml` `pinswap node-config` writes in digest-only mode carries
+/// it, so containerd still resolves the tag at the TLS source and takes the
+/// content from the mirror. A `hosts.toml` pinswap did not write is never
+/// replaced.
+#[tokio::test]
+async fn containerd_keeps_the_nodes_own_ca_for_a_source() {
+    let c = Cluster::with_node();
+    let _held = c.lock().await;
+    let node = c.node.as_ref().unwrap();
+    let src = common::TestRegistry::tls().await;
+    let dst = common::TestRegistry::plain().await;
+    let dst_at = node.expose(&dst).await;
+    let mirrored = format!("mirror/{}/app", src.host().replace(':', "_"));
+    let digest = common::node::push_runnable(&dst, &mirrored, "v1", "own-ca").await;
+    let ca = src.ca_pem_path();
+    let (code, _, err) = common::run_pinswap(&[
+        "copy",
+        "--ca-cert",
+        ca.to_str().unwrap(),
+        &format!("docker://{}/{mirrored}:v1", dst.host()),
+        &format!("docker://{}/app:v1", src.host()),
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+
+    // The node's own setting for the source: its CA, no hosts.toml.
+    let host_dir = HostDir(node.certs_d.join(src.host()));
+    std::fs::create_dir_all(&host_dir.0).unwrap();
+    std::fs::copy(&ca, host_dir.0.join("ca.crt")).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pinswap.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "target: {{registry: \"{dst_at}/mirror\", insecure: true}}\nsource: {{registries: [{{registry: \"{}\"}}]}}\n",
+            src.host()
+        ),
+    )
+    .unwrap();
+    let node_config = |mode: &'static str| {
+        let cfg = cfg.clone();
+        let out = node.certs_d.clone();
+        async move {
+            common::run_pinswap(&[
+                "node-config",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--mode",
+                mode,
+                "--out",
+                out.to_str().unwrap(),
+            ])
+            .await
+        }
+    };
+    let (code, _, err) = node_config("digest-only").await;
+    assert_eq!(code, 0, "{err}");
+    let hosts = std::fs::read_to_string(host_dir.0.join("hosts.toml")).unwrap();
+    assert!(hosts.contains("ca = [\"ca.crt\"]\n"), "{hosts}");
+
+    let ns = "ownca";
+    common::cluster::namespace(&c.admin().await, ns, json!({"pinswap.dev/ignore": "true"})).await;
+    let client = c.admin().await;
+    let source = format!("{}/app:v1", src.host());
+    create_pod(&client, ns, pod(ns, "app", "app", &source))
+        .await
+        .unwrap();
+    let running = wait_running(&client, ns, "app=app", 1, Duration::from_secs(120)).await;
+    let st = common::node::first_status(&running[0]);
+    assert!(st.image_id.ends_with(&digest), "{}", st.image_id);
+    // The tag from the source over TLS, with the node's CA; the content
+    // from the mirror.
+    let from_source: Vec<String> = src
+        .log()
+        .lines()
+        .filter(|l| l.contains("containerd/") && l.contains("/v2/app/"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        from_source
+            .iter()
+            .any(|l| l.contains("/v2/app/manifests/v1")),
+        "the tag was not resolved at the source:\n{}",
+        src.log()
+    );
+    assert!(
+        !from_source.iter().any(|l| l.contains("/blobs/")),
+        "content from the source: {from_source:?}"
+    );
+    assert!(NodeRig::node_pulls(&dst, &mirrored) > 0, "{}", dst.log());
+
+    // A hosts.toml the node's admin wrote is kept as it is.
+    let own = "server = \"https://example.invalid\"\n";
+    std::fs::write(host_dir.0.join("hosts.toml"), own).unwrap();
+    let (code, _, err) = node_config("resolve").await;
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("was not written by pinswap; left alone"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(host_dir.0.join("hosts.toml")).unwrap(),
+        own
+    );
+    forget_images(node, &[&source]);
 }
 
 /// `pinswap manifests --node-agent`'s objects (DaemonSet, its account and

@@ -21,11 +21,17 @@ import (
 // a permission the install lacks, the resourceVersion a watch resumed from).
 //
 // The control plane's own requests (mostly Lease renewals) are left out:
-// they are most of the volume, and tests poll this log.
+// they are most of the volume, and tests poll this log. Pod creates are
+// kept whoever makes them (ReplicaSets' Pods included): the node suite
+// reads which admissions failed open from the mutating webhook's
+// failed-open annotation on them.
 const auditPolicy = `apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
+- level: Metadata
+  verbs: [create]
+  resources: [{group: "", resources: [pods]}]
 - level: None
   users: ["system:apiserver", "system:kube-controller-manager", "system:kube-scheduler"]
 - level: None

@@ -71,16 +71,22 @@ impl NodeInfo {
 
     /// Lets containerd pull from the loopback registry `reg` itself.
     pub fn trust(&self, reg: &TestRegistry) {
-        let host = reg.host();
-        let dir = self.certs_d.join(&host);
+        self.serve_host(&reg.host(), &reg.host());
+    }
+
+    /// containerd's `hosts.toml` for registry host `name`: pulled from
+    /// `at` over plain HTTP. Returns the host directory.
+    pub fn serve_host(&self, name: &str, at: &str) -> PathBuf {
+        let dir = self.certs_d.join(name);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
             dir.join("hosts.toml"),
             format!(
-                "server = \"http://{host}\"\n\n[host.\"http://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+                "server = \"http://{at}\"\n\n[host.\"http://{at}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
             ),
         )
         .unwrap();
+        dir
     }
 
     /// The system registry (pause, pinswap's image).
@@ -225,6 +231,49 @@ pub fn forget_images(node: &NodeInfo, images: &[&str]) {
             .args(["--runtime-endpoint", &node.containerd, "rmi", i])
             .output();
     }
+}
+
+/// Seed 000: three Spin apps (before Spin 2.4) sharing one config blob,
+/// pushed to `reg` under the tags returned with them.
+pub async fn push_spin_apps(reg: &TestRegistry) -> [(&'static str, super::fixtures::Image); 3] {
+    use super::fixtures::Image;
+    let apps = [
+        ("spin/hello:v1", Image::spin("hello", 1, None)),
+        ("spin/hello:v2", Image::spin("hello-v2", 1, None)),
+        ("spin/other:w", Image::spin("other", 2, None)),
+    ];
+    for (name, img) in &apps {
+        let (repo, tag) = name.split_once(':').unwrap();
+        super::push_image(reg, repo, Some(tag), img).await;
+    }
+    apps
+}
+
+/// Waits until containerd holds `image` (the kubelet pulled it), and returns
+/// its image ID through CRI.
+pub async fn pulled(node: &NodeInfo, image: &str) -> String {
+    let listed = || {
+        let images = crictl(node, &["images", "--digests", "-o", "json"]);
+        let v: Value = serde_json::from_str(&images).unwrap();
+        v["images"].as_array().unwrap().iter().any(|i| {
+            i["repoDigests"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .chain(i["repoTags"].as_array().into_iter().flatten())
+                .any(|r| {
+                    let r = r.as_str().unwrap();
+                    r == image || image.ends_with(r.rsplit('@').next().unwrap())
+                })
+        })
+    };
+    until(
+        &format!("containerd holds {image}"),
+        Duration::from_secs(90),
+        || async { listed() },
+    )
+    .await;
+    image_id(node, image)
 }
 
 /// Polls `f` every 100 ms until it holds; panics after `limit`.
@@ -468,6 +517,20 @@ impl NodeInstall {
         config: &str,
         replicas: i32,
     ) -> NodeInstall {
+        Self::install_with(cluster, via, ns, config, replicas, "").await
+    }
+
+    /// As [`NodeInstall::install`], with `helm_values` (a JSON object, or
+    /// empty) merged into the chart's values; only [`Via::Helm`].
+    pub async fn install_with(
+        cluster: &Cluster,
+        via: Via,
+        ns: &str,
+        config: &str,
+        replicas: i32,
+        helm_values: &str,
+    ) -> NodeInstall {
+        assert!(helm_values.is_empty() || via == Via::Helm);
         let node = cluster.node.as_ref().unwrap();
         let image = pinswap_image(node).await;
         let client = cluster.admin().await;
@@ -480,7 +543,7 @@ impl NodeInstall {
             dir,
         };
         match via {
-            Via::Helm => install.helm(cluster, "install", &image, replicas, ""),
+            Via::Helm => install.helm(cluster, "install", &image, replicas, helm_values),
             Via::Manifests => {
                 namespace(&client, ns, json!({})).await;
                 let file = install.dir.path().join("pinswap.yaml");
@@ -670,6 +733,14 @@ pub struct NodeRig {
     pub client: kube::Client,
     pub install: NodeInstall,
     pub ns: String,
+    /// The API server's audit log, and where it stood once pinswap
+    /// answered admissions for `ns`.
+    audit_log: PathBuf,
+    audit_from: u64,
+    /// The cause of failed-open admissions this test injects, if any.
+    fail_open_cause: std::sync::Mutex<Option<String>>,
+    /// containerd's host directory for an aliased target.
+    alias_dir: Option<PathBuf>,
 }
 
 /// Short Lease and retry timings, so leadership plays out in seconds;
@@ -692,11 +763,21 @@ impl NodeRig {
         extra: &str,
     ) -> NodeRig {
         let src = TestRegistry::plain().await;
-        Self::start_with(cluster, name, via, replicas, recovery, extra, "", src).await
+        Self::start_with(cluster, name, via, replicas, recovery, extra, "", src, None).await
+    }
+
+    /// As [`NodeRig::start`] with the chart, the target named `alias`
+    /// (with the exposed target's port): pinswap's Pods get it from the
+    /// chart's `hostAliases`, containerd from a `hosts.toml` for that name
+    /// (removed when the rig drops). Nothing else resolves it.
+    pub async fn start_aliased(cluster: &Cluster, name: &str, alias: &str) -> NodeRig {
+        let src = TestRegistry::plain().await;
+        Self::start_with(cluster, name, Via::Helm, 1, "", "", "", src, Some(alias)).await
     }
 
     /// As [`NodeRig::start`], mirroring from `src`, with `source_keys` added
-    /// to the `source` mapping (indented two spaces).
+    /// to the `source` mapping (indented two spaces), and the target named
+    /// `alias` as [`NodeRig::start_aliased`] names it.
     #[allow(clippy::too_many_arguments)]
     pub async fn start_with(
         cluster: &Cluster,
@@ -707,10 +788,21 @@ impl NodeRig {
         extra: &str,
         source_keys: &str,
         src: TestRegistry,
+        alias: Option<&str>,
     ) -> NodeRig {
         let node = cluster.node.as_ref().expect("a cluster with a node");
         let dst = TestRegistry::plain().await;
-        let (src_at, dst_at) = (node.expose(&src).await, node.expose(&dst).await);
+        let (src_at, exposed) = (node.expose(&src).await, node.expose(&dst).await);
+        let (dst_at, helm_values, alias_dir) = match alias {
+            None => (exposed, String::new(), None),
+            Some(host) => {
+                let port = exposed.rsplit_once(':').unwrap().1;
+                let named = format!("{host}:{port}");
+                let dir = node.serve_host(&named, &exposed);
+                let values = json!({"hostAliases": [{"ip": node.ip, "hostnames": [host]}]});
+                (named, values.to_string(), Some(dir))
+            }
+        };
         // `immediate` unless `extra` names a policy of its own.
         let copy_policy = if extra.contains("copyPolicy:") {
             ""
@@ -730,10 +822,19 @@ impl NodeRig {
             "target: {{registry: \"{dst_at}/mirror\", insecure: true}}\nsource:\n  registries: [{{registry: \"{src_at}\", insecure: true}}]\n{source_keys}{copy_policy}copyDeadline: 6s\nserver: {{admissionBudget: 6s}}\n{cache}recovery:\n{NODE_RECOVERY}{recovery}{extra}\n"
         );
         let client = workload_namespace(cluster, name).await;
-        let install =
-            NodeInstall::install(cluster, via, &format!("pinswap-{name}"), &config, replicas).await;
+        let install = NodeInstall::install_with(
+            cluster,
+            via,
+            &format!("pinswap-{name}"),
+            &config,
+            replicas,
+            &helm_values,
+        )
+        .await;
         wait_admitting(&client, name).await;
         wait_leading(cluster, &format!("pinswap-{name}")).await;
+        let audit_log = cluster.dir.join("audit.log");
+        let audit_from = std::fs::metadata(&audit_log).map_or(0, |m| m.len());
         NodeRig {
             src,
             dst,
@@ -742,7 +843,61 @@ impl NodeRig {
             client,
             install,
             ns: name.to_owned(),
+            audit_log,
+            audit_from,
+            fail_open_cause: Default::default(),
+            alias_dir,
         }
+    }
+
+    /// Pod creates in this rig's namespace that the API server let through
+    /// without pinswap's answer since pinswap first answered there: the
+    /// mutating webhook's `failed-open` audit annotation, read back from
+    /// the audit log. A Pod admitted so names the source, not the mirror.
+    /// [`wait_admitting`]'s probes are left out.
+    pub fn failed_open(&self) -> Vec<String> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.audit_log) {
+            f.seek(SeekFrom::Start(self.audit_from)).unwrap();
+            f.read_to_string(&mut text).unwrap();
+        }
+        text.lines()
+            .filter(|l| l.contains("failed-open.mutation.webhook.admission.k8s.io/"))
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| {
+                let obj = &e["objectRef"];
+                obj["namespace"] == self.ns.as_str()
+                    && obj["resource"] == "pods"
+                    && obj["name"] != "pinswap-probe"
+            })
+            .map(|e| {
+                format!(
+                    "{} {} pods/{} by {} at {} ({})",
+                    e["verb"].as_str().unwrap_or_default(),
+                    self.ns,
+                    e["objectRef"]["name"]
+                        .as_str()
+                        .unwrap_or("(generated name)"),
+                    e["user"]["username"].as_str().unwrap_or_default(),
+                    e["requestReceivedTimestamp"].as_str().unwrap_or_default(),
+                    e["annotations"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .filter(|(k, _)| k.starts_with("failed-open."))
+                        .map(|(_, v)| v.as_str().unwrap_or_default())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                )
+            })
+            .collect()
+    }
+
+    /// The test injects `cause`, under which admissions may fail open;
+    /// without this, one that does fails the test when the rig is dropped.
+    pub fn expect_fail_open(&self, cause: &str) {
+        *self.fail_open_cause.lock().unwrap() = Some(cause.to_owned());
     }
 
     /// `repo:tag` at the source, as Pods name it.
@@ -782,6 +937,36 @@ impl NodeRig {
             .lines()
             .filter(|l| l.contains(&needle) && l.contains("containerd/"))
             .count()
+    }
+}
+
+/// A Pod that fails open on the node is a Pod pulled from the source, which
+/// is what pinswap exists to prevent: every node test fails when one did
+/// without a cause it injected ([`NodeRig::expect_fail_open`]).
+impl Drop for NodeRig {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.alias_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        if std::thread::panicking() {
+            return;
+        }
+        let failed = self.failed_open();
+        if failed.is_empty() {
+            return;
+        }
+        match self.fail_open_cause.lock().unwrap().as_deref() {
+            Some(cause) => eprintln!(
+                "{} admission(s) failed open under {cause}:\n  {}",
+                failed.len(),
+                failed.join("\n  ")
+            ),
+            None => panic!(
+                "{} admission(s) failed open, with no cause the test injected: the API server let the Pod through without pinswap's answer, so it names the source:\n  {}",
+                failed.len(),
+                failed.join("\n  ")
+            ),
+        }
     }
 }
 

@@ -48,6 +48,11 @@ impl TestRegistry {
         Self::start(false, None, None, false).await
     }
 
+    /// TLS with a fresh test CA ([`TestRegistry::ca_pem_path`]), no auth.
+    pub async fn tls() -> TestRegistry {
+        Self::start(true, None, None, true).await
+    }
+
     /// TLS with a fresh test CA, and htpasswd (bcrypt) basic auth.
     pub async fn tls_auth(user: &str, password: &str) -> TestRegistry {
         Self::start(
