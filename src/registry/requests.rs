@@ -297,7 +297,8 @@ fn typed(m: RawManifest) -> Option<(Digest, Option<String>)> {
 
 impl Registry {
     /// Every tag of `r`'s repository (`GET /v2/<name>/tags/list`, pages of
-    /// up to 1000 followed with `last`; see [`extend_page`]), in the
+    /// up to 1000 followed by their `Link`, else with `last`; see
+    /// [`extend_page`]), in the
     /// registry's order; empty for an unknown repository (404).
     ///
     /// # Errors
@@ -348,7 +349,8 @@ impl Registry {
     }
 
     /// Every repository of the registry (`GET /v2/_catalog`, pages of up to
-    /// 1000 followed with `last`), with a token for `registry:catalog:*`.
+    /// 1000 followed by their `Link`, else with `last`), with a token for
+    /// `registry:catalog:*`.
     ///
     /// # Errors
     /// As [`Registry::tags`]; 404 (a registry that does not serve the
@@ -377,6 +379,11 @@ impl Registry {
 
     /// The names under `key` of every page of the list at `path`; `None`
     /// when the first page is 404.
+    ///
+    /// Each next page is the one `Link: <...>; rel="next"` names, on the
+    /// registry's own origin (distribution-spec: the link may carry state a
+    /// registry keeps its own way, as Quay's `next_page` token, which
+    /// ignores `last`). Only a page without `Link` is followed with `last`.
     async fn list(
         &self,
         scopes: &[String],
@@ -385,13 +392,15 @@ impl Registry {
         operation: &'static str,
         key: &str,
     ) -> Result<Option<Vec<String>>> {
+        let bad = |message: String| RegistryError::Other {
+            registry: self.host().to_owned(),
+            reference: name.to_owned(),
+            operation,
+            message,
+        };
         let mut out: Vec<String> = Vec::new();
+        let mut url = format!("{}{path}?n=1000", self.base());
         loop {
-            let mut url = format!("{}{path}?n=1000", self.base());
-            if let Some(last) = out.last() {
-                url.push_str("&last=");
-                url.extend(url::form_urlencoded::byte_serialize(last.as_bytes()));
-            }
             let resp = self.send(scopes, name, || self.http().get(&url)).await?;
             if resp.status() == reqwest::StatusCode::NOT_FOUND && out.is_empty() {
                 return Ok(None);
@@ -399,22 +408,43 @@ impl Registry {
             if !resp.status().is_success() {
                 return Err(self.refusal(resp, name, operation).await);
             }
-            let more = next_link(resp.headers()).is_some();
-            let bad = |message: String| RegistryError::Other {
-                registry: self.host().to_owned(),
-                reference: name.to_owned(),
-                operation,
-                message,
-            };
+            let next = next_link(resp.headers())
+                .map(|next| self.own_next_page(&url, &next))
+                .transpose()
+                .map_err(bad)?;
             let body = self
                 .read_bounded(resp, MAX_LIST_BYTES)
                 .await?
                 .ok_or_else(|| bad(format!("a page larger than {MAX_LIST_BYTES} bytes")))?;
             let names = list_names(&body, key).map_err(bad)?;
             let short = names.len() < SHORT_PAGE;
-            if !extend_page(&mut out, names) || (short && !more) {
+            if !extend_page(&mut out, names) || (short && next.is_none()) {
                 return Ok(Some(out));
             }
+            url = match next {
+                Some(next) => next,
+                None => {
+                    let last = out.last().map_or("", String::as_str);
+                    let mut url = format!("{}{path}?n=1000&last=", self.base());
+                    url.extend(url::form_urlencoded::byte_serialize(last.as_bytes()));
+                    url
+                }
+            };
+        }
+    }
+
+    /// `next`, the `Link` target of the page at `page`, resolved against it
+    /// (RFC 8288 §3.2) on this registry's origin: pages stay on the
+    /// registry, so its token goes nowhere else.
+    fn own_next_page(&self, page: &str, next: &str) -> std::result::Result<String, String> {
+        let next = reqwest::Url::parse(page)
+            .and_then(|p| p.join(next))
+            .map_err(|e| format!("a next page that is no URL ({next}: {e})"))?
+            .to_string();
+        if self.session().is_own(&next) {
+            Ok(next)
+        } else {
+            Err(format!("a next page on another origin ({next})"))
         }
     }
 }
@@ -502,15 +532,7 @@ impl Registry {
             let Some(next) = next else {
                 return Ok(Some(out));
             };
-            let next = match next.starts_with('/') {
-                true => format!("{}{next}", self.base()),
-                false => next,
-            };
-            // Pages stay on the registry: the token goes nowhere else.
-            if !self.session().is_own(&next) {
-                return Err(bad(format!("a next page on another origin ({next})")));
-            }
-            url = next;
+            url = self.own_next_page(&url, &next).map_err(bad)?;
         }
         Ok(Some(out))
     }

@@ -55,6 +55,14 @@ pub enum Mode {
     /// Every request with this method (`*`: any) whose path contains this
     /// part meets this fault; others pass.
     Fault(&'static str, &'static str, Fault),
+    /// Serve tag lists and the catalog in pages of at most this many
+    /// (whatever `n` asks for more), each linked to the next by an absolute
+    /// `Link` carrying an opaque `next_page` token, and read `last` as such
+    /// a token: a name there is no token, so it gets the first page again.
+    /// As Quay's `paginate` (quay/quay `endpoints/v2/__init__.py`: pages of
+    /// `max(V2_PAGINATION_SIZE, 100)`, `next_page` falling back to `last`,
+    /// an encrypted `start_id`), which its catalog uses.
+    TokenPages(usize),
 }
 
 /// A fault of [`Mode::Fault`]: the classes of error a registry or the
@@ -388,6 +396,7 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
             | Mode::Challenge(_)
             | Mode::Relocate(_)
             | Mode::HideWithout(_)
+            | Mode::TokenPages(_)
             | Mode::Fault(..) => None,
             Mode::Refuse(status, retry_after) => Some((status, retry_after)),
             Mode::RefuseFirst(method, part, status, retry_after) if matches(method, part) => {
@@ -400,6 +409,18 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
             Mode::RefuseFirst(..) | Mode::RefuseEvery(..) | Mode::PageReferrers(_) => None,
         }
     };
+    if let Mode::TokenPages(n) = mode
+        && req.method() == axum::http::Method::GET
+        && (path.contains("/tags/list") || path.contains("/_catalog"))
+    {
+        let host = req
+            .headers()
+            .get("host")
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        return token_page(&s, &host, &path, n).await;
+    }
     let page_size = match *s.mode.lock().unwrap() {
         Mode::PageReferrers(n) => Some(n),
         _ => None,
@@ -488,6 +509,60 @@ async fn page_referrers(s: &Shared, path: &str, n: usize) -> Response {
     );
     if (page + 1) * n < all.len() {
         let link = format!("<{base}?page={}>; rel=\"next\"", page + 1);
+        resp.headers_mut()
+            .insert("link", HeaderValue::from_str(&link).unwrap());
+    }
+    resp
+}
+
+/// One page of the upstream's tag list or catalog at `path`, as
+/// [`Mode::TokenPages`] serves it.
+async fn token_page(s: &Shared, host: &str, path: &str, n: usize) -> Response {
+    let (base, query) = path.split_once('?').unwrap_or((path, ""));
+    let (field, upstream) = match base.ends_with("/_catalog") {
+        true => ("repositories", format!("{base}?n=1000")),
+        false => ("tags", base.to_owned()),
+    };
+    let up = s
+        .http
+        .get(format!("http://{}{upstream}", s.upstream))
+        .send()
+        .await
+        .unwrap();
+    if !up.status().is_success() {
+        return refused(up.status().as_u16(), None);
+    }
+    let mut list: serde_json::Value = up.json().await.unwrap();
+    let mut all: Vec<String> = list[field]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    all.sort();
+    // `next_page`, else `last`, read as a token; anything else starts over.
+    let param = |key: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+    };
+    let start = param("next_page")
+        .or_else(|| param("last"))
+        .and_then(|t| t.strip_prefix("opaque-"))
+        .and_then(|t| usize::from_str_radix(t, 16).ok())
+        .unwrap_or(0);
+    let asked = param("n").and_then(|v| v.parse().ok()).unwrap_or(n);
+    let size = asked.clamp(1, n);
+    let page: Vec<String> = all.iter().skip(start).take(size).cloned().collect();
+    list[field] = serde_json::json!(page);
+    let mut resp = Response::new(Body::from(serde_json::to_vec(&list).unwrap()));
+    resp.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
+    if start + size < all.len() {
+        let link = format!(
+            "<http://{host}{base}?n={size}&next_page=opaque-{:x}>; rel=\"next\"",
+            start + size
+        );
         resp.headers_mut()
             .insert("link", HeaderValue::from_str(&link).unwrap());
     }
