@@ -40,6 +40,10 @@ pub(super) fn push(r: &Reference) -> [String; 1] {
 /// the longest length a registry allows are about 256 KiB, and Distribution
 /// ignores `n` on `tags/list` and answers every tag at once.
 const MAX_LIST_BYTES: usize = 16 * 1024 * 1024;
+/// The most names one listing (tags, catalog) gathers over all its pages:
+/// a registry that keeps linking pages of new names stops there, with an
+/// error, so whatever depends on the whole list does nothing.
+const MAX_LIST_NAMES: usize = 1_000_000;
 
 /// The path component naming `r` in a manifest URL: its digest when it has
 /// one, else its tag (`latest` by default).
@@ -380,10 +384,13 @@ impl Registry {
     /// The names under `key` of every page of the list at `path`; `None`
     /// when the first page is 404.
     ///
-    /// Each next page is the one `Link: <...>; rel="next"` names, on the
-    /// registry's own origin (distribution-spec: the link may carry state a
-    /// registry keeps its own way, as Quay's `next_page` token, which
-    /// ignores `last`). Only a page without `Link` is followed with `last`.
+    /// Each next page is the one `Link: <...>; rel="next"` names
+    /// (distribution-spec: the link may carry state a registry keeps its own
+    /// way, as Quay's `next_page` token, which ignores `last`), for the same
+    /// list, always asked of this registry: a link to another origin (a
+    /// registry that writes its public name while pinswap reaches it by
+    /// another) gives its path and query only. Only a page without `Link`
+    /// is followed with `last`. At most [`MAX_LIST_NAMES`] names.
     async fn list(
         &self,
         scopes: &[String],
@@ -409,7 +416,7 @@ impl Registry {
                 return Err(self.refusal(resp, name, operation).await);
             }
             let next = next_link(resp.headers())
-                .map(|next| self.own_next_page(&url, &next))
+                .map(|next| self.next_list_page(&url, path, &next))
                 .transpose()
                 .map_err(bad)?;
             let body = self
@@ -421,6 +428,9 @@ impl Registry {
             if !extend_page(&mut out, names) || (short && next.is_none()) {
                 return Ok(Some(out));
             }
+            if out.len() > MAX_LIST_NAMES {
+                return Err(bad(format!("more than {MAX_LIST_NAMES} names")));
+            }
             url = match next {
                 Some(next) => next,
                 None => {
@@ -431,6 +441,31 @@ impl Registry {
                 }
             };
         }
+    }
+
+    /// `next`, the `Link` target of the page at `page` of the list at
+    /// `path`, as a URL of this registry: resolved against the page, its
+    /// path and query taken alone when it names another origin.
+    fn next_list_page(
+        &self,
+        page: &str,
+        path: &str,
+        next: &str,
+    ) -> std::result::Result<String, String> {
+        let url = reqwest::Url::parse(page)
+            .and_then(|p| p.join(next))
+            .map_err(|e| format!("a next page that is no URL ({next}: {e})"))?;
+        if url.path() != path {
+            return Err(format!("a next page of another list ({next})"));
+        }
+        let own = match url.query() {
+            Some(q) => format!("{}{path}?{q}", self.base()),
+            None => format!("{}{path}", self.base()),
+        };
+        if !self.session().is_own(url.as_str()) {
+            tracing::debug!(link = next, asked = %own, "a next page on another origin, asked of this registry");
+        }
+        Ok(own)
     }
 
     /// `next`, the `Link` target of the page at `page`, resolved against it

@@ -61,8 +61,11 @@ pub enum Mode {
     /// a token: a name there is no token, so it gets the first page again.
     /// As Quay's `paginate` (quay/quay `endpoints/v2/__init__.py`: pages of
     /// `max(V2_PAGINATION_SIZE, 100)`, `next_page` falling back to `last`,
-    /// an encrypted `start_id`), which its catalog uses.
-    TokenPages(usize),
+    /// an encrypted `start_id`), which its catalog uses. Links are absolute
+    /// on the `Host` asked, or start with the given text instead of
+    /// `http://HOST/v2/...` (Quay writes its configured
+    /// `PREFERRED_URL_SCHEME` and `SERVER_HOSTNAME`).
+    TokenPages(usize, Option<&'static str>),
 }
 
 /// A fault of [`Mode::Fault`]: the classes of error a registry or the
@@ -396,7 +399,7 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
             | Mode::Challenge(_)
             | Mode::Relocate(_)
             | Mode::HideWithout(_)
-            | Mode::TokenPages(_)
+            | Mode::TokenPages(..)
             | Mode::Fault(..) => None,
             Mode::Refuse(status, retry_after) => Some((status, retry_after)),
             Mode::RefuseFirst(method, part, status, retry_after) if matches(method, part) => {
@@ -409,7 +412,7 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
             Mode::RefuseFirst(..) | Mode::RefuseEvery(..) | Mode::PageReferrers(_) => None,
         }
     };
-    if let Mode::TokenPages(n) = mode
+    if let Mode::TokenPages(n, link_to) = mode
         && req.method() == axum::http::Method::GET
         && (path.contains("/tags/list") || path.contains("/_catalog"))
     {
@@ -419,7 +422,14 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
             .and_then(|h| h.to_str().ok())
             .unwrap_or_default()
             .to_owned();
-        return token_page(&s, &host, &path, n).await;
+        let link_to = link_to.map_or_else(
+            || {
+                let base = path.split_once('?').map_or(path.as_str(), |(b, _)| b);
+                format!("http://{host}{base}")
+            },
+            str::to_owned,
+        );
+        return token_page(&s, &link_to, &path, n).await;
     }
     let page_size = match *s.mode.lock().unwrap() {
         Mode::PageReferrers(n) => Some(n),
@@ -516,8 +526,8 @@ async fn page_referrers(s: &Shared, path: &str, n: usize) -> Response {
 }
 
 /// One page of the upstream's tag list or catalog at `path`, as
-/// [`Mode::TokenPages`] serves it.
-async fn token_page(s: &Shared, host: &str, path: &str, n: usize) -> Response {
+/// [`Mode::TokenPages`] serves it, its next page linked at `link_to`.
+async fn token_page(s: &Shared, link_to: &str, path: &str, n: usize) -> Response {
     let (base, query) = path.split_once('?').unwrap_or((path, ""));
     let (field, upstream) = match base.ends_with("/_catalog") {
         true => ("repositories", format!("{base}?n=1000")),
@@ -560,7 +570,7 @@ async fn token_page(s: &Shared, host: &str, path: &str, n: usize) -> Response {
         .insert("content-type", HeaderValue::from_static("application/json"));
     if start + size < all.len() {
         let link = format!(
-            "<http://{host}{base}?n={size}&next_page=opaque-{:x}>; rel=\"next\"",
+            "<{link_to}?n={size}&next_page=opaque-{:x}>; rel=\"next\"",
             start + size
         );
         resp.headers_mut()
