@@ -324,6 +324,9 @@ def test_the_matrix_renders_what_each_value_asks_for(chart):
     assert spec["priorityClassName"] == "system-cluster-critical"
     assert spec["hostAliases"] == [{"ip": "10.0.0.7", "hostnames": ["mirror.corp.internal"]}]
     assert "hostAliases" not in pod_spec(by["defaults"])
+    aliased = render(chart, {"nodeAgent": {"enabled": True}, "hostAliases": [{"ip": "10.0.0.7", "hostnames": ["m.internal"]}]})
+    agent = find(aliased, "DaemonSet", "pinswap-node-agent")["spec"]["template"]["spec"]
+    assert agent["hostAliases"] == pod_spec(aliased)["hostAliases"] == [{"ip": "10.0.0.7", "hostnames": ["m.internal"]}]
     assert spec["terminationGracePeriodSeconds"] == 45
     template = find(c, "Deployment", "pinswap")["spec"]["template"]["metadata"]
     assert template["annotations"]["example.com/team"] == "platform"
