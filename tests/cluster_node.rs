@@ -113,6 +113,7 @@ async fn pods_run_from_the_mirror_with_pinswap_installed_from_its_manifests() {
     // unanswered: the webhook pointed at a path pinswap does not serve.
     assert_eq!(rig.failed_open(), Vec::<String>::new());
     unanswered_webhook(&rig).await;
+    common::node::wait_probe(&rig.client, "web", false).await;
     let p = common::node::create_pod(
         &rig.client,
         "web",

