@@ -977,13 +977,7 @@ async fn a_target_that_refuses_deletes_is_told_once_per_stretch() {
     for v in &versions {
         assert!(r.dst.head_manifest(repo, &v.to_string()).await.is_some());
     }
-    let deletes: Vec<String> = r
-        .front
-        .requests()
-        .into_iter()
-        .filter(|(m, _)| m == "DELETE")
-        .map(|(_, p)| p)
-        .collect();
+    let deletes = r.front.paths("DELETE");
     assert_eq!(
         deletes,
         versions[..2]

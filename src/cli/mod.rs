@@ -564,6 +564,7 @@ async fn follow_referrers(
                     dst,
                     (&digest, r.media_type.as_deref()),
                     None,
+                    !r.up_to_date,
                 )
                 .await
         }

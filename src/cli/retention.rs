@@ -76,6 +76,9 @@ fn table(plan: &serde_json::Value) -> String {
         out.push_str(&format!("nothing looked at: {why}\n"));
         return out;
     }
+    if let Some(why) = plan["deletes"].as_str() {
+        out.push_str(&format!("removes nothing: {why}\n"));
+    }
     let rows = |key: &str| plan[key].as_array().cloned().unwrap_or_default();
     let (remove, keep) = (rows("remove"), rows("keep"));
     out.push_str(&format!(

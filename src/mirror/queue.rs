@@ -375,6 +375,7 @@ impl Queue {
                             target_digest: td,
                             target_media_type: r.media_type.clone(),
                             creds: creds.clone(),
+                            cold: !r.up_to_date,
                         });
                     }
                     info!(source = %src, target = %k, bytes = r.bytes_copied, "mirrored");

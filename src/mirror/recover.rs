@@ -90,6 +90,7 @@ impl Mirror {
             target_digest: digest.clone(),
             target_media_type: None,
             creds: None,
+            cold: false,
         });
     }
 

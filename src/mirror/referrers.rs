@@ -52,6 +52,9 @@ pub(super) struct Follow {
     /// The top's media type, when the copy knows it.
     pub target_media_type: Option<String>,
     pub creds: Option<Credentials>,
+    /// The copy wrote the image: every cosign tag is asked for, whatever
+    /// the source's tag list says ([`ReferrerCopier::copy`]).
+    pub cold: bool,
 }
 
 impl Follower {
@@ -121,6 +124,7 @@ impl Follower {
                 &f.target,
                 (&f.target_digest, f.target_media_type.as_deref()),
                 f.creds.as_ref(),
+                f.cold,
             );
             // A cut follow is not tried again at once: a source that slow
             // would hold a slot for every attempt. Re-verification offers

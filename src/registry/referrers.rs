@@ -189,7 +189,8 @@ impl ReferrerCopier {
     /// Copies the referrers of a finished copy: `src` pinned to
     /// `source_digest`, whose top is `dst_digest` in `dst`'s repository
     /// ([`ReferrerCopier::subjects`], then [`ReferrerCopier::copy`]);
-    /// `dst_media_type` is the top's, when the copy knows it.
+    /// `dst_media_type` is the top's, when the copy knows it. `cold`: the
+    /// copy wrote the image, as in [`ReferrerCopier::copy`].
     pub async fn follow(
         &self,
         src: &Reference,
@@ -197,6 +198,7 @@ impl ReferrerCopier {
         dst: &Reference,
         (dst_digest, dst_media_type): (&Digest, Option<&str>),
         creds: Option<&Credentials>,
+        cold: bool,
     ) -> ReferrersReport {
         match self
             .subjects(dst, source_digest, dst_digest, dst_media_type)
@@ -204,7 +206,7 @@ impl ReferrerCopier {
         {
             Ok(subjects) => {
                 let src = src.without_tag().with_digest(source_digest.clone());
-                self.copy(&src, dst, &subjects, creds).await
+                self.copy(&src, dst, &subjects, creds, cold).await
             }
             Err(e) => {
                 let mut report = ReferrersReport::default();
@@ -217,12 +219,21 @@ impl ReferrerCopier {
     /// Copies the referrers of each of `subjects` from `src`'s repository to
     /// `dst`'s, reading the source with `creds` when given. Never fails as
     /// a whole: each referrer's failure is counted and named in the report.
+    ///
+    /// Cosign and fallback tags are asked for only when the source's tag
+    /// list names them (when one page lists them all), except those of
+    /// `src`'s own digest in a `cold` follow (the image was just copied).
+    /// A pull-through cache (Harbor's proxy-cache projects) lists only the
+    /// tags it has cached, so its listing leaves out signatures nobody
+    /// pulled through it yet: trusted at the first copy, it would mirror
+    /// the image without the signature of what the Pod named.
     pub async fn copy(
         &self,
         src: &Reference,
         dst: &Reference,
         subjects: &[Digest],
         creds: Option<&Credentials>,
+        cold: bool,
     ) -> ReferrersReport {
         let mut report = ReferrersReport::default();
         let pool = self.copier.pool();
@@ -238,6 +249,7 @@ impl ReferrerCopier {
                 return report;
             }
         };
+        let asked = src.digest().filter(|_| cold).cloned();
         let (src, dst) = (
             src.without_tag().without_digest(),
             dst.without_tag().without_digest(),
@@ -263,7 +275,10 @@ impl ReferrerCopier {
                     &src,
                     &dst,
                     &subject,
-                    (creds, tags.as_ref()),
+                    (
+                        creds,
+                        tags.as_ref().filter(|_| asked.as_ref() != Some(&subject)),
+                    ),
                     &mut count,
                     &mut report,
                 )

@@ -26,6 +26,7 @@
 //! 7. `dryRun` logs and counts, and removes nothing.
 
 pub mod clusters;
+mod deletes;
 pub mod publish;
 pub(crate) mod store;
 mod sweep;
@@ -207,6 +208,9 @@ pub struct Report {
     pub images: Vec<Image>,
     /// Removals that failed: image and why.
     pub failed: Vec<(Reference, String)>,
+    /// Why the pass removed nothing it chose: the target refuses DELETE,
+    /// or did not say whether it takes one.
+    pub deletes: Option<String>,
 }
 
 impl Report {
@@ -245,6 +249,7 @@ impl Report {
         serde_json::json!({
             "skipped": self.skipped,
             "held": self.held,
+            "deletes": self.deletes,
             "remove": remove.into_iter().map(entry).collect::<Vec<_>>(),
             "keep": keep.into_iter().map(entry).collect::<Vec<_>>(),
         })
@@ -262,6 +267,9 @@ pub struct Retention {
     metrics: Arc<Metrics>,
     /// With `sharing.enabled`: this cluster's record and the others'.
     sharing: Option<Arc<publish::Publisher>>,
+    /// Why the target refused DELETE when last asked, if it did: a plan
+    /// says so without asking again.
+    refused: std::sync::Mutex<Option<String>>,
 }
 
 impl Retention {
@@ -281,6 +289,7 @@ impl Retention {
             unused_for: config.unused_for,
             dry_run: config.dry_run,
             sharing: None,
+            refused: Default::default(),
         }
     }
 
@@ -307,6 +316,7 @@ pub async fn run(
             return;
         }
         info!(every = %humantime::format_duration(interval), "leading: retention passes start");
+        retention.ask_deletes().await;
         let mut next = soon;
         loop {
             let lost = async {

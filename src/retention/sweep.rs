@@ -5,13 +5,15 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::clusters::{ClusterRecord, age};
+use super::deletes::Deletes;
 use super::{Image, InUse, Report, Retention, RetentionError, State};
 use crate::metrics::{Metrics, StateLabel};
 use crate::mirror::retention::SourceCheck;
 use crate::reference::{Digest, Reference};
+use crate::registry::client::Registry;
 use crate::registry::delete::Deleted;
 
 /// A target repository pinswap mirrors into.
@@ -553,6 +555,30 @@ impl Retention {
             warn!(source = %registry, %why, "retention holds back this source's images: it cannot answer");
         }
         report.held = down;
+        // Asked only when there is something to remove; a plan writes
+        // nothing, so it does not ask: it says what the last question found.
+        let no_deletes = match (mode, candidates.first()) {
+            (Mode::Plan, _) => self.last_refusal().map(|text| NoDeletes {
+                refused: true,
+                text,
+            }),
+            (_, Some(&first)) => {
+                let repo = report.images[first].image.without_digest();
+                self.deletes_refused(&client, &repo).await
+            }
+            (_, None) => None,
+        };
+        if let Some(why) = no_deletes {
+            for &i in &candidates {
+                let img = &mut report.images[i];
+                if why.refused {
+                    img.state = State::Kept;
+                    img.why = why.text.clone();
+                }
+            }
+            report.deletes = Some(why.text);
+            candidates.clear();
+        }
         if mode == Mode::Plan {
             return Ok(report);
         }
@@ -771,6 +797,94 @@ impl Retention {
                 "the target registry refuses deletes (Distribution: storage.delete.enabled)".into(),
             ),
             Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Why a pass removes nothing it chose ([`Retention::deletes_refused`]).
+struct NoDeletes {
+    /// The target refuses DELETE (else it did not say).
+    refused: bool,
+    text: String,
+}
+
+impl Retention {
+    /// Whether the target takes DELETE, asked at the start of leadership:
+    /// a target that refuses it is reported, in the log and in plans,
+    /// before any pass.
+    pub async fn ask_deletes(&self) {
+        if self.mirror.ecr().is_some() {
+            return;
+        }
+        let target = self.mirror.target();
+        let repo = match target.prefix() {
+            Some(p) => format!(
+                "{}/{p}/{}",
+                target.registry(),
+                crate::reference::USAGE_REPOSITORY
+            ),
+            None => format!(
+                "{}/{}",
+                target.registry(),
+                crate::reference::USAGE_REPOSITORY
+            ),
+        };
+        let (Ok(client), Ok(repo)) = (self.mirror.target_client().await, Reference::parse(&repo))
+        else {
+            return;
+        };
+        let _ = self.deletes_refused(&client, &repo).await;
+    }
+
+    /// Why the target refused DELETE when last asked, if it did.
+    fn last_refusal(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Asks whether the target takes DELETE in `repo` (ECR's API deletes
+    /// by itself): `None` when it does, else why nothing is removed. A
+    /// refusal is logged once until the target takes DELETE again.
+    async fn deletes_refused(&self, client: &Registry, repo: &Reference) -> Option<NoDeletes> {
+        if self.mirror.ecr().is_some() {
+            return None;
+        }
+        let answer = super::deletes::probe(client, repo).await;
+        let before = {
+            let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+            match &answer {
+                Deletes::Taken => refused.take(),
+                Deletes::Refused(why) => refused.replace(why.clone()),
+                Deletes::Unknown(_) => refused.clone(),
+            }
+        };
+        match answer {
+            Deletes::Taken => {
+                if before.is_some() {
+                    info!(target = %client.host(), "the target takes DELETE again: retention removes unused images");
+                }
+                None
+            }
+            Deletes::Refused(why) => {
+                if before.is_none() {
+                    error!(%why, "retention removes nothing: the target refuses DELETE; turn retention off, or let the target delete");
+                }
+                Some(NoDeletes {
+                    refused: true,
+                    text: why,
+                })
+            }
+            Deletes::Unknown(why) => {
+                warn!(%why, "retention removes nothing in this pass: the target did not say whether it takes DELETE");
+                Some(NoDeletes {
+                    refused: false,
+                    text: format!(
+                        "nothing removed: whether the target takes DELETE is not known ({why})"
+                    ),
+                })
+            }
         }
     }
 }

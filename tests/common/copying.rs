@@ -77,11 +77,25 @@ pub async fn assert_image(reg: &TestRegistry, repo: &str, tag: &str, img: &Image
     assert_blobs(reg, repo, img).await;
 }
 
-pub async fn check_index(src: &TestRegistry, dst: &TestRegistry, idx: &Index, repo: &str) {
-    assert_manifest(dst, repo, "v1", &idx.manifest, &idx.media_type, &idx.digest).await;
+/// The index under `reference`, and each child with its blobs, byte for
+/// byte.
+pub async fn assert_index(reg: &TestRegistry, repo: &str, reference: &str, idx: &Index) {
+    assert_manifest(
+        reg,
+        repo,
+        reference,
+        &idx.manifest,
+        &idx.media_type,
+        &idx.digest,
+    )
+    .await;
     for child in &idx.children {
-        assert_image(dst, repo, &child.digest, child).await;
+        assert_image(reg, repo, &child.digest, child).await;
     }
+}
+
+pub async fn check_index(src: &TestRegistry, dst: &TestRegistry, idx: &Index, repo: &str) {
+    assert_index(dst, repo, "v1", idx).await;
     assert_eq!(skopeo::inspect_raw(dst, repo, "v1").await, idx.manifest);
     assert_eq!(
         skopeo::inspect_digest(dst, repo, "v1").await,

@@ -22,6 +22,9 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 
+mod vendor;
+pub use vendor::Vendor;
+
 /// What the front does with each request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Mode {
@@ -66,6 +69,9 @@ pub enum Mode {
     /// `http://HOST/v2/...` (Quay writes its configured
     /// `PREFERRED_URL_SCHEME` and `SERVER_HOSTNAME`).
     TokenPages(usize, Option<&'static str>),
+    /// Behave as this registry does where it differs from Distribution
+    /// (`front/vendor.rs`).
+    Vendor(Vendor),
 }
 
 /// A fault of [`Mode::Fault`]: the classes of error a registry or the
@@ -102,6 +108,8 @@ struct Shared {
     /// (method, path with query, status) of every answer, in the order
     /// the answers were made.
     answered: Mutex<Vec<(String, String, u16)>>,
+    /// What a [`Mode::Vendor`] front remembers between requests.
+    memory: Mutex<vendor::Memory>,
 }
 
 type Span = (String, String, Instant, Option<Instant>);
@@ -144,6 +152,7 @@ impl Front {
             authorizations: Mutex::default(),
             spans: Mutex::default(),
             answered: Mutex::default(),
+            memory: Mutex::default(),
         });
         let app = axum::Router::new()
             .fallback(handle)
@@ -201,6 +210,16 @@ impl Front {
     /// Every (method, path with query) seen so far, in order.
     pub fn requests(&self) -> Vec<(String, String)> {
         self.shared.seen.lock().unwrap().clone()
+    }
+
+    /// The path (with query) of every request with this method seen so
+    /// far, in order.
+    pub fn paths(&self, method: &str) -> Vec<String> {
+        self.requests()
+            .into_iter()
+            .filter(|(m, _)| m == method)
+            .map(|(_, p)| p)
+            .collect()
     }
 
     /// (method, path with query, status) of every request answered so
@@ -341,6 +360,9 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
             Fault::EndEarly => return first_half(&s, &path).await,
         }
     }
+    if let Mode::Vendor(vendor) = mode {
+        return vendor::respond(&s, vendor, req, &path, ends).await;
+    }
     if let Mode::Challenge(challenge) = &mode {
         let mut resp = Response::new(Body::from(
             r#"{"errors":[{"code":"UNAUTHORIZED","message":"challenged by the test front"}]}"#,
@@ -400,6 +422,7 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
             | Mode::Relocate(_)
             | Mode::HideWithout(_)
             | Mode::TokenPages(..)
+            | Mode::Vendor(_)
             | Mode::Fault(..) => None,
             Mode::Refuse(status, retry_after) => Some((status, retry_after)),
             Mode::RefuseFirst(method, part, status, retry_after) if matches(method, part) => {
@@ -416,12 +439,7 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
         && req.method() == axum::http::Method::GET
         && (path.contains("/tags/list") || path.contains("/_catalog"))
     {
-        let host = req
-            .headers()
-            .get("host")
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
+        let host = host_of(&req);
         let link_to = link_to.map_or_else(
             || {
                 let base = path.split_once('?').map_or(path.as_str(), |(b, _)| b);
@@ -444,6 +462,18 @@ async fn respond(s: Arc<Shared>, req: Request) -> Response {
     if let Some((status, retry_after)) = refusal {
         return refused(status, retry_after);
     }
+    forward(&s, req, &path, ends, relocate).await
+}
+
+/// Passes `req` to the registry behind as `path`, and streams its answer
+/// back; with `relocate`, an opened upload's `Location` is that instead.
+async fn forward(
+    s: &Shared,
+    req: Request,
+    path: &str,
+    ends: Ends,
+    relocate: Option<HeaderValue>,
+) -> Response {
     let (parts, body) = req.into_parts();
     let mut fwd = s
         .http
@@ -529,33 +559,12 @@ async fn page_referrers(s: &Shared, path: &str, n: usize) -> Response {
 /// [`Mode::TokenPages`] serves it, its next page linked at `link_to`.
 async fn token_page(s: &Shared, link_to: &str, path: &str, n: usize) -> Response {
     let (base, query) = path.split_once('?').unwrap_or((path, ""));
-    let (field, upstream) = match base.ends_with("/_catalog") {
-        true => ("repositories", format!("{base}?n=1000")),
-        false => ("tags", base.to_owned()),
+    let (mut list, field, all) = match upstream_names(s, base).await {
+        Ok(names) => names,
+        Err(refusal) => return refusal,
     };
-    let up = s
-        .http
-        .get(format!("http://{}{upstream}", s.upstream))
-        .send()
-        .await
-        .unwrap();
-    if !up.status().is_success() {
-        return refused(up.status().as_u16(), None);
-    }
-    let mut list: serde_json::Value = up.json().await.unwrap();
-    let mut all: Vec<String> = list[field]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect();
-    all.sort();
     // `next_page`, else `last`, read as a token; anything else starts over.
-    let param = |key: &str| {
-        query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-    };
+    let param = |key: &str| query_param(query, key);
     let start = param("next_page")
         .or_else(|| param("last"))
         .and_then(|t| t.strip_prefix("opaque-"))
@@ -577,6 +586,52 @@ async fn token_page(s: &Shared, link_to: &str, path: &str, n: usize) -> Response
             .insert("link", HeaderValue::from_str(&link).unwrap());
     }
     resp
+}
+
+/// The whole tag list or catalog at `base` of the registry behind, as
+/// its JSON, the field that holds the names, and the names sorted; or the
+/// refusal to answer with.
+async fn upstream_names(
+    s: &Shared,
+    base: &str,
+) -> Result<(serde_json::Value, &'static str, Vec<String>), Response> {
+    // Distribution refuses a catalog page past 1,000.
+    let field = match base.ends_with("/_catalog") {
+        true => "repositories",
+        false => "tags",
+    };
+    let url = format!("http://{}{base}?n=1000", s.upstream);
+    let Ok(up) = s.http.get(url).send().await else {
+        return Err(refused(502, None));
+    };
+    if !up.status().is_success() {
+        return Err(refused(up.status().as_u16(), None));
+    }
+    let list: serde_json::Value = up.json().await.unwrap();
+    let mut all: Vec<String> = list[field]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    all.sort();
+    Ok((list, field, all))
+}
+
+/// The `Host` a request was sent to.
+fn host_of(req: &Request) -> String {
+    req.headers()
+        .get("host")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The value of `key` in a URL query.
+fn query_param<'q>(query: &'q str, key: &str) -> Option<&'q str> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// `status` with the registry's error envelope, and `Retry-After` seconds

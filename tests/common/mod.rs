@@ -11,7 +11,10 @@
 //!   absolute URIs) that records every request line;
 //! - [`front::Front`]: an HTTP front that passes requests to a registry or
 //!   answers them all with 429/503 or an auth challenge, or rewrites upload
-//!   `Location`s, counting what reached it;
+//!   `Location`s, or behaves as a vendor's registry does, counting what
+//!   reached it;
+//! - [`matrix`]: the registry matrix, real registries and vendors' fronts
+//!   started alike;
 //! - [`metrics`]: sample values out of the metrics text;
 //! - [`moto::MotoServer`]: moto as the ECR, STS and IAM API on loopback;
 //! - [`fixtures`]: images, indexes and artifacts built in-process, with their
@@ -55,6 +58,7 @@ pub mod identity;
 pub mod judge;
 pub mod kube;
 pub mod manifests;
+pub mod matrix;
 pub mod metrics;
 pub mod moto;
 pub mod mutating;

@@ -1,8 +1,9 @@
-//! A real Distribution registry (`docker-registry serve`) per test.
+//! A real registry process per test: Debian's Distribution 2.8
+//! (`docker-registry serve`) unless another [`Engine`] is asked for.
 //!
 //! Each [`TestRegistry`] owns a temp dir holding its config, storage, log and
-//! (for TLS) certificates, and one `docker-registry` child process on
-//! 127.0.0.1 and a free port. Drop kills the process and removes the dir.
+//! (for TLS) certificates, and one registry child process on 127.0.0.1 and a
+//! free port. Drop kills the process and removes the dir.
 
 use std::fs;
 use std::net::TcpListener;
@@ -23,8 +24,23 @@ pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, \
 
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A `docker-registry` process with its own storage.
+/// Which registry implementation a [`TestRegistry`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// Debian's `docker-registry` (Distribution 2.8): no referrers API.
+    Distribution2,
+    /// Distribution v3.1.2 (`scripts/build-tools.sh`), with the same config
+    /// and storage layout as 2.8, and the referrers API.
+    Distribution3,
+    /// go-containerregistry's registry package (`referrers-registry`,
+    /// `scripts/build-tools.sh`): in memory, plain HTTP, no auth, and the
+    /// referrers API. A restart starts it empty.
+    Ggcr,
+}
+
+/// A registry process with its own storage.
 pub struct TestRegistry {
+    engine: Engine,
     dir: TempDir,
     port: u16,
     tls: bool,
@@ -40,6 +56,11 @@ impl TestRegistry {
     /// Plain HTTP, no auth.
     pub async fn plain() -> TestRegistry {
         Self::start(false, None, None, true).await
+    }
+
+    /// Plain HTTP, no auth, DELETE on, running `engine`.
+    pub async fn of(engine: Engine) -> TestRegistry {
+        Self::start_engine(engine, false, None, None, true).await
     }
 
     /// Plain HTTP, no auth, with `storage.delete.enabled: false`: every
@@ -91,7 +112,21 @@ impl TestRegistry {
         token: Option<TokenServer>,
         deletes: bool,
     ) -> TestRegistry {
+        Self::start_engine(Engine::Distribution2, tls, creds, token, deletes).await
+    }
+
+    async fn start_engine(
+        engine: Engine,
+        tls: bool,
+        creds: Option<(String, String)>,
+        token: Option<TokenServer>,
+        deletes: bool,
+    ) -> TestRegistry {
         super::init();
+        assert!(
+            engine != Engine::Ggcr || (!tls && creds.is_none() && deletes),
+            "go-containerregistry's registry runs plain, without auth, with DELETE"
+        );
         let dir = tempfile::Builder::new()
             .prefix("pinswap-registry-")
             .tempdir()
@@ -108,6 +143,7 @@ impl TestRegistry {
         }
         let http = http_client(tls.then(|| dir.path().join("ca/ca.crt")).as_deref());
         let mut reg = TestRegistry {
+            engine,
             dir,
             port: 0,
             tls,
@@ -128,6 +164,11 @@ impl TestRegistry {
             }
         }
         unreachable!()
+    }
+
+    /// The registry implementation running.
+    pub fn engine(&self) -> Engine {
+        self.engine
     }
 
     /// `127.0.0.1:PORT`
@@ -151,6 +192,10 @@ impl TestRegistry {
 
     /// The registry's `rootdirectory`.
     pub fn storage_dir(&self) -> PathBuf {
+        assert!(
+            self.engine != Engine::Ggcr,
+            "go-containerregistry's registry keeps its storage in memory"
+        );
         self.dir.path().join("storage")
     }
 
@@ -239,6 +284,10 @@ impl TestRegistry {
     /// Turns `storage.delete.enabled` on or off: starts again on the same
     /// port with the same storage.
     pub async fn set_deletes(&mut self, on: bool) {
+        assert!(
+            self.engine != Engine::Ggcr,
+            "go-containerregistry's registry always takes DELETE"
+        );
         self.deletes = on;
         self.write_config();
         self.restart().await;
@@ -306,23 +355,43 @@ impl TestRegistry {
             .append(true)
             .open(&log_path)
             .unwrap();
-        let bin = std::env::var("PINSWAP_TEST_REGISTRY_BIN")
-            .unwrap_or_else(|_| "docker-registry".to_owned());
-        let child = Command::new(&bin)
-            .arg("serve")
-            .arg(self.dir.path().join("config.yml"))
+        let mut command = match self.engine {
+            Engine::Distribution2 => {
+                let bin = std::env::var("PINSWAP_TEST_REGISTRY_BIN")
+                    .unwrap_or_else(|_| "docker-registry".to_owned());
+                let mut c = Command::new(bin);
+                c.arg("serve").arg(self.dir.path().join("config.yml"));
+                c
+            }
+            Engine::Distribution3 => {
+                let mut c = Command::new(super::tools::tool("distribution3"));
+                c.arg("serve").arg(self.dir.path().join("config.yml"));
+                // v3 reads OTEL_* and would export traces to localhost:4318.
+                c.env("OTEL_TRACES_EXPORTER", "none");
+                c
+            }
+            Engine::Ggcr => {
+                let mut c = Command::new(super::tools::tool("referrers-registry"));
+                c.args(["-addr", &self.host()]);
+                c
+            }
+        };
+        let bin = command.get_program().to_string_lossy().into_owned();
+        let child = command
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {bin} (apt-get install docker-registry): {e}"));
+            .unwrap_or_else(|e| {
+                panic!("spawn {bin} (apt-get install docker-registry, scripts/build-tools.sh): {e}")
+            });
         self.child = Some(child);
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 self.child = None;
                 return Err(format!(
-                    "docker-registry on port {} exited with {status}; log:\n{}",
+                    "{bin} on port {} exited with {status}; log:\n{}",
                     self.port,
                     self.log()
                 ));
@@ -339,7 +408,7 @@ impl TestRegistry {
             if start.elapsed() > READY_TIMEOUT {
                 self.kill();
                 return Err(format!(
-                    "docker-registry on port {} not answering GET /v2/ after {READY_TIMEOUT:?} \
+                    "{bin} on port {} not answering GET /v2/ after {READY_TIMEOUT:?} \
                      (last error: {}); log:\n{}",
                     self.port,
                     probe.unwrap_err(),
