@@ -22,6 +22,9 @@ use pinswap::admission::Admission;
 use pinswap::admission::policy::Policy;
 use pinswap::config::Config;
 use pinswap::install::manifests::Tls;
+use pinswap::reference::Reference;
+use pinswap::retention::clusters::Records;
+use pinswap::retention::publish::Publisher;
 use pinswap::retention::{InUse, Retention, State, Store};
 use serde_json::Value;
 
@@ -46,6 +49,10 @@ macro_rules! matrix {
             #[tokio::test]
             async fn retention_removes_only_the_unused() {
                 super::retention_removes_only_the_unused(KIND).await
+            }
+            #[tokio::test]
+            async fn sharing_keeps_what_another_cluster_uses() {
+                super::sharing_keeps_what_another_cluster_uses(KIND).await
             }
             #[tokio::test]
             async fn check_reads_every_tag() {
@@ -105,6 +112,26 @@ async fn copies_every_media_type(kind: Kind) {
         .await;
         assert_eq!(r["digest"], img.digest.as_str(), "{name}: {r}");
         assert_image(&dst.store, &format!("c/{name}"), "v1", img).await;
+    }
+    // In chunks of 1 MiB: three PATCHes, or, where the registry refuses
+    // a chunk, the blob once more whole.
+    let big = Image::random_layers(1, 3 << 20, 3);
+    push_image(&src.store, "m/big", Some("v1"), &big).await;
+    let r = copy_json(&[
+        "--chunked-threshold",
+        "1048576",
+        &docker(&src, "m/big:v1"),
+        &docker(&dst, "c/big:v1"),
+    ])
+    .await;
+    assert_eq!(r["digest"], big.digest.as_str(), "{r}");
+    assert_image(&dst.store, "c/big", "v1", &big).await;
+    if let Some(front) = &dst.front {
+        let patches = front.count_method("PATCH", "/c/big/blobs/uploads/");
+        match dst.kind {
+            Kind::Front(Vendor::MonolithicOnly) => assert_eq!(patches, 1, "refused once"),
+            _ => assert_eq!(patches, 3),
+        }
     }
     for (name, idx) in &indexes {
         let r = copy_json(&[
@@ -302,6 +329,101 @@ async fn retention_removes_only_the_unused(kind: Kind) {
         deletes.iter().all(|p| !p.contains(&unused.image.digest)),
         "{deletes:?}"
     );
+}
+
+/// One cluster sharing the target: its admission, publisher and
+/// retention, and its own API.
+struct Sharing {
+    adm: Admission,
+    publisher: Arc<Publisher>,
+    ret: Retention,
+    _api: KubeApi,
+}
+
+impl Sharing {
+    async fn start(name: &str, src: &Subject, dst: &Subject) -> Sharing {
+        let more = format!(
+            "cluster: {name}\nretention: {{enabled: true, unusedFor: 1s}}\n\
+             sharing: {{enabled: true, keepFor: 1h, checkEvery: 300ms, staleAfter: 1h}}\n"
+        );
+        let cfg = config(src, dst, &more);
+        let adm = Admission::from_config(&cfg, Arc::new(pinswap::metrics::Metrics::new())).unwrap();
+        let api = KubeApi::start().await;
+        api.authorize_install(&cfg, Tls::CertManager);
+        let mirror = adm.mirror().clone();
+        let policy = || Policy::new(&cfg, mirror.target().clone()).unwrap();
+        let publisher = Arc::new(Publisher::new(mirror.clone(), policy(), name, &cfg.sharing));
+        let ret = Retention::new(
+            mirror.clone(),
+            policy(),
+            Store::new(api.install_client(), "pinswap"),
+            &cfg.retention,
+        )
+        .with_sharing(publisher.clone());
+        Sharing {
+            adm,
+            publisher,
+            ret,
+            _api: api,
+        }
+    }
+}
+
+fn uses(dst: &Subject, images: &[&Mirrored]) -> InUse {
+    InUse {
+        synced: true,
+        images: images
+            .iter()
+            .map(|m| Reference::parse(&m.target(dst)).unwrap())
+            .collect(),
+    }
+}
+
+/// Two clusters share the target. Each publishes its usage record there
+/// (and reads the other's back through the registry's tag list); B's
+/// retention keeps what A's record names and removes what neither uses,
+/// or, on a target that refuses DELETE, keeps that too and says why.
+async fn sharing_keeps_what_another_cluster_uses(kind: Kind) {
+    common::init();
+    let (src, dst) = Subject::pair(kind).await;
+    let (a, b) = (
+        Sharing::start("a", &src, &dst).await,
+        Sharing::start("b", &src, &dst).await,
+    );
+    let x = Mirrored::push(&src, "x", 51).await;
+    let y = Mirrored::push(&src, "y", 52).await;
+    x.admit(&b.adm, &dst, "p").await;
+    y.admit(&b.adm, &dst, "q").await;
+    a.publisher.publish(&uses(&dst, &[&x]), true).await.unwrap();
+    b.publisher.publish(&uses(&dst, &[]), true).await.unwrap();
+    let records = Records::of(b.adm.mirror()).await.unwrap();
+    assert_eq!(records.names().await.unwrap(), ["a", "b"]);
+    let others = b.publisher.others().await.unwrap();
+    assert_eq!(others.len(), 1);
+
+    b.ret.sweep(&uses(&dst, &[])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let report = b.ret.sweep(&uses(&dst, &[])).await.unwrap();
+    let kept = report.find(&x.key(&dst)).unwrap();
+    assert_eq!(kept.state, State::InUse, "{}", kept.why);
+    assert!(kept.why.contains("in use in cluster a"), "{}", kept.why);
+    assert_image(&dst.store, &x.repo, "v1", &x.image).await;
+    let y_left = dst.store.head_manifest(&y.repo, &y.image.digest).await;
+    match dst.kind {
+        Kind::Front(Vendor::Ghcr) => {
+            assert_eq!(report.state(&y.key(&dst)), Some(State::Kept));
+            assert!(y_left.is_some());
+        }
+        _ => {
+            assert_eq!(
+                report.state(&y.key(&dst)),
+                Some(State::Removed),
+                "{:?}",
+                report.images
+            );
+            assert!(y_left.is_none());
+        }
+    }
 }
 
 /// `pinswap check --repository` reads every tag of a repository longer

@@ -102,6 +102,9 @@ pub struct ClientPool {
 pub struct Registry {
     session: Session,
     chunked_threshold: u64,
+    /// The registry refused a chunk (`PATCH`): it takes blobs only whole
+    /// (Google Artifact Registry documents so), and gets them so from then on.
+    whole_only: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Registry {
@@ -447,6 +450,7 @@ impl ClientPool {
                 self.opts.guard.clone(),
             ),
             chunked_threshold: threshold,
+            whole_only: Default::default(),
         })
     }
 }
@@ -562,6 +566,21 @@ impl Registry {
     /// Blobs larger than this go up in chunks (`upload.rs`).
     pub(crate) fn chunked_threshold(&self) -> u64 {
         self.chunked_threshold
+    }
+
+    /// Whether a blob of `size` bytes goes up in chunks.
+    pub(crate) fn chunks(&self, size: u64) -> bool {
+        size > self.chunked_threshold && !self.whole_only.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records that the registry refused a chunk: blobs go up whole.
+    pub(crate) fn refuses_chunks(&self) {
+        if !self
+            .whole_only
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::info!(registry = %self.host(), "the registry refused a chunked upload: blobs go up whole from now on");
+        }
     }
 
     /// `https` or `http`, as chosen by the probe.

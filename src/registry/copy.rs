@@ -1090,9 +1090,19 @@ impl Copier {
                         Mount::Failed => {}
                     }
                 }
+                let chunked = client.chunks(desc.size);
                 let (stream, fault) = self.open_blob(s, &desc).await?;
-                let res = client.push_blob(reference, &desc, stream).await;
-                res.map_err(|e| blob_error(s, &desc, &fault, e))?;
+                match client.push_blob(reference, &desc, stream).await {
+                    Ok(()) => {}
+                    // A registry that takes blobs only whole: once more,
+                    // whole, from a fresh read of the source.
+                    Err(e) if chunked && super::upload::refuses_chunks(&e) => {
+                        let (stream, fault) = self.open_blob(s, &desc).await?;
+                        let res = client.push_blob(reference, &desc, stream).await;
+                        res.map_err(|e| blob_error(s, &desc, &fault, e))?;
+                    }
+                    Err(e) => return Err(blob_error(s, &desc, &fault, e)),
+                }
                 held(&mut holder);
             }
         }

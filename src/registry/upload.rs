@@ -461,17 +461,33 @@ impl Registry {
         desc: &Descriptor,
         stream: BlobStream,
     ) -> Result<()> {
-        if desc.size > self.chunked_threshold() {
-            return Upload {
+        if self.chunks(desc.size) {
+            let res = Upload {
                 session: self.session(),
                 reference: r,
                 chunk: self.chunked_threshold().max(1),
             }
             .run(desc, stream)
             .await;
+            if let Err(e) = &res
+                && refuses_chunks(e)
+            {
+                self.refuses_chunks();
+            }
+            return res;
         }
         self.push_blob_whole(r, desc, stream).await
     }
+}
+
+/// A refusal of a chunk that says the registry takes no chunks at all:
+/// 405, or `UNSUPPORTED`, answering the `PATCH`.
+pub(crate) fn refuses_chunks(e: &RegistryError) -> bool {
+    matches!(
+        e,
+        RegistryError::Http { operation: "PATCH blob upload", status, code, .. }
+            if *status == 405 || code.as_deref() == Some("UNSUPPORTED")
+    )
 }
 
 #[cfg(test)]

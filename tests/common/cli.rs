@@ -78,8 +78,9 @@ pub async fn copy_json(cache: Option<&Path>, args: &[&str]) -> Value {
     let (out, first) = try_copy_json(cache, args).await;
     assert_eq!(
         out.code, 0,
-        "pinswap copy --json {args:?} failed:\n{}",
-        out.stderr
+        "pinswap copy --json {args:?} failed:\n{}{}",
+        out.stderr,
+        out.stdout
     );
     let v: Value = serde_json::from_str(&out.stdout).expect("--json output is JSON");
     assert_eq!(v["failed"], 0, "{v}");

@@ -47,7 +47,8 @@ pub enum Vendor {
     /// refused a second PUT, even of the same digest, 400 `TAG_INVALID`, as
     /// in a repository with immutable tags (AmazonECR "Image tag
     /// mutability"; moby/buildkit issue 3776, aws/containers-roadmap issue
-    /// 2179).
+    /// 2179), except in `pinswap-usage`, which pinswap keeps MUTABLE on
+    /// ECR.
     Ecr,
     /// A registry that answers a manifest HEAD without
     /// `Docker-Content-Digest`, as registry.access.redhat.com does
@@ -174,7 +175,7 @@ pub(super) async fn respond(
             forward(s, req, &base, ends, None).await
         }
         (Vendor::Ecr, Endpoint::Manifest { name, reference })
-            if method == Method::PUT && is_tag(reference) =>
+            if method == Method::PUT && is_tag(reference) && !name.ends_with("pinswap-usage") =>
         {
             let head = s
                 .http
@@ -231,11 +232,17 @@ pub(super) async fn respond(
             resp.headers_mut().remove("docker-content-digest");
             resp
         }
-        (Vendor::MonolithicOnly, Endpoint::Upload) if method == Method::PATCH => error(
-            405,
-            "UNSUPPORTED",
-            "chunked uploads are not supported; PUT the whole blob",
-        ),
+        (Vendor::MonolithicOnly, Endpoint::Upload) if method == Method::PATCH => {
+            // Read and dropped first, as an HTTP server (nginx, a cloud load
+            // balancer) discards a body it refuses: answered mid-body, the
+            // client would see a broken connection, not the refusal.
+            let _ = axum::body::to_bytes(req.into_body(), usize::MAX).await;
+            error(
+                405,
+                "UNSUPPORTED",
+                "chunked uploads are not supported; PUT the whole blob",
+            )
+        }
         _ => forward(s, req, path, ends, None).await,
     }
 }
