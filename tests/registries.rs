@@ -113,6 +113,10 @@ async fn copies_every_media_type(kind: Kind) {
         assert_eq!(r["digest"], img.digest.as_str(), "{name}: {r}");
         assert_image(&dst.store, &format!("c/{name}"), "v1", img).await;
     }
+    // Again: the target has it, so nothing is pushed (ECR would refuse a
+    // second PUT of the tag).
+    let again = copy_json(&[&docker(&src, "m/oci:v1"), &docker(&dst, "c/oci:v1")]).await;
+    assert_eq!(again["upToDate"], true, "{again}");
     // In chunks of 1 MiB: three PATCHes, or, where the registry refuses
     // a chunk, the blob once more whole.
     let big = Image::random_layers(1, 3 << 20, 3);

@@ -79,8 +79,7 @@ pub async fn copy_json(cache: Option<&Path>, args: &[&str]) -> Value {
     assert_eq!(
         out.code, 0,
         "pinswap copy --json {args:?} failed:\n{}{}",
-        out.stderr,
-        out.stdout
+        out.stderr, out.stdout
     );
     let v: Value = serde_json::from_str(&out.stdout).expect("--json output is JSON");
     assert_eq!(v["failed"], 0, "{v}");
