@@ -428,7 +428,7 @@ impl Metrics {
             source_failures: register(
                 &mut r,
                 "source_failures",
-                "Failed requests to a source registry, by registry and cause (unreachable, timeout, rate_limited, server_error, unauthorized)",
+                "Failed requests to a source registry, by registry and cause (unreachable, timeout, rate_limited, quota_exhausted, server_error, unauthorized)",
                 Family::default(),
             ),
             source_breaker_open: register(

@@ -217,6 +217,7 @@ impl Cell {
                         complete: true,
                         in_use: images.len(),
                         images: images.into_iter().map(|k| (k, Timestamp::now())).collect(),
+                        quotas: Vec::new(),
                     },
                     &mut false,
                 )

@@ -481,6 +481,7 @@ async fn a_record_that_cannot_be_read_or_written_removes_nothing() {
                 complete: false,
                 in_use: 30_000,
                 images: Default::default(),
+                quotas: Vec::new(),
             },
             &mut false,
         )
@@ -554,6 +555,7 @@ async fn requests_per_pass_and_per_record_update() {
                         in_use: 1,
                         images: [(format!("{}@{}", x.repo, x.image.digest), Timestamp::now())]
                             .into(),
+                        quotas: Vec::new(),
                     },
                     &mut false,
                 )
@@ -807,6 +809,7 @@ async fn a_future_last_use_does_not_outlive_its_record() {
                 complete: true,
                 in_use: 1,
                 images: [(format!("{}@{}", z.repo, z.image.digest), ahead)].into(),
+                quotas: Vec::new(),
             },
             &mut false,
         )

@@ -386,6 +386,7 @@ impl RegistryArgs {
             .guard(&Default::default())
             .map_err(|e| Usage(e.to_string()))?;
         Ok(PoolOptions {
+            quotas: Default::default(),
             insecure: self.insecure.clone(),
             ca_certs,
             source_creds: creds(&self.src_creds, "--src-creds")?,

@@ -173,6 +173,23 @@ pub(super) fn copy_kind(e: &CopyError, target: &str) -> ErrorCause {
 }
 
 impl MirrorError {
+    /// Whether a source's pull quota stopped it ([`crate::registry::quota`]).
+    pub fn is_quota(&self) -> bool {
+        match self {
+            MirrorError::Registry(RegistryError::Quota { .. })
+            | MirrorError::Copy(CopyError::Registry(RegistryError::Quota { .. })) => true,
+            MirrorError::SourceDown { cause, .. } => {
+                cause.starts_with(crate::registry::quota::EXHAUSTED)
+            }
+            // The copy's own error in words: a quota's names itself so.
+            MirrorError::CopyFailed { reason, kind, .. } => {
+                *kind == ErrorCause::Source
+                    && reason.contains(&format!(": {} at ", crate::registry::quota::EXHAUSTED))
+            }
+            _ => false,
+        }
+    }
+
     /// What kind of failure this is, as the `cause` label of
     /// `pinswap_admission_errors_total`; `target` is the target registry
     /// (`host[:port]`, normalised).

@@ -254,8 +254,9 @@ impl Breakers {
     ) {
         self.metrics.source_failure(registry, outage.as_str());
         if !outage.trips() {
-            // Refused credentials say nothing about the registry's health;
-            // a probe that got them still leaves the window as it was.
+            // Refused credentials, or one account's used-up quota, say
+            // nothing about the registry's health; a probe that got them
+            // still leaves the window as it was.
             if probe {
                 self.release(registry);
             }

@@ -197,6 +197,11 @@ impl Mirror {
         &self.caches
     }
 
+    /// The sources' pull quotas, as every copy draws on them.
+    pub fn quotas(&self) -> &Arc<crate::registry::quota::Quotas> {
+        self.pool.quotas()
+    }
+
     /// The metrics this service counts into.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics

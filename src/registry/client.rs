@@ -61,6 +61,8 @@ pub struct PoolOptions {
     /// The HTTP proxies requests go through (none unless set:
     /// [`super::proxy::Proxies::from_env`] reads the environment's).
     pub proxies: super::proxy::Proxies,
+    /// The sources' pull quotas, shared by every client of the pool.
+    pub quotas: Arc<super::quota::Quotas>,
 }
 
 /// The pool key of the client signed in as no one (credential
@@ -105,6 +107,9 @@ pub struct Registry {
     /// The registry refused a chunk (`PATCH`): it takes blobs only whole
     /// (Google Artifact Registry documents so), and gets them so from then on.
     whole_only: std::sync::atomic::AtomicBool,
+    /// A source's pull quota under its credential
+    /// ([`super::quota::Quotas`]).
+    pub(super) quota: Option<(Arc<super::quota::Quotas>, super::quota::QuotaKey)>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -125,6 +130,11 @@ fn allows_plain_http(insecure: &[String], registry: &str) -> bool {
 }
 
 impl ClientPool {
+    /// The sources' pull quotas, as every client of the pool draws on them.
+    pub fn quotas(&self) -> &Arc<super::quota::Quotas> {
+        &self.opts.quotas
+    }
+
     /// A pool with these options; no connection is made yet.
     pub fn new(opts: PoolOptions) -> Self {
         Self {
@@ -439,6 +449,13 @@ impl ClientPool {
             .opts
             .chunked_threshold
             .unwrap_or(DEFAULT_CHUNKED_THRESHOLD);
+        let quota = (role == Role::Source).then(|| {
+            let key = super::quota::QuotaKey {
+                registry: normalize_registry(registry),
+                credential: quota_credential(&auth),
+            };
+            (self.opts.quotas.clone(), key)
+        });
         Ok(Registry {
             session: Session::new(
                 registry,
@@ -451,7 +468,24 @@ impl ClientPool {
             ),
             chunked_threshold: threshold,
             whole_only: Default::default(),
+            quota,
         })
+    }
+}
+
+/// Whose pull quota a client draws on: the account (a hash of its user
+/// name: never a secret, though a common name can be guessed back), a
+/// bearer token's (whose account is not known, so never shared), or
+/// `anonymous`. A quota is the account's, whatever its password.
+fn quota_credential(auth: &RegistryAuth) -> String {
+    use sha2::Digest as _;
+    match auth {
+        RegistryAuth::Basic(user, _) => {
+            let hash = sha2::Sha256::digest(user.as_bytes());
+            format!("user:{}", &hex::encode(hash)[..16])
+        }
+        RegistryAuth::Bearer(_) => "token".to_owned(),
+        _ => ANONYMOUS.to_owned(),
     }
 }
 

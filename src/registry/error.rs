@@ -73,6 +73,19 @@ pub enum RegistryError {
         /// The `Retry-After` the registry asked for, in whole seconds.
         retry_after: Option<std::time::Duration>,
     },
+    /// A source's pull quota is used up ([`super::quota`]): nothing was
+    /// pulled, or the registry answered 429 saying none remain.
+    #[error("{reference}: {why}")]
+    Quota {
+        /// `host[:port]` of the registry.
+        registry: String,
+        /// The reference being pulled.
+        reference: String,
+        /// Whose quota, how much of it, in words.
+        why: String,
+        /// When to try again.
+        retry_after: std::time::Duration,
+    },
     /// Bytes did not match the digest that names them.
     #[error(
         "{what} {reference} from {registry}: digest mismatch, expected {expected}, got {actual}"
@@ -168,6 +181,9 @@ pub enum Outage {
     Timeout,
     /// HTTP 429 (Docker Hub's pull rate limit).
     RateLimited,
+    /// A pull quota is used up: the registry said none remain, or the
+    /// fleet's pulls fill it ([`super::quota`]).
+    QuotaExhausted,
     /// HTTP 5xx.
     ServerError,
     /// HTTP 401: the credentials stopped working.
@@ -176,21 +192,24 @@ pub enum Outage {
 
 impl Outage {
     /// The metric label: `unreachable`, `timeout`, `rate_limited`,
-    /// `server_error`, `unauthorized`.
+    /// `quota_exhausted`, `server_error`, `unauthorized`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Unreachable => "unreachable",
             Self::Timeout => "timeout",
             Self::RateLimited => "rate_limited",
+            Self::QuotaExhausted => "quota_exhausted",
             Self::ServerError => "server_error",
             Self::Unauthorized => "unauthorized",
         }
     }
 
     /// Whether it counts towards opening the circuit breaker: a registry in
-    /// trouble, not one that refuses our credentials.
+    /// trouble, not one that refuses our credentials, nor a quota that is
+    /// one account's (other accounts, and Pods' own pull secrets, still
+    /// pull).
     pub fn trips(self) -> bool {
-        !matches!(self, Self::Unauthorized)
+        !matches!(self, Self::Unauthorized | Self::QuotaExhausted)
     }
 }
 
@@ -203,6 +222,7 @@ impl RegistryError {
             | Self::AuthRequired { registry, .. }
             | Self::Http { registry, .. }
             | Self::Unavailable { registry, .. }
+            | Self::Quota { registry, .. }
             | Self::DigestMismatch { registry, .. }
             | Self::Manifest { registry, .. }
             | Self::Prepare { registry, .. }
@@ -218,6 +238,7 @@ impl RegistryError {
     pub fn outage_cause(&self) -> String {
         match self {
             Self::Unavailable { status, .. } => format!("HTTP {status} {}", status_text(*status)),
+            Self::Quota { why, .. } => why.clone(),
             Self::Http { status, code, .. } => match code {
                 Some(c) => format!("HTTP {status} {c}"),
                 None => format!("HTTP {status} {}", status_text(*status)),
@@ -263,6 +284,7 @@ impl RegistryError {
                 ..
             } => by_status(*status).map(|o| (o, *retry_after)),
             Self::Http { status, .. } => by_status(*status).map(|o| (o, None)),
+            Self::Quota { retry_after, .. } => Some((Outage::QuotaExhausted, Some(*retry_after))),
             Self::Unauthorized { .. } | Self::AuthRequired { .. } => {
                 Some((Outage::Unauthorized, None))
             }

@@ -22,6 +22,7 @@ pub(crate) mod locations;
 pub mod manifest;
 pub mod proxy;
 pub(crate) mod pullsecrets;
+pub mod quota;
 pub mod rate;
 pub(crate) mod referrers;
 mod requests;

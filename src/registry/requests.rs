@@ -54,6 +54,22 @@ pub(super) fn manifest_ref(r: &Reference) -> String {
     }
 }
 
+/// A pull taken from a quota for a GET in flight: given back when dropped
+/// still held.
+struct Taken<'a> {
+    quotas: &'a super::quota::Quotas,
+    key: &'a super::quota::QuotaKey,
+    held: bool,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            self.quotas.give_back(self.key);
+        }
+    }
+}
+
 impl Registry {
     /// Sends the request `build` makes ([`super::session::Session::send`]).
     ///
@@ -118,12 +134,89 @@ impl Registry {
             manifest_ref(r)
         );
         let accept = ACCEPT.join(", ");
-        self.send(&pull(r), &r.to_string(), || {
-            self.http()
-                .request(method.clone(), &url)
-                .header(ACCEPT_HEADER, &accept)
-        })
-        .await
+        let resp = self
+            .send(&pull(r), &r.to_string(), || {
+                self.http()
+                    .request(method.clone(), &url)
+                    .header(ACCEPT_HEADER, &accept)
+            })
+            .await?;
+        if let Some((quotas, key)) = &self.quota
+            && let Some(said) = super::quota::RateLimit::from_headers(resp.headers())
+        {
+            quotas.observe(key, said, false);
+            if resp.status() == reqwest::StatusCode::TOO_MANY_REQUESTS && said.remaining == 0 {
+                return Err(RegistryError::Quota {
+                    registry: self.host().to_owned(),
+                    reference: r.to_string(),
+                    why: format!(
+                        "{} at {} ({}): it answered 429, 0 of {} pulls per {} remain",
+                        super::quota::EXHAUSTED,
+                        key.registry,
+                        key.credential,
+                        said.limit,
+                        humantime::format_duration(said.window)
+                    ),
+                    retry_after: std::time::Duration::from_secs(60),
+                });
+            }
+        }
+        Ok(resp)
+    }
+
+    /// A manifest GET from this source, counted against its pull quota
+    /// ([`super::quota`]): refused here when none remain (asking again with
+    /// an uncounted HEAD when the registry said so a while ago), and
+    /// counted when the registry answered it.
+    ///
+    /// # Errors
+    /// [`RegistryError::Quota`] when none remain; the request's own.
+    async fn counted_get(&self, r: &Reference) -> Result<reqwest::Response> {
+        use super::quota::Gate;
+        let Some((quotas, key)) = &self.quota else {
+            return self.manifest_request(r, reqwest::Method::GET).await;
+        };
+        let mut gate = quotas.take(key);
+        if gate == Gate::Ask {
+            // The answer's headers update the quota; its status does not matter.
+            let _ = self.manifest_request(r, reqwest::Method::HEAD).await;
+            gate = match quotas.take(key) {
+                Gate::Ask => Gate::Go { taken: false },
+                g => g,
+            };
+        }
+        let taken = match gate {
+            Gate::Go { taken } => taken,
+            Gate::Ask => false,
+            Gate::Exhausted(why, retry_after) => {
+                return Err(RegistryError::Quota {
+                    registry: self.host().to_owned(),
+                    reference: r.to_string(),
+                    why,
+                    retry_after,
+                });
+            }
+        };
+        // Given back unless the registry counted it, also when this future
+        // is dropped mid-request (a deadline, a cancelled admission).
+        let mut held = Taken {
+            quotas,
+            key,
+            held: taken,
+        };
+        let resp = self.manifest_request(r, reqwest::Method::GET).await;
+        if resp.as_ref().is_ok_and(|r| r.status().is_success()) {
+            if held.held {
+                held.held = false;
+            } else if let Some(said) = resp
+                .as_ref()
+                .ok()
+                .and_then(|r| super::quota::RateLimit::from_headers(r.headers()))
+            {
+                quotas.observe(key, said, true);
+            }
+        }
+        resp
     }
 
     /// As [`Registry::head_manifest`], with the manifest's mediaType (the
@@ -190,7 +283,7 @@ impl Registry {
     /// manifest that is not a supported type or larger than 4 MiB.
     pub async fn get_manifest(&self, r: &Reference) -> Result<RawManifest> {
         let name = r.to_string();
-        let resp = self.manifest_request(r, reqwest::Method::GET).await?;
+        let resp = self.counted_get(r).await?;
         if !resp.status().is_success() {
             return Err(self.refusal(resp, &name, "GET manifest").await);
         }
@@ -580,7 +673,7 @@ impl Registry {
     /// As [`Registry::refusal`]; [`RegistryError::Manifest`] past 4 MiB.
     pub async fn get_manifest_raw(&self, r: &Reference) -> Result<Option<FetchedManifest>> {
         let name = r.to_string();
-        let resp = self.manifest_request(r, reqwest::Method::GET).await?;
+        let resp = self.counted_get(r).await?;
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }

@@ -154,6 +154,12 @@ pub struct ClusterRecord {
     pub in_use: usize,
     /// Target `repository@digest` (or `repository:tag`) → last use.
     pub images: BTreeMap<String, Timestamp>,
+    /// The cluster's recent pulls under each source quota it shares with
+    /// other clusters (an account's), so that each leader paces against
+    /// the fleet's total. Left out when empty: a reader from before it
+    /// reads such a record as it always did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<crate::registry::quota::QuotaUse>,
 }
 
 impl ClusterRecord {
@@ -661,6 +667,7 @@ mod tests {
             complete: true,
             in_use: 0,
             images: BTreeMap::new(),
+            quotas: Vec::new(),
         };
         let hour = std::time::Duration::from_secs(3600);
         assert!(!r(10_000 - 3600).is_stale(now, hour));

@@ -176,6 +176,12 @@ impl Publisher {
                 r.is_stale(now, self.stale_after),
             );
         }
+        // The others' pulls under the quotas this cluster shares with them.
+        self.mirror.quotas().set_fleet(
+            all.iter()
+                .filter(|r| r.cluster != self.cluster && !r.is_stale(now, self.stale_after))
+                .flat_map(|r| r.quotas.iter().take(crate::registry::quota::MAX_RECORDED)),
+        );
         if let Some(r) = all.iter().find(|r| !r.complete) {
             return Err(ClustersError::Incomplete {
                 cluster: r.cluster.clone(),
@@ -308,7 +314,8 @@ impl Publisher {
         for k in keys {
             images.insert(k, now);
         }
-        let record = bounded(&self.cluster, now, images, in_use_count);
+        let mut record = bounded(&self.cluster, now, images, in_use_count);
+        record.quotas = self.mirror.quotas().uses();
         let complete = record.complete;
         // One writer per name: a tag that moved since this install last
         // read or wrote it, or that names a record where there was none,
@@ -464,7 +471,9 @@ fn bounded(
     in_use: usize,
 ) -> ClusterRecord {
     let size = |k: &String| k.len() + 40;
-    let fits = |n: usize, bytes: usize| n <= MAX_ENTRIES && bytes + 256 <= MAX_BYTES;
+    // 256 bytes for the rest, and the quotas' reserve.
+    let reserve = 256 + crate::registry::quota::MAX_RECORDED * 256;
+    let fits = |n: usize, bytes: usize| n <= MAX_ENTRIES && bytes + reserve <= MAX_BYTES;
     let mut bytes: usize = images.keys().map(size).sum();
     if !fits(images.len(), bytes) {
         let mut history: Vec<(Timestamp, String)> = images
@@ -488,6 +497,7 @@ fn bounded(
         complete,
         in_use,
         images: if complete { images } else { BTreeMap::new() },
+        quotas: Vec::new(),
     }
 }
 

@@ -562,11 +562,11 @@ impl Retention {
                 refused: true,
                 text,
             }),
-            (_, Some(&first)) => {
+            (_, Some(&first)) if !self.dry_run => {
                 let repo = report.images[first].image.without_digest();
                 self.deletes_refused(&client, &repo).await
             }
-            (_, None) => None,
+            (_, _) => None,
         };
         if let Some(why) = no_deletes {
             for &i in &candidates {
@@ -813,7 +813,8 @@ impl Retention {
     /// a target that refuses it is reported, in the log and in plans,
     /// before any pass.
     pub async fn ask_deletes(&self) {
-        if self.mirror.ecr().is_some() {
+        // A dry run removes nothing, so it asks nothing.
+        if self.mirror.ecr().is_some() || self.dry_run {
             return;
         }
         let target = self.mirror.target();

@@ -44,6 +44,8 @@ const MAX_VOUCHING_PODS: usize = 8;
 pub const REMIRRORED: &str = "ImageRemirrored";
 /// Event reason when mirroring it again failed.
 pub const REMIRROR_FAILED: &str = "RemirrorFailed";
+/// Event reason when mirroring it again waits for a source's pull quota.
+pub const QUOTA_EXHAUSTED: &str = "SourceQuotaExhausted";
 /// Event reason for an image-ID finding recorded at admission (Warning).
 pub const IDENTITY_NOT_UNIQUE: &str = "ImageIdentityNotUnique";
 /// Event reason for an image-ID repair made at admission (Normal).
@@ -512,15 +514,20 @@ impl Recovery {
             }
             Err(e) => {
                 Metrics::outcome(&self.metrics.remirrors, "failed");
+                let quota = e.is_quota();
                 let wait = retry.unwrap_or_default();
                 warn!(image = %img.image, error = %e, retry_in = ?wait, "re-mirror failed");
                 let e = match &ignored {
                     Some(why) => format!("{e} ({why})"),
                     None => e.to_string(),
                 };
+                let reason = match quota {
+                    true => QUOTA_EXHAUSTED,
+                    false => REMIRROR_FAILED,
+                };
                 Some(Event {
                     type_: EventType::Warning,
-                    reason: REMIRROR_FAILED.into(),
+                    reason: reason.into(),
                     note: Some(event_note(format!(
                         "pinswap could not mirror {} again: {e}; retrying in {}",
                         img.image,

@@ -32,12 +32,13 @@ pub enum Vendor {
     /// issue 1880; packages are deleted through GitHub's REST API); lists
     /// come in pages of 100 unless `n` asks otherwise, linked by `Link`.
     Ghcr,
-    /// Docker Hub: every manifest GET counts against a limit of this many
-    /// pulls, and GET and HEAD report `ratelimit-limit` and
+    /// Docker Hub: every manifest GET answered counts against a limit of
+    /// this many pulls, and GET and HEAD report `ratelimit-limit` and
     /// `ratelimit-remaining` (`N;w=21600`); a HEAD is not counted; past the
     /// limit a manifest GET gets 429 `TOOMANYREQUESTS`, with no
     /// `Retry-After` (docs.docker.com "Docker Hub pull usage and limits";
-    /// dependabot/cli issue 380).
+    /// dependabot/cli issue 380). The documentation does not say whether
+    /// a GET answered 404 counts; here it does not.
     DockerHub(u64),
     /// ECR: lists in pages of 100 unless `n` asks otherwise, at most 1,000
     /// (`n` above is refused 400 `UNSUPPORTED`: go-containerregistry issue
@@ -198,29 +199,26 @@ pub(super) async fn respond(
         (Vendor::DockerHub(limit), Endpoint::Manifest { .. })
             if matches!(method, Method::GET | Method::HEAD) =>
         {
-            let remaining = {
-                let mut memory = s.memory.lock().unwrap();
-                if method == Method::GET && memory.pulls < limit {
-                    memory.pulls += 1;
-                    Some(limit - memory.pulls)
-                } else if method == Method::GET {
-                    None
-                } else {
-                    Some(limit - memory.pulls)
-                }
-            };
-            let mut resp = match remaining {
-                Some(_) => forward(s, req, path, ends, None).await,
-                None => error(
+            let spent = s.memory.lock().unwrap().pulls >= limit;
+            let mut resp = match method == Method::GET && spent {
+                true => error(
                     429,
                     "TOOMANYREQUESTS",
-                    "You have reached your unauthenticated pull rate limit.",
+                    "You have reached your pull rate limit.",
                 ),
+                false => forward(s, req, path, ends, None).await,
+            };
+            let pulls = {
+                let mut memory = s.memory.lock().unwrap();
+                if method == Method::GET && resp.status().is_success() {
+                    memory.pulls += 1;
+                }
+                memory.pulls
             };
             let h = resp.headers_mut();
             let window = |n: u64| HeaderValue::from_str(&format!("{n};w=21600")).unwrap();
             h.insert("ratelimit-limit", window(limit));
-            h.insert("ratelimit-remaining", window(remaining.unwrap_or(0)));
+            h.insert("ratelimit-remaining", window(limit.saturating_sub(pulls)));
             h.insert(
                 "docker-ratelimit-source",
                 HeaderValue::from_static("127.0.0.1"),
