@@ -21,39 +21,40 @@ pub enum Vendor {
     /// (quay/quay PR 2597).
     Quay,
     /// A Harbor proxy-cache project. Its tag list names only the tags it
-    /// has cached (goharbor/harbor issues 15513 and 16391), which a pull by
-    /// tag adds; a manifest by tag is always answered, checked upstream
+    /// has cached (github.com/goharbor/harbor/issues/15513 and
+    /// github.com/goharbor/harbor/issues/16391), which a pull by tag adds; a manifest by tag is always answered, checked upstream
     /// with a HEAD (goharbor.io "Configure Proxy Cache";
     /// `src/controller/proxy/controller.go` `UseLocalManifest`); pushes
     /// are refused. The referrers API since 2.8 (goharbor/harbor PR 18324).
     HarborProxy,
     /// GHCR: a manifest or blob DELETE through the registry API is refused
-    /// 405 `UNSUPPORTED` "The operation is unsupported." (containers/skopeo
-    /// issue 1880; packages are deleted through GitHub's REST API); lists
-    /// come in pages of 100 unless `n` asks otherwise, linked by `Link`.
+    /// 405 `UNSUPPORTED` "The operation is unsupported."
+    /// (github.com/containers/skopeo/issues/1880; packages are deleted
+    /// through GitHub's REST API); lists come in pages of 100 unless `n` asks otherwise, linked by `Link`.
     Ghcr,
     /// Docker Hub: every manifest GET answered counts against a limit of
     /// this many pulls, and GET and HEAD report `ratelimit-limit` and
     /// `ratelimit-remaining` (`N;w=21600`); a HEAD is not counted; past the
     /// limit a manifest GET gets 429 `TOOMANYREQUESTS`, with no
     /// `Retry-After` (docs.docker.com "Docker Hub pull usage and limits";
-    /// dependabot/cli issue 380). The documentation does not say whether
-    /// a GET answered 404 counts; here it does not.
+    /// github.com/dependabot/cli/issues/380). The documentation does not
+    /// say whether a GET answered 404 counts; here it does not.
     DockerHub(u64),
     /// ECR: lists in pages of 100 unless `n` asks otherwise, at most 1,000
-    /// (`n` above is refused 400 `UNSUPPORTED`: go-containerregistry issue
-    /// 681); no cross-repository mount, which is an account setting off by
+    /// (`n` above is refused 400 `UNSUPPORTED`:
+    /// github.com/google/go-containerregistry/issues/681); no
+    /// cross-repository mount, which is an account setting off by
     /// default (docs.aws.amazon.com AmazonECR "Blob mounting"): the POST
     /// opens a plain upload, 202; a tag already in the repository is
     /// refused a second PUT, even of the same digest, 400 `TAG_INVALID`, as
     /// in a repository with immutable tags (AmazonECR "Image tag
-    /// mutability"; moby/buildkit issue 3776, aws/containers-roadmap issue
-    /// 2179), except in `pinswap-usage`, which pinswap keeps MUTABLE on
+    /// mutability"; github.com/moby/buildkit/issues/3776,
+    /// github.com/aws/containers-roadmap/issues/2179), except in `pinswap-usage`, which pinswap keeps MUTABLE on
     /// ECR.
     Ecr,
     /// A registry that answers a manifest HEAD without
     /// `Docker-Content-Digest`, as registry.access.redhat.com does
-    /// (containerd/containerd issue 3238).
+    /// (github.com/containerd/containerd/issues/3238).
     NoDigestOnHead,
     /// A registry that takes blobs only whole: a chunked `PATCH` to an
     /// upload is refused 405 `UNSUPPORTED`, as Google Artifact Registry
