@@ -407,6 +407,9 @@ disabled_plugins = [
 	}
 	// The settings these machines need (no CAP_SYS_RESOURCE, cgroup v1, no
 	// systemd, no iptables chains) and the kubelet's own files under d.
+	// Eviction floors are absolute: a percentage of a large shared disk
+	// (1% of 250 GB) is crossed while a build fills it, and the
+	// disk-pressure taint then keeps every Pod Pending.
 	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: %[1]s
@@ -434,7 +437,7 @@ podLogsDir: %[8]s
 volumePluginDir: %[9]s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
+evictionHard: {memory.available: "1Mi", nodefs.available: "256Mi", imagefs.available: "256Mi", nodefs.inodesFree: "1%%"}
 serializeImagePulls: false
 maxPods: 110
 resolvConf: /etc/resolv.conf
