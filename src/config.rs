@@ -51,6 +51,16 @@ pub enum ConfigError {
         /// What was found and what is accepted.
         message: String,
     },
+    /// A k8s-image-swapper config: `pinswap config convert` reads it.
+    #[error(
+        "{file}: a k8s-image-swapper config (it has {keys}), not a pinswap one; convert it with `pinswap config convert {file} > pinswap.yaml` and check the result with `pinswap config validate pinswap.yaml`"
+    )]
+    K8sImageSwapper {
+        /// The config file.
+        file: String,
+        /// The key paths that only k8s-image-swapper has, comma-separated.
+        keys: String,
+    },
     /// Values that parse but cannot work together or at all.
     #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
     Invalid(Vec<Invalid>),
@@ -68,9 +78,27 @@ pub struct Invalid {
     pub message: String,
 }
 
+/// A setting that loads but that `serve` or `pinswap manifests` would warn
+/// about or refuse; `pinswap config validate` prints it, and fails on it
+/// with `--strict`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {path}: {message}")]
+pub struct Warning {
+    /// The config file.
+    pub file: String,
+    /// Key path.
+    pub path: String,
+    /// What was found and what to do.
+    pub message: String,
+}
+
+/// The `target.registry` that `pinswap config default` writes (and the
+/// chart's values hold) until the user sets their own.
+pub const PLACEHOLDER_REGISTRY: &str = "mirror.example.com/cache";
+
 /// `exists`: rewrite only when the target has the image; `always`: rewrite
 /// regardless (docs/architecture.md §2).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SwapPolicy {
     /// Rewrite only when the target has the image.
@@ -81,7 +109,7 @@ pub enum SwapPolicy {
 }
 
 /// When to copy (docs/architecture.md §2).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CopyPolicy {
     /// Copy in the background.
@@ -96,7 +124,7 @@ pub enum CopyPolicy {
 }
 
 /// What to do on an identity collision.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CollisionPolicy {
     /// Rewrite as usual and report.
@@ -109,7 +137,7 @@ pub enum CollisionPolicy {
 }
 
 /// Whether an admission error leaves the Pod unchanged or denies it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FailurePolicy {
     /// Leave the slot unchanged.
@@ -119,9 +147,72 @@ pub enum FailurePolicy {
     Closed,
 }
 
+impl<'de> Deserialize<'de> for SwapPolicy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok([Self::Exists, Self::Always][word(d, &["exists", "always"])?])
+    }
+}
+
+impl<'de> Deserialize<'de> for CopyPolicy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const WORDS: &[&str] = &["delayed", "immediate", "force", "none"];
+        Ok([Self::Delayed, Self::Immediate, Self::Force, Self::None][word(d, WORDS)?])
+    }
+}
+
+impl<'de> Deserialize<'de> for CollisionPolicy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok([Self::Warn, Self::Repair, Self::Deny][word(d, &["warn", "repair", "deny"])?])
+    }
+}
+
+impl<'de> Deserialize<'de> for FailurePolicy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok([Self::Open, Self::Closed][word(d, &["open", "closed"])?])
+    }
+}
+
+/// Reads a setting that is one of `words` and returns its index. A derived
+/// enum would answer a list or a mapping with the YAML parser's "expected a
+/// YAML tag"; this names the words, at the value's line and column.
+pub(crate) fn word<'de, D: Deserializer<'de>>(
+    d: D,
+    words: &'static [&'static str],
+) -> Result<usize, D::Error> {
+    struct Word(&'static [&'static str]);
+    impl serde::de::Visitor<'_> for Word {
+        type Value = usize;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&one_of(self.0))
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<usize, E> {
+            self.0
+                .iter()
+                .position(|w| *w == v)
+                .ok_or_else(|| E::unknown_variant(v, self.0))
+        }
+    }
+    d.deserialize_str(Word(words))
+}
+
+/// `` `a` ``, `` `a` or `b` `` or `` one of `a`, `b`, `c` ``, as serde words
+/// its own lists.
+fn one_of(words: &[&str]) -> String {
+    let quoted: Vec<String> = words.iter().map(|w| format!("`{w}`")).collect();
+    match quoted.as_slice() {
+        [one] => one.clone(),
+        [a, b] => format!("{a} or {b}"),
+        _ => format!("one of {}", quoted.join(", ")),
+    }
+}
+
 /// Registry credentials, by reference only.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {username: pinswap, passwordFile: /var/run/secrets/pinswap/target-password}"
+)]
 pub struct Auth {
     /// User name for basic auth or the token flow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,7 +244,11 @@ impl<'de> Deserialize<'de> for Present {
 
 /// The registry (and optional path prefix) that pinswap mirrors into.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {registry: mirror.example.com/cache}"
+)]
 pub struct Target {
     /// `host[:port][/prefix]`. With `aws`, it defaults to the account's ECR
     /// host and `aws.prefix`; a host written here (a local stand-in, a
@@ -174,7 +269,11 @@ pub struct Target {
 
 /// An allowed source registry.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {registry: docker.io}"
+)]
 pub struct SourceRegistry {
     /// `host[:port]` (Docker Hub as `docker.io`), or `*` for any.
     pub registry: String,
@@ -192,7 +291,7 @@ pub struct SourceRegistry {
 /// Which images of a source registry every Pod may be given from the
 /// mirror (docs/security.md). An image that needs a Pod's own pull secret
 /// is private under either setting.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Visibility {
     /// Public images (served anonymously) and images the registry's `auth`
@@ -210,9 +309,18 @@ impl Visibility {
     }
 }
 
+impl<'de> Deserialize<'de> for Visibility {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok([Self::Auto, Self::Private][word(d, &["auto", "private"])?])
+    }
+}
+
 /// A JMESPath filter; `true` skips the container (as in k8s-image-swapper).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping such as {jmespath: \"obj.metadata.namespace == 'kube-system'\"}"
+)]
 pub struct Filter {
     /// Evaluated against `{"obj": <Pod>, "container": <container>}`.
     pub jmespath: String,
@@ -220,7 +328,11 @@ pub struct Filter {
 
 /// Where images may come from, and which containers to leave alone.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {registries: [{registry: docker.io}]}"
+)]
 pub struct Source {
     /// Allowlist. Only these registries are ever contacted.
     #[serde(default = "default_registries")]
@@ -257,7 +369,11 @@ pub struct Source {
 /// each failed probe up to `maxBackoff`; a 429 or 503 `Retry-After` (capped
 /// at `maxBackoff`) lengthens the window, and a 429 opens it at once.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {failures: 3, backoff: 5s, maxBackoff: 5m}"
+)]
 pub struct Breaker {
     /// Consecutive failures that open the breaker (1 to 100).
     #[serde(default = "breaker_failures")]
@@ -436,8 +552,11 @@ impl<'de> Deserialize<'de> for Referrers {
                     }
                 }
                 other => {
+                    let near = suggest(other, ["enabled", "artifactTypes"])
+                        .map(|k| format!(" (did you mean {k}?)"))
+                        .unwrap_or_default();
                     return Err(own_error(format!(
-                        "unknown key {other:?}, expected enabled or artifactTypes"
+                        "unknown key {other:?}{near}, expected enabled or artifactTypes"
                     )));
                 }
             }
@@ -470,6 +589,159 @@ fn is_media_type(t: &str) -> bool {
     matches!(t.split_once('/'), Some((a, b)) if name(a) && name(b))
 }
 
+/// serde's and yaml_serde's wording of a schema error, made readable for
+/// someone who writes YAML: the nearest key for an unknown one, and no
+/// Rust type names.
+fn in_user_terms(message: &str) -> String {
+    let mut m = message.to_owned();
+    if let Some(rest) = m.strip_prefix("unknown field `")
+        && let Some((key, expected)) = rest.split_once('`')
+    {
+        // serde lists the accepted keys in backticks after "expected".
+        let known: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        if let Some(near) = suggest(key, known.iter().copied()) {
+            m = format!("unknown field `{key}` (did you mean `{near}`?){expected}");
+        }
+    }
+    for (rust, user) in [
+        ("expected u8", "expected a whole number from 0 to 255"),
+        ("expected u16", "expected a whole number from 0 to 65535"),
+        (
+            "expected u32",
+            "expected a whole number from 0 to 4294967295",
+        ),
+        ("expected u64", "expected a whole number, 0 or more"),
+        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected i32", "expected a whole number"),
+        ("expected i64", "expected a whole number"),
+        ("expected f32", "expected a number such as 0.5"),
+        ("expected f64", "expected a number such as 0.5"),
+    ] {
+        if let Some(head) = m.strip_suffix(rust) {
+            m = format!("{head}{user}");
+        }
+    }
+    for (yaml, user) in [
+        ("invalid type: map,", "invalid type: mapping,"),
+        ("invalid type: sequence,", "invalid type: list,"),
+        ("invalid type: unit value,", "invalid type: null,"),
+    ] {
+        m = m.replacen(yaml, user, 1);
+    }
+    for (yaml, user) in [
+        ("expected a map", "expected a mapping"),
+        ("expected a sequence", "expected a list"),
+    ] {
+        if let Some(head) = m.strip_suffix(yaml) {
+            m = format!("{head}{user}");
+        }
+    }
+    m
+}
+
+/// Levenshtein distance, for "did you mean" hints.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// The closest known key within two edits, ignoring case (`copypolicy`,
+/// `copyPolicyy` and `copyPolcy` all find `copyPolicy`).
+pub(crate) fn suggest<'k>(key: &str, known: impl IntoIterator<Item = &'k str>) -> Option<&'k str> {
+    let key = key.to_ascii_lowercase();
+    known
+        .into_iter()
+        .map(|k| (distance(&key, &k.to_ascii_lowercase()), k))
+        .filter(|(d, _)| *d <= 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// k8s-image-swapper's top-level keys that pinswap has no key of that name
+/// for (docs/migrating-from-k8s-image-swapper.md).
+pub(crate) const K8S_IMAGE_SWAPPER_KEYS: &[&str] = &[
+    "dryRun",
+    "logLevel",
+    "logFormat",
+    "listenAddress",
+    "tlsCertFile",
+    "tlsKeyFile",
+    "imageSwapPolicy",
+    "imageCopyPolicy",
+    "imageCopyDeadline",
+    "imageCopySkipRegistries",
+    "cacheTtlMinutes",
+    "cacheJitterMaxMinutes",
+];
+
+/// The key paths that mark `text` as a k8s-image-swapper config (or its
+/// Helm values, under `config:`); empty for anything else. Keys match
+/// ignoring case, as k8s-image-swapper reads them.
+fn k8s_image_swapper_keys(text: &str) -> Vec<String> {
+    use yaml_serde::Value;
+    let Ok(Value::Mapping(root)) = yaml_serde::from_str::<Value>(text) else {
+        return Vec::new();
+    };
+    let key = |k: &Value| k.as_str().map(str::to_owned).unwrap_or_default();
+    let get = |m: &yaml_serde::Mapping, name: &str| {
+        m.iter()
+            .find(|(k, _)| key(k).eq_ignore_ascii_case(name))
+            .map(|(k, v)| (key(k), v.clone()))
+    };
+    let (prefix, config) = match get(&root, "config") {
+        Some((k, Value::Mapping(m))) => (format!("{k}."), m),
+        _ => (String::new(), root),
+    };
+    // A key only pinswap has (the default config lists them all) makes it
+    // a pinswap config with a stray key, which gets the unknown-key error.
+    let ours = match yaml_serde::from_str::<Value>(DEFAULT_YAML) {
+        Ok(Value::Mapping(m)) => m.keys().map(key).collect(),
+        _ => Vec::new(),
+    };
+    let mut found = Vec::new();
+    for (k, _) in &config {
+        let k = key(k);
+        if K8S_IMAGE_SWAPPER_KEYS
+            .iter()
+            .any(|s| s.eq_ignore_ascii_case(&k))
+        {
+            found.push(format!("{prefix}{k}"));
+        } else if k != "source" && k != "target" && ours.contains(&k) {
+            return Vec::new();
+        }
+    }
+    if let Some((t, Value::Mapping(target))) = get(&config, "target")
+        && let Some((k, _)) = get(&target, "type")
+    {
+        found.push(format!("{prefix}{t}.{k}"));
+    }
+    if let Some((s, Value::Mapping(source))) = get(&config, "source") {
+        if let Some((k, _)) = get(&source, "privateRegistries") {
+            found.push(format!("{prefix}{s}.{k}"));
+        }
+        if let Some((r, Value::Sequence(list))) = get(&source, "registries") {
+            for (i, entry) in list.iter().enumerate() {
+                if let Value::Mapping(entry) = entry
+                    && let Some((k, _)) = get(entry, "type")
+                {
+                    found.push(format!("{prefix}{s}.{r}[{i}].{k}"));
+                }
+            }
+        }
+    }
+    found
+}
+
 /// Marks errors raised by our own field parsers: yaml_serde gives them the
 /// position of the enclosing mapping, not of the value, so
 /// [`Config::from_yaml`] drops it and names the key path alone.
@@ -494,13 +766,36 @@ fn socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<std::net::SocketAddr, 
 pub(crate) mod duration {
     use super::*;
 
+    /// What every duration error ends with: the forms humantime reads.
+    pub(crate) const EXPECTED: &str = "expected a duration such as 30s, 500ms, 5m or 1h 30m (a number and a unit: ms, s, m, h, d; several add up)";
+
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)
-            .map_err(|_| own_error("expected a duration such as 8s, 500ms, 10m or 1h"))?;
-        humantime::parse_duration(&s).map_err(|e| {
-            own_error(format!(
-                "found {s:?} ({e}), expected a duration such as 8s, 500ms, 10m or 1h"
-            ))
+        let s = String::deserialize(d).map_err(|_| own_error(EXPECTED))?;
+        parse(&s).map_err(own_error)
+    }
+
+    /// Parses a duration; the error says what was wrong in the user's
+    /// terms, not humantime's (`expected number at 0`).
+    pub(crate) fn parse(s: &str) -> Result<Duration, String> {
+        use humantime::DurationError as E;
+        humantime::parse_duration(s).map_err(|e| {
+            let why = match e {
+                E::Empty => return format!("found an empty value, {EXPECTED}"),
+                E::UnknownUnit { unit, value, .. } if unit.is_empty() => {
+                    format!("a number without a unit; write {value}s, {value}m or {value}ms")
+                }
+                E::UnknownUnit { unit, .. } => format!("{unit:?} is not a unit"),
+                E::NumberOverflow => {
+                    "too large, or a fraction finer than its unit takes: 1ns, and whole seconds for h, d, w, M and y".to_owned()
+                }
+                E::InvalidCharacter(_) | E::NumberExpected(_) if s.starts_with(['P', 'p']) => {
+                    "ISO 8601 durations are not read".to_owned()
+                }
+                E::InvalidCharacter(_) | E::NumberExpected(_) => {
+                    return format!("found {s:?}, {EXPECTED}");
+                }
+            };
+            format!("found {s:?} ({why}), {EXPECTED}")
         })
     }
 
@@ -511,7 +806,11 @@ pub(crate) mod duration {
 
 /// Cache lifetimes (docs/architecture.md §2 existence and resolution caches).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {ttl: 1h, resolutionTtl: 30s}"
+)]
 pub struct Cache {
     /// Existence cache lifetime; `0s` turns it off.
     #[serde(default = "d_1h", with = "duration")]
@@ -566,7 +865,11 @@ fn reverify_rate() -> u32 {
 /// Pull-failure recovery (docs/architecture.md §3 "Background"): the Pod watcher and
 /// the Lease that elects the one replica running it and the re-verifier.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {enabled: true, namespaces: [apps]}"
+)]
 pub struct Recovery {
     /// Watch Pods for pull failures on target images. Needs a Kubernetes API
     /// client (in-cluster, or KUBECONFIG); without one `serve` warns and runs
@@ -608,7 +911,11 @@ impl Default for Recovery {
 /// the images running Pods and workload templates name that the target does
 /// not hold yet. It runs where the Pod watcher runs (`recovery.enabled`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {enabled: true, concurrency: 2}"
+)]
 pub struct Backfill {
     /// Mirror what is already running, and watch workload templates.
     #[serde(default = "yes")]
@@ -631,7 +938,11 @@ impl Default for Backfill {
 /// (docs/operations.md "Recovery timeline"). Off by default: an eviction
 /// disrupts, and operators opt in.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {enabled: true, after: 30s, perMinute: 10}"
+)]
 pub struct Evict {
     /// Evict (through the Eviction API) Pods with a controller that still
     /// fail to pull an image pinswap has mirrored again.
@@ -663,7 +974,11 @@ fn backfill_concurrency() -> usize {
 /// (docs/configuration.md "copy"): a source that answers slowly on purpose
 /// must not hold back every other copy.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {timeout: 30m, concurrency: 5}"
+)]
 pub struct Copying {
     /// A copy (an image with its children and blobs, or one follow of its
     /// referrers) still running after this is cut and fails.
@@ -794,7 +1109,11 @@ pub const EVICT_PER_MINUTE_MAX: u32 = 600;
 /// The `coordination.k8s.io/v1` Lease that elects the recovery leader, with
 /// client-go's leader-election timings.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {name: pinswap-leader, duration: 15s}"
+)]
 pub struct Lease {
     /// Lease name.
     #[serde(default = "lease_name")]
@@ -832,7 +1151,11 @@ fn lease_name() -> String {
 
 /// Image-identity handling (docs/architecture.md §2 "identity collision").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {collisions: warn, scanRate: 10}"
+)]
 pub struct Identity {
     /// `warn`, `repair` or `deny`.
     #[serde(default)]
@@ -859,7 +1182,11 @@ fn scan_rate() -> u32 {
 
 /// Listen addresses, TLS files and the admission budget.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {listen: 0.0.0.0:8443, admissionBudget: 2s}"
+)]
 pub struct Server {
     /// HTTPS webhook address.
     #[serde(default = "listen", deserialize_with = "socket_addr")]
@@ -1089,7 +1416,11 @@ fn yes() -> bool {
 
 /// The whole config. Every key but `target` has a default.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping of settings such as {target: {registry: mirror.example.com/cache}}"
+)]
 pub struct Config {
     /// Where images are mirrored to.
     pub target: Target,
@@ -1201,6 +1532,22 @@ impl Config {
             } else {
                 (line, column)
             };
+            let mut message = in_user_terms(&message);
+            // A string where an auth block belongs may be a password
+            // written inline: say what was wrong without echoing it.
+            if path.split('.').any(|k| k == "auth")
+                && let Some(rest) = message.strip_prefix("invalid type: string \"")
+                && let Some(i) = rest.rfind("\", expected ")
+            {
+                message = format!("invalid type: string, {}", &rest[i + 3..]);
+            }
+            let swapper = k8s_image_swapper_keys(text);
+            if !swapper.is_empty() {
+                return ConfigError::K8sImageSwapper {
+                    file: file.to_owned(),
+                    keys: swapper.join(", "),
+                };
+            }
             ConfigError::Parse {
                 file: file.to_owned(),
                 path,
@@ -1245,6 +1592,59 @@ impl Config {
     pub fn copy_deadline_exceeds_budget(&self) -> bool {
         matches!(self.copy_policy, CopyPolicy::Immediate | CopyPolicy::Force)
             && self.copy_deadline > self.server.admission_budget
+    }
+
+    /// What loads but will not work as written: the placeholder target,
+    /// and a `copyDeadline` the admission budget cuts short (which `serve`
+    /// warns about at startup). `file` names the source in messages.
+    pub fn warnings(&self, file: &str) -> Vec<Warning> {
+        let mut out = Vec::new();
+        let mut warn = |path: &str, message: String| {
+            out.push(Warning {
+                file: file.to_owned(),
+                path: path.to_owned(),
+                message,
+            })
+        };
+        let registry = &self.target.registry;
+        let host = registry.split('/').next().unwrap_or_default();
+        let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+        if registry == PLACEHOLDER_REGISTRY {
+            warn(
+                "target.registry",
+                format!(
+                    "{registry} is the placeholder `pinswap config default` writes; set the registry to mirror into, HOST[:PORT][/prefix]"
+                ),
+            );
+        } else if ["example.com", "example.net", "example.org"]
+            .iter()
+            .any(|d| host == *d || host.ends_with(&format!(".{d}")))
+        {
+            // Reserved for documentation (RFC 2606): no registry answers there.
+            warn(
+                "target.registry",
+                format!(
+                    "{host} is a documentation domain that no registry answers on; set the registry to mirror into, HOST[:PORT][/prefix]"
+                ),
+            );
+        }
+        if self.copy_deadline_exceeds_budget() {
+            let d = |v: Duration| humantime::format_duration(v).to_string();
+            warn(
+                "copyDeadline",
+                format!(
+                    "found {} with copyPolicy {}, longer than server.admissionBudget ({}): an admission waits for a copy at most the budget; raise server.admissionBudget too, or lower copyDeadline",
+                    d(self.copy_deadline),
+                    if self.copy_policy == CopyPolicy::Force {
+                        "force"
+                    } else {
+                        "immediate"
+                    },
+                    d(self.server.admission_budget)
+                ),
+            );
+        }
+        out
     }
 
     /// Reads, parses and validates a config file.
@@ -2058,7 +2458,7 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
         let cases: &[(&str, &str)] = &[
             (
                 "target: {registry: m.example.com}\ncache: {ttll: 1h}\n",
-                "test.yaml:2:9: cache.ttll: unknown field `ttll`, expected one of `ttl`, `resolutionTtl`, `jitter`, `reverify`, `reverifyRate`, `purgeEndpoint`",
+                "test.yaml:2:9: cache.ttll: unknown field `ttll` (did you mean `ttl`?), expected one of `ttl`, `resolutionTtl`, `jitter`, `reverify`, `reverifyRate`, `purgeEndpoint`",
             ),
             (
                 "target: {registry: m.example.com}\nswapPolicy: sometimes\n",
@@ -2066,12 +2466,12 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
             ),
             (
                 "target: {registry: m.example.com}\ncopyDeadline: soon\n",
-                "test.yaml: copyDeadline: found \"soon\" (expected number at 0), expected a duration such as 8s, 500ms, 10m or 1h",
+                "test.yaml: copyDeadline: found \"soon\", expected a duration such as 30s, 500ms, 5m or 1h 30m (a number and a unit: ms, s, m, h, d; several add up)",
             ),
             (
                 // Not the mapping's first key: still no misleading position.
                 "target: {registry: m.example.com}\ncache:\n  ttl: 1h\n  reverify: soon\n",
-                "test.yaml: cache.reverify: found \"soon\" (expected number at 0), expected a duration such as 8s, 500ms, 10m or 1h",
+                "test.yaml: cache.reverify: found \"soon\", expected a duration such as 30s, 500ms, 5m or 1h 30m (a number and a unit: ms, s, m, h, d; several add up)",
             ),
             (
                 "target: {registry: m.example.com}\npin: maybe\n",
@@ -2115,7 +2515,7 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
             ),
             (
                 "target: {registry: m.example.com}\nrecovery: {evict: {enable: true}}\n",
-                "test.yaml:2:20: recovery.evict.enable: unknown field `enable`, expected one of `enabled`, `after`, `perMinute`",
+                "test.yaml:2:20: recovery.evict.enable: unknown field `enable` (did you mean `enabled`?), expected one of `enabled`, `after`, `perMinute`",
             ),
             (
                 "target: {registry: m.example.com}\nplatforms: [linux]\n",
@@ -2157,7 +2557,7 @@ server: {listen: "127.0.0.1:9443", healthListen: "127.0.0.1:9080", tlsCert: /c, 
             ),
             (
                 "referrers: {artifactType: [a/b]}",
-                "referrers: unknown key \"artifactType\", expected enabled or artifactTypes",
+                "referrers: unknown key \"artifactType\" (did you mean artifactTypes?), expected enabled or artifactTypes",
             ),
             (
                 "referrers: {artifactTypes: []}",
@@ -2243,5 +2643,235 @@ server: {tlsCert: /c, listen: "0.0.0.0:8080"}
         );
         assert!(text.contains("inline secrets are not accepted; use passwordFile or passwordEnv"));
         assert!(text.contains("copyDeadline: found 45s, expected more than 0s and at most 30s"));
+    }
+
+    /// Schema errors in the words of the YAML: what to write instead of a
+    /// Rust type, durations as they are written, the nearest key.
+    #[test]
+    fn schema_errors_say_what_to_write() {
+        let d = "expected a duration such as 30s, 500ms, 5m or 1h 30m (a number and a unit: ms, s, m, h, d; several add up)";
+        let cases: Vec<(&str, String)> = vec![
+            (
+                "target: {registry: m.example.com}\nsource: {registries: [docker.io]}\n",
+                "test.yaml:2:23: source.registries[0]: invalid type: string \"docker.io\", expected a mapping such as {registry: docker.io}".into(),
+            ),
+            (
+                "target: m.example.com\n",
+                "test.yaml:1:9: target: invalid type: string \"m.example.com\", expected a mapping such as {registry: mirror.example.com/cache}".into(),
+            ),
+            (
+                "- target\n",
+                "test.yaml:1:1: .: invalid type: list, expected a mapping of settings such as {target: {registry: mirror.example.com/cache}}".into(),
+            ),
+            (
+                "target: {registry: m.example.com, auth: u}\n",
+                "test.yaml:1:41: target.auth: invalid type: string, expected a mapping such as {username: pinswap, passwordFile: /var/run/secrets/pinswap/target-password}".into(),
+            ),
+            (
+                // Perhaps a password: not echoed.
+                "target: {registry: m.example.com}\nsource: {registries: [{registry: docker.io, auth: hunter2}]}\n",
+                "test.yaml:2:51: source.registries[0].auth: invalid type: string, expected a mapping such as {username: pinswap, passwordFile: /var/run/secrets/pinswap/target-password}".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\ncache: 5\n",
+                "test.yaml:2:8: cache: invalid type: integer `5`, expected a mapping such as {ttl: 1h, resolutionTtl: 30s}".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\nsource: {filters: [\"obj.x\"]}\n",
+                "test.yaml:2:20: source.filters[0]: invalid type: string \"obj.x\", expected a mapping such as {jmespath: \"obj.metadata.namespace == 'kube-system'\"}".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\nscope: {objectSelector: {matchExpressions: [app]}}\n",
+                "test.yaml:2:45: scope.objectSelector.matchExpressions[0]: invalid type: string \"app\", expected a mapping such as {key: app, operator: In, values: [web]}".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\nmirrorOnly: {pods: [ledger]}\n",
+                "test.yaml:2:21: mirrorOnly.pods[0]: invalid type: string \"ledger\", expected a mapping such as {namespaces: [payments], podSelector: {matchLabels: {app: ledger}}}".into(),
+            ),
+            (
+                "target: {registry: m.example.com, aws: ecr}\n",
+                "test.yaml:1:40: target.aws: invalid type: string \"ecr\", expected a mapping such as {accountId: \"123456789012\", region: eu-west-1}".into(),
+            ),
+            (
+                "target: {aws: {accountId: [1], region: eu-west-1}}\n",
+                "test.yaml:1:15: target.aws.accountId: a 12-digit AWS account ID such as \"123456789012\"".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\nswapPolicy: [always]\n",
+                "test.yaml:2:13: swapPolicy: invalid type: list, expected `exists` or `always`".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\ncopyPolicy: {force: true}\n",
+                "test.yaml:2:13: copyPolicy: invalid type: mapping, expected one of `delayed`, `immediate`, `force`, `none`".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\nmirrorOnly: {profiles: [[cnpg]]}\n",
+                "test.yaml:2:25: mirrorOnly.profiles[0]: invalid type: list, expected one of `cloudnative-pg`, `postgres-operator`, `aerospike`".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\nsource: {breaker: {failures: many}}\n",
+                "test.yaml:2:30: source.breaker.failures: invalid type: string \"many\", expected a whole number from 0 to 4294967295".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\nidentity: {scanRate: -1}\n",
+                "test.yaml:2:22: identity.scanRate: invalid type: integer `-1`, expected a whole number from 0 to 4294967295".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\nbackfill: {concurrency: two}\n",
+                "test.yaml:2:25: backfill.concurrency: invalid type: string \"two\", expected a whole number, 0 or more".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\ncache: {jitter: some}\n",
+                "test.yaml:2:17: cache.jitter: invalid type: string \"some\", expected a number such as 0.5".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\nrecovery: {namespaces: apps}\n",
+                "test.yaml:2:24: recovery.namespaces: invalid type: string \"apps\", expected a list".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\ncopyDeadline: PT30S\n",
+                format!("test.yaml: copyDeadline: found \"PT30S\" (ISO 8601 durations are not read), {d}"),
+            ),
+            (
+                "target: {registry: m.example.com}\ncopyDeadline: 5\n",
+                format!("test.yaml: copyDeadline: found \"5\" (a number without a unit; write 5s, 5m or 5ms), {d}"),
+            ),
+            (
+                "target: {registry: m.example.com}\ncache: {ttl: 2 fortnights}\n",
+                format!("test.yaml: cache.ttl: found \"2 fortnights\" (\"fortnights\" is not a unit), {d}"),
+            ),
+            (
+                "target: {registry: m.example.com}\ncache: {ttl: \"\"}\n",
+                format!("test.yaml: cache.ttl: found an empty value, {d}"),
+            ),
+            (
+                "target: {registry: m.example.com}\ncache: {ttl: 0.001h}\n",
+                format!("test.yaml: cache.ttl: found \"0.001h\" (too large, or a fraction finer than its unit takes: 1ns, and whole seconds for h, d, w, M and y), {d}"),
+            ),
+            (
+                "target: {registry: m.example.com}\ncache: {ttl: [1h]}\n",
+                format!("test.yaml: cache.ttl: {d}"),
+            ),
+            (
+                "target: {registry: m.example.com}\ncopyPolcy: force\n",
+                "test.yaml:2:1: copyPolcy: unknown field `copyPolcy` (did you mean `copyPolicy`?), expected one of `target`, `source`, `scope`, `mirrorOnly`, `swapPolicy`, `copyPolicy`, `copyDeadline`, `pin`, `rewriteImagePullPolicyNever`, `platforms`, `referrers`, `cache`, `identity`, `recovery`, `backfill`, `copy`, `retention`, `cluster`, `sharing`, `failurePolicy`, `server`".into(),
+            ),
+            (
+                "target: {registry: m.example.com}\nfailurepolicy: closed\n",
+                "test.yaml:2:1: failurepolicy: unknown field `failurepolicy` (did you mean `failurePolicy`?), expected one of `target`, `source`, `scope`, `mirrorOnly`, `swapPolicy`, `copyPolicy`, `copyDeadline`, `pin`, `rewriteImagePullPolicyNever`, `platforms`, `referrers`, `cache`, `identity`, `recovery`, `backfill`, `copy`, `retention`, `cluster`, `sharing`, `failurePolicy`, `server`".into(),
+            ),
+            (
+                // Nothing near: no guess.
+                "target: {registry: m.example.com, mirror: x}\n",
+                "test.yaml:1:35: target.mirror: unknown field `mirror`, expected one of `registry`, `insecure`, `auth`, `aws`".into(),
+            ),
+        ];
+        for (yaml, want) in &cases {
+            let got = parse(yaml).unwrap_err().to_string();
+            assert_eq!(&got, want, "for {yaml:?}");
+            // No Rust type or parser internals reach the user.
+            for internal in [
+                "struct ", "enum ", "YAML tag", " at 0", "u32", "usize", "f64", "hunter2",
+            ] {
+                assert!(!got.contains(internal), "{internal:?} in {got}");
+            }
+        }
+    }
+
+    /// Durations read as the docs and the chart's schema say: humantime's
+    /// forms, with or without spaces, and a bare 0.
+    #[test]
+    fn durations_take_humantime_forms() {
+        for (text, secs) in [
+            ("0", 0),
+            ("5sec", 5),
+            ("1h 30m", 5400),
+            ("1h30m", 5400),
+            ("2 hours", 7200),
+            ("1.5m", 90),
+            (" 10s ", 10),
+            ("1d", 86400),
+        ] {
+            assert_eq!(
+                duration::parse(text),
+                Ok(Duration::from_secs(secs)),
+                "{text:?}"
+            );
+        }
+        for text in [
+            "5", "PT30S", "1h-30m", "-5s", "1.s", "s", "30S", "5 s m", "",
+        ] {
+            assert!(duration::parse(text).is_err(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_k8s_image_swapper_config_points_to_convert() {
+        for (yaml, keys) in [
+            (
+                "dryRun: true\nlogLevel: debug\nimageSwapPolicy: exists\ntarget: {aws: {accountId: \"123456789012\", region: eu-west-1}}\n",
+                "dryRun, logLevel, imageSwapPolicy",
+            ),
+            (
+                "target: {type: aws, aws: {accountId: \"123456789012\", region: eu-west-1}}\n",
+                "target.type",
+            ),
+            (
+                "source: {registries: [{type: aws, aws: {accountId: \"1\", region: r}}]}\ntarget: {registry: m.example.com}\n",
+                "source.registries[0].type",
+            ),
+            (
+                // The Helm chart's values, keys matched ignoring case.
+                "replicaCount: 2\nconfig:\n  ImageCopyPolicy: delayed\n  target: {aws: {accountId: \"1\", region: r}}\n",
+                "config.ImageCopyPolicy",
+            ),
+        ] {
+            let got = parse(yaml).unwrap_err().to_string();
+            assert_eq!(
+                got,
+                format!(
+                    "test.yaml: a k8s-image-swapper config (it has {keys}), not a pinswap one; convert it with `pinswap config convert test.yaml > pinswap.yaml` and check the result with `pinswap config validate pinswap.yaml`"
+                )
+            );
+        }
+        // A pinswap config (it has pinswap's own keys) is not taken for one.
+        let got = parse("target: {registry: m.example.com}\ncopyPolicy: force\ndryrun: true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(got.contains("unknown field `dryrun`"), "{got}");
+    }
+
+    #[test]
+    fn warnings_name_the_key() {
+        let w = |y: &str| {
+            parse(y)
+                .unwrap()
+                .warnings("test.yaml")
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert!(DEFAULT_YAML.contains(&format!("registry: {PLACEHOLDER_REGISTRY}\n")));
+        assert_eq!(
+            w(DEFAULT_YAML),
+            [
+                "test.yaml: target.registry: mirror.example.com/cache is the placeholder `pinswap config default` writes; set the registry to mirror into, HOST[:PORT][/prefix]"
+            ]
+        );
+        assert_eq!(
+            w("target: {registry: \"registry.example.org:5000/p\"}\n"),
+            [
+                "test.yaml: target.registry: registry.example.org is a documentation domain that no registry answers on; set the registry to mirror into, HOST[:PORT][/prefix]"
+            ]
+        );
+        assert_eq!(
+            w("target: {registry: m.internal}\ncopyPolicy: force\ncopyDeadline: 5s\n"),
+            [
+                "test.yaml: copyDeadline: found 5s with copyPolicy force, longer than server.admissionBudget (2s): an admission waits for a copy at most the budget; raise server.admissionBudget too, or lower copyDeadline"
+            ]
+        );
+        // Delayed copies never wait, so their deadline is no concern.
+        assert!(w("target: {registry: m.internal}\ncopyDeadline: 5s\n").is_empty());
+        assert!(w("target: {registry: notexample.com/cache}\n").is_empty());
     }
 }

@@ -239,6 +239,11 @@ pub fn run(path: &Path) -> ExitCode {
     use std::io::Write;
     let c = match convert_file(path) {
         Ok(c) => c,
+        // A file that cannot be read is a usage error, as in every command.
+        Err(e @ ConvertError::Read { .. }) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(1);
@@ -316,23 +321,17 @@ struct Cx<'f> {
     out: Out,
 }
 
-/// k8s-image-swapper's keys, as its docs spell them (for suggestions).
-const TOP_KEYS: &[&str] = &[
-    "dryRun",
-    "logLevel",
-    "logFormat",
-    "listenAddress",
-    "tlsCertFile",
-    "tlsKeyFile",
-    "imageSwapPolicy",
-    "imageCopyPolicy",
-    "imageCopyDeadline",
-    "cacheTtlMinutes",
-    "cacheJitterMaxMinutes",
-    "imageCopySkipRegistries",
-    "source",
-    "target",
-];
+/// k8s-image-swapper's top-level keys, as its docs spell them (for
+/// suggestions): the ones pinswap has no key of that name for, and the two
+/// both have.
+fn top_keys() -> Vec<&'static str> {
+    let shared = ["source", "target"];
+    crate::config::K8S_IMAGE_SWAPPER_KEYS
+        .iter()
+        .copied()
+        .chain(shared)
+        .collect()
+}
 const SOURCE_KEYS: &[&str] = &["registries", "privateRegistries", "filters"];
 const FILTER_KEYS: &[&str] = &["jmespath"];
 const REGISTRY_KEYS: &[&str] = &["type", "aws", "gcp"];
@@ -386,31 +385,9 @@ fn found(v: &Value) -> String {
     }
 }
 
-/// Levenshtein distance, for "did you mean" hints.
-fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
-}
-
 /// The closest known key within two edits, ignoring case.
 fn suggest(key: &str, known: &[&'static str]) -> Option<&'static str> {
-    let key = key.to_ascii_lowercase();
-    known
-        .iter()
-        .map(|k| (distance(&key, &k.to_ascii_lowercase()), *k))
-        .filter(|(d, _)| *d <= 2)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, k)| k)
+    crate::config::suggest(key, known.iter().copied())
 }
 
 /// Parses a Go `time.Duration` string (`8s`, `1m30s`, `1.5h`, `300ms`), as
@@ -852,7 +829,7 @@ impl Cx<'_> {
                 ),
                 "source" => self.source(&e)?,
                 "target" => target = Some(e),
-                _ => self.unknown(&e, TOP_KEYS),
+                _ => self.unknown(&e, &top_keys()),
             }
         }
         let Some(target) = target else {
@@ -1677,10 +1654,13 @@ mod tests {
 
     #[test]
     fn suggestions_are_close_keys_only() {
-        assert_eq!(suggest("imageSwapPolcy", TOP_KEYS), Some("imageSwapPolicy"));
+        assert_eq!(
+            suggest("imageSwapPolcy", &top_keys()),
+            Some("imageSwapPolicy")
+        );
         assert_eq!(suggest("filter", SOURCE_KEYS), Some("filters"));
         assert_eq!(suggest("acountid", AWS_KEYS), Some("accountId"));
-        assert_eq!(suggest("replicaCount", TOP_KEYS), None);
+        assert_eq!(suggest("replicaCount", &top_keys()), None);
     }
 
     #[test]

@@ -547,9 +547,9 @@ fn malformed_inputs_fail_naming_the_key() {
 #[test]
 fn a_missing_file_is_an_error() {
     let r = convert("no-such-file.yaml");
-    assert_eq!(r.code, 1);
+    assert_eq!(r.code, 2);
     assert!(
-        r.stderr.contains("no-such-file.yaml: cannot read: "),
+        r.stderr.starts_with("error: ") && r.stderr.contains("no-such-file.yaml: cannot read: "),
         "{}",
         r.stderr
     );

@@ -9,7 +9,11 @@ use serde::{Deserialize, Serialize};
 /// STS) and creates each repository, with `ecrOptions` and the tag
 /// `pinswap.dev/managed-by: pinswap`, before its first push.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {accountId: \"123456789012\", region: eu-west-1}"
+)]
 pub struct Aws {
     /// The 12-digit AWS account ID that owns the registry (a YAML number
     /// is read as its digits).
@@ -35,7 +39,11 @@ pub struct Aws {
 /// existing repository is pushed into as it is, never changed. Defaults
 /// are k8s-image-swapper's.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {imageTagMutability: IMMUTABLE}"
+)]
 pub struct EcrOptions {
     /// Repository policy (IAM policy JSON), set with `SetRepositoryPolicy`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -75,7 +83,10 @@ impl Default for EcrOptions {
 /// documented examples write `accountId: 123456789` unquoted).
 fn digits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     #[derive(Deserialize)]
-    #[serde(untagged)]
+    #[serde(
+        untagged,
+        expecting = "a 12-digit AWS account ID such as \"123456789012\""
+    )]
     enum Id {
         Text(String),
         Number(u64),
@@ -92,7 +103,10 @@ fn mutable() -> String {
 
 /// One resource tag.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping such as {key: team, value: platform}"
+)]
 pub struct Tag {
     /// 1 to 128 characters.
     pub key: String,
@@ -103,7 +117,11 @@ pub struct Tag {
 
 /// `ecrOptions.imageScanningConfiguration`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {imageScanOnPush: true}"
+)]
 pub struct ImageScanningConfiguration {
     /// Scan each image when it is pushed. Default: true.
     #[serde(default = "crate::config::yes")]
@@ -120,7 +138,11 @@ impl Default for ImageScanningConfiguration {
 
 /// `ecrOptions.encryptionConfiguration`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {encryptionType: KMS, kmsKey: alias/ecr}"
+)]
 pub struct EncryptionConfiguration {
     /// `AES256` (default) or `KMS`.
     #[serde(default = "aes256")]

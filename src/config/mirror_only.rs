@@ -12,7 +12,11 @@ use super::LabelSelector;
 /// Which Pods are mirrored only: those of any profile, or matching any
 /// entry of `pods`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {profiles: [cloudnative-pg]}"
+)]
 pub struct MirrorOnly {
     /// Named presets for operators that must not see their Pods changed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -24,7 +28,7 @@ pub struct MirrorOnly {
 }
 
 /// An operator whose Pods are never rewritten.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Profile {
     /// CloudNativePG (`postgresql.cnpg.io`).
@@ -33,6 +37,13 @@ pub enum Profile {
     PostgresOperator,
     /// Aerospike's Kubernetes operator (`asdb.aerospike.com`).
     Aerospike,
+}
+
+impl<'de> Deserialize<'de> for Profile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const WORDS: &[&str] = &["cloudnative-pg", "postgres-operator", "aerospike"];
+        Ok(Self::ALL[super::word(d, WORDS)?])
+    }
 }
 
 impl Profile {
@@ -55,7 +66,11 @@ impl Profile {
 
 /// One set of conditions on a Pod; all that are given must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {namespaces: [payments], podSelector: {matchLabels: {app: ledger}}}"
+)]
 pub struct PodMatch {
     /// The Pod's namespace is one of these; empty: any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

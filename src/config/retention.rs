@@ -9,7 +9,11 @@ use super::duration;
 
 /// Retention of mirrored images. Off by default: the mirror only grows.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {enabled: true, unusedFor: 720h}"
+)]
 pub struct Retention {
     /// Remove images that no Pod or workload template has named for
     /// `unusedFor`. Runs on the leader only; needs `recovery.enabled`.

@@ -9,7 +9,11 @@ use serde::{Deserialize, Serialize};
 
 /// Label selectors added to the built-in exclusions.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {namespaceSelector: {matchLabels: {team: web}}}"
+)]
 pub struct Scope {
     /// Namespaces whose Pods pinswap handles, by their labels.
     #[serde(default)]
@@ -21,7 +25,11 @@ pub struct Scope {
 
 /// A Kubernetes label selector, as a webhook's selectors take it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a label selector such as {matchLabels: {app: web}}"
+)]
 pub struct LabelSelector {
     /// Each label must have this value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -33,7 +41,11 @@ pub struct LabelSelector {
 
 /// One `matchExpressions` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {key: app, operator: In, values: [web]}"
+)]
 pub struct Requirement {
     /// The label key.
     pub key: String,
@@ -45,7 +57,7 @@ pub struct Requirement {
 }
 
 /// A `matchExpressions` operator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Operator {
     /// The label is set to one of the values.
     In,
@@ -55,6 +67,13 @@ pub enum Operator {
     Exists,
     /// The label is unset.
     DoesNotExist,
+}
+
+impl<'de> Deserialize<'de> for Operator {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const WORDS: &[&str] = &["In", "NotIn", "Exists", "DoesNotExist"];
+        Ok([Self::In, Self::NotIn, Self::Exists, Self::DoesNotExist][super::word(d, WORDS)?])
+    }
 }
 
 impl Operator {

@@ -15,7 +15,11 @@ pub const MAX_CLUSTER_NAME: usize = 63;
 /// Sharing one target between clusters. Off by default: a target holds one
 /// cluster's copies, and retention sees only that cluster's Pods.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping such as {enabled: true, interval: 5m}"
+)]
 pub struct Sharing {
     /// Publish this cluster's usage record at the target, and let
     /// retention keep what any cluster's record names. Needs `cluster`
