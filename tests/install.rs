@@ -387,10 +387,17 @@ async fn cluster_scoped_names_follow_the_namespace() {
     }
 }
 
+/// The grants `pinswap manifests --tls cert-manager --config FILE` prints.
+async fn cert_manager_grants(config: &Path) -> BTreeMap<(String, String, String), Vec<PolicyRule>> {
+    let config = config.to_str().unwrap();
+    grants(&manifests(&["--config", config, "--tls", "cert-manager"]).await)
+}
+
 #[tokio::test]
 async fn rbac_grants_only_what_the_config_uses() {
-    // Default config: recovery on everywhere, no pull secrets, cert-manager.
-    let g = grants(&manifests(&[]).await);
+    // Default config: recovery on everywhere, no pull secrets; cert-manager
+    // (the self-signed bootstrap's own grants are checked on their own).
+    let g = grants(&manifests(&["--tls", "cert-manager"]).await);
     assert_eq!(
         g.keys().cloned().collect::<Vec<_>>(),
         [
@@ -467,7 +474,7 @@ async fn rbac_grants_only_what_the_config_uses() {
         "target: {registry: m.example.com}\nbackfill: {enabled: false}\n",
     )
     .unwrap();
-    let g = grants(&manifests(&["--config", config.to_str().unwrap()]).await);
+    let g = cert_manager_grants(&config).await;
     assert_eq!(
         rules(&g[&k("ClusterRole", "", "pinswap")]),
         [
@@ -483,7 +490,7 @@ async fn rbac_grants_only_what_the_config_uses() {
         "target: {registry: m.example.com}\nrecovery: {enabled: false}\n",
     )
     .unwrap();
-    let g = grants(&manifests(&["--config", config.to_str().unwrap()]).await);
+    let g = cert_manager_grants(&config).await;
     assert!(g.is_empty(), "{g:?}");
 
     // A platforms filter: the leader reads the nodes' os/arch, cluster-wide
@@ -493,7 +500,7 @@ async fn rbac_grants_only_what_the_config_uses() {
         "target: {registry: m.example.com}\nplatforms: [linux/amd64]\nrecovery: {namespaces: [apps]}\n",
     )
     .unwrap();
-    let g = grants(&manifests(&["--config", config.to_str().unwrap()]).await);
+    let g = cert_manager_grants(&config).await;
     assert_eq!(
         rules(&g[&k("ClusterRole", "", "pinswap")]),
         ["/namespaces list,watch apps", "/nodes list,watch "]
@@ -503,7 +510,7 @@ async fn rbac_grants_only_what_the_config_uses() {
         "target: {registry: m.example.com}\nplatforms: [linux/amd64]\nrecovery: {enabled: false}\n",
     )
     .unwrap();
-    let g = grants(&manifests(&["--config", config.to_str().unwrap()]).await);
+    let g = cert_manager_grants(&config).await;
     assert!(g.is_empty(), "{g:?}");
 }
 
@@ -711,6 +718,59 @@ async fn image_pull_secrets_reach_the_pod_spec() {
         .map(|r| r.name)
         .collect();
     assert_eq!(names, ["regcred", "ghcr.io-token"]);
+}
+
+/// A loopback target is only the Pod itself from inside a Pod: warned
+/// about, naming the key, and the objects are printed all the same.
+#[tokio::test]
+async fn a_loopback_target_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    for (target, loopback) in [
+        ("127.0.0.1:5000/mirror", true),
+        ("127.1.2.3:5000", true),
+        ("localhost:5000/mirror", true),
+        ("\"[::1]:5000\"", true),
+        ("10.0.0.5:5000/mirror", false),
+        ("registry.example.com/mirror", false),
+    ] {
+        std::fs::write(
+            &config,
+            format!("target: {{registry: {target}}}\nsource: {{registries: [{{registry: docker.io}}]}}\n"),
+        )
+        .unwrap();
+        let (code, out, err) = common::run_pinswap(&[
+            "manifests",
+            "--config",
+            config.to_str().unwrap(),
+            "--image",
+            "registry.example.com/pinswap:0.1.0",
+        ])
+        .await;
+        assert_eq!(code, 0, "{target}: {err}");
+        assert!(
+            out.contains("kind: MutatingWebhookConfiguration"),
+            "{target}"
+        );
+        let warned = err.lines().any(|l| {
+            l.starts_with(&format!(
+                "warning: target.registry {}: a loopback address, which Pods cannot reach",
+                target.trim_matches('"')
+            ))
+        });
+        assert_eq!(warned, loopback, "{target}: {err}");
+    }
+}
+
+/// The help's example writes the install somewhere other than the
+/// config's own file name.
+#[tokio::test]
+async fn the_help_example_never_overwrites_the_config() {
+    let (code, out, err) = common::run_pinswap(&["manifests", "--help"]).await;
+    assert_eq!(code, 0, "{err}");
+    let examples = out.split_once("Examples:").expect("examples").1;
+    assert!(!examples.contains("> pinswap.yaml"), "{examples}");
+    assert!(examples.contains("> pinswap-install.yaml"), "{examples}");
 }
 
 #[tokio::test]

@@ -642,3 +642,52 @@ async fn image_volumes_in_templates_are_pinned() {
     let again = mutate(&["-c", &cfg], &out.stdout).await;
     assert_eq!(again.stdout, out.stdout, "{}", again.stderr);
 }
+
+/// A target that cannot be reached fails every image alike: its error is
+/// said once, naming `target.registry`, and each image's line names only
+/// the registry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_target_is_reported_once() {
+    common::init();
+    let src = TestRegistry::plain().await;
+    push_image(&src, "shop/app", Some("v1"), &Image::oci(1, 431)).await;
+    push_image(&src, "shop/job", Some("v2"), &Image::oci(1, 432)).await;
+    let down = format!("127.0.0.1:{}", common::registry::free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pinswap.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "target: {{registry: \"{down}/gitops\"}}\nsource: {{registries: [{{registry: \"{}\"}}]}}\n",
+            src.host()
+        ),
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let input = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n  - {{name: a, image: \"{0}/shop/app:v1\"}}\n  - {{name: b, image: \"{0}/shop/job:v2\"}}\n  initContainers: [{{name: i, image: \"{0}/shop/app:v1\"}}]\n",
+        src.host()
+    );
+    let once = format!("error: target.registry {down}/gitops: cannot reach registry {down}: ");
+    let out = mutate(&["-c", cfg], &input).await;
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert_eq!(out.stdout, input, "passed through unchanged");
+    let each = format!("(cannot reach registry {down})\n");
+    assert_eq!(out.stderr.matches(&each).count(), 3, "{}", out.stderr);
+    assert_eq!(out.stderr.matches(&once).count(), 1, "{}", out.stderr);
+    assert_eq!(
+        out.stderr.matches("tried http").count(),
+        1,
+        "{}",
+        out.stderr
+    );
+    out.says("(3 image(s))");
+    out.says("3 image(s): 0 rewritten, 0 skipped, 0 not pinned, 3 failed");
+
+    // --check: the images on stdout, the target's error once on stderr.
+    let check = mutate(&["-c", cfg, "--check"], &input).await;
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    assert_eq!(check.stdout.matches(&each).count(), 3, "{}", check.stdout);
+    assert_eq!(check.stderr.matches(&once).count(), 1, "{}", check.stderr);
+    assert!(!check.stdout.contains("tried http"), "{}", check.stdout);
+}

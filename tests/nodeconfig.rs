@@ -364,3 +364,75 @@ fn node_config_writes_what_the_node_leaves_open_and_names_what_it_refuses() {
     assert_eq!(view[0]["blocked"], true);
     assert_eq!(view[1]["mirrors"][0]["location"], "m.example.com/ghcr.io");
 }
+
+/// `pinswap node-config` on a node, as the runtimes read its files: plain
+/// HTTP to loopback registries, as pinswap reaches them itself, and a
+/// `"*"` alone pointed to the node agent, which lists the target.
+#[test]
+fn node_config_speaks_http_to_loopback_and_points_a_wildcard_to_the_agent() {
+    let etc = tempfile::tempdir().unwrap();
+    let config = etc.path().join("pinswap.yaml");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pinswap"))
+            .arg("node-config")
+            .arg("-c")
+            .arg(&config)
+            .args(args)
+            .env_clear()
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    std::fs::write(
+        &config,
+        "target: {registry: \"127.0.0.1:5000/m\"}\nsource: {registries: [{registry: \"localhost:5001\"}, {registry: quay.io}]}\n",
+    )
+    .unwrap();
+    let certs = etc.path().join("certs.d");
+    let (code, _, err) = run(&["--out", certs.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    let local = containerd_view(&certs, "localhost:5001");
+    assert_eq!(local.server.as_deref(), Some("http://localhost:5001"));
+    assert_eq!(local.mirrors, ["http://127.0.0.1:5000/v2/m/localhost_5001"]);
+    let quay = containerd_view(&certs, "quay.io");
+    assert_eq!(quay.server.as_deref(), Some("https://quay.io"));
+    assert_eq!(quay.mirrors, ["http://127.0.0.1:5000/v2/m/quay.io"]);
+
+    let containers = etc.path().join("containers");
+    let dropins = containers.join("registries.conf.d");
+    std::fs::create_dir_all(&dropins).unwrap();
+    std::fs::write(containers.join("registries.conf"), "").unwrap();
+    let (code, _, err) = run(&["--runtime", "cri-o", "--out", dropins.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    let view = cri_o_view(
+        &containers.join("registries.conf"),
+        &dropins,
+        &["localhost:5001/a:1", "quay.io/a:1"],
+    );
+    assert_eq!(view[0]["insecure"], true, "{}", view[0]);
+    assert_eq!(view[0]["mirrors"][0]["insecure"], true, "{}", view[0]);
+    assert_eq!(view[1]["insecure"], false, "{}", view[1]);
+    assert_eq!(
+        view[1]["mirrors"][0]["location"],
+        "127.0.0.1:5000/m/quay.io"
+    );
+    assert_eq!(view[1]["mirrors"][0]["insecure"], true, "{}", view[1]);
+
+    std::fs::write(
+        &config,
+        "target: {registry: m.example.com}\nsource: {registries: [{registry: \"*\"}]}\n",
+    )
+    .unwrap();
+    let (code, out, err) = run(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.starts_with("error: source.registries names no registry"),
+        "{err}"
+    );
+    assert!(err.contains("run `pinswap node-agent`"), "{err}");
+}

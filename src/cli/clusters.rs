@@ -53,9 +53,17 @@ struct Row {
     state: &'static str,
 }
 
-async fn records(config: &std::path::Path) -> anyhow::Result<(Config, Records)> {
-    let config = Config::load(config).map_err(|e| Usage(e.to_string()))?;
-    let mirror = Mirror::connect(&config, Arc::new(Metrics::new())).await?;
+async fn records(path: &std::path::Path) -> anyhow::Result<(Config, Records)> {
+    let config = super::load_config(path)?;
+    records_of(path, config).await
+}
+
+async fn records_of(path: &std::path::Path, config: Config) -> anyhow::Result<(Config, Records)> {
+    // As `serve` and `mutate` say it: the config's credentials (a missing
+    // passwordFile) are the config's problem.
+    let mirror = Mirror::connect(&config, Arc::new(Metrics::new()))
+        .await
+        .map_err(|e| Usage(format!("{}: {e}", path.display())))?;
     let records = Records::of(&mirror).await?;
     Ok((config, records))
 }
@@ -63,8 +71,19 @@ async fn records(config: &std::path::Path) -> anyhow::Result<(Config, Records)> 
 /// Runs a `clusters` command.
 pub async fn run(command: ClustersCommand) -> anyhow::Result<ExitCode> {
     match command {
-        ClustersCommand::List { config, json } => {
-            let (config, records) = records(&config).await?;
+        ClustersCommand::List { config: path, json } => {
+            let config = super::load_config(&path)?;
+            // Without sharing no cluster of this config publishes a record:
+            // an empty list, or the target's answer for a repository nobody
+            // wrote, would say nothing about why.
+            if !config.sharing.enabled {
+                return Err(Usage(format!(
+                    "{}: sharing is off (sharing.enabled: false), so this cluster publishes no usage record and retention reads none; list with the config of a cluster that has sharing.enabled: true, or turn sharing on (with cluster) here",
+                    path.display()
+                ))
+                .into());
+            }
+            let (config, records) = records_of(&path, config).await?;
             let now = Timestamp::now();
             let mut rows = Vec::new();
             for name in records.names().await? {

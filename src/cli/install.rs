@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 
-use super::Usage;
+use super::{Usage, unreadable};
 use crate::install::manifests::{self, Tls};
 
 /// `pinswap manifests [--namespace NS] [--config FILE] [--replicas N] [--tls MODE] [--image REF]
@@ -13,7 +13,7 @@ use crate::install::manifests::{self, Tls};
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     pinswap manifests --config pinswap.yaml --image registry.example.com/pinswap:0.1.0 | kubectl apply -f -\n  \
-    pinswap manifests --tls self-signed --image registry.example.com/pinswap:0.1.0 > pinswap.yaml")]
+    pinswap manifests --tls self-signed --config pinswap.yaml --image registry.example.com/pinswap:0.1.0 > pinswap-install.yaml")]
 pub struct ManifestsArgs {
     /// Namespace to install into (created by the output).
     #[arg(long, short = 'n', default_value = "pinswap")]
@@ -24,8 +24,9 @@ pub struct ManifestsArgs {
     /// Deployment replicas.
     #[arg(long, default_value_t = 2)]
     pub replicas: i32,
-    /// Where the webhook's serving certificate comes from.
-    #[arg(long, value_enum, default_value_t = TlsMode::CertManager)]
+    /// Where the webhook's serving certificate comes from. The chart's
+    /// default too: it needs nothing else in the cluster.
+    #[arg(long, value_enum, default_value_t = TlsMode::SelfSigned)]
     pub tls: TlsMode,
     /// pinswap's own container image, built from the Dockerfile and pushed
     /// where the cluster can pull it [default: ghcr.io/pinswap/pinswap:VERSION, not published yet].
@@ -92,8 +93,7 @@ pub struct SelfSignedArgs {
 pub(super) fn manifests(args: ManifestsArgs) -> anyhow::Result<ExitCode> {
     let (config_text, source) = match &args.config {
         Some(path) => (
-            std::fs::read_to_string(path)
-                .map_err(|e| Usage(format!("--config {}: {e}", path.display())))?,
+            std::fs::read_to_string(path).map_err(|e| unreadable("--config", path, e))?,
             path.display().to_string(),
         ),
         None => {
@@ -108,6 +108,9 @@ pub(super) fn manifests(args: ManifestsArgs) -> anyhow::Result<ExitCode> {
     };
     let config = crate::config::Config::from_yaml(&config_text, &source)
         .map_err(|e| Usage(e.to_string()))?;
+    if let Some(w) = manifests::loopback_target(&config) {
+        eprintln!("warning: {w}");
+    }
     if config.server.tls_cert.is_some() || config.server.tls_key.is_some() {
         eprintln!(
             "warning: server.tlsCert/tlsKey are overridden by the Deployment's --tls-cert/--tls-key (the certificate comes from --tls)"

@@ -1,6 +1,7 @@
 //! The `pinswap` command line (clap derive). Exit codes: 0 success, 1 a copy
 //! failed or a config is invalid, 2 usage error (bad flag, reference or list
-//! file), 3 `pinswap check` flagged an identity problem.
+//! file, a file named on the command line that cannot be read), 3 `pinswap
+//! check` flagged an identity problem.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -34,17 +35,20 @@ use crate::registry::{ClientPool, PoolOptions};
 #[command(name = "pinswap", version, about, propagate_version = true)]
 pub struct Cli {
     /// Log format on stderr.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, help_heading = LOGGING)]
     pub log_format: LogFormat,
     /// Log filter (tracing EnvFilter syntax), e.g. `info`, `pinswap=debug`.
     /// Default: `info` for `serve` (one line per admission; each decision at
     /// `debug`), `cache` and `node-agent`, `warn` otherwise.
-    #[arg(long, global = true, env = "PINSWAP_LOG")]
+    #[arg(long, global = true, env = "PINSWAP_LOG", help_heading = LOGGING)]
     pub log_level: Option<String>,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// The `--help` section of the logging options, apart from each command's own.
+const LOGGING: &str = "Logging";
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -226,10 +230,13 @@ pub struct ServeArgs {
 /// `pinswap config ...`.
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Check a config file: exit 0 when valid; else 1 with the first schema problem or every semantic one (key path, found, accepted).
+    /// Check a config file: exit 0 when valid; else 1 with the first schema problem or every semantic one (key path, found, accepted). Warnings (`warning: ...` on stderr) name what `serve` or `manifests` would warn about or refuse.
     Validate {
         /// The YAML file.
         file: PathBuf,
+        /// Exit 1 when there is any warning, after printing them all.
+        #[arg(long)]
+        strict: bool,
     },
     /// Print the default config, commented.
     Default,
@@ -249,12 +256,12 @@ and nothing on stdout; 2 usage error.\n\nExamples:\n  \
     },
 }
 
-/// `pinswap copy SRC DST`, or `pinswap copy --from-file LIST --to docker://TARGET[/prefix]`.
+/// `pinswap copy SRC DST`, or `pinswap copy --from-file LIST --to [docker://]TARGET[/prefix]`.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     pinswap copy docker://127.0.0.1:5001/app:v1 docker://127.0.0.1:5002/mirror/app:v1\n  \
     pinswap copy oci:./layout:v1 docker://127.0.0.1:5002/app:v1\n  \
-    pinswap copy --from-file images.txt --to docker://127.0.0.1:5002/mirror")]
+    pinswap copy --from-file images.txt --to 127.0.0.1:5002/mirror")]
 pub struct CopyArgs {
     /// Source: `docker://REFERENCE`, `oci:DIR[:REF]`, or a bare REFERENCE (as `docker://`).
     #[arg(required_unless_present = "from_file")]
@@ -266,8 +273,8 @@ pub struct CopyArgs {
     /// each is mirrored under --to by the mirror-path rule.
     #[arg(long, value_name = "LIST", requires = "to", conflicts_with_all = ["source", "destination"])]
     pub from_file: Option<PathBuf>,
-    /// Mirror target for --from-file: `docker://REGISTRY[/prefix]`.
-    #[arg(long, value_name = "docker://TARGET", requires = "from_file")]
+    /// Mirror target for --from-file: `REGISTRY[/prefix]`, bare or with `docker://`.
+    #[arg(long, value_name = "[docker://]TARGET", requires = "from_file")]
     pub to: Option<String>,
     /// Copy only these platforms of an index (`os/arch[/variant]`, repeatable).
     /// The destination then gets a filtered index whose digest differs from the source's.
@@ -336,6 +343,25 @@ pub struct RegistryArgs {
 #[error("{0}")]
 struct Usage(String);
 
+/// A file named on the command line that cannot be read: a usage error
+/// worded alike in every command, `FLAG PATH: cannot read: REASON` (only
+/// `PATH: ...` for an argument without a flag).
+fn unreadable(flag: &str, path: &std::path::Path, reason: impl std::fmt::Display) -> Usage {
+    match flag {
+        "" => Usage(format!("{}: cannot read: {reason}", path.display())),
+        flag => Usage(format!("{flag} {}: cannot read: {reason}", path.display())),
+    }
+}
+
+/// The config `--config` names; one that cannot be read is worded as any
+/// other unreadable file, every other problem as the config says it.
+fn load_config(path: &std::path::Path) -> Result<crate::config::Config, Usage> {
+    crate::config::Config::load(path).map_err(|e| match e {
+        crate::config::ConfigError::Read { reason, .. } => unreadable("--config", path, reason),
+        e => Usage(e.to_string()),
+    })
+}
+
 impl RegistryArgs {
     fn pool_options(&self) -> anyhow::Result<PoolOptions> {
         let creds = |v: &Option<String>, flag| {
@@ -346,8 +372,7 @@ impl RegistryArgs {
         };
         let mut ca_certs = Vec::new();
         for p in &self.ca_certs {
-            let pem =
-                std::fs::read(p).map_err(|e| Usage(format!("--ca-cert {}: {e}", p.display())))?;
+            let pem = std::fs::read(p).map_err(|e| unreadable("--ca-cert", p, e))?;
             let certs = reqwest::Certificate::from_pem_bundle(&pem).unwrap_or_default();
             if certs.is_empty() || !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
                 return Err(Usage(format!(
@@ -371,8 +396,7 @@ impl RegistryArgs {
             }
         }
         if let Some(path) = &self.authfile {
-            let bytes = std::fs::read(path)
-                .map_err(|e| Usage(format!("--authfile {}: {e}", path.display())))?;
+            let bytes = std::fs::read(path).map_err(|e| unreadable("--authfile", path, e))?;
             serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| {
                 Usage(format!(
                     "--authfile {}: not valid JSON: {e}",
@@ -484,19 +508,85 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(ConfigCommand::Convert { file }) => Ok(crate::convert::run(&file)),
-        Command::Config(ConfigCommand::Validate { file }) => {
-            match crate::config::Config::load(&file) {
-                Ok(_) => {
-                    println!("{}: ok", file.display());
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => {
-                    eprintln!("{e}");
-                    Ok(ExitCode::from(1))
-                }
-            }
+        Command::Config(ConfigCommand::Validate { file, strict }) => {
+            Ok(validate_config(&file, strict))
         }
     }
+}
+
+/// `pinswap config validate [--strict] FILE`: the config's problems, else
+/// `FILE: ok` with a warning for each setting `serve` or `manifests`
+/// would warn about or refuse (with the defaults of their flags).
+fn validate_config(file: &std::path::Path, strict: bool) -> ExitCode {
+    let config = match crate::config::Config::load(file) {
+        Ok(c) => c,
+        Err(crate::config::ConfigError::Read { reason, .. }) => {
+            eprintln!("error: {}", unreadable("", file, reason));
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    let shown = file.display().to_string();
+    let mut warnings: Vec<String> = config
+        .warnings(&shown)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let manifests = |m: &str| format!("{shown}: {m} (`pinswap manifests` refuses this)");
+    if let Some(w) = crate::install::manifests::loopback_target(&config) {
+        warnings.push(format!("{shown}: {w} (`pinswap manifests` warns)"));
+    }
+    // What `pinswap manifests --config FILE` refuses: the same check, then
+    // again with a budget that passes, as the in-cluster checks come after.
+    let mut probe = config.clone();
+    for _ in 0..2 {
+        let opts = crate::install::manifests::Options {
+            namespace: crate::install::NAME.into(),
+            replicas: 2,
+            tls: crate::install::manifests::Tls::SelfSigned,
+            image: install::DEFAULT_IMAGE.into(),
+            image_pull_secrets: Vec::new(),
+            config_text: String::new(),
+            config: probe.clone(),
+            node_agent: None,
+        };
+        match crate::install::manifests::objects(&opts) {
+            Err(e @ crate::install::manifests::InstallError::Budget { .. }) => {
+                warnings.push(manifests(&e.to_string()));
+                probe.server.admission_budget = std::time::Duration::from_secs(2);
+            }
+            Err(crate::install::manifests::InstallError::InCluster(problems)) => {
+                warnings.extend(problems.iter().map(|p| manifests(p)));
+                break;
+            }
+            _ => break,
+        }
+    }
+    let tls_key = if config.server.tls_cert.is_some() {
+        Some("tlsCert")
+    } else {
+        config.server.tls_key.as_ref().map(|_| "tlsKey")
+    };
+    if let Some(key) = tls_key {
+        warnings.push(format!(
+            "{shown}: server.{key}: read by `pinswap serve` alone; an install from `pinswap manifests` or the Helm chart passes its own --tls-cert and --tls-key instead (`pinswap manifests` warns)"
+        ));
+    }
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
+    if strict && !warnings.is_empty() {
+        eprintln!(
+            "{shown}: {} warning(s), refused with --strict",
+            warnings.len()
+        );
+        return ExitCode::from(1);
+    }
+    println!("{shown}: ok");
+    ExitCode::SUCCESS
 }
 
 #[derive(Serialize)]
@@ -522,8 +612,7 @@ fn read_list(path: &PathBuf) -> anyhow::Result<Vec<Reference>> {
     let text = if path.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading the list from stdin")?
     } else {
-        std::fs::read_to_string(path)
-            .map_err(|e| Usage(format!("--from-file {}: {e}", path.display())))?
+        std::fs::read_to_string(path).map_err(|e| unreadable("--from-file", path, e))?
     };
     let mut out: Vec<Reference> = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -576,10 +665,17 @@ async fn follow_referrers(
 async fn copy(args: CopyArgs) -> anyhow::Result<ExitCode> {
     let pairs: Vec<(Endpoint, Endpoint)> = match (&args.from_file, &args.to) {
         (Some(list), Some(to)) => {
-            let target = to.strip_prefix("docker://").ok_or_else(|| {
-                Usage(format!("--to {to:?}: expected docker://REGISTRY[/prefix]"))
-            })?;
-            let target = MirrorTarget::parse(target).map_err(|e| Usage(format!("--to: {e}")))?;
+            // Bare or `docker://`, as SOURCE and DESTINATION; a mirror
+            // target is a registry, never a layout.
+            let target = to.strip_prefix("docker://").unwrap_or(to);
+            if target.starts_with("oci:") {
+                return Err(Usage(format!(
+                    "--to {to:?}: a mirror target is a registry: expected [docker://]REGISTRY[/prefix]"
+                ))
+                .into());
+            }
+            let target =
+                MirrorTarget::parse(target).map_err(|e| Usage(format!("--to {to:?}: {e}")))?;
             read_list(list)?
                 .into_iter()
                 .map(|src| {
@@ -779,7 +875,7 @@ fn human_bytes(n: u64) -> String {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // A bad config fails here, at startup, never at the first request.
-    let config = crate::config::Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
+    let config = load_config(&args.config)?;
     let self_signed = args.self_signed.self_signed;
     // With --self-signed the files are ours to write; default to a private
     // temporary directory when no path is given.
@@ -806,8 +902,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     if !self_signed {
         for (flag, path) in [("--tls-cert", &tls_cert), ("--tls-key", &tls_key)] {
-            std::fs::metadata(path)
-                .map_err(|e| Usage(format!("{flag} {}: {e}", path.display())))?;
+            std::fs::File::open(path).map_err(|e| unreadable(flag, path, e))?;
         }
     }
     let metrics = Arc::new(crate::metrics::Metrics::new());
@@ -941,7 +1036,12 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
     }
     // A config that does not load at start is a usage error; later, the
     // files are kept while it is fixed.
-    crate::config::Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
+    load_config(&args.config)?;
+    // Read again each round with "*"; a Secret the Pod mounts exists
+    // before it starts, so a missing file is a mistake, not a wait.
+    if let Some(path) = &args.target_auth {
+        std::fs::File::open(path).map_err(|e| unreadable("--target-auth", path, e))?;
+    }
     let daemonset = match (args.daemonset, std::env::var("POD_NAMESPACE")) {
         (Some(name), Ok(ns)) if !ns.is_empty() => Some((ns, name)),
         (Some(_), _) => {
@@ -976,12 +1076,20 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
 
 /// `pinswap node-config`: renders, then prints or writes.
 fn node_config(args: &NodeConfigArgs) -> anyhow::Result<ExitCode> {
-    let config = crate::config::Config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
-    let files = crate::nodeconfig::render(&config, args.node.runtime, args.node.mode)
-        .map_err(|e| Usage(e.to_string()))?;
+    let config = load_config(&args.config)?;
+    let files = crate::nodeconfig::render(&config, args.node.runtime, args.node.mode).map_err(
+        |e| match e {
+            // What "*" allows is known only by listing the target, which
+            // the node agent does every round.
+            crate::nodeconfig::NodeConfigError::NoRegistries => Usage(format!(
+                "{e}; name the registries in source.registries, or run `pinswap node-agent` (pinswap manifests --node-agent), which also configures each registry the target holds images of"
+            )),
+            e => Usage(e.to_string()),
+        },
+    )?;
     if config.source.registries.iter().any(|r| r.registry == "*") {
         eprintln!(
-            "note: source.registries allows \"*\"; only the registries it names get a mirror"
+            "note: source.registries allows \"*\"; only the registries it names get a mirror (`pinswap node-agent` also configures each registry the target holds images of)"
         );
     }
     if config.identity.collisions == crate::config::CollisionPolicy::Repair {

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
-use super::Usage;
+use super::{Usage, unreadable};
 use crate::admission::Admission;
 use crate::mutate::{self, Options, SlotReport, Status, krm};
 
@@ -92,19 +92,17 @@ struct Report {
 /// recursively (sorted; hidden entries and symlinked directories skipped).
 fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Usage> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Usage> {
-        let read = std::fs::read_dir(dir).map_err(|e| Usage(format!("{}: {e}", dir.display())))?;
+        let read = std::fs::read_dir(dir).map_err(|e| unreadable("", dir, e))?;
         let mut entries: Vec<_> = read
             .collect::<Result<_, _>>()
-            .map_err(|e| Usage(format!("{}: {e}", dir.display())))?;
+            .map_err(|e| unreadable("", dir, e))?;
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             let path = e.path();
             if e.file_name().to_string_lossy().starts_with('.') {
                 continue;
             }
-            let ty = e
-                .file_type()
-                .map_err(|err| Usage(format!("{}: {err}", path.display())))?;
+            let ty = e.file_type().map_err(|err| unreadable("", &path, err))?;
             if ty.is_dir() {
                 walk(&path, out)?;
             } else if path.is_file()
@@ -136,7 +134,7 @@ fn read_input(path: &Path) -> Result<String, Usage> {
             .map_err(|e| Usage(format!("stdin: {e}")))?;
         return Ok(s);
     }
-    std::fs::read_to_string(path).map_err(|e| Usage(format!("{}: {e}", path.display())))
+    std::fs::read_to_string(path).map_err(|e| unreadable("", path, e))
 }
 
 /// Replaces `path` by `text` through a temporary file in the same
@@ -192,8 +190,17 @@ fn line(file: &str, s: &SlotReport) -> String {
     )
 }
 
+/// The registry an image's failure `reason` could not reach at all, and
+/// the error from `cannot reach registry` on.
+fn unreachable_registry(reason: &str) -> Option<(&str, &str)> {
+    const UNREACHABLE: &str = "cannot reach registry ";
+    let message = &reason[reason.find(UNREACHABLE)?..];
+    let (registry, _) = message[UNREACHABLE.len()..].split_once(": ")?;
+    Some((registry, message))
+}
+
 fn config(path: &Path) -> Result<crate::config::Config, Usage> {
-    crate::config::Config::load(path).map_err(|e| Usage(e.to_string()))
+    super::load_config(path)
 }
 
 // `connect`, not `from_config`: an ECR target signs in through the AWS API.
@@ -317,12 +324,26 @@ pub async fn run(args: MutateArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print!("{out}");
+        // A registry that cannot be reached fails every image it holds
+        // alike: its error is said once, each image names only it.
+        let mut unreachable: Vec<(String, String, usize)> = Vec::new();
         for f in &summary.files {
             if let Some(e) = &f.error {
                 eprintln!("error: {e}");
             }
             for s in &f.images {
-                let l = line(&f.path, s);
+                let l = match unreachable_registry(&s.reason) {
+                    Some((registry, message)) => {
+                        match unreachable.iter_mut().find(|(r, _, _)| r == registry) {
+                            Some((_, _, n)) => *n += 1,
+                            None => unreachable.push((registry.to_owned(), message.to_owned(), 1)),
+                        }
+                        let mut short = s.clone();
+                        short.reason = format!("cannot reach registry {registry}");
+                        line(&f.path, &short)
+                    }
+                    None => line(&f.path, s),
+                };
                 match (args.check, s.status) {
                     (true, Status::Skipped) => {}
                     (true, Status::Rewritten) => println!(
@@ -333,6 +354,14 @@ pub async fn run(args: MutateArgs) -> anyhow::Result<ExitCode> {
                     (false, _) => eprintln!("{l}"),
                 }
             }
+        }
+        let target = crate::reference::MirrorTarget::parse(&config.target.registry).ok();
+        for (registry, message, n) in &unreachable {
+            let what = match target.as_ref().is_some_and(|t| t.registry() == registry) {
+                true => format!("target.registry {}: ", config.target.registry),
+                false => String::new(),
+            };
+            eprintln!("error: {what}{message} ({n} image(s))");
         }
         let changed = summary.files.iter().filter(|f| f.changed).count();
         eprintln!(

@@ -331,6 +331,19 @@ pub fn to_yaml(objects: &[Value], header: &str) -> String {
     out
 }
 
+/// Why a loopback `target.registry` (`localhost`, 127.0.0.0/8, `[::1]`)
+/// will not work from the install, or `None`. A warning, not a refusal: a
+/// cluster may route such a name somewhere (a proxy in the Pod, hostNetwork).
+pub fn loopback_target(c: &Config) -> Option<String> {
+    let target = crate::reference::MirrorTarget::parse(&c.target.registry).ok()?;
+    crate::reference::is_loopback_registry(target.registry()).then(|| {
+        format!(
+            "target.registry {}: a loopback address, which Pods cannot reach: inside pinswap's Pods it is the Pod itself, so nothing is copied, and each node would pull rewritten images from its own loopback; name the registry by an address Pods and nodes both reach",
+            c.target.registry
+        )
+    })
+}
+
 /// Settings that load fine but cannot work in the Deployment this module
 /// writes: addresses the kubelet and the Service cannot reach, ports the
 /// unprivileged container cannot bind, and credentials it cannot see.

@@ -164,8 +164,19 @@ fn api_host(registry: &str) -> &str {
     }
 }
 
-fn scheme(insecure: bool) -> &'static str {
-    if insecure { "http" } else { "https" }
+/// Whether the node speaks plain HTTP to `registry`: where the config says
+/// `insecure`, and on loopback, where pinswap itself tries plain HTTP first
+/// ([`crate::reference::is_loopback_registry`]) and most registries are plain.
+fn plain_http(registry: &str, insecure: bool) -> bool {
+    insecure || crate::reference::is_loopback_registry(registry)
+}
+
+fn scheme(registry: &str, insecure: bool) -> &'static str {
+    if plain_http(registry, insecure) {
+        "http"
+    } else {
+        "https"
+    }
 }
 
 /// Renders the node configuration for `runtime` from `config`.
@@ -258,7 +269,8 @@ pub fn render_with(
             None => component,
         }
     };
-    let target_scheme = scheme(config.target.insecure);
+    let target_scheme = scheme(target.registry(), config.target.insecure);
+    let target_insecure = plain_http(target.registry(), config.target.insecure);
     Ok(match runtime {
         Runtime::Containerd => sources
             .iter()
@@ -272,7 +284,7 @@ pub fn render_with(
                     contents: format!(
                         "{HEADER}\n# {registry} through the mirror {target}.\nserver = \"{src_scheme}://{api}\"\n\n[host.\"{target_scheme}://{host}/v2/{path}\"]\n  capabilities = {capabilities}\n  override_path = true\n",
                         target = config.target.registry,
-                        src_scheme = scheme(*insecure),
+                        src_scheme = scheme(registry, *insecure),
                         api = api_host(registry),
                         host = target.registry(),
                         path = path(registry),
@@ -290,10 +302,9 @@ pub fn render_with(
                 text.push_str(&format!(
                     "\n[[registry]]\nprefix = \"{r}\"\nlocation = \"{r}\"\ninsecure = {src_insecure}\n\n[[registry.mirror]]\nlocation = \"{host}/{path}\"\ninsecure = {target_insecure}\npull-from-mirror = \"{pull_from}\"\n",
                     r = registry,
-                    src_insecure = insecure,
+                    src_insecure = plain_http(registry, *insecure),
                     host = target.registry(),
                     path = path(registry),
-                    target_insecure = config.target.insecure,
                 ));
             }
             vec![File {
