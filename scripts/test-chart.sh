@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tests the Helm chart with Helm's own engine: lint, a matrix of values
-# validated with kubernetes-validate --strict for Kubernetes 1.29-1.33, the
+# validated with kubernetes-validate --strict for Kubernetes 1.29-1.37, the
 # values schema's refusals, and equality with `pinswap manifests`
 # (tests/chart/test_chart.py). No helm binary is needed: helm-python-sdk
 # embeds Helm v4's Go SDK. Takes 20-30 s once the tools are installed.

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in docker-registry skopeo go runc; do
   command -v "$tool" >/dev/null || {
-    echo "error: $tool is not installed (see README: On a fresh machine)" >&2
+    echo "error: $tool is not installed (see docs/contributing.md)" >&2
     exit 1
   }
 done

@@ -6,7 +6,7 @@
 # tests/install.rs checks them against cert-manager's v1 fields.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VERSIONS=(1.29 1.30 1.31 1.32 1.33)
+VERSIONS=(1.29 1.30 1.31 1.32 1.33 1.34 1.35 1.36 1.37)
 command -v kubernetes-validate >/dev/null || {
   echo "error: kubernetes-validate is not installed; run: pip install kubernetes-validate==1.37.0" >&2
   exit 1

@@ -160,3 +160,113 @@ fn the_file_map_names_every_test_file_and_harness_file() {
         "harness files not in the `tests/common/` row of docs/architecture.md §9: {unnamed:?}"
     );
 }
+
+/// The markdown files a reader follows: the READMEs and every page under
+/// docs/.
+fn pages(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![
+        root.join("README.md"),
+        root.join("charts/pinswap/README.md"),
+    ];
+    for e in std::fs::read_dir(root.join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The pinswap commands in a page's `sh` and `console` blocks: continued
+/// lines joined, each command of a pipeline or list on its own, its words
+/// as the shell splits them, redirections dropped.
+fn pinswap_commands(page: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut in_block = false;
+    let mut line = String::new();
+    for raw in page.lines() {
+        let t = raw.trim();
+        if let Some(lang) = t.strip_prefix("```") {
+            in_block = !in_block && matches!(lang, "sh" | "console" | "bash");
+            continue;
+        }
+        if !in_block {
+            continue;
+        }
+        let t = t.strip_prefix("$ ").unwrap_or(t);
+        if let Some(head) = t.strip_suffix('\\') {
+            line.push_str(head);
+            line.push(' ');
+            continue;
+        }
+        line.push_str(t);
+        let full = std::mem::take(&mut line);
+        // A comment ends the command; `#` inside quotes is rare in these
+        // pages and never in a pinswap command.
+        let code = full.split(" #").next().unwrap_or("");
+        for part in code.split(['|', ';']).flat_map(|p| p.split("&&")) {
+            let Some(words) = shlex::split(part.trim()) else {
+                continue;
+            };
+            let Some(first) = words.first() else { continue };
+            if !(first == "pinswap" || first.ends_with("/pinswap")) || first.contains('$') {
+                continue;
+            }
+            let mut args = vec!["pinswap".to_owned()];
+            let mut rest = words[1..].iter();
+            while let Some(w) = rest.next() {
+                if matches!(w.as_str(), ">" | ">>" | "<" | "2>" | "2>&1") {
+                    if w != "2>&1" {
+                        rest.next();
+                    }
+                    continue;
+                }
+                if w.starts_with('>') || w.starts_with("2>") {
+                    continue;
+                }
+                args.push(w.clone());
+            }
+            out.push(args);
+        }
+    }
+    out
+}
+
+#[test]
+fn every_pinswap_command_shown_in_the_docs_parses() {
+    use clap::Parser;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut seen = 0;
+    let mut failures = Vec::new();
+    for page in pages(root) {
+        let text = std::fs::read_to_string(&page).unwrap();
+        for args in pinswap_commands(&text) {
+            seen += 1;
+            if let Err(e) = pinswap::cli::Cli::try_parse_from(&args) {
+                // --help and --version end parsing on purpose.
+                use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
+                if !matches!(e.kind(), DisplayHelp | DisplayVersion) {
+                    let first = e.to_string().lines().next().unwrap_or("").to_owned();
+                    failures.push(format!(
+                        "{}: `{}`: {first}",
+                        page.strip_prefix(root).unwrap().display(),
+                        args.join(" ")
+                    ));
+                }
+            }
+        }
+    }
+    assert!(seen > 20, "only {seen} pinswap commands found in the docs");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_command_that_no_longer_parses_is_caught() {
+    let page = "```sh\npinswap copy --to docker://m.example.com \\\n  --no-such-flag a b # c\ntarget/release/pinswap version | head\n```\n";
+    let cmds = pinswap_commands(page);
+    assert_eq!(cmds.len(), 2, "{cmds:?}");
+    use clap::Parser;
+    assert!(pinswap::cli::Cli::try_parse_from(&cmds[0]).is_err());
+    assert!(pinswap::cli::Cli::try_parse_from(&cmds[1]).is_ok());
+}

@@ -23,7 +23,7 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "pinswap"
 BIN = pathlib.Path(os.environ.get("PINSWAP_BIN", REPO / "target" / "debug" / "pinswap"))
-VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33"]
+VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35", "1.36", "1.37"]
 # Labels only a Helm release carries; everything else must equal `pinswap manifests`.
 CHART_ONLY_LABELS = {
     "helm.sh/chart",
@@ -447,6 +447,8 @@ STAR_CONFIG = {
 
 # (values, namespace, extra `pinswap manifests` flags)
 EQUIVALENT = [
+    # Both defaults: the self-signed bootstrap, with nothing to name.
+    ({}, "pinswap", []),
     ({}, "pinswap", ["--tls", "self-signed"]),
     ({"certManager": {"enabled": True}}, "pinswap", ["--tls", "cert-manager"]),
     ({}, "mirror", ["--tls", "self-signed"]),
@@ -556,6 +558,14 @@ def test_notes_say_what_fail_means_for_availability(chart):
     open_ = notes(chart, {"config": {"target": {"registry": "m.example.com"}}})
     assert "failurePolicy: Ignore" in open_ and "no Pod can be created" not in open_
     assert "placeholder" in notes(chart, {}) and "placeholder" not in open_
+    # What is mirrored is what the config says, not "every Pod".
+    assert "Images from docker.io (config.source.registries" in open_
+    assert "first Pod to name an image keeps its" in open_
+    two = notes(chart, {"config": {"target": {"registry": "m.example.com"}, "copyPolicy": "immediate",
+                                   "source": {"registries": [{"registry": "ghcr.io"}, {"registry": "quay.io"}]}}})
+    assert "Images from ghcr.io, quay.io (" in two and "copyPolicy immediate, swapPolicy exists" in two
+    scoped = notes(chart, {"config": {"target": {"registry": "m.example.com"}, "scope": {"namespaceSelector": {"matchLabels": {"a": "b"}}}}})
+    assert "only\nwhere config.scope selects" in scoped and "config.scope" not in open_
     purge = {"config": {"target": {"registry": "m.example.com"}, "cache": {"purgeEndpoint": True}}}
     assert "networkPolicy.enabled=true" in notes(chart, purge)
     assert "networkPolicy.enabled=true" not in notes(chart, {**purge, "networkPolicy": {"enabled": True}})
@@ -604,6 +614,35 @@ def test_settings_near_the_limits_render(chart):
         {"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "[::]:9443", "healthListen": "0.0.0.0:1024"}}},
     ):
         assert render(chart, values)
+
+
+# Durations as pinswap reads them (humantime), including the forms its own
+# messages suggest (5sec) and docs/configuration.md lists (1h 30m)...
+DURATIONS_READ = ["8s", "500ms", "1500ms", "5sec", "1h 30m", "1h30m", "2 hours", "1.5m", "1d", "3M", "10µs", "0", 0, " 30s ", "1m 30s 500ms"]
+# ...and what it refuses: bare numbers, ISO 8601, signs, unknown units, and
+# fractions of a nanosecond.
+DURATIONS_REFUSED = ["8", "PT30S", "-5s", "1h-30m", "1.s", ".5s", "s", "30S", "5 s m", "1.5ns", "", "00", 8, 1.5]
+
+
+def binary_reads_duration(value, tmp_path):
+    """Whether pinswap itself parses `value` as a duration (cache.ttl takes any)."""
+    config = tmp_path / "duration.yaml"
+    config.write_text(yaml.safe_dump({"target": {"registry": "r.internal"}, "cache": {"ttl": value}}))
+    checked = subprocess.run([BIN, "config", "validate", str(config)], capture_output=True, text=True)
+    return checked.returncode == 0
+
+
+@pytest.mark.parametrize("value", DURATIONS_READ + DURATIONS_REFUSED, ids=repr)
+def test_the_schema_takes_exactly_the_durations_pinswap_reads(chart, tmp_path, value):
+    read = binary_reads_duration(value, tmp_path)
+    assert read == (value in DURATIONS_READ), f"pinswap {'reads' if read else 'refuses'} {value!r}"
+    for config in ({"copyDeadline": value}, {"recovery": {"evict": {"after": value}}}):
+        values = {"config": {"target": {"registry": "m.example.com"}, **config}}
+        if read:
+            chart.validate_schema(copy.deepcopy(values))
+        else:
+            with pytest.raises(helm_python.HelmValuesError):
+                chart.validate_schema(copy.deepcopy(values))
 
 
 def secrets_of(pod):

@@ -74,15 +74,41 @@ impl NodeInfo {
         self.serve_host(&reg.host(), &reg.host());
     }
 
+    /// Lets containerd pull from the loopback TLS registry `reg`, trusting
+    /// its test CA.
+    pub fn trust_tls(&self, reg: &TestRegistry) {
+        let host = reg.host();
+        let ca = format!("  ca = \"{}\"\n", reg.ca_pem_path().display());
+        self.hosts_toml(&host, &format!("https://{host}"), &ca);
+    }
+
+    /// containerd pulls from `exposed` (an address [`NodeInfo::expose`]
+    /// gave) with basic-auth credentials, as a node configured for a
+    /// private mirror does.
+    pub fn pull_with_credentials(&self, exposed: &str, user: &str, password: &str) {
+        use base64::Engine as _;
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        let server = format!("http://{exposed}");
+        let header =
+            format!("  [host.\"{server}\".header]\n    Authorization = \"Basic {token}\"\n");
+        self.hosts_toml(exposed, &server, &header);
+    }
+
     /// containerd's `hosts.toml` for registry host `name`: pulled from
     /// `at` over plain HTTP. Returns the host directory.
     pub fn serve_host(&self, name: &str, at: &str) -> PathBuf {
+        self.hosts_toml(name, &format!("http://{at}"), "")
+    }
+
+    /// Writes containerd's `hosts.toml` for registry host `name`: pulled
+    /// and resolved at `server`, with `more` lines for that host.
+    fn hosts_toml(&self, name: &str, server: &str, more: &str) -> PathBuf {
         let dir = self.certs_d.join(name);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
             dir.join("hosts.toml"),
             format!(
-                "server = \"http://{at}\"\n\n[host.\"http://{at}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+                "server = \"{server}\"\n\n[host.\"{server}\"]\n  capabilities = [\"pull\", \"resolve\"]\n{more}"
             ),
         )
         .unwrap();
@@ -990,6 +1016,22 @@ pub async fn describe(client: &kube::Client, ns: &str) -> String {
             let lines: Vec<&str> = logs.lines().collect();
             for l in &lines[lines.len().saturating_sub(15)..] {
                 out += &format!("  log {name}: {l}\n");
+            }
+        }
+    }
+    // A Pod left Pending by a taint names no taint; the node's own say does.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for n in nodes.list(&ListParams::default()).await.unwrap().items {
+        let name = n.metadata.name.unwrap_or_default();
+        let taints = n.spec.and_then(|s| s.taints).unwrap_or_default();
+        out += &format!(
+            "node {name} taints: {}\n",
+            serde_json::to_string(&taints).unwrap()
+        );
+        for c in n.status.and_then(|s| s.conditions).unwrap_or_default() {
+            if c.status != "False" || c.type_ == "Ready" {
+                let msg = c.message.unwrap_or_default();
+                out += &format!("node {name} {}={}: {msg}\n", c.type_, c.status);
             }
         }
     }
