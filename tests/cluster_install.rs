@@ -69,9 +69,10 @@ async fn every_rendering_of_pinswap_manifests_is_accepted_and_stored() {
         cluster::namespace(&client, ns, json!({})).await;
     }
     let scoped = "target: {registry: registry.example.com/mirror}\nscope:\n  namespaceSelector: {matchLabels: {mirror: enabled}, matchExpressions: [{key: tier, operator: NotIn, values: [db]}]}\n  objectSelector: {matchExpressions: [{key: app, operator: Exists}]}\n";
-    let cases: [(&str, &str, &[&str]); 8] = [
+    let cases: [(&str, &str, &[&str]); 9] = [
         ("inst-default", CONFIG, &[]),
         ("inst-self-signed", CONFIG, &["--tls", "self-signed"]),
+        ("inst-cert-manager", CONFIG, &["--tls", "cert-manager"]),
         (
             "inst-replicas",
             CONFIG,
@@ -154,7 +155,13 @@ async fn strict_validation_refuses_a_field_the_schema_lacks() {
     let client = cluster.admin().await;
     install_crds(&client).await;
     let dir = tempfile::tempdir().unwrap();
-    let objects = render(dir.path(), "inst-strict", CONFIG, &[]).await;
+    let objects = render(
+        dir.path(),
+        "inst-strict",
+        CONFIG,
+        &["--tls", "cert-manager"],
+    )
+    .await;
     let ns = objects.iter().find(|o| o["kind"] == "Namespace").unwrap();
     apply(&client, ns).await.unwrap();
     let mut dep = objects
