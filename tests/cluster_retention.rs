@@ -1,7 +1,8 @@
 //! Retention against a real kube-apiserver: `pinswap serve` with the
-//! install's ServiceAccount keeps its record in the ConfigMap the install's
-//! RBAC grants (no 403 in the audit log), removes the image no Pod uses and
-//! keeps the one a Pod does.
+//! install's ServiceAccount looks for the ConfigMap an earlier install kept
+//! its record in, as the install's RBAC grants (no 403 in the audit log),
+//! keeps its record at the target, removes the image no Pod uses and keeps
+//! the one a Pod does.
 
 mod common;
 
@@ -19,7 +20,7 @@ retention: {enabled: true, unusedFor: 2s, interval: 1s}
 ";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_leader_keeps_its_record_in_the_granted_configmap_and_removes_only_the_unused() {
+async fn the_leader_keeps_its_record_at_the_target_and_removes_only_the_unused() {
     let cluster = Cluster::get();
     let _g = cluster.lock().await;
     let rig = Rig::start(cluster, "retain01", CONFIG).await;
@@ -66,11 +67,28 @@ async fn the_leader_keeps_its_record_in_the_granted_configmap_and_removes_only_t
         Some(used.digest.as_str()),
         "the Pod's image stays"
     );
+    // The record is at the target, the ConfigMap never written.
     let cms: Api<ConfigMap> = Api::namespaced(rig.client.clone(), &rig.install.namespace);
-    let cm = cms.get("pinswap-retention").await.unwrap();
-    let record: serde_json::Value = serde_json::from_str(&cm.data.unwrap()["record.json"]).unwrap();
+    assert!(cms.get_opt("pinswap-retention").await.unwrap().is_none());
+    let records = "mirror/pinswap-usage";
+    let (bytes, _, _) = rig
+        .dst
+        .get_manifest(records, &pinswap::retention::record_tag(None))
+        .await
+        .expect("the retention record at the target");
+    let manifest: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let mut keys = Vec::new();
+    for l in manifest["layers"].as_array().unwrap() {
+        let blob = rig
+            .dst
+            .blob(records, l["digest"].as_str().unwrap())
+            .await
+            .unwrap();
+        let shard = pinswap::retention::shards::parse(&blob).unwrap();
+        keys.extend(shard.in_use.into_iter().chain(shard.last.into_keys()));
+    }
     let key = format!("{}@{}", rig.mirrored("used"), used.digest);
-    assert!(record["images"][&key].is_string(), "{record}");
+    assert!(keys.contains(&key), "{keys:?}");
     assert!(
         rig.served()
             .log_text()

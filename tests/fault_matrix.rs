@@ -219,7 +219,7 @@ impl Cell {
                         images: images.into_iter().map(|k| (k, Timestamp::now())).collect(),
                         quotas: Vec::new(),
                     },
-                    &mut false,
+                    &mut Default::default(),
                 )
                 .await
                 .unwrap();

@@ -23,8 +23,11 @@ use pinswap::watch::Background;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-/// The install's namespace, where the record lives.
+/// The install's namespace, where earlier installs kept the record.
 const NS: &str = "pinswap";
+
+/// The repository of the usage records and the retention record.
+const RECORDS: &str = "mirror/pinswap-usage";
 
 struct Rig {
     src: TestRegistry,
@@ -103,10 +106,34 @@ impl Rig {
             .is_some()
     }
 
-    fn record(&self) -> Option<Record> {
-        let cm = self.api.config_map(NS, CONFIG_MAP)?;
-        let text = cm.data?.get("record.json")?.clone();
-        Some(serde_json::from_str(&text).unwrap())
+    /// The retention record at the target, read as a reader outside
+    /// pinswap would: its manifest, then each shard.
+    async fn record(&self) -> Option<Record> {
+        use pinswap::retention::shards;
+        let (bytes, _, _) = self
+            .dst
+            .get_manifest(RECORDS, &pinswap::retention::record_tag(None))
+            .await?;
+        let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let updated: k8s_openapi::jiff::Timestamp =
+            m["annotations"]["org.opencontainers.image.created"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+        let mut parts = Vec::new();
+        for l in m["layers"].as_array().unwrap() {
+            let blob = self
+                .dst
+                .blob(RECORDS, l["digest"].as_str().unwrap())
+                .await
+                .unwrap();
+            parts.push(Arc::new(shards::parse(&blob).unwrap()));
+        }
+        Some(Record {
+            since: updated,
+            images: shards::join(&parts, updated).unwrap(),
+        })
     }
 }
 
@@ -450,7 +477,7 @@ async fn nothing_goes_while_a_source_cannot_answer_or_the_watches_have_not_synce
     // Not synced: the pass does nothing, not even write the record.
     let unsynced = ret.sweep(&not_synced).await.unwrap();
     assert!(unsynced.not_synced && unsynced.images.is_empty());
-    assert!(r.record().is_none(), "no record written");
+    assert!(r.record().await.is_none(), "no record written");
 
     ret.sweep(&in_use(&[])).await.unwrap();
     idle(SHORT).await;
@@ -502,7 +529,7 @@ async fn last_use_survives_a_restart_and_a_new_leader() {
         .await
         .unwrap();
     let used_at = Instant::now();
-    let record = r.record().expect("record written");
+    let record = r.record().await.expect("record written");
     assert!(record.images.contains_key(&key), "{record:?}");
     drop(first);
 
@@ -515,7 +542,7 @@ async fn last_use_survives_a_restart_and_a_new_leader() {
     assert_eq!(early.state(&key), Some(State::Unused));
     assert!(r.present(&img).await);
     assert_eq!(
-        r.record().unwrap().images[&key],
+        r.record().await.unwrap().images[&key],
         record.images[&key],
         "last use unchanged"
     );
@@ -675,7 +702,7 @@ async fn the_leader_removes_what_no_pod_uses_and_keeps_what_one_does() {
     }
     assert!(r.present(&used).await, "a Pod uses it");
     assert!(r.present(&quiet).await, "a Pod outside the scope uses it");
-    let record = r.record().expect("record");
+    let record = r.record().await.expect("record");
     assert!(record.images.contains_key(&used.key(&r.dst)));
     assert!(r.api.forbidden().is_empty(), "{:?}", r.api.forbidden());
     bg.stop().await;
@@ -721,30 +748,86 @@ fn the_kustomize_component_grants_what_pinswap_manifests_does() {
     assert_eq!(component, printed);
 }
 
-/// A write that conflicts (someone else updated the record since it was
-/// read) reads the record again and writes once more.
+/// The record moved from its ConfigMap, as an earlier install kept it:
+/// the first pass after the upgrade carries every last use on (an image
+/// used a minute ago stays; one unused for two hours goes, so the pass is
+/// not one that removes nothing), the ConfigMap is read once and never
+/// written, and the record at the target holds the times read.
 #[tokio::test]
-async fn a_conflicting_record_write_is_read_again_and_retried() {
+async fn the_record_moves_from_its_config_map_with_every_last_use() {
     let (r, _, _, adm, ret) = setup("unusedFor: 1h").await;
-    let img = r.mirrored(&adm, "app", 91).await;
+    let old = r.mirrored(&adm, "old", 95).await;
+    let recent = r.mirrored(&adm, "recent", 96).await;
+    let fresh = r.mirrored(&adm, "fresh", 97).await;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let two_hours_ago = now - Duration::from_secs(7200);
+    let a_minute_ago = now - Duration::from_secs(60);
+    let legacy = Record {
+        since: now - Duration::from_secs(86_400),
+        images: [
+            (old.key(&r.dst), two_hours_ago),
+            (recent.key(&r.dst), a_minute_ago),
+        ]
+        .into(),
+    };
+    let cm = r.api.put_config_map(
+        NS,
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": CONFIG_MAP, "namespace": NS},
+            "data": {"record.json": serde_json::to_string(&legacy).unwrap()},
+        }))
+        .unwrap(),
+    );
     let path = format!("/api/v1/namespaces/{NS}/configmaps/{CONFIG_MAP}");
+    let report = ret.sweep(&in_use(&[])).await.unwrap();
+    assert_eq!(
+        report.state(&old.key(&r.dst)),
+        Some(State::Removed),
+        "{report:?}"
+    );
+    assert_eq!(report.state(&recent.key(&r.dst)), Some(State::Unused));
+    assert_eq!(report.state(&fresh.key(&r.dst)), Some(State::Unused));
+    assert!(!r.has_digest(&old).await);
+    assert!(r.present(&recent).await && r.present(&fresh).await);
+    let record = r.record().await.expect("the record is at the target");
+    assert_eq!(record.images[&recent.key(&r.dst)], a_minute_ago);
+    assert!(record.images[&fresh.key(&r.dst)] >= now);
+    // Another pass reads the target's record, not the ConfigMap.
     ret.sweep(&in_use(&[])).await.unwrap();
-    let before = r.record().unwrap();
-    r.api.fail_next("PUT", &path, 409);
-    let used = Reference::parse(&img.target(&r.dst)).unwrap();
-    ret.sweep(&in_use(&[used])).await.unwrap();
-    let after = r.record().unwrap();
-    assert!(after.images[&img.key(&r.dst)] > before.images[&img.key(&r.dst)]);
-    let puts = r
+    let asked: Vec<String> = r
         .api
         .requests()
         .into_iter()
-        .filter(|q| q.method == "PUT" && q.path == path)
-        .count();
+        .filter(|q| q.path == path)
+        .map(|q| q.method)
+        .collect();
+    assert_eq!(asked, ["GET"]);
+    assert_eq!(r.api.config_map(NS, CONFIG_MAP), Some(cm));
     assert_eq!(
-        puts, 2,
-        "the conflicting write and the one after reading again"
+        r.record().await.unwrap().images[&recent.key(&r.dst)],
+        a_minute_ago
     );
+}
+
+/// A record's tag that holds what pinswap did not write (an image pushed
+/// under it) is left as it is, and the pass removes nothing.
+#[tokio::test]
+async fn a_record_tag_holding_something_else_is_left_alone() {
+    let (r, _, _, adm, ret) = setup("unusedFor: 1s").await;
+    let img = r.mirrored(&adm, "app", 98).await;
+    ret.sweep(&in_use(&[])).await.unwrap();
+    idle(SHORT).await;
+    let other = Image::oci(1, 99);
+    let tag = pinswap::retention::record_tag(None);
+    common::push_image(&r.dst, RECORDS, Some(&tag), &other).await;
+    let e = ret.sweep(&in_use(&[])).await.unwrap_err();
+    assert!(
+        e.to_string().contains("the retention record at the target"),
+        "{e}"
+    );
+    assert!(r.present(&img).await, "nothing removed");
+    let (bytes, _, _) = r.dst.get_manifest(RECORDS, &tag).await.unwrap();
+    assert_eq!(bytes, other.manifest, "left as it was");
 }
 
 #[tokio::test]
@@ -785,7 +868,7 @@ async fn a_plan_names_what_the_next_pass_removes_and_writes_nothing() {
     let uses = in_use(&[Reference::parse(&used.target(&r.dst)).unwrap()]);
     ret.sweep(&uses).await.unwrap();
     idle(SHORT).await;
-    let record = r.record();
+    let record = r.record().await;
     let plan = ret.plan(&uses).await.unwrap();
     assert_eq!(plan.state(&unused.key(&r.dst)), Some(State::Candidate));
     assert_eq!(plan.state(&used.key(&r.dst)), Some(State::InUse));
@@ -793,7 +876,7 @@ async fn a_plan_names_what_the_next_pass_removes_and_writes_nothing() {
     assert_eq!(kept.state, State::Kept);
     assert!(kept.why.starts_with("unrecoverable"), "{}", kept.why);
     // Nothing written.
-    assert_eq!(r.record(), record);
+    assert_eq!(r.record().await, record);
     assert!(r.present(&unused).await);
     let json = plan.plan_json();
     let remove: Vec<&str> = json["remove"]
@@ -862,7 +945,7 @@ async fn the_leader_plans_with_retention_off() {
     assert_eq!(plan.state(&used.key(&r.dst)), Some(State::InUse));
     // Never seen by a pass: a first pass would only start its clock.
     assert_eq!(plan.state(&unused.key(&r.dst)), Some(State::Unused));
-    assert!(r.record().is_none(), "no record written");
+    assert!(r.record().await.is_none(), "no record written");
     assert!(r.present(&unused).await);
     bg.stop().await;
 }
@@ -936,7 +1019,7 @@ async fn pinswap_retention_plan_asks_the_leader() {
         text.stdout
     );
     assert!(r.present(&unused).await);
-    assert!(r.record().is_none(), "no record written");
+    assert!(r.record().await.is_none(), "no record written");
     // A replica that cannot plan says why, with a non-zero exit.
     let other =
         common::cli::pinswap(&["retention", "plan", "--server", "http://127.0.0.1:1"]).await;

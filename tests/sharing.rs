@@ -483,7 +483,7 @@ async fn a_record_that_cannot_be_read_or_written_removes_nothing() {
                 images: Default::default(),
                 quotas: Vec::new(),
             },
-            &mut false,
+            &mut Default::default(),
         )
         .await
         .unwrap();
@@ -535,8 +535,9 @@ async fn a_clusters_record_outlives_its_leader() {
 
 /// The registry requests of a retention pass and of a record update, for
 /// 1 and for 10 clusters sharing the target (the figures in
-/// docs/operations.md): a pass reads each other record once (twice when
-/// it removes something), an update writes one layer and one manifest.
+/// docs/operations.md): a pass lists the records once and GETs each other
+/// record's manifest, and fetches only the shards it has not read before;
+/// an update uploads only the shards that changed.
 #[tokio::test]
 async fn requests_per_pass_and_per_record_update() {
     let r = rig().await;
@@ -544,21 +545,26 @@ async fn requests_per_pass_and_per_record_update() {
     let x = r.source_image("x", 61).await;
     b.run(&x).await;
     let records = Records::of(b.adm.mirror()).await.unwrap();
+    let other = |i: usize, extra: usize| ClusterRecord {
+        cluster: format!("o{i}"),
+        updated: Timestamp::now(),
+        complete: true,
+        in_use: 1 + extra,
+        images: std::iter::once(format!("{}@{}", x.repo, x.image.digest))
+            .chain((0..extra).map(|n| format!("{}@sha256:{n:064x}", x.repo)))
+            .map(|k| (k, Timestamp::now()))
+            .collect(),
+        quotas: Vec::new(),
+    };
+    let blob_gets = |reqs: &[(String, String)]| {
+        reqs.iter()
+            .filter(|(m, p)| m == "GET" && p.contains("/pinswap-usage/blobs/"))
+            .count()
+    };
     for others in [0usize, 9] {
         for i in 0..others {
             records
-                .publish(
-                    &ClusterRecord {
-                        cluster: format!("o{i}"),
-                        updated: Timestamp::now(),
-                        complete: true,
-                        in_use: 1,
-                        images: [(format!("{}@{}", x.repo, x.image.digest), Timestamp::now())]
-                            .into(),
-                        quotas: Vec::new(),
-                    },
-                    &mut false,
-                )
+                .publish(&other(i, 0), &mut Default::default())
                 .await
                 .unwrap();
         }
@@ -566,6 +572,11 @@ async fn requests_per_pass_and_per_record_update() {
         r.front.reset();
         b.ret.sweep(&b.uses(&[&x])).await.unwrap();
         let pass = r.front.requests();
+        // Retention's own record, kept under a tag of its own there.
+        let own: Vec<_> = pass
+            .iter()
+            .filter(|(_, p)| p.contains("/_retention"))
+            .collect();
         let record_reads = pass
             .iter()
             .filter(|(_, p)| p.contains("/pinswap-usage/"))
@@ -574,30 +585,180 @@ async fn requests_per_pass_and_per_record_update() {
         r.front.reset();
         b.publisher.publish(&b.uses(&[&x]), true).await.unwrap();
         let update = r.front.requests();
-        let size = records.read("b").await.unwrap().unwrap();
-        let bytes = serde_json::to_vec(&size).unwrap().len();
         eprintln!(
-            "{} clusters: a pass sends {total} requests, {record_reads} of them to the records; an update sends {} ({bytes} bytes of record)",
+            "{} clusters: a pass sends {total} requests, {record_reads} of them to the records; an update with nothing new sends {}",
             others + 1,
             update.len()
         );
-        // An update: a HEAD of its tag (one writer per name), the layer's
-        // upload (POST, PUT), the manifest PUT and the DELETE of the
-        // version before; the empty config was asked for once, at the
-        // first.
+        // An update with nothing new: a HEAD of its tag (one writer per
+        // name), the manifest PUT (a new time) and the DELETE of the
+        // version before; no shard changed, so none is uploaded.
         let methods: Vec<&str> = update.iter().map(|(m, _)| m.as_str()).collect();
-        assert_eq!(
-            methods,
-            ["HEAD", "POST", "PUT", "PUT", "DELETE"],
-            "{update:#?}"
-        );
-        // A pass: its own update, one tag list, and a manifest GET and a
-        // blob GET per other cluster (none removed, so no second read).
-        assert_eq!(record_reads, 5 + 1 + 2 * others, "{pass:#?}");
+        assert_eq!(methods, ["HEAD", "PUT", "DELETE"], "{update:#?}");
+        // A pass: its own update, one tag list, and a manifest GET per
+        // other cluster; their shards were read in the pass before. Then
+        // retention's record, with nothing changed: read (its shards
+        // known), its tag checked, a new manifest, the one before removed
+        // by digest.
+        assert_eq!(blob_gets(&pass), 0, "{pass:#?}");
+        assert_eq!(record_reads, 3 + 1 + others + 4, "{pass:#?}");
+        let methods: Vec<&str> = own.iter().map(|(m, _)| m.as_str()).collect();
+        assert_eq!(methods, ["GET", "HEAD", "PUT"], "{own:#?}");
+        // Another cluster's record changes: the next pass fetches its
+        // changed shard, and only that.
+        if others > 0 {
+            records
+                .publish(&other(0, 1), &mut Default::default())
+                .await
+                .unwrap();
+            r.front.reset();
+            b.ret.sweep(&b.uses(&[&x])).await.unwrap();
+            assert_eq!(blob_gets(&r.front.requests()), 1);
+        }
         for i in 0..others {
             records.forget(&format!("o{i}")).await.unwrap();
         }
     }
+}
+
+/// A record of 2,000 images, then one new image: the update uploads one
+/// shard, under 64 KiB, in 5 requests, whatever the record's size; the
+/// record read back holds every entry.
+#[tokio::test]
+async fn a_large_record_is_updated_one_shard_at_a_time() {
+    let r = rig().await;
+    let b = r.cluster("b", &r.front.host(), "staleAfter: 1h").await;
+    let x = r.source_image("x", 62).await;
+    let image =
+        |n: usize| Reference::parse(&format!("{}/{}@sha256:{n:064x}", b.host, x.repo)).unwrap();
+    let uses = |n: usize| InUse {
+        synced: true,
+        images: (0..n).map(image).collect(),
+    };
+    let first = b.publisher.publish(&uses(2000), true).await.unwrap();
+    let Published::Written { entries, bytes } = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(entries, 2000);
+    r.front.reset();
+    let next = b.publisher.publish(&uses(2001), false).await.unwrap();
+    let update = r.front.requests();
+    let Published::Written {
+        entries,
+        bytes: new,
+    } = next
+    else {
+        panic!("{next:?}")
+    };
+    eprintln!(
+        "a record of {entries} entries: {bytes} bytes of shards at first, {new} bytes and {} requests for one new image",
+        update.len()
+    );
+    assert_eq!(entries, 2001);
+    assert!(update.len() <= 5, "{update:#?}");
+    let uploads = update.iter().filter(|(m, _)| m == "POST").count();
+    assert_eq!(uploads, 1, "{update:#?}");
+    assert!(new <= 64 * 1024, "{new} bytes");
+    assert!(new * 4 < bytes, "{new} of {bytes} bytes");
+    let read = Records::of(b.adm.mirror())
+        .await
+        .unwrap()
+        .read("b")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.images.len(), 2001);
+    assert!(read.complete);
+    for n in [0, 1000, 2000] {
+        let key = format!("{}@sha256:{n:064x}", x.repo);
+        assert_eq!(read.images.get(&key), Some(&read.updated), "{key}");
+    }
+}
+
+/// A record in the earlier format, one JSON layer, is read by the other
+/// clusters' retention as before, and its own cluster's next publication
+/// replaces it with the sharded one, every last use carried on: the pass
+/// in between keeps what it names in use and removes what no cluster
+/// uses, and the version before is removed.
+#[tokio::test]
+async fn a_record_in_the_earlier_format_is_read_and_replaced() {
+    use common::fixtures::Blob;
+    use common::push::{push_blob, push_manifest};
+    use pinswap::retention::clusters::{ARTIFACT_TYPE, ARTIFACT_TYPE_V1};
+    let r = rig().await;
+    let (a, b) = r.two("staleAfter: 1h").await;
+    let (x, y, z) = (
+        r.source_image("x", 71).await,
+        r.source_image("y", 72).await,
+        r.source_image("z", 73).await,
+    );
+    for img in [&x, &y, &z] {
+        a.run(img).await;
+    }
+    // A's record as the earlier format has it: X in use, Y last used half
+    // an hour ago.
+    let now = Timestamp::now();
+    let half_hour_ago = now - std::time::Duration::from_secs(1800);
+    let key = |img: &Img| format!("{}@{}", img.repo, img.image.digest);
+    let v1 = ClusterRecord {
+        cluster: "a".into(),
+        updated: now,
+        complete: true,
+        in_use: 1,
+        images: [(key(&x), now), (key(&y), half_hour_ago)].into(),
+        quotas: Vec::new(),
+    };
+    let config = Blob::new("application/vnd.oci.empty.v1+json", b"{}".to_vec());
+    let layer = Blob::new(ARTIFACT_TYPE_V1, serde_json::to_vec(&v1).unwrap());
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "artifactType": ARTIFACT_TYPE_V1,
+        "config": config.descriptor(),
+        "layers": [layer.descriptor()],
+    }))
+    .unwrap();
+    let repo = "mirror/pinswap-usage";
+    push_blob(&r.dst, repo, &config).await;
+    push_blob(&r.dst, repo, &layer).await;
+    push_manifest(
+        &r.dst,
+        repo,
+        "a",
+        "application/vnd.oci.image.manifest.v1+json",
+        &manifest,
+    )
+    .await;
+    let v1_digest = common::sha256_digest(&manifest);
+    // B reads it: X stays, in use in A; Z, which no cluster uses, goes.
+    b.publisher.publish(&b.uses(&[]), true).await.unwrap();
+    b.ret.sweep(&b.uses(&[])).await.unwrap();
+    idle().await;
+    let rb = b.ret.sweep(&b.uses(&[])).await.unwrap();
+    assert_eq!(rb.state(&x.key(&b)), Some(State::InUse), "{rb:?}");
+    assert!(r.present(&x).await);
+    assert!(!r.present(&z).await, "{rb:?}");
+    // A publishes: the sharded format, with the half-hour-old use of Y
+    // carried on exactly, and the earlier version removed.
+    a.publisher.publish(&a.uses(&[&x]), false).await.unwrap();
+    let (bytes, _, _) = r.dst.get_manifest(repo, "a").await.unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(m["artifactType"], ARTIFACT_TYPE);
+    assert!(r.dst.get_manifest(repo, &v1_digest).await.is_none());
+    let read = Records::of(a.adm.mirror())
+        .await
+        .unwrap()
+        .read("a")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.images.get(&key(&y)), Some(&half_hour_ago));
+    assert_eq!(read.images.get(&key(&x)), Some(&read.updated));
+    // And B, reading the new format, still keeps X.
+    idle().await;
+    let rb = b.ret.sweep(&b.uses(&[])).await.unwrap();
+    assert_eq!(rb.state(&x.key(&b)), Some(State::InUse), "{rb:?}");
+    assert!(r.present(&x).await);
 }
 
 /// An image used again after a while is published at once, not at the
@@ -811,7 +972,7 @@ async fn a_future_last_use_does_not_outlive_its_record() {
                 images: [(format!("{}@{}", z.repo, z.image.digest), ahead)].into(),
                 quotas: Vec::new(),
             },
-            &mut false,
+            &mut Default::default(),
         )
         .await
         .unwrap();

@@ -56,8 +56,9 @@ pub const SELF_SIGNED_RBAC: &str = "pinswap-self-signed";
 pub const LEADER_RBAC: &str = "pinswap-leader";
 /// Name of the per-namespace Role used when `recovery.namespaces` is set.
 pub const RECOVERY_RBAC: &str = "pinswap-recovery";
-/// Name of the Role that lets the leader keep the retention record (a
-/// ConfigMap of the same name, `crate::retention::CONFIG_MAP`).
+/// Name of the Role that lets the leader read the ConfigMap earlier
+/// installs kept the retention record in (of the same name,
+/// `crate::retention::CONFIG_MAP`), to carry it on to the target.
 pub const RETENTION_RBAC: &str = "pinswap-retention";
 /// The headless Service that selects the replicas' health port
 /// (`/metrics`, probes) for scraping, apart from the webhook's Service.
@@ -657,22 +658,18 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
         )?);
     }
     if c.recovery.enabled && c.retention.enabled {
-        // `create` cannot be limited by resourceNames (the name is not
-        // known when a create is authorised): any ConfigMap of this
-        // namespace may be created; only the record may be read or changed.
+        // The record is kept at the target; the ConfigMap an earlier
+        // install kept it in is only read, once, to carry it on.
         out.extend(grant(
             RETENTION_RBAC,
             Some(ns),
             ns,
-            vec![
-                rule(&[""], &["configmaps"], &["create"], &[]),
-                rule(
-                    &[""],
-                    &["configmaps"],
-                    &["get", "update"],
-                    &[crate::retention::CONFIG_MAP],
-                ),
-            ],
+            vec![rule(
+                &[""],
+                &["configmaps"],
+                &["get"],
+                &[crate::retention::CONFIG_MAP],
+            )],
         )?);
     }
     if opts.tls == Tls::SelfSigned {

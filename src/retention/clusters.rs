@@ -3,10 +3,14 @@
 //!
 //! Each cluster's leader publishes what its cluster uses as an OCI
 //! artifact at `<target>/pinswap-usage:<cluster>`: an image manifest with
-//! artifactType [`ARTIFACT_TYPE`], the empty config and one JSON layer,
-//! [`ClusterRecord`]. Entries name target repositories without the
-//! registry host (`repository@digest`, or `repository:tag` for a Pod that
-//! names a tag), each with when this cluster last used it.
+//! artifactType [`ARTIFACT_TYPE`], the empty config, and the record's
+//! entries in shards, one layer each ([`super::shards`]); the manifest's
+//! annotations hold the rest of the [`ClusterRecord`]. Entries name target
+//! repositories without the registry host (`repository@digest`, or
+//! `repository:tag` for a Pod that names a tag), each with when this
+//! cluster last used it. A record in the earlier format, one JSON layer of
+//! artifactType [`ARTIFACT_TYPE_V1`], is still read, and replaced at its
+//! cluster's next publication.
 //!
 //! One writer per record, the leader of its cluster: records never
 //! conflict with each other, so no conditional request is needed between
@@ -19,13 +23,14 @@
 //! always have two or more (`<registry>/<path>`), so it never names a
 //! mirrored image.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::shards::{self, Cache, Shard};
 use crate::mirror::Mirror;
 use crate::reference::{MirrorTarget, Reference};
 use crate::registry::Registry;
@@ -34,18 +39,25 @@ use crate::registry::manifest::{Descriptor, RawManifest};
 
 /// The repository under the target's prefix that holds the records.
 pub use crate::reference::USAGE_REPOSITORY as REPOSITORY;
-/// The records' artifactType and layer media type.
-pub const ARTIFACT_TYPE: &str = "application/vnd.pinswap.usage.v1+json";
-/// The most entries a record holds. A cluster that uses more publishes an
-/// incomplete record, and no cluster's retention removes anything while
-/// one is.
-pub const MAX_ENTRIES: usize = 20_000;
-/// The most bytes of a record's layer (read and written).
-pub const MAX_BYTES: usize = 8 * 1024 * 1024;
+/// The records' artifactType.
+pub const ARTIFACT_TYPE: &str = "application/vnd.pinswap.usage.v2+json";
+/// The artifactType and layer media type of a record in the earlier
+/// format: one layer, the whole [`ClusterRecord`] as JSON.
+pub const ARTIFACT_TYPE_V1: &str = "application/vnd.pinswap.usage.v1+json";
+/// The most entries a record holds, about a million. A cluster that uses
+/// more publishes an incomplete record, and no cluster's retention removes
+/// anything while one is.
+pub const MAX_ENTRIES: usize = super::shards::MAX_SHARDS * super::shards::SHARD_ENTRIES;
+/// The most bytes of a record's entries.
+pub const MAX_BYTES: usize = 256 * 1024 * 1024;
+/// The most bytes of an earlier-format record's one layer.
+const MAX_V1_BYTES: u64 = 8 * 1024 * 1024;
 /// The most records read: more stops retention, as unreadable.
-pub const MAX_CLUSTERS: usize = 256;
+pub const MAX_CLUSTERS: usize = 1024;
 /// The most bytes of all records read in one pass together.
-pub const MAX_TOTAL_BYTES: u64 = 64 * 1024 * 1024;
+pub const MAX_TOTAL_BYTES: u64 = 512 * 1024 * 1024;
+/// Shards read at once.
+const READ_CONCURRENCY: usize = 8;
 
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const EMPTY: &[u8] = b"{}";
@@ -188,15 +200,27 @@ pub fn entry_key(target: &MirrorTarget, image: &Reference) -> Option<String> {
     }
 }
 
-/// A record as read, with its manifest's digest and its layer's size.
+/// A record as read, with its manifest's digest and its layers' size.
 #[derive(Debug, Clone)]
 pub struct Read {
     /// The record.
     pub record: ClusterRecord,
     /// Its manifest's digest.
     pub digest: crate::reference::Digest,
-    /// Its layer's bytes.
+    /// Its layers' bytes.
     pub bytes: u64,
+    /// Its layers' digests: blobs the target holds.
+    pub layers: Vec<crate::reference::Digest>,
+}
+
+/// The blobs a writer knows the target holds, so that it uploads only the
+/// shards that changed.
+#[derive(Debug, Default, Clone)]
+pub struct Present {
+    /// The empty config.
+    pub config: bool,
+    /// The layers of the record's version now at the target.
+    pub layers: HashSet<crate::reference::Digest>,
 }
 
 /// The records' repository at one target.
@@ -204,6 +228,7 @@ pub struct Records {
     client: Arc<Registry>,
     repository: Reference,
     ecr: Option<Arc<crate::registry::ecr::Ecr>>,
+    cache: Arc<Cache>,
 }
 
 impl Records {
@@ -224,7 +249,14 @@ impl Records {
             client,
             repository,
             ecr: mirror.ecr().cloned(),
+            cache: Arc::default(),
         })
+    }
+
+    /// Reads through `cache`: a shard read before is not fetched again.
+    pub fn with_cache(mut self, cache: Arc<Cache>) -> Self {
+        self.cache = cache;
+        self
     }
 
     /// `registry/prefix/pinswap-usage`.
@@ -249,7 +281,8 @@ impl Records {
         }
     }
 
-    /// The clusters that have a record: the repository's tags.
+    /// The clusters that have a record: the repository's tags, but the
+    /// retention records' (`_…`, never a cluster name).
     ///
     /// # Errors
     /// [`ClustersError::Registry`].
@@ -260,7 +293,7 @@ impl Records {
             .tags_page(&self.repository, 1000)
             .await
             .map_err(|e| self.registry_error(e))?;
-        let mut tags = match first {
+        let tags = match first {
             None => Vec::new(),
             Some((tags, true)) => tags,
             Some((_, false)) => self
@@ -269,6 +302,8 @@ impl Records {
                 .await
                 .map_err(|e| self.registry_error(e))?,
         };
+        // Tags that are never cluster names hold the retention records.
+        let mut tags: Vec<String> = tags.into_iter().filter(|t| !t.starts_with('_')).collect();
         if tags.len() > MAX_CLUSTERS {
             return Err(ClustersError::TooMany {
                 repository: self.repository.to_string(),
@@ -297,13 +332,26 @@ impl Records {
     /// # Errors
     /// As [`Records::read`].
     pub async fn read_full(&self, cluster: &str) -> Result<Option<Read>, ClustersError> {
+        if let Some(why) = crate::config::cluster_name_problem(cluster) {
+            return Err(ClustersError::Unreadable {
+                cluster: crate::logsafe::clip(cluster, 80),
+                why: format!("its tag is not a cluster name: {why}"),
+            });
+        }
+        self.read_at(cluster).await
+    }
+
+    /// The record under `tag`, which names it (a cluster's, or the
+    /// retention record's); `None` when there is none.
+    ///
+    /// # Errors
+    /// As [`Records::read`].
+    pub async fn read_at(&self, tag: &str) -> Result<Option<Read>, ClustersError> {
+        let cluster = tag;
         let unreadable = |why: String| ClustersError::Unreadable {
             cluster: crate::logsafe::clip(cluster, 80),
             why,
         };
-        if let Some(why) = crate::config::cluster_name_problem(cluster) {
-            return Err(unreadable(format!("its tag is not a cluster name: {why}")));
-        }
         let tagged = self.tagged(cluster)?;
         let Some(m) = self
             .client
@@ -320,24 +368,66 @@ impl Records {
             artifact_type: Option<String>,
             #[serde(default)]
             layers: Vec<Descriptor>,
+            #[serde(default)]
+            annotations: BTreeMap<String, String>,
         }
         let shape: Shape = serde_json::from_slice(&m.bytes)
             .map_err(|e| unreadable(format!("its manifest is not JSON: {e}")))?;
-        let layer = match (shape.artifact_type.as_deref(), shape.layers.as_slice()) {
-            (Some(ARTIFACT_TYPE), [l]) if l.media_type == ARTIFACT_TYPE => l,
+        let digest_of = |l: &Descriptor| {
+            crate::reference::Digest::parse(&l.digest)
+                .map_err(|e| unreadable(format!("a layer's digest: {e}")))
+        };
+        let (record, bytes) = match shape.artifact_type.as_deref() {
+            Some(ARTIFACT_TYPE_V1) => match shape.layers.as_slice() {
+                [l] if l.media_type == ARTIFACT_TYPE_V1 => {
+                    let bytes = self
+                        .client
+                        .blob_bytes(&tagged, l, MAX_V1_BYTES)
+                        .await
+                        .map_err(|e| unreadable(e.to_string()))?;
+                    let record: ClusterRecord = serde_json::from_slice(&bytes)
+                        .map_err(|e| unreadable(format!("its layer is not a usage record: {e}")))?;
+                    (record, bytes.len() as u64)
+                }
+                _ => {
+                    return Err(unreadable(format!(
+                        "its manifest is not a {ARTIFACT_TYPE_V1} artifact with one layer"
+                    )));
+                }
+            },
+            Some(ARTIFACT_TYPE) => {
+                let layers = &shape.layers;
+                if layers.is_empty()
+                    || layers.len() > shards::MAX_SHARDS
+                    || !layers.len().is_power_of_two()
+                    || layers.iter().any(|l| l.media_type != shards::MEDIA_TYPE)
+                {
+                    return Err(unreadable(format!(
+                        "its manifest is not a {ARTIFACT_TYPE} artifact of 1 to {} {} layers, a power of two",
+                        shards::MAX_SHARDS,
+                        shards::MEDIA_TYPE
+                    )));
+                }
+                let head = Head::of(&shape.annotations).map_err(unreadable)?;
+                let bytes: u64 = layers.iter().map(|l| l.size).sum();
+                let parts = self.shards(&tagged, layers).await.map_err(unreadable)?;
+                let images = shards::join(&parts, head.updated).map_err(unreadable)?;
+                let record = ClusterRecord {
+                    cluster: head.cluster,
+                    updated: head.updated,
+                    complete: head.complete,
+                    in_use: head.in_use,
+                    images,
+                    quotas: head.quotas,
+                };
+                (record, bytes)
+            }
             _ => {
                 return Err(unreadable(format!(
-                    "its manifest is not a {ARTIFACT_TYPE} artifact with one layer"
+                    "its manifest's artifactType is not {ARTIFACT_TYPE} (nor {ARTIFACT_TYPE_V1})"
                 )));
             }
         };
-        let bytes = self
-            .client
-            .blob_bytes(&tagged, layer, MAX_BYTES as u64)
-            .await
-            .map_err(|e| unreadable(e.to_string()))?;
-        let record: ClusterRecord = serde_json::from_slice(&bytes)
-            .map_err(|e| unreadable(format!("its layer is not a usage record: {e}")))?;
         if record.cluster != cluster {
             return Err(unreadable(format!(
                 "it names cluster {:?}",
@@ -350,11 +440,51 @@ impl Records {
                 record.images.len()
             )));
         }
+        let layers = shape
+            .layers
+            .iter()
+            .map(digest_of)
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(Read {
             record,
             digest: m.digest,
-            bytes: bytes.len() as u64,
+            bytes,
+            layers,
         }))
+    }
+
+    /// The shards `layers` name, each read from the cache or else fetched
+    /// (a few at once) and kept there.
+    async fn shards(
+        &self,
+        tagged: &Reference,
+        layers: &[Descriptor],
+    ) -> Result<Vec<Arc<Shard>>, String> {
+        use futures::StreamExt;
+        let fetch = |l: &Descriptor| {
+            let l = l.clone();
+            async move {
+                let digest = crate::reference::Digest::parse(&l.digest)
+                    .map_err(|e| format!("a layer's digest: {e}"))?;
+                if let Some(s) = self.cache.get(&digest) {
+                    return Ok(s);
+                }
+                let bytes = self
+                    .client
+                    .blob_bytes(tagged, &l, shards::MAX_SHARD_BYTES)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let s = Arc::new(shards::parse(&bytes)?);
+                self.cache.put(digest, s.clone());
+                Ok::<_, String>(s)
+            }
+        };
+        futures::stream::iter(layers.iter().map(fetch))
+            .buffered(READ_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect()
     }
 
     /// Every cluster's record but `except`'s; `listed` names a record the
@@ -383,12 +513,14 @@ impl Records {
                 why: "the target's listing of the records leaves out this cluster's own, just written: the listing is incomplete".into(),
             });
         }
+        let mut live = HashSet::new();
         for name in names {
             if Some(name.as_str()) == except {
                 continue;
             }
             match self.read_full(&name).await? {
                 Some(r) => {
+                    live.extend(r.layers.iter().cloned());
                     total += r.bytes;
                     if total > MAX_TOTAL_BYTES {
                         return Err(ClustersError::TooMany {
@@ -408,13 +540,16 @@ impl Records {
                 }
             }
         }
+        // Only what the records name now stays cached.
+        self.cache.retain(&live);
         Ok(out)
     }
 
-    /// Publishes `record` under its cluster's tag: the empty config (unless
-    /// `config_present` says it is there; set once it is), the layer, the
-    /// manifest. Returns the bytes of the layer and the manifest's digest,
-    /// which [`Records::digest_of`] tells before.
+    /// Publishes `record` under its cluster's tag: the empty config and
+    /// the shards that `present` does not hold, then the manifest; on
+    /// success `present` holds the new version's layers. Returns the bytes
+    /// uploaded and the manifest's digest, which [`Records::digest_of`]
+    /// tells before.
     ///
     /// # Errors
     /// [`ClustersError::Registry`] or [`ClustersError::Ecr`] when a write
@@ -422,7 +557,7 @@ impl Records {
     pub async fn publish(
         &self,
         record: &ClusterRecord,
-        config_present: &mut bool,
+        present: &mut Present,
     ) -> Result<(usize, crate::reference::Digest), ClustersError> {
         let tagged = self.tagged(&record.cluster)?;
         if let Some(ecr) = &self.ecr {
@@ -434,7 +569,7 @@ impl Records {
                 })?;
         }
         let artifact = Artifact::of(record)?;
-        if !*config_present {
+        if !present.config {
             let exists = self
                 .client
                 .blob_exists(&tagged, &artifact.config.digest)
@@ -444,15 +579,29 @@ impl Records {
                 self.push(&tagged, &artifact.config, Bytes::from_static(EMPTY))
                     .await?;
             }
-            *config_present = true;
+            present.config = true;
         }
-        self.push(&tagged, &artifact.layer_desc, artifact.layer.clone())
-            .await?;
+        let mut uploaded = 0;
+        let mut layers = HashSet::new();
+        for (desc, bytes) in &artifact.layers {
+            let digest = crate::reference::Digest::parse(&desc.digest)
+                .expect("a digest computed here parses");
+            if !present.layers.contains(&digest) {
+                uploaded += bytes.len();
+                self.push(&tagged, desc, bytes.clone()).await?;
+                // The writer's next read finds it known.
+                if let Ok(shard) = shards::parse(bytes) {
+                    self.cache.put(digest.clone(), Arc::new(shard));
+                }
+            }
+            layers.insert(digest);
+        }
         self.client
             .push_manifest(&tagged, &artifact.manifest)
             .await
             .map_err(|e| self.registry_error(e))?;
-        Ok((artifact.layer.len(), artifact.manifest.digest))
+        present.layers = layers;
+        Ok((uploaded, artifact.manifest.digest))
     }
 
     /// The digest of the manifest [`Records::publish`] writes for `record`.
@@ -578,29 +727,76 @@ pub fn records_repository(target: &MirrorTarget) -> Result<Reference, ClustersEr
         })
 }
 
-/// A record as pushed: its layer and the manifest naming it.
+/// The manifest annotations that hold a record's fields other than its
+/// entries.
+const CLUSTER: &str = "dev.pinswap.cluster";
+const CREATED: &str = "org.opencontainers.image.created";
+const IN_USE: &str = "dev.pinswap.in-use";
+const COMPLETE: &str = "dev.pinswap.complete";
+const QUOTAS: &str = "dev.pinswap.quotas";
+
+/// A record's fields other than its entries, as its manifest's
+/// annotations hold them.
+struct Head {
+    cluster: String,
+    updated: Timestamp,
+    complete: bool,
+    in_use: usize,
+    quotas: Vec<crate::registry::quota::QuotaUse>,
+}
+
+impl Head {
+    fn of(a: &BTreeMap<String, String>) -> Result<Self, String> {
+        let get = |k: &str| {
+            a.get(k)
+                .ok_or_else(|| format!("its manifest has no annotation {k}"))
+        };
+        let bad = |k: &str, e: &dyn std::fmt::Display| format!("its annotation {k}: {e}");
+        Ok(Self {
+            cluster: get(CLUSTER)?.clone(),
+            updated: get(CREATED)?.parse().map_err(|e| bad(CREATED, &e))?,
+            complete: get(COMPLETE)?.parse().map_err(|e| bad(COMPLETE, &e))?,
+            in_use: get(IN_USE)?.parse().map_err(|e| bad(IN_USE, &e))?,
+            quotas: match a.get(QUOTAS) {
+                Some(q) => serde_json::from_str(q).map_err(|e| bad(QUOTAS, &e))?,
+                None => Vec::new(),
+            },
+        })
+    }
+}
+
+/// A record as pushed: its shards and the manifest naming them.
 struct Artifact {
     config: Descriptor,
-    layer: Bytes,
-    layer_desc: Descriptor,
+    layers: Vec<(Descriptor, Bytes)>,
     manifest: RawManifest,
 }
 
 impl Artifact {
     fn of(record: &ClusterRecord) -> Result<Self, ClustersError> {
-        let layer = Bytes::from(serde_json::to_vec(record).expect("a record serialises"));
         let config = descriptor("application/vnd.oci.empty.v1+json", EMPTY);
-        let layer_desc = descriptor(ARTIFACT_TYPE, &layer);
+        let layers: Vec<(Descriptor, Bytes)> = shards::split(&record.images, record.updated)
+            .into_iter()
+            .map(|b| (descriptor(shards::MEDIA_TYPE, &b), b))
+            .collect();
+        let mut annotations = serde_json::json!({
+            CREATED: record.updated.to_string(),
+            CLUSTER: record.cluster,
+            IN_USE: record.in_use.to_string(),
+            COMPLETE: record.complete.to_string(),
+        });
+        if !record.quotas.is_empty() {
+            annotations[QUOTAS] = serde_json::to_string(&record.quotas)
+                .expect("quotas serialise")
+                .into();
+        }
         let manifest = serde_json::json!({
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
             "artifactType": ARTIFACT_TYPE,
             "config": {"mediaType": config.media_type, "digest": config.digest, "size": config.size},
-            "layers": [{"mediaType": layer_desc.media_type, "digest": layer_desc.digest, "size": layer_desc.size}],
-            "annotations": {
-                "org.opencontainers.image.created": record.updated.to_string(),
-                "dev.pinswap.cluster": record.cluster,
-            },
+            "layers": layers.iter().map(|(d, _)| serde_json::json!({"mediaType": d.media_type, "digest": d.digest, "size": d.size})).collect::<Vec<_>>(),
+            "annotations": annotations,
         });
         let bytes = Bytes::from(serde_json::to_vec(&manifest).expect("a manifest serialises"));
         let digest = crate::registry::check::sha256_digest(&bytes);
@@ -612,8 +808,7 @@ impl Artifact {
         })?;
         Ok(Self {
             config,
-            layer,
-            layer_desc,
+            layers,
             manifest,
         })
     }

@@ -28,6 +28,7 @@
 pub mod clusters;
 mod deletes;
 pub mod publish;
+pub mod shards;
 pub(crate) mod store;
 mod sweep;
 
@@ -42,12 +43,13 @@ use crate::admission::policy::Policy;
 use crate::metrics::Metrics;
 use crate::mirror::Mirror;
 use crate::reference::Reference;
-pub use store::{CONFIG_MAP, Record, Store};
+pub use store::{CONFIG_MAP, Record, Store, tag as record_tag};
 
 /// Errors of a retention pass.
 #[derive(Debug, thiserror::Error)]
 pub enum RetentionError {
-    /// The API server refused or failed a request about the record.
+    /// The API server refused or failed a request about the ConfigMap
+    /// the record moved from.
     #[error("retention record ConfigMap {namespace}/{name}: {source}")]
     Record {
         /// Its namespace.
@@ -57,15 +59,21 @@ pub enum RetentionError {
         /// kube's error.
         source: kube::Error,
     },
-    /// Others kept writing the record.
+    /// The retention record at the target could not be read or written.
+    #[error("the retention record at the target: {0}")]
+    Store(#[source] clusters::ClustersError),
+    /// The retention record's tag moved since it was read: another
+    /// writer's.
     #[error(
-        "retention record ConfigMap {namespace}/{CONFIG_MAP}: conflicting writes {attempts} times in a row"
+        "the retention record's tag {tag} names {found}, not {read} as read: another install writes it (give each cluster its own name); nothing is removed"
     )]
-    Conflict {
-        /// Its namespace.
-        namespace: String,
-        /// Writes tried.
-        attempts: usize,
+    Moved {
+        /// The tag.
+        tag: String,
+        /// What it names now.
+        found: String,
+        /// What it named when read.
+        read: String,
     },
     /// The target could not be listed.
     #[error("listing the target: {0}")]
@@ -278,9 +286,10 @@ impl Retention {
     pub fn new(
         mirror: Arc<Mirror>,
         policy: Policy,
-        store: Store,
+        mut store: Store,
         config: &crate::config::Retention,
     ) -> Self {
+        store.place(mirror.clone(), store::tag(None));
         Self {
             metrics: mirror.metrics().clone(),
             mirror,
@@ -296,6 +305,8 @@ impl Retention {
     /// Retention that keeps what the other clusters' usage records name,
     /// and publishes this cluster's record before each pass.
     pub fn with_sharing(mut self, publisher: Arc<publish::Publisher>) -> Self {
+        self.store
+            .place(self.mirror.clone(), store::tag(Some(publisher.cluster())));
         self.sharing = Some(publisher);
         self
     }

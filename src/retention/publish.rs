@@ -14,7 +14,7 @@ use tokio::sync::{Mutex, watch};
 use tracing::{info, warn};
 
 use super::clusters::{
-    ClusterRecord, ClustersError, MAX_BYTES, MAX_ENTRIES, Records, age, entry_key,
+    ClusterRecord, ClustersError, MAX_BYTES, MAX_ENTRIES, Present, Records, age, entry_key,
 };
 use super::{InUse, InUseSource};
 use crate::admission::policy::Policy;
@@ -33,11 +33,11 @@ pub enum Published {
     /// in use are those it names as in use, than a third of
     /// `sharing.staleAfter`).
     Unchanged,
-    /// Written, with this many entries and layer bytes.
+    /// Written, with this many entries and bytes of shards uploaded.
     Written {
         /// Entries.
         entries: usize,
-        /// Layer bytes.
+        /// Bytes of the shards that changed, uploaded.
         bytes: usize,
     },
 }
@@ -56,6 +56,9 @@ pub struct Publisher {
     keep_for: Duration,
     metrics: Arc<Metrics>,
     state: Mutex<State>,
+    /// The shards of the records read before: a pass fetches only those
+    /// that changed.
+    cache: Arc<super::shards::Cache>,
 }
 
 #[derive(Default)]
@@ -66,8 +69,9 @@ struct State {
     written: Option<Instant>,
     /// The record was read back from the target.
     loaded: bool,
-    /// The target holds the empty config blob.
-    config_present: bool,
+    /// The blobs the target holds: the empty config, and the layers of
+    /// the version read back or last written.
+    present: Present,
     /// The manifest this install's tag named when last read or written.
     digest: Option<Digest>,
     /// `digest` is this install's: written here, or read back when this
@@ -122,6 +126,7 @@ impl Publisher {
             keep_for: sharing.keep_for,
             metrics,
             state: Mutex::new(State::default()),
+            cache: Arc::default(),
         }
     }
 
@@ -160,7 +165,9 @@ impl Publisher {
     }
 
     async fn read(&self, except: Option<&str>) -> Result<Vec<ClusterRecord>, ClustersError> {
-        let records = Records::of(&self.mirror).await?;
+        let records = Records::of(&self.mirror)
+            .await?
+            .with_cache(self.cache.clone());
         // This cluster's own record, once written or read back here, must
         // be in the listing: one without it is short.
         let written = self.state.lock().await.digest.is_some();
@@ -222,6 +229,8 @@ impl Publisher {
             if !matches!(e, ClustersError::Incomplete { .. }) {
                 state.after_failure = true;
                 state.written = None;
+                // What the target holds is read again with the record.
+                state.present.layers.clear();
             }
             match e {
                 ClustersError::Conflict { .. } | ClustersError::Incomplete { .. } => {}
@@ -237,7 +246,9 @@ impl Publisher {
         in_use: &InUse,
         force: bool,
     ) -> Result<Published, ClustersError> {
-        let records = Records::of(&self.mirror).await?;
+        let records = Records::of(&self.mirror)
+            .await?
+            .with_cache(self.cache.clone());
         if !state.loaded {
             // This cluster's last use survives the loss of the cluster
             // (or of its ConfigMap): what the target holds is carried on.
@@ -251,6 +262,10 @@ impl Publisher {
                 || state.digest == state.attempted
                 || (before.0 && state.digest == before.1);
             state.after_failure = false;
+            state.present.layers = read
+                .as_ref()
+                .map(|r| r.layers.iter().cloned().collect())
+                .unwrap_or_default();
             state.record = read.map(|r| r.record);
             state.loaded = true;
         }
@@ -314,7 +329,7 @@ impl Publisher {
         for k in keys {
             images.insert(k, now);
         }
-        let mut record = bounded(&self.cluster, now, images, in_use_count);
+        let mut record = bounded(&self.cluster, now, images, in_use_count, MAX_ENTRIES);
         record.quotas = self.mirror.quotas().uses();
         let complete = record.complete;
         // One writer per name: a tag that moved since this install last
@@ -338,7 +353,7 @@ impl Publisher {
             });
         }
         state.attempted = Some(Records::digest_of(&record)?);
-        let (bytes, digest) = records.publish(&record, &mut state.config_present).await?;
+        let (bytes, digest) = records.publish(&record, &mut state.present).await?;
         if let Some(old) = current.filter(|d| *d != digest) {
             self.replaced(&records, &old, state).await;
         }
@@ -460,7 +475,7 @@ fn record_keys(target: &MirrorTarget, policy: &Policy, images: &[Reference]) -> 
     keys
 }
 
-/// A record within [`MAX_ENTRIES`] and [`MAX_BYTES`]: past either, the
+/// A record within `max` entries and [`MAX_BYTES`]: past either, the
 /// oldest entries not in use now go first; when what is in use now does
 /// not fit, an incomplete record holding none (nothing is removed
 /// anywhere while one stands, and an empty one costs no bytes to read).
@@ -469,11 +484,12 @@ fn bounded(
     now: Timestamp,
     mut images: BTreeMap<String, Timestamp>,
     in_use: usize,
+    max: usize,
 ) -> ClusterRecord {
     let size = |k: &String| k.len() + 40;
     // 256 bytes for the rest, and the quotas' reserve.
     let reserve = 256 + crate::registry::quota::MAX_RECORDED * 256;
-    let fits = |n: usize, bytes: usize| n <= MAX_ENTRIES && bytes + reserve <= MAX_BYTES;
+    let fits = |n: usize, bytes: usize| n <= max && bytes + reserve <= MAX_BYTES;
     let mut bytes: usize = images.keys().map(size).sum();
     if !fits(images.len(), bytes) {
         let mut history: Vec<(Timestamp, String)> = images
@@ -614,21 +630,21 @@ mod tests {
         let now = Timestamp::from_second(1000).unwrap();
         let old = Timestamp::from_second(1).unwrap();
         let key = |i: usize| format!("m/a@sha256:{i:064x}");
+        let max = 1000;
         // Ten old entries past the bound: they go, what is in use stays.
-        let mut images: BTreeMap<String, Timestamp> =
-            (0..MAX_ENTRIES).map(|i| (key(i), now)).collect();
-        images.extend((MAX_ENTRIES..MAX_ENTRIES + 10).map(|i| (key(i), old)));
-        let r = bounded("a", now, images, MAX_ENTRIES);
+        let mut images: BTreeMap<String, Timestamp> = (0..max).map(|i| (key(i), now)).collect();
+        images.extend((max..max + 10).map(|i| (key(i), old)));
+        let r = bounded("a", now, images, max, max);
         assert!(r.complete);
-        assert_eq!(r.images.len(), MAX_ENTRIES);
+        assert_eq!(r.images.len(), max);
         assert!(r.images.values().all(|t| *t == now));
-        assert!(serde_json::to_vec(&r).unwrap().len() <= MAX_BYTES);
         // More in use than fits: incomplete, empty, the real count.
-        let images: BTreeMap<String, Timestamp> =
-            (0..MAX_ENTRIES + 1).map(|i| (key(i), now)).collect();
-        let r = bounded("a", now, images, MAX_ENTRIES + 1);
+        let images: BTreeMap<String, Timestamp> = (0..max + 1).map(|i| (key(i), now)).collect();
+        let r = bounded("a", now, images, max + 1, max);
         assert!(!r.complete);
         assert!(r.images.is_empty());
-        assert_eq!(r.in_use, MAX_ENTRIES + 1);
+        assert_eq!(r.in_use, max + 1);
+        // The bound itself is about a million entries.
+        const { assert!(MAX_ENTRIES >= 1 << 20) };
     }
 }

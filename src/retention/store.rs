@@ -1,45 +1,58 @@
-//! The retention record: when each mirrored image was last in use, kept in
-//! a ConfigMap in the install's namespace so that a restart or a new leader
-//! never makes an image look unused earlier than it is.
+//! The retention record: when each mirrored image was last in use, kept
+//! at the target so that a restart or a new leader never makes an image
+//! look unused earlier than it is, and so that it grows with the target
+//! without a cap.
 //!
-//! `data["record.json"]` holds `{"since": TIME, "images": {"REGISTRY/REPOSITORY@DIGEST": TIME}}`
-//! (RFC 3339 times): when tracking began, and per target manifest when a
-//! Pod or template last named it (or, for one never seen in use, when
-//! retention first saw it). It is written once per pass with the
-//! resourceVersion read (a conflict reads it again).
+//! It is an artifact in the usage records' repository, in their sharded
+//! format ([`super::shards`]), under the tag [`tag`]: `_retention`, or
+//! `_retention.<cluster>` with sharing, one per cluster that runs
+//! retention. A cluster name never starts with `_`, so the tag is never
+//! read as a cluster's usage record. Keys are target
+//! `registry/repository@digest`; an image in use at the last pass, or
+//! first seen in it, carries no time of its own, so a pass rewrites only
+//! the shards whose images changed.
 //!
-//! The record is bounded ([`MAX_IMAGES`], [`MAX_BYTES`]: a ConfigMap holds
-//! at most 1 MiB). At the cap, images not yet in it are not tracked, and an
-//! untracked image is never removed.
+//! Earlier installs kept the record in the ConfigMap [`CONFIG_MAP`]. When
+//! the target holds no record yet, that ConfigMap is read once and carried
+//! on, so an upgrade never makes an image look unused earlier; it is never
+//! written again.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::PostParams;
 use serde::{Deserialize, Serialize};
-use tracing::warn;
+use tokio::sync::Mutex;
+use tracing::{info, warn};
 
 use super::RetentionError;
+use super::clusters::{ClusterRecord, MAX_BYTES, MAX_ENTRIES, Present, Records};
+use crate::mirror::Mirror;
+use crate::reference::Digest;
+use crate::registry::delete::Deleted;
 
-/// The ConfigMap's name.
+/// The ConfigMap that held the record before it moved to the target.
 pub const CONFIG_MAP: &str = "pinswap-retention";
 /// Its data key.
 pub const KEY: &str = "record.json";
-/// The most images the record tracks.
-pub const MAX_IMAGES: usize = 4000;
-/// The most bytes of JSON the record may take (a ConfigMap is limited to
-/// 1 MiB with its metadata).
-pub const MAX_BYTES: usize = 900 * 1024;
-/// Writes tried per update before giving up on conflicts.
-const ATTEMPTS: usize = 5;
+/// The most images the record tracks, about a million.
+pub const MAX_IMAGES: usize = MAX_ENTRIES;
+
+/// The record's tag in the usage records' repository.
+pub fn tag(cluster: Option<&str>) -> String {
+    match cluster {
+        Some(c) => format!("_retention.{c}"),
+        None => "_retention".to_owned(),
+    }
+}
 
 /// When tracking began and when each image was last in use.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
-    /// When the record was created.
+    /// When the record was created (or, read from the target, last
+    /// written).
     pub since: Timestamp,
     /// Target `registry/repository@digest` → last seen in use (or first
     /// seen at all).
@@ -85,40 +98,96 @@ fn entry_bytes(key: &str) -> usize {
     key.len() + 40
 }
 
-/// The record's ConfigMap.
+/// The record at the target, and the ConfigMap it moved from.
 pub struct Store {
     api: Api<ConfigMap>,
     namespace: String,
+    at: Option<At>,
+    kept: Mutex<Kept>,
+}
+
+/// Where at the target.
+struct At {
+    mirror: Arc<Mirror>,
+    tag: String,
+}
+
+/// What this process knows of the record at the target.
+#[derive(Default)]
+struct Kept {
+    /// The version last read or written here.
+    digest: Option<Digest>,
+    /// The blobs the target holds.
+    present: Present,
+    /// Shards read before.
+    cache: Arc<super::shards::Cache>,
+    /// The target refused to delete a version before: it keeps them all,
+    /// and is not asked again in this process.
+    keeps_versions: bool,
 }
 
 impl Store {
-    /// The record [`CONFIG_MAP`] in `namespace`.
+    /// A record whose earlier ConfigMap, [`CONFIG_MAP`], is in `namespace`.
+    /// [`Store::at`] says where at the target it is kept.
     pub fn new(client: kube::Client, namespace: &str) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
+            at: None,
+            kept: Mutex::default(),
         }
     }
 
-    fn error(&self, source: kube::Error) -> RetentionError {
-        RetentionError::Record {
-            namespace: self.namespace.clone(),
-            name: CONFIG_MAP.into(),
-            source,
-        }
+    /// Kept at `mirror`'s target under `tag`.
+    pub(crate) fn place(&mut self, mirror: Arc<Mirror>, tag: String) {
+        self.at = Some(At { mirror, tag });
+        *self.kept.get_mut() = Kept::default();
     }
 
-    /// The record as stored, `None` when there is none yet.
+    fn at_target(&self) -> &At {
+        self.at
+            .as_ref()
+            .expect("a retention store is placed at its target")
+    }
+
+    async fn records(&self, kept: &Kept) -> Result<Records, RetentionError> {
+        Ok(Records::of(&self.at_target().mirror)
+            .await
+            .map_err(RetentionError::Store)?
+            .with_cache(kept.cache.clone()))
+    }
+
+    /// The record as stored, `None` when there is none yet (at the target
+    /// nor in the ConfigMap it moved from).
     ///
     /// # Errors
-    /// [`RetentionError::Record`] when the API server refuses or fails.
+    /// [`RetentionError::Store`] when the target cannot be read;
+    /// [`RetentionError::Record`] when the ConfigMap cannot.
     pub async fn read(&self) -> Result<Option<Record>, RetentionError> {
+        let kept = self.kept.lock().await;
+        let records = self.records(&kept).await?;
+        match records
+            .read_at(&self.at_target().tag)
+            .await
+            .map_err(RetentionError::Store)?
+        {
+            Some(r) => Ok(Some(of_stored(r.record))),
+            None => self.legacy(Timestamp::now()).await,
+        }
+    }
+
+    /// The record the ConfigMap holds, if any.
+    async fn legacy(&self, now: Timestamp) -> Result<Option<Record>, RetentionError> {
         let cm = self
             .api
             .get_opt(CONFIG_MAP)
             .await
-            .map_err(|e| self.error(e))?;
-        Ok(cm.map(|cm| self.parse(&cm, Timestamp::now())))
+            .map_err(|e| RetentionError::Record {
+                namespace: self.namespace.clone(),
+                name: CONFIG_MAP.into(),
+                source: e,
+            })?;
+        Ok(cm.map(|cm| self.parse(&cm, now)))
     }
 
     /// The record in `cm`; one that cannot be read starts again at `now`,
@@ -135,67 +204,105 @@ impl Store {
         }
     }
 
-    /// Reads the record (a new one starts at `now`), lets `apply` change
-    /// it, and writes it back conditionally on the resourceVersion read;
-    /// on a conflict, reads and applies again. Returns the record written.
+    /// Reads the record (from the ConfigMap when the target holds none; a
+    /// new one starts at `now`), lets `apply` change it, and writes it to
+    /// the target: the shards that changed, then its manifest, then the
+    /// removal of the version before. The tag must still name the version
+    /// read: one that moved is another writer's, and nothing is written.
+    /// Returns the record written.
     ///
     /// # Errors
-    /// [`RetentionError::Record`]; [`RetentionError::Conflict`] after
-    /// repeated conflicts.
+    /// [`RetentionError::Store`] when the target cannot be read or
+    /// written; [`RetentionError::Record`] when the ConfigMap cannot be
+    /// read; [`RetentionError::Moved`] when another writer wrote the tag.
     pub async fn update(
         &self,
         now: Timestamp,
-        mut apply: impl FnMut(&mut Record),
+        apply: impl FnOnce(&mut Record),
     ) -> Result<Record, RetentionError> {
-        for _ in 0..ATTEMPTS {
-            let current = self
-                .api
-                .get_opt(CONFIG_MAP)
-                .await
-                .map_err(|e| self.error(e))?;
-            let (mut record, cm) = match current {
-                Some(cm) => (self.parse(&cm, now), Some(cm)),
-                None => (Record::new(now), None),
-            };
-            apply(&mut record);
-            let text = serde_json::to_string(&record).expect("a record serialises");
-            let data = BTreeMap::from([(KEY.to_owned(), text)]);
-            let written = match cm {
-                Some(mut cm) => {
-                    cm.data = Some(data);
-                    // `replace` sends the resourceVersion read: 409 if
-                    // anyone wrote in between.
-                    self.api
-                        .replace(CONFIG_MAP, &PostParams::default(), &cm)
-                        .await
+        let mut kept = self.kept.lock().await;
+        let result = self.update_locked(&mut kept, now, apply).await;
+        if result.is_err() {
+            // Read everything again at the next pass.
+            kept.digest = None;
+            kept.present.layers.clear();
+        }
+        result
+    }
+
+    async fn update_locked(
+        &self,
+        kept: &mut Kept,
+        now: Timestamp,
+        apply: impl FnOnce(&mut Record),
+    ) -> Result<Record, RetentionError> {
+        let tag = &self.at_target().tag;
+        let records = self.records(kept).await?;
+        let read = records.read_at(tag).await.map_err(RetentionError::Store)?;
+        let (mut record, before) = match read {
+            Some(r) => {
+                kept.present.layers = r.layers.iter().cloned().collect();
+                (of_stored(r.record), Some(r.digest))
+            }
+            None => {
+                let legacy = self.legacy(now).await?;
+                if let Some(l) = &legacy {
+                    info!(configmap = %format!("{}/{CONFIG_MAP}", self.namespace), images = l.images.len(), tag = %tag, "the retention record moves from its ConfigMap to the target; the ConfigMap is no longer written");
                 }
-                None => {
-                    let cm = ConfigMap {
-                        metadata: ObjectMeta {
-                            name: Some(CONFIG_MAP.into()),
-                            namespace: Some(self.namespace.clone()),
-                            labels: Some(BTreeMap::from([(
-                                "app.kubernetes.io/name".to_owned(),
-                                "pinswap".to_owned(),
-                            )])),
-                            ..Default::default()
-                        },
-                        data: Some(data),
-                        ..Default::default()
-                    };
-                    self.api.create(&PostParams::default(), &cm).await
+                (legacy.unwrap_or_else(|| Record::new(now)), None)
+            }
+        };
+        kept.digest = before.clone();
+        apply(&mut record);
+        let stored = ClusterRecord {
+            cluster: tag.clone(),
+            updated: now,
+            complete: true,
+            in_use: record.images.values().filter(|t| **t >= now).count(),
+            images: record.images.clone(),
+            quotas: Vec::new(),
+        };
+        // One writer per tag: the leader. A tag moved since it was read is
+        // another's (a second install under this cluster name), and left
+        // as it is.
+        let current = records.current(tag).await.map_err(RetentionError::Store)?;
+        if current != before {
+            return Err(RetentionError::Moved {
+                tag: tag.clone(),
+                found: current.map_or_else(|| "nothing".into(), |d| d.to_string()),
+                read: before.map_or_else(|| "nothing".into(), |d| d.to_string()),
+            });
+        }
+        let (_, digest) = records
+            .publish(&stored, &mut kept.present)
+            .await
+            .map_err(RetentionError::Store)?;
+        kept.digest = Some(digest.clone());
+        // Only the version now at the target stays cached.
+        kept.cache.retain(&kept.present.layers);
+        if let Some(old) = before.filter(|d| *d != digest && !kept.keeps_versions) {
+            // The version read, which this tag named until now: this
+            // install's record. A registry that keeps it only costs space.
+            match records.remove_version(&old).await {
+                Ok(Deleted::Accepted | Deleted::Absent) => {}
+                Ok(Deleted::Unsupported) => {
+                    kept.keeps_versions = true;
+                    warn!(tag = %tag, "the target registry refuses deletes, so it keeps a version of the retention record per pass (a manifest of a few KB; the shards are shared); remove the untagged manifests of pinswap-usage by hand (docs/operations.md#several-clusters-one-mirror)");
                 }
-            };
-            match written {
-                Ok(_) => return Ok(record),
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(e) => return Err(self.error(e)),
+                Err(e) => {
+                    warn!(tag = %tag, version = %old, error = %e, "the retention record's version before could not be removed; it stays at the target")
+                }
             }
         }
-        Err(RetentionError::Conflict {
-            namespace: self.namespace.clone(),
-            attempts: ATTEMPTS,
-        })
+        Ok(record)
+    }
+}
+
+/// A record as the target holds it.
+fn of_stored(r: ClusterRecord) -> Record {
+    Record {
+        since: r.updated,
+        images: r.images,
     }
 }
 
@@ -219,26 +326,21 @@ mod tests {
     }
 
     #[test]
-    fn at_the_cap_new_images_are_not_tracked_and_known_ones_still_are() {
+    fn tags_are_never_cluster_names() {
+        for c in [None, Some("a"), Some("prod.eu-1")] {
+            let t = tag(c);
+            assert!(crate::config::cluster_name_problem(&t).is_some(), "{t}");
+            assert!(crate::reference::Reference::parse(&format!("r.io/x:{t}")).is_ok());
+        }
+    }
+
+    #[test]
+    fn the_record_holds_a_million_images() {
+        const { assert!(MAX_IMAGES >= 1 << 20) };
         let mut r = Record::new(at(0));
         let mut bytes = r.bytes();
-        for i in 0..MAX_IMAGES {
+        for i in 0..20_000 {
             assert!(r.seen(&format!("m/a@sha256:{i:064x}"), at(1), &mut bytes));
         }
-        assert!(!r.seen("m/new@sha256:0", at(2), &mut bytes), "not tracked");
-        assert!(!r.images.contains_key("m/new@sha256:0"));
-        assert!(r.seen(&format!("m/a@sha256:{:064x}", 7), at(3), &mut bytes));
-        let json = serde_json::to_string(&r).unwrap();
-        assert!(json.len() <= MAX_BYTES, "{} bytes", json.len());
-        // Long names reach the byte cap before the count.
-        let mut r = Record::new(at(0));
-        let mut bytes = r.bytes();
-        let long = "r".repeat(250);
-        let mut n = 0;
-        while r.seen(&format!("m/{long}@sha256:{n:064x}"), at(1), &mut bytes) {
-            n += 1;
-        }
-        assert!(n < MAX_IMAGES);
-        assert!(serde_json::to_string(&r).unwrap().len() <= MAX_BYTES);
     }
 }
