@@ -611,3 +611,49 @@ async fn visibility_private_needs_a_pods_proof_even_when_the_config_reads_it() {
     assert_eq!(r.backfilled("denied"), 0.0);
     r.bg.stop().await;
 }
+
+/// An image the target holds is found there with one HEAD, and not read:
+/// the backfill checks the identity of what it copies only, so a replica
+/// that takes over a cluster whose images are all mirrored keeps no
+/// identity facts for them. A tag and a digest, each with and without the
+/// source's tag.
+#[tokio::test]
+async fn an_image_the_target_holds_is_backfilled_without_reading_it() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let front = common::front::Front::start(&dst.host()).await;
+    let img = push(&src, "held", 611).await;
+    let yaml = format!(
+        "target: {{registry: \"{}/mirror\"}}\nsource: {{registries: [{{registry: \"{}\"}}]}}\nreferrers: false\n",
+        front.host(),
+        src.host()
+    );
+    let cfg = Config::from_yaml(&yaml, "t.yaml").unwrap();
+    let replica = || Admission::from_config(&cfg, Arc::new(Metrics::new())).unwrap();
+    let by_tag = pinswap::reference::Reference::parse(&img.source).unwrap();
+    let by_digest = by_tag.with_digest(img.image.digest.parse().unwrap());
+    let first = replica();
+    let copied = first.mirror().backfill(&by_tag, &[]).await.unwrap();
+    assert!(
+        matches!(copied, pinswap::mirror::Backfilled::Copied { .. }),
+        "{copied:?}"
+    );
+    assert!(mirrored(&dst, &img).await);
+    for r in [&by_tag, &by_digest] {
+        let fresh = replica();
+        front.reset();
+        let found = fresh.mirror().backfill(r, &[]).await.unwrap();
+        assert_eq!(found, pinswap::mirror::Backfilled::Present, "{r}");
+        // Past the API version check, a fresh client's first request.
+        let asked: Vec<_> = front
+            .requests()
+            .into_iter()
+            .filter(|(_, p)| p != "/v2/")
+            .collect();
+        assert!(
+            asked.iter().all(|(m, _)| m == "HEAD"),
+            "{r}: only HEADs at the target: {asked:#?}"
+        );
+        assert!(!asked.is_empty());
+    }
+}

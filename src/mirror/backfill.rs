@@ -43,7 +43,10 @@ impl Mirror {
         // object's in turn, then the config's own (a refusal does not trip
         // the breaker).
         let candidates = super::plan::candidates(pods, src.registry());
-        let plan = match self.plan_with_any(src, &candidates, None).await {
+        let plan = match self
+            .plan_with_any(src, &candidates, None, super::plan::Assess::Copied)
+            .await
+        {
             Ok((plan, _)) => plan,
             Err(e) if self.refused_by_source(&e) => {
                 return Err(MirrorError::Private {

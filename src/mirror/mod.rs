@@ -348,7 +348,9 @@ impl Mirror {
         pod: &PodCredentials,
     ) -> Result<Decision, MirrorError> {
         let candidates = plan::candidates([pod], src.registry());
-        let (plan, _) = self.plan_with_any(src, &candidates, None).await?;
+        let (plan, _) = self
+            .plan_with_any(src, &candidates, None, plan::Assess::All)
+            .await?;
         if let access::Verdict::Denied(d) =
             Box::pin(self.access(&plan.source, plan.source_known, pod, None)).await
         {
@@ -404,7 +406,9 @@ impl Mirror {
         // config's: which one reads the digest says nothing of access,
         // which the check below decides.
         let candidates = plan::candidates([pod], src.registry());
-        let (plan, creds) = self.plan_with_any(src, &candidates, Some(deadline)).await?;
+        let (plan, creds) = self
+            .plan_with_any(src, &candidates, Some(deadline), plan::Assess::All)
+            .await?;
         // Boxed, as in `resolve`: the check's requests are large futures.
         let proven =
             match Box::pin(self.access(&plan.source, plan.source_known, pod, Some(deadline))).await

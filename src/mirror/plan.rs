@@ -100,6 +100,17 @@ pub(super) fn candidates<'c>(
         .collect()
 }
 
+/// Which images a plan checks the identity of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Assess {
+    /// Every image: admission reports what it finds on the Pod.
+    All,
+    /// Only images about to be copied, whose copy may need repairing: the
+    /// backfill, which only records whether the target has the rest
+    /// (docs/benchmarks.md, memory at cluster scale).
+    Copied,
+}
+
 impl Mirror {
     /// Resolves, maps and assesses `src` (docs/architecture.md §3 steps 3 to 5). The
     /// target is the authority for what it holds: a digest it has is planned
@@ -117,20 +128,21 @@ impl Mirror {
         src: &Reference,
         creds: Option<&Credentials>,
         deadline: Option<Instant>,
+        assess: Assess,
     ) -> Result<Plan, MirrorError> {
         if src.digest().is_some()
-            && let Some(plan) = self.plan_held(src, deadline, None).await?
+            && let Some(plan) = self.plan_held(src, deadline, None, assess).await?
         {
             return Ok(plan);
         }
-        match self.plan_from_source(src, creds, deadline).await {
+        match self.plan_from_source(src, creds, deadline, assess).await {
             Err(MirrorError::SourceDown {
                 image,
                 registry,
                 cause,
                 kind,
                 ..
-            }) => match self.plan_stand_in(src, &cause, deadline).await? {
+            }) => match self.plan_stand_in(src, &cause, deadline, assess).await? {
                 Some(plan) => Ok(plan),
                 None => Err(MirrorError::SourceDown {
                     image,
@@ -159,13 +171,14 @@ impl Mirror {
         src: &Reference,
         candidates: &[Option<&'c Credentials>],
         deadline: Option<Instant>,
+        assess: Assess,
     ) -> Result<(Plan, Option<&'c Credentials>), MirrorError> {
         let mut refused = None;
         for (i, &creds) in candidates.iter().enumerate() {
             if candidates[..i].contains(&creds) {
                 continue;
             }
-            match self.plan(src, creds, deadline).await {
+            match self.plan(src, creds, deadline, assess).await {
                 Ok(p) => return Ok((p, creds)),
                 Err(e) if self.refused_by_source(&e) => refused = Some(e),
                 Err(e) => return Err(e),
@@ -200,6 +213,7 @@ impl Mirror {
         pinned: &Reference,
         deadline: Option<Instant>,
         ahead: Option<Result<Option<Digest>, MirrorError>>,
+        assess: Assess,
     ) -> Result<Option<Plan>, MirrorError> {
         let Some(source_digest) = pinned.digest() else {
             return Ok(None);
@@ -246,7 +260,7 @@ impl Mirror {
             self.held_tag(&tagged, &d).await;
         }
         let plan = self
-            .held(pinned.clone(), true, target, deadline, None)
+            .held(pinned.clone(), true, target, deadline, None, assess)
             .await?;
         Ok(Some(plan))
     }
@@ -260,6 +274,7 @@ impl Mirror {
         src: &Reference,
         cause: &str,
         deadline: Option<Instant>,
+        assess: Assess,
     ) -> Result<Option<Plan>, MirrorError> {
         if src.digest().is_some() {
             return Ok(None);
@@ -292,7 +307,7 @@ impl Mirror {
         };
         debug!(image = %src, %cause, target = %target, tag, "source cannot answer; the target's copy stands in");
         let plan = self
-            .held(source, known, target, deadline, Some(cause))
+            .held(source, known, target, deadline, Some(cause), assess)
             .await?;
         Ok(Some(plan))
     }
@@ -300,7 +315,8 @@ impl Mirror {
     /// A plan for an image the target holds at `target`
     /// (`repository:tag@digest`), made from `source`. Its identity facts
     /// come from the source's earlier assessment when this process has it
-    /// (no request), else from the target's copy.
+    /// (no request), else from the target's copy, unless `assess` says to
+    /// skip it.
     pub(super) async fn held(
         &self,
         source: Reference,
@@ -308,9 +324,11 @@ impl Mirror {
         target: Reference,
         deadline: Option<Instant>,
         fallback: Option<&str>,
+        assess: Assess,
     ) -> Result<Plan, MirrorError> {
         let assessed = match self.assessed.get(&source.to_string()).await {
             Some(hit) if source_known => Some(hit),
+            _ if assess == Assess::Copied => None,
             _ => {
                 let at = target.without_tag();
                 Box::pin(self.bounded_assessment(
@@ -399,6 +417,7 @@ impl Mirror {
         src: &Reference,
         creds: Option<&Credentials>,
         deadline: Option<Instant>,
+        assess: Assess,
     ) -> Result<Plan, MirrorError> {
         let unchanged = self.queue.variant().is_none();
         let (source_digest, ahead) = match src.tag() {
@@ -410,7 +429,9 @@ impl Mirror {
         };
         let pinned_source = src.with_digest(source_digest.clone());
         if src.digest().is_none()
-            && let Some(plan) = self.plan_held(&pinned_source, deadline, ahead).await?
+            && let Some(plan) = self
+                .plan_held(&pinned_source, deadline, ahead, assess)
+                .await?
         {
             return Ok(plan);
         }

@@ -147,7 +147,12 @@ impl Mirror {
             // source tag's current content is what the kubelet wants.
             let candidates = super::plan::candidates(pods, hint.registry());
             let (mut plan, _) = self
-                .plan_with_any(&hint.without_digest(), &candidates, None)
+                .plan_with_any(
+                    &hint.without_digest(),
+                    &candidates,
+                    None,
+                    super::plan::Assess::All,
+                )
                 .await?;
             plan.verify = verify;
             return self.restore(plan, pods).await;
@@ -171,7 +176,14 @@ impl Mirror {
         };
         // Planned again from the pinned source, so a repaired image is
         // repaired again the same way (repair is deterministic).
-        let mut plan = self.plan(&source.with_tag(&tag)?, creds, None).await?;
+        let mut plan = self
+            .plan(
+                &source.with_tag(&tag)?,
+                creds,
+                None,
+                super::plan::Assess::All,
+            )
+            .await?;
         if plan.target.digest() != target.digest() {
             return Err(MirrorError::Resolve {
                 image: target.to_string(),
@@ -288,7 +300,9 @@ impl Mirror {
                 Some(_) => hint.clone(),
                 None => hint.without_digest(),
             };
-            let plan = self.plan(&hint, creds, None).await?;
+            let plan = self
+                .plan(&hint, creds, None, super::plan::Assess::All)
+                .await?;
             if plan.target.digest() == Some(digest) {
                 return Ok(plan.source);
             }
