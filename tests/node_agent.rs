@@ -183,6 +183,7 @@ fn agent(dir: &Path, target_auth: Option<&Path>) -> Agent {
         interval: Duration::from_secs(30),
         daemonset: None,
         target_auth: target_auth.map(Path::to_path_buf),
+        registries_file: None,
     }
 }
 
@@ -257,4 +258,136 @@ async fn the_agent_lists_the_target_anonymously_or_with_its_own_credentials_neve
         "{written:?} {removed:?}"
     );
     assert!(anonymous.dir.join("quay.io/hosts.toml").exists());
+}
+
+/// One listing per cluster: the leader lists the target and writes the set
+/// into the ConfigMap the install renders (marked as the leader's), with
+/// the install's RBAC; the agents read it from their volume and send the
+/// target nothing, however many there are. An unchanged set is not
+/// written again, a ConfigMap without the mark is left alone, and an agent
+/// whose volume has no set yet keeps its files.
+#[tokio::test]
+async fn the_leader_lists_the_target_once_for_every_node_agent() {
+    use pinswap::nodeconfig::registries::{KEY, Publisher, Round};
+    common::init();
+    let target = TestRegistry::plain().await;
+    push_image(&target, "cache/quay.io/app", Some("v1"), &Image::oci(1, 43)).await;
+    let front = common::front::Front::start(&target.host()).await;
+    let config_text = format!(
+        "target: {{registry: {}/cache, insecure: true}}\nsource: {{registries: [{{registry: \"*\"}}]}}\n",
+        front.host()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let config_file = tmp.path().join("pinswap.yaml");
+    std::fs::write(&config_file, &config_text).unwrap();
+
+    // What the install renders.
+    let objects = manifests(&[
+        "--tls",
+        "self-signed",
+        "--config",
+        config_file.to_str().unwrap(),
+        "--node-agent",
+    ])
+    .await;
+    let rendered = find(&objects, "ConfigMap", "pinswap-registries");
+    assert_eq!(
+        rendered["metadata"]["annotations"]["pinswap.dev/registries"],
+        "written by the leader"
+    );
+    assert!(rendered.get("data").is_none(), "{rendered}");
+    let ds = find(&objects, "DaemonSet", "pinswap-node-agent");
+    let pod = &ds["spec"]["template"]["spec"];
+    let args = pod["containers"][0]["args"].to_string();
+    assert!(
+        args.contains(r#""--registries-file","/etc/pinswap/registries/registries.json""#),
+        "{args}"
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "registries")
+        .unwrap();
+    assert_eq!(
+        volume["configMap"],
+        json!({"name": "pinswap-registries", "optional": true})
+    );
+    assert_eq!(secrets_of(pod), Vec::<String>::new());
+
+    // The leader, through the API server with the install's RBAC.
+    let api = common::kube::KubeApi::start().await;
+    let config = pinswap::config::Config::from_yaml(&config_text, "c.yaml").unwrap();
+    api.authorize_install_with(
+        &config,
+        pinswap::install::manifests::Tls::SelfSigned,
+        Some(pinswap::install::node_agent::NodeAgent {
+            runtime: Runtime::Containerd,
+            mode: Mode::Resolve,
+            host_path: "/etc/containerd/certs.d".into(),
+            registry_auth_secret: None,
+        }),
+    );
+    api.put_config_map("pinswap", serde_json::from_value(rendered.clone()).unwrap());
+    let mirror = pinswap::mirror::Mirror::connect(
+        &config,
+        std::sync::Arc::new(pinswap::metrics::Metrics::new()),
+    )
+    .await
+    .unwrap();
+    let publisher = Publisher::new(std::sync::Arc::new(mirror), api.install_client(), "pinswap");
+    let quay = BTreeSet::from(["quay.io".to_owned()]);
+    assert_eq!(
+        publisher.round().await.unwrap(),
+        Round::Written(quay.clone())
+    );
+    assert_eq!(publisher.round().await.unwrap(), Round::Unchanged);
+    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+    let puts = api
+        .requests()
+        .into_iter()
+        .filter(|q| q.method == "PUT" && q.path.ends_with("/configmaps/pinswap-registries"))
+        .count();
+    assert_eq!(puts, 1, "written once, when the set changed");
+    let data = api
+        .config_map("pinswap", "pinswap-registries")
+        .unwrap()
+        .data
+        .unwrap()[KEY]
+        .clone();
+
+    // Ten nodes' agents: the kubelet's copy of the ConfigMap, no request
+    // to the target.
+    let volume = tmp.path().join("volume");
+    std::fs::create_dir_all(&volume).unwrap();
+    let file = volume.join(KEY);
+    front.reset();
+    for n in 0..10 {
+        let node = tmp.path().join(format!("node{n}"));
+        std::fs::create_dir_all(&node).unwrap();
+        std::fs::write(node.join("pinswap.yaml"), &config_text).unwrap();
+        let mut a = agent(&node, None);
+        a.registries_file = Some(file.clone());
+        // Before the leader lists: nothing to go on, nothing changed.
+        let mut known = BTreeSet::new();
+        let e = a.round(&mut known).await;
+        assert!(!a.dir.join("quay.io").exists(), "{e:?}");
+        std::fs::write(&file, &data).unwrap();
+        let (written, _) = a.round(&mut known).await.unwrap();
+        assert_eq!(written, [Path::new("quay.io/hosts.toml")]);
+        std::fs::remove_file(&file).unwrap();
+    }
+    assert!(front.requests().is_empty(), "{:?}", front.requests());
+
+    // Another's ConfigMap under the name: left as it is.
+    let mut theirs: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(rendered.clone()).unwrap();
+    theirs.metadata.annotations = None;
+    theirs.data = Some([("other".to_owned(), "theirs".to_owned())].into());
+    let theirs = api.put_config_map("pinswap", theirs);
+    assert_eq!(publisher.round().await.unwrap(), Round::NotInstalled);
+    assert_eq!(
+        api.config_map("pinswap", "pinswap-registries"),
+        Some(theirs)
+    );
 }

@@ -40,6 +40,7 @@ fn agent(etc: &Path, runtime: Runtime, dir: &str) -> Agent {
         interval: Duration::from_secs(30),
         daemonset: None,
         target_auth: None,
+        registries_file: None,
     }
 }
 

@@ -176,6 +176,9 @@ pub struct NodeAgentArgs {
     /// A Docker config.json with read-only credentials for the target, to list it for a "*" allowlist. Without it the target is listed anonymously: the config's auth blocks are never read.
     #[arg(long, value_name = "FILE")]
     pub target_auth: Option<std::path::PathBuf>,
+    /// The registries the leader lists at the target for a "*" allowlist, as the ConfigMap pinswap-registries mounts them: read instead of listing the target, so its requests do not grow with the nodes. Until the leader has listed, the files are kept as they are.
+    #[arg(long, value_name = "FILE", conflicts_with = "target_auth")]
+    pub registries_file: Option<std::path::PathBuf>,
 }
 
 /// `pinswap cache ...`.
@@ -1058,6 +1061,7 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
         interval: args.interval,
         daemonset,
         target_auth: args.target_auth,
+        registries_file: args.registries_file,
     };
     // SIGTERM's handler is installed now, before the first round: as PID 1
     // without one, the kernel would drop the signal.

@@ -60,6 +60,10 @@ pub const RECOVERY_RBAC: &str = "pinswap-recovery";
 /// installs kept the retention record in (of the same name,
 /// `crate::retention::CONFIG_MAP`), to carry it on to the target.
 pub const RETENTION_RBAC: &str = "pinswap-retention";
+/// Name of the Role that lets the leader write the registries it lists
+/// for the node agents (the ConfigMap
+/// `crate::nodeconfig::registries::CONFIG_MAP`, of the same name).
+pub const REGISTRIES_RBAC: &str = "pinswap-registries";
 /// The headless Service that selects the replicas' health port
 /// (`/metrics`, probes) for scraping, apart from the webhook's Service.
 pub const METRICS_SERVICE: &str = "pinswap-metrics";
@@ -270,11 +274,15 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
             &opts.image_pull_secrets,
             CONFIG_PATH,
             (CONFIG_CHECKSUM, &sha256_hex(opts.config_text.as_bytes())),
+            publishes_registries(opts),
         );
         out.push(value("ServiceAccount", &account)?);
         out.push(value("Role", &role)?);
         out.push(value("RoleBinding", &binding)?);
         out.push(value("DaemonSet", &daemonset)?);
+        if publishes_registries(opts) {
+            out.push(value("ConfigMap", &registries_config_map(ns))?);
+        }
     }
     if opts.tls == Tls::CertManager {
         out.extend(cert_manager(ns));
@@ -657,6 +665,21 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
             ],
         )?);
     }
+    if publishes_registries(opts) {
+        // The install renders the ConfigMap; the leader only reads and
+        // updates it.
+        out.extend(grant(
+            REGISTRIES_RBAC,
+            Some(ns),
+            ns,
+            vec![rule(
+                &[""],
+                &["configmaps"],
+                &["get", "update"],
+                &[crate::nodeconfig::registries::CONFIG_MAP],
+            )],
+        )?);
+    }
     if c.recovery.enabled && c.retention.enabled {
         // The record is kept at the target; the ConfigMap an earlier
         // install kept it in is only read, once, to carry it on.
@@ -695,6 +718,36 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
         )?);
     }
     Ok(out)
+}
+
+/// Whether the leader lists the target's registries for the node agents:
+/// a `"*"` allowlist, and agents without credentials of their own to list
+/// it with.
+fn publishes_registries(opts: &Options) -> bool {
+    opts.node_agent
+        .as_ref()
+        .is_some_and(|a| a.registry_auth_secret.is_none())
+        && opts
+            .config
+            .source
+            .registries
+            .iter()
+            .any(|r| r.registry == "*")
+}
+
+/// The ConfigMap the leader writes the registries into, empty and marked
+/// as the leader's.
+fn registries_config_map(ns: &str) -> ConfigMap {
+    use crate::nodeconfig::registries::{ANNOTATION, ANNOTATION_VALUE, CONFIG_MAP};
+    let mut metadata = meta(CONFIG_MAP, Some(ns));
+    metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION.to_owned(),
+        ANNOTATION_VALUE.to_owned(),
+    )]));
+    ConfigMap {
+        metadata,
+        ..Default::default()
+    }
 }
 
 fn config_map(opts: &Options) -> ConfigMap {

@@ -43,6 +43,9 @@ const CRI_O_CONF_DIR: &str = "/etc/containers";
 /// Where [`CRI_O_CONF_DIR`] is mounted.
 const HOST_CRI_O_CONF_DIR: &str = "/host-containers";
 
+/// Where the ConfigMap of the registries the leader lists is mounted.
+const REGISTRIES_DIR: &str = "/etc/pinswap/registries";
+
 /// Where [`NodeAgent::registry_auth_secret`] is mounted.
 pub const REGISTRY_AUTH_DIR: &str = "/var/run/secrets/pinswap-node-agent";
 
@@ -117,6 +120,7 @@ pub fn objects(
     image_pull_secrets: &[String],
     config_path: &str,
     config_checksum: (&str, &str),
+    published: bool,
 ) -> (ServiceAccount, Role, RoleBinding, DaemonSet) {
     let account = ServiceAccount {
         metadata: meta(ns),
@@ -214,6 +218,24 @@ pub fn objects(
             host_path: Some(HostPathVolumeSource {
                 path: CRI_O_CONF_DIR.into(),
                 type_: Some("DirectoryOrCreate".into()),
+            }),
+            ..Default::default()
+        });
+    }
+    if published {
+        // The registries the leader lists: optional, as the leader fills
+        // it after the install; until then the agent keeps its files.
+        args.extend([
+            "--registries-file".to_owned(),
+            format!("{REGISTRIES_DIR}/{}", crate::nodeconfig::registries::KEY),
+        ]);
+        mounts.push(mount("registries", REGISTRIES_DIR, true));
+        volumes.push(Volume {
+            name: "registries".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: crate::nodeconfig::registries::CONFIG_MAP.into(),
+                optional: Some(true),
+                ..Default::default()
             }),
             ..Default::default()
         });

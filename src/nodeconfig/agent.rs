@@ -13,7 +13,9 @@
 //! gone or being deleted (an uninstall); a rolling update leaves them for
 //! the next Pod.
 //!
-//! It lists the target anonymously, or with the read-only credentials of
+//! With [`Agent::registries_file`] it reads the set the leader lists
+//! ([`super::registries`]) and sends the target nothing. Without, it lists
+//! the target anonymously, or with the read-only credentials of
 //! [`Agent::target_auth`]; never with the config's `auth` blocks, which
 //! name the webhook's push credentials.
 
@@ -59,6 +61,9 @@ pub struct Agent {
     /// A Docker config.json with read-only credentials for the target,
     /// for listing it; `None` lists anonymously.
     pub target_auth: Option<PathBuf>,
+    /// The set the leader publishes ([`super::registries`]), read instead
+    /// of listing the target.
+    pub registries_file: Option<PathBuf>,
 }
 
 /// Why a round changed nothing.
@@ -106,7 +111,13 @@ impl Agent {
         // rewritten then, and only files not there yet are written.
         let mut unknown = false;
         if config.source.registries.iter().any(|r| r.registry == "*") {
-            match self.list(&config).await {
+            let listed = match &self.registries_file {
+                Some(file) => super::registries::read(file)
+                    .map(|p| p.registries)
+                    .map_err(|e| AgentError::Target(e.to_string())),
+                None => self.list(&config).await,
+            };
+            match listed {
                 Ok(held) => *known = held,
                 // The registries the config names still get their files.
                 Err(e) => {
@@ -321,6 +332,7 @@ mod tests {
             interval: Duration::from_secs(30),
             daemonset: None,
             target_auth: None,
+            registries_file: None,
         }
     }
 

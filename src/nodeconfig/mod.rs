@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod registries;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -308,6 +308,24 @@ impl Background {
                 }
             });
         }
+        // A "*" allowlist: the node agents read the registries the leader
+        // lists, instead of each listing the target.
+        if let Some(c) = &client
+            && config.source.registries.iter().any(|r| r.registry == "*")
+        {
+            let publisher = crate::nodeconfig::registries::Publisher::new(
+                mirror.clone(),
+                c.clone(),
+                c.default_namespace(),
+            );
+            let (l, t) = (leader.clone(), token.clone());
+            tasks.spawn(async move {
+                tokio::select! {
+                    _ = crate::nodeconfig::registries::run(publisher, l) => {}
+                    _ = t.cancelled() => {}
+                }
+            });
+        }
         if let Some(cluster) = &config.cluster {
             mirror.metrics().sharing.cluster(cluster);
         }

@@ -190,6 +190,8 @@ MATRIX = [
     ("no-rbac-existing-account", {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}}, "pinswap", "pinswap"),
     ("node-agent", {"nodeAgent": {"enabled": True, "runtime": "cri-o", "interval": "1m", "nodeSelector": {"kubernetes.io/os": "linux"},
                                   "priorityClassName": "system-node-critical"}}, "mirror", "mirror-system"),
+    ("node-agent-star", {"nodeAgent": {"enabled": True},
+                         "config": {"target": {"registry": "m.example.com"}, "source": {"registries": [{"registry": "*"}]}}}, "pinswap", "pinswap"),
     ("node-agent-star-secret", {"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"},
                                 "config": {"target": {"registry": "m.example.com"}, "source": {"registries": [{"registry": "*"}]}}}, "pinswap", "pinswap"),
 ]

@@ -833,6 +833,16 @@ impl KubeApi {
         config: &pinswap::config::Config,
         tls: pinswap::install::manifests::Tls,
     ) {
+        self.authorize_install_with(config, tls, None);
+    }
+
+    /// As [`KubeApi::authorize_install`], for an install with `node_agent`.
+    pub fn authorize_install_with(
+        &self,
+        config: &pinswap::config::Config,
+        tls: pinswap::install::manifests::Tls,
+        node_agent: Option<pinswap::install::node_agent::NodeAgent>,
+    ) {
         let opts = pinswap::install::manifests::Options {
             namespace: PINSWAP_USER.0.into(),
             replicas: 1,
@@ -841,7 +851,7 @@ impl KubeApi {
             image_pull_secrets: Vec::new(),
             config_text: String::new(),
             config: config.clone(),
-            node_agent: None,
+            node_agent,
         };
         let objects = pinswap::install::manifests::rbac(&opts).expect("render RBAC");
         self.shared.lock().rbac = Some(Rbac::for_service_account(

@@ -208,3 +208,16 @@ the key's name, as `pinswap manifests` refuses them.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+"true" when the leader lists the target's registries for the node agents:
+the node agent is on, the allowlist has "*", and the agents have no
+credentials of their own to list it with (nodeAgent.registryAuthSecret).
+*/}}
+{{- define "pinswap.publishesRegistries" -}}
+{{- $any := false -}}
+{{- range (dig "source" "registries" list .Values.config) -}}
+{{- if eq (toString .registry) "*" }}{{ $any = true }}{{ end -}}
+{{- end -}}
+{{- and .Values.nodeAgent.enabled $any (not .Values.nodeAgent.registryAuthSecret) -}}
+{{- end }}
