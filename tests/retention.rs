@@ -809,6 +809,38 @@ async fn the_record_moves_from_its_config_map_with_every_last_use() {
     );
 }
 
+/// A ConfigMap left behind long after its install stopped writing it (the
+/// record moved, then its tag was removed) is not carried on: its times
+/// stopped at the move, so an image used since would look unused since
+/// then. Tracking starts again from now, and nothing is removed.
+#[tokio::test]
+async fn a_config_map_left_behind_is_not_carried_on() {
+    let (r, _, _, adm, ret) = setup("unusedFor: 1h").await;
+    let img = r.mirrored(&adm, "stale", 94).await;
+    let three_hours_ago = k8s_openapi::jiff::Timestamp::now() - Duration::from_secs(3 * 3600);
+    let legacy = Record {
+        since: three_hours_ago,
+        images: [(img.key(&r.dst), three_hours_ago)].into(),
+    };
+    r.api.put_config_map(
+        NS,
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": CONFIG_MAP, "namespace": NS},
+            "data": {"record.json": serde_json::to_string(&legacy).unwrap()},
+        }))
+        .unwrap(),
+    );
+    let report = ret.sweep(&in_use(&[])).await.unwrap();
+    assert_eq!(
+        report.state(&img.key(&r.dst)),
+        Some(State::Unused),
+        "{report:?}"
+    );
+    assert!(r.present(&img).await);
+    let record = r.record().await.unwrap();
+    assert!(record.images[&img.key(&r.dst)] > three_hours_ago);
+}
+
 /// A record's tag that holds what pinswap did not write (an image pushed
 /// under it) is left as it is, and the pass removes nothing.
 #[tokio::test]

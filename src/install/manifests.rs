@@ -721,12 +721,14 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
 }
 
 /// Whether the leader lists the target's registries for the node agents:
-/// a `"*"` allowlist, and agents without credentials of their own to list
-/// it with.
+/// a `"*"` allowlist, agents without credentials of their own to list it
+/// with, and a leader (`recovery.enabled`); else each agent lists it.
 fn publishes_registries(opts: &Options) -> bool {
-    opts.node_agent
-        .as_ref()
-        .is_some_and(|a| a.registry_auth_secret.is_none())
+    opts.config.recovery.enabled
+        && opts
+            .node_agent
+            .as_ref()
+            .is_some_and(|a| a.registry_auth_secret.is_none())
         && opts
             .config
             .source

@@ -149,13 +149,12 @@ impl Publisher {
     /// # Errors
     /// [`RegistriesError`]; nothing is written then.
     pub async fn round(&self) -> Result<Round, RegistriesError> {
-        let Some(mut cm) = self
-            .api
-            .get_opt(CONFIG_MAP)
-            .await
-            .map_err(|e| self.api_error(e))?
-        else {
-            return Ok(Round::NotInstalled);
+        // 403: no Role for it, so no node agent reading it installed.
+        let mut cm = match self.api.get_opt(CONFIG_MAP).await {
+            Ok(Some(cm)) => cm,
+            Ok(None) => return Ok(Round::NotInstalled),
+            Err(kube::Error::Api(s)) if s.code == 403 => return Ok(Round::NotInstalled),
+            Err(e) => return Err(self.api_error(e)),
         };
         let marked = cm
             .metadata
@@ -170,7 +169,12 @@ impl Publisher {
             .mirror
             .mirrored_registries()
             .await
-            .map_err(|e| RegistriesError::Target(Box::new(e)))?;
+            .map_err(|e| RegistriesError::Target(Box::new(e)))?
+            .into_iter()
+            // The agents use this many, in name order: the ConfigMap
+            // stays small whatever names are pushed to the target.
+            .take(super::ANY_REGISTRIES_MAX)
+            .collect::<BTreeSet<String>>();
         let current = cm
             .data
             .as_ref()

@@ -302,8 +302,11 @@ impl Records {
                 .await
                 .map_err(|e| self.registry_error(e))?,
         };
-        // Tags that are never cluster names hold the retention records.
-        let mut tags: Vec<String> = tags.into_iter().filter(|t| !t.starts_with('_')).collect();
+        // The retention records' tags, never cluster names.
+        let mut tags: Vec<String> = tags
+            .into_iter()
+            .filter(|t| t != "_retention" && !t.starts_with("_retention."))
+            .collect();
         if tags.len() > MAX_CLUSTERS {
             return Err(ClustersError::TooMany {
                 repository: self.repository.to_string(),
@@ -410,6 +413,12 @@ impl Records {
                 }
                 let head = Head::of(&shape.annotations).map_err(unreadable)?;
                 let bytes: u64 = layers.iter().map(|l| l.size).sum();
+                // Before any shard is read: a record's size is bounded.
+                if bytes > MAX_BYTES as u64 {
+                    return Err(unreadable(format!(
+                        "its shards take {bytes} bytes, more than a record holds ({MAX_BYTES})"
+                    )));
+                }
                 let parts = self.shards(&tagged, layers).await.map_err(unreadable)?;
                 let images = shards::join(&parts, head.updated).map_err(unreadable)?;
                 let record = ClusterRecord {

@@ -271,6 +271,8 @@ pub struct Retention {
     policy: Policy,
     store: Store,
     unused_for: Duration,
+    /// Between passes.
+    interval: Duration,
     dry_run: bool,
     metrics: Arc<Metrics>,
     /// With `sharing.enabled`: this cluster's record and the others'.
@@ -289,13 +291,14 @@ impl Retention {
         mut store: Store,
         config: &crate::config::Retention,
     ) -> Self {
-        store.place(mirror.clone(), store::tag(None));
+        store.place(mirror.clone(), store::tag(None), config.interval);
         Self {
             metrics: mirror.metrics().clone(),
             mirror,
             policy,
             store,
             unused_for: config.unused_for,
+            interval: config.interval,
             dry_run: config.dry_run,
             sharing: None,
             refused: Default::default(),
@@ -305,8 +308,12 @@ impl Retention {
     /// Retention that keeps what the other clusters' usage records name,
     /// and publishes this cluster's record before each pass.
     pub fn with_sharing(mut self, publisher: Arc<publish::Publisher>) -> Self {
-        self.store
-            .place(self.mirror.clone(), store::tag(Some(publisher.cluster())));
+        let interval = self.interval;
+        self.store.place(
+            self.mirror.clone(),
+            store::tag(Some(publisher.cluster())),
+            interval,
+        );
         self.sharing = Some(publisher);
         self
     }
@@ -327,6 +334,7 @@ pub async fn run(
             return;
         }
         info!(every = %humantime::format_duration(interval), "leading: retention passes start");
+        retention.store.lead().await;
         retention.ask_deletes().await;
         let mut next = soon;
         loop {

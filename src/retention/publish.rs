@@ -246,9 +246,9 @@ impl Publisher {
         in_use: &InUse,
         force: bool,
     ) -> Result<Published, ClustersError> {
-        let records = Records::of(&self.mirror)
-            .await?
-            .with_cache(self.cache.clone());
+        // Its own cache: the shards it writes do not pile up in the one
+        // the reads of the others keep trimmed.
+        let records = Records::of(&self.mirror).await?;
         if !state.loaded {
             // This cluster's last use survives the loss of the cluster
             // (or of its ConfigMap): what the target holds is carried on.

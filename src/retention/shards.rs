@@ -142,7 +142,8 @@ pub fn parse(bytes: &[u8]) -> Result<Shard, String> {
 }
 
 /// Shards read before, by digest: a reader fetches only the shards whose
-/// digest it has not seen. Holds what the last reads named, no more.
+/// digest it has not seen. Its owner trims it to what the last read (or
+/// write) named.
 #[derive(Default)]
 pub struct Cache {
     shards: Mutex<HashMap<Digest, Arc<Shard>>>,

@@ -110,6 +110,9 @@ pub struct Store {
 struct At {
     mirror: Arc<Mirror>,
     tag: String,
+    /// How recent the ConfigMap's newest entry must be for it to be
+    /// carried on: two passes.
+    fresh_for: std::time::Duration,
 }
 
 /// What this process knows of the record at the target.
@@ -138,10 +141,27 @@ impl Store {
         }
     }
 
-    /// Kept at `mirror`'s target under `tag`.
-    pub(crate) fn place(&mut self, mirror: Arc<Mirror>, tag: String) {
-        self.at = Some(At { mirror, tag });
+    /// Kept at `mirror`'s target under `tag`, by passes every `interval`.
+    pub(crate) fn place(
+        &mut self,
+        mirror: Arc<Mirror>,
+        tag: String,
+        interval: std::time::Duration,
+    ) {
+        self.at = Some(At {
+            mirror,
+            tag,
+            fresh_for: interval.saturating_mul(2),
+        });
         *self.kept.get_mut() = Kept::default();
+    }
+
+    /// A replica that begins to lead takes the record as it finds it:
+    /// another replica of this install may have written it meanwhile.
+    pub(crate) async fn lead(&self) {
+        let mut kept = self.kept.lock().await;
+        kept.digest = None;
+        kept.present = Present::default();
     }
 
     fn at_target(&self) -> &At {
@@ -176,7 +196,12 @@ impl Store {
         }
     }
 
-    /// The record the ConfigMap holds, if any.
+    /// The record the ConfigMap holds, if any, and only while an earlier
+    /// install still wrote it: its newest entry (the last pass's time for
+    /// every image in use then) within two passes of `now`. A ConfigMap
+    /// left behind after the record moved holds times that stopped at the
+    /// move: carried on later (the tag removed, sharing turned on or off),
+    /// they would make an image used since look unused since then.
     async fn legacy(&self, now: Timestamp) -> Result<Option<Record>, RetentionError> {
         let cm = self
             .api
@@ -187,7 +212,24 @@ impl Store {
                 name: CONFIG_MAP.into(),
                 source: e,
             })?;
-        Ok(cm.map(|cm| self.parse(&cm, now)))
+        let Some(record) = cm.map(|cm| self.parse(&cm, now)) else {
+            return Ok(None);
+        };
+        let newest = record
+            .images
+            .values()
+            .max()
+            .copied()
+            .unwrap_or(record.since);
+        let fresh_for = self
+            .at
+            .as_ref()
+            .map_or(std::time::Duration::ZERO, |a| a.fresh_for);
+        if super::clusters::age(now, newest) > fresh_for {
+            warn!(configmap = %format!("{}/{CONFIG_MAP}", self.namespace), newest = %newest, "the retention record's ConfigMap was last written too long ago to carry on: tracking starts again from now (delete the ConfigMap; it is no longer written)");
+            return Ok(None);
+        }
+        Ok(Some(record))
     }
 
     /// The record in `cm`; one that cannot be read starts again at `now`,
@@ -222,10 +264,13 @@ impl Store {
     ) -> Result<Record, RetentionError> {
         let mut kept = self.kept.lock().await;
         let result = self.update_locked(&mut kept, now, apply).await;
-        if result.is_err() {
-            // Read everything again at the next pass.
-            kept.digest = None;
-            kept.present.layers.clear();
+        if let Err(e) = &result {
+            // Read everything again at the next pass; a moved tag stays
+            // another's until this process restarts or the tag is removed.
+            if !matches!(e, RetentionError::Moved { .. }) {
+                kept.digest = None;
+            }
+            kept.present = Present::default();
         }
         result
     }
@@ -239,12 +284,26 @@ impl Store {
         let tag = &self.at_target().tag;
         let records = self.records(kept).await?;
         let read = records.read_at(tag).await.map_err(RetentionError::Store)?;
+        // One writer per tag: a version other than the one this process
+        // last wrote or read is another's.
+        if let (Some(last), Some(r)) = (&kept.digest, &read)
+            && *last != r.digest
+        {
+            return Err(RetentionError::Moved {
+                tag: tag.clone(),
+                found: r.digest.to_string(),
+                read: last.to_string(),
+            });
+        }
         let (mut record, before) = match read {
             Some(r) => {
                 kept.present.layers = r.layers.iter().cloned().collect();
                 (of_stored(r.record), Some(r.digest))
             }
             None => {
+                // Nothing there (a removed tag, a collected registry):
+                // every blob is pushed again.
+                kept.present = Present::default();
                 let legacy = self.legacy(now).await?;
                 if let Some(l) = &legacy {
                     info!(configmap = %format!("{}/{CONFIG_MAP}", self.namespace), images = l.images.len(), tag = %tag, "the retention record moves from its ConfigMap to the target; the ConfigMap is no longer written");

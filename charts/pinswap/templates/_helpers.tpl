@@ -211,13 +211,14 @@ the key's name, as `pinswap manifests` refuses them.
 
 {{/*
 "true" when the leader lists the target's registries for the node agents:
-the node agent is on, the allowlist has "*", and the agents have no
-credentials of their own to list it with (nodeAgent.registryAuthSecret).
+the node agent is on, the allowlist has "*", the agents have no
+credentials of their own to list it with (nodeAgent.registryAuthSecret),
+and there is a leader (recovery.enabled).
 */}}
 {{- define "pinswap.publishesRegistries" -}}
 {{- $any := false -}}
 {{- range (dig "source" "registries" list .Values.config) -}}
 {{- if eq (toString .registry) "*" }}{{ $any = true }}{{ end -}}
 {{- end -}}
-{{- and .Values.nodeAgent.enabled $any (not .Values.nodeAgent.registryAuthSecret) -}}
+{{- and .Values.nodeAgent.enabled $any (not .Values.nodeAgent.registryAuthSecret) (eq (include "pinswap.recovery" .) "true") -}}
 {{- end }}
