@@ -490,15 +490,64 @@ fn parse_digest(ctx: &Ctx<'_>, digest: &str) -> Result<Digest, ReferenceError> {
 /// The one exception is a reference with neither tag nor digest (made with
 /// [`Reference::without_tag`] or [`Reference::new`]), which parses back with
 /// the tag `latest`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+///
+/// A leader keeps one for every image each Pod names, so it is laid out
+/// compactly: `registry/repository[:tag]` in one allocation, the parts
+/// found by offsets, and the digest beside it.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Reference {
-    registry: String,
-    repository: String,
-    tag: Option<String>,
+    /// `registry/repository[:tag]`.
+    name: Box<str>,
+    /// Where the repository starts in `name`.
+    repository_at: u32,
+    /// Where the tag starts in `name`, after its `:`.
+    tag_at: Option<u32>,
     digest: Option<Digest>,
 }
 
+impl fmt::Debug for Reference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reference")
+            .field("registry", &self.registry())
+            .field("repository", &self.repository())
+            .field("tag", &self.tag())
+            .field("digest", &self.digest)
+            .finish()
+    }
+}
+
 impl Reference {
+    /// Lays out parts already validated.
+    fn of_parts(
+        registry: &str,
+        repository: &str,
+        tag: Option<&str>,
+        digest: Option<Digest>,
+    ) -> Reference {
+        let mut name = String::with_capacity(
+            registry.len() + 1 + repository.len() + tag.map_or(0, |t| t.len() + 1),
+        );
+        name.push_str(registry);
+        name.push('/');
+        let repository_at = name.len();
+        name.push_str(repository);
+        let tag_at = tag.map(|t| {
+            name.push(':');
+            let at = name.len();
+            name.push_str(t);
+            at
+        });
+        // Validated parts are short: a registry name, a repository of at
+        // most 255 characters and a tag of at most 128.
+        let offset = |at: usize| u32::try_from(at).expect("a reference under 4 GiB");
+        Reference {
+            name: name.into_boxed_str(),
+            repository_at: offset(repository_at),
+            tag_at: tag_at.map(offset),
+            digest,
+        }
+    }
+
     /// Parses `[registry/]repository[:tag][@digest]` and normalises it as
     /// Docker's `ParseNormalizedNamed` does. For example, `nginx` gives
     /// `docker.io/library/nginx:latest`; `index.docker.io/nginx` and
@@ -576,15 +625,10 @@ impl Reference {
             Some(d) => Some(parse_digest(&ctx, d)?),
         };
         let tag = match (tag, &digest) {
-            (None, None) => Some(DEFAULT_TAG.to_owned()),
-            (tag, _) => tag.map(str::to_owned),
+            (None, None) => Some(DEFAULT_TAG),
+            (tag, _) => tag,
         };
-        Ok(Reference {
-            registry,
-            repository,
-            tag,
-            digest,
-        })
+        Ok(Reference::of_parts(&registry, &repository, tag, digest))
     }
 
     /// Builds a reference from its parts, validating and normalising each as
@@ -623,28 +667,29 @@ impl Reference {
         }
         let (registry, repository) = check_name(&ctx, registry, repository)?;
         let tag = tag.map(|t| check_tag(&ctx, t)).transpose()?;
-        Ok(Reference {
-            registry,
-            repository,
-            tag: tag.map(str::to_owned),
-            digest,
-        })
+        Ok(Reference::of_parts(&registry, &repository, tag, digest))
     }
 
     /// The registry, `host[:port]`, e.g. `docker.io`, `127.0.0.1:5000` or
     /// `[::1]:5000`. Its case is kept as written.
     pub fn registry(&self) -> &str {
-        &self.registry
+        &self.name[..self.repository_at as usize - 1]
     }
 
     /// The repository path, e.g. `library/nginx` or `a/b`.
     pub fn repository(&self) -> &str {
-        &self.repository
+        let end = self.tag_at.map_or(self.name.len(), |t| t as usize - 1);
+        &self.name[self.repository_at as usize..end]
     }
 
     /// The tag, if any, e.g. `latest`.
     pub fn tag(&self) -> Option<&str> {
-        self.tag.as_deref()
+        self.tag_at.map(|t| &self.name[t as usize..])
+    }
+
+    /// `registry/repository[:tag]`.
+    fn name_and_tag(&self) -> &str {
+        &self.name
     }
 
     /// The digest, if any.
@@ -654,7 +699,8 @@ impl Reference {
 
     /// `registry/repository`, e.g. `docker.io/library/nginx`.
     pub fn name(&self) -> String {
-        format!("{}/{}", self.registry, self.repository)
+        let end = self.tag_at.map_or(self.name.len(), |t| t as usize - 1);
+        self.name[..end].to_owned()
     }
 
     /// The same reference with its tag replaced by `tag`. The digest is kept.
@@ -666,8 +712,8 @@ impl Reference {
     /// would have been.
     pub fn with_tag(&self, tag: &str) -> Result<Reference, ReferenceError> {
         let input = render(
-            &self.registry,
-            &self.repository,
+            self.registry(),
+            self.repository(),
             Some(tag),
             self.digest.as_ref(),
         );
@@ -676,10 +722,12 @@ impl Reference {
             input: &input,
         };
         check_tag(&ctx, tag)?;
-        Ok(Reference {
-            tag: Some(tag.to_owned()),
-            ..self.clone()
-        })
+        Ok(Reference::of_parts(
+            self.registry(),
+            self.repository(),
+            Some(tag),
+            self.digest.clone(),
+        ))
     }
 
     /// The same reference with its digest replaced by `digest`. The tag is kept.
@@ -692,10 +740,12 @@ impl Reference {
 
     /// The same reference without a tag. The digest is kept.
     pub fn without_tag(&self) -> Reference {
-        Reference {
-            tag: None,
-            ..self.clone()
-        }
+        Reference::of_parts(
+            self.registry(),
+            self.repository(),
+            None,
+            self.digest.clone(),
+        )
     }
 
     /// The same reference without a digest. The tag is kept.
@@ -712,16 +762,18 @@ impl Reference {
     /// reference's `Display`. A reference with neither tag nor digest gets the
     /// tag `latest`, as oci-client's own parser would give it.
     pub fn to_oci(&self) -> oci_client::Reference {
-        let registry = self.registry.clone();
-        let repository = self.repository.clone();
-        match (&self.tag, &self.digest) {
+        let registry = self.registry().to_owned();
+        let repository = self.repository().to_owned();
+        match (self.tag(), &self.digest) {
             (Some(tag), Some(digest)) => oci_client::Reference::with_tag_and_digest(
                 registry,
                 repository,
-                tag.clone(),
+                tag.to_owned(),
                 digest.to_string(),
             ),
-            (Some(tag), None) => oci_client::Reference::with_tag(registry, repository, tag.clone()),
+            (Some(tag), None) => {
+                oci_client::Reference::with_tag(registry, repository, tag.to_owned())
+            }
             (None, Some(digest)) => {
                 oci_client::Reference::with_digest(registry, repository, digest.to_string())
             }
@@ -737,16 +789,13 @@ impl Reference {
     /// The port is ignored. This looks only at the text. It does no DNS
     /// lookup, so a name that resolves to 127.0.0.1 is not loopback here.
     pub fn is_loopback(&self) -> bool {
-        is_loopback_registry(&self.registry)
+        is_loopback_registry(self.registry())
     }
 }
 
 impl fmt::Display for Reference {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.registry, self.repository)?;
-        if let Some(tag) = &self.tag {
-            write!(f, ":{tag}")?;
-        }
+        f.write_str(self.name_and_tag())?;
         if let Some(digest) = &self.digest {
             write!(f, "@{digest}")?;
         }
@@ -1240,12 +1289,12 @@ impl MirrorTarget {
             input: &input,
         };
         let (registry, repository) = check_name(&ctx, &self.registry, &repository)?;
-        Ok(Reference {
-            registry,
-            repository,
-            tag: source.tag.clone(),
-            digest: source.digest.clone(),
-        })
+        Ok(Reference::of_parts(
+            &registry,
+            &repository,
+            source.tag(),
+            source.digest.clone(),
+        ))
     }
 
     /// The source whose mirror path is `repository` (a repository of this
@@ -1785,7 +1834,16 @@ mod tests {
             assert_eq!(r.tag(), tag, "{input}");
             assert_eq!(r.digest(), digest, "{input}");
             assert_eq!(r.name(), format!("{registry}/{repository}"));
+            // The same parts, however the reference was made.
+            let again = Reference::new(registry, repository, tag, digest.cloned()).unwrap();
+            assert_eq!(again, r, "{input}");
+            let bare = r.without_tag().without_digest();
+            assert_eq!((bare.repository(), bare.tag()), (repository, None));
+            assert_eq!(bare.with_tag("t").unwrap().tag(), Some("t"));
         }
+        // One allocation for the name, one for a digest: a leader holds
+        // one for every image each Pod names.
+        assert!(std::mem::size_of::<Reference>() <= 56);
         let r = parse(&format!("ghcr.io/o/a@{}", sha512()));
         assert_eq!(r.digest().unwrap().algorithm(), DigestAlgorithm::Sha512);
         assert_eq!(r.tag(), None);
