@@ -794,7 +794,8 @@ impl ServerMetrics {
 /// Retention passes and what they did.
 pub struct RetentionMetrics {
     /// `pinswap_retention_passes_total{outcome}`: `done`, `not_synced`,
-    /// `source_down`, `error`.
+    /// `source_down`, `error`, `leadership_lost` (stopped leading mid-pass:
+    /// a lost Lease or a shutdown).
     pub passes: Family<OutcomeLabel, Counter>,
     /// `pinswap_retention_removed_total{outcome}`: images (target
     /// `repository@digest`) `removed`, that a dry run would remove

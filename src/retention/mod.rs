@@ -356,7 +356,11 @@ pub async fn run(
             let now_in_use = in_use();
             let swept = tokio::select! {
                 r = retention.sweep(&now_in_use) => r,
-                _ = lost => break,
+                _ = lost => {
+                    warn!("retention pass stopped: this replica stopped leading; what it had not removed stays");
+                    Metrics::outcome(&retention.metrics.retention.passes, "leadership_lost");
+                    break;
+                }
             };
             next = match swept {
                 Ok(r) if r.not_synced => soon,

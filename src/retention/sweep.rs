@@ -105,6 +105,17 @@ fn anchor(tag: &str) -> Option<(Digest, Option<&str>)> {
     Some((Digest::parse(&format!("sha256:{hex}")).ok()?, variant))
 }
 
+/// The source registry of `image` (by its repository in `sources`) and
+/// why it could not answer, when it is in `down`.
+fn held_by<'d>(
+    sources: &HashMap<String, String>,
+    image: &Reference,
+    down: &'d BTreeMap<String, String>,
+) -> Option<(&'d String, &'d String)> {
+    let source = sources.get(&image.without_digest().without_tag().to_string())?;
+    down.get_key_value(source)
+}
+
 /// Whether `tag` is one pinswap writes: anything but the referrers tag
 /// schema (`sha256-<hex>`, with cosign's `.sig`, `.att`, `.sbom`), which
 /// names signatures and attestations by their subject.
@@ -542,9 +553,16 @@ impl Retention {
         }
         // A source that failed later in the pass may have answered for an
         // earlier candidate: none of its images goes in this pass.
+        let sources: HashMap<String, String> = match down.is_empty() {
+            true => HashMap::new(),
+            false => repos
+                .iter()
+                .map(|r| (r.target.to_string(), source_registry(r)))
+                .collect(),
+        };
         candidates.retain(|&i| {
             let img = &mut report.images[i];
-            let Some((registry, why)) = self.held_by(&repos, &img.image, &down) else {
+            let Some((registry, why)) = held_by(&sources, &img.image, &down) else {
                 return true;
             };
             img.state = State::Kept;
@@ -598,12 +616,15 @@ impl Retention {
             // its tag moved), in the repositories with a candidate.
             let pinned_by: HashSet<String> = claims.keys().cloned().collect();
             let mut children = HashSet::new();
+            // By name: a pass of 10,000 repositories and as many candidates
+            // must not compare each with each (it held the runtime long
+            // enough for the leader to lose its Lease).
+            let with_candidate: HashSet<String> = candidates
+                .iter()
+                .map(|&i| report.images[i].image.without_digest().to_string())
+                .collect();
             for repo in &repos {
-                let prefix = format!("{}@", repo.target);
-                let has_candidate = candidates
-                    .iter()
-                    .any(|&i| report.images[i].image.to_string().starts_with(&prefix));
-                if has_candidate {
+                if with_candidate.contains(&repo.target.to_string()) {
                     self.children_in_use(&client, repo, &pinned_by, &mut children)
                         .await?;
                 }
@@ -657,20 +678,6 @@ impl Retention {
             }
         }
         Ok(report)
-    }
-
-    /// The source registry of `image` and why it could not answer, when
-    /// it is in `down`.
-    fn held_by<'d>(
-        &self,
-        repos: &[Repository],
-        image: &Reference,
-        down: &'d BTreeMap<String, String>,
-    ) -> Option<(&'d String, &'d String)> {
-        let repo = repos
-            .iter()
-            .find(|r| r.target.registry() == image.registry() && r.target.name() == image.name())?;
-        down.get_key_value(&source_registry(repo))
     }
 
     /// Whether a due manifest may go: only pinswap's tags point at it and
