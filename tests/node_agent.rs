@@ -268,35 +268,19 @@ async fn the_agent_lists_the_target_anonymously_or_with_its_own_credentials_neve
 /// whose volume has no set yet keeps its files.
 #[tokio::test]
 async fn the_leader_lists_the_target_once_for_every_node_agent() {
-    use pinswap::nodeconfig::registries::{KEY, Publisher, Round};
-    common::init();
-    let target = TestRegistry::plain().await;
-    push_image(&target, "cache/quay.io/app", Some("v1"), &Image::oci(1, 43)).await;
-    let front = common::front::Front::start(&target.host()).await;
-    let config_text = format!(
-        "target: {{registry: {}/cache, insecure: true}}\nsource: {{registries: [{{registry: \"*\"}}]}}\n",
-        front.host()
-    );
-    let tmp = tempfile::tempdir().unwrap();
-    let config_file = tmp.path().join("pinswap.yaml");
-    std::fs::write(&config_file, &config_text).unwrap();
+    use pinswap::nodeconfig::registries::{KEY, Round};
+    let star = Star::start(&["quay.io/app"]).await;
+    let (front, config_text, tmp, objects) =
+        (&star.front, &star.config_text, &star.tmp, &star.objects);
 
     // What the install renders.
-    let objects = manifests(&[
-        "--tls",
-        "self-signed",
-        "--config",
-        config_file.to_str().unwrap(),
-        "--node-agent",
-    ])
-    .await;
-    let rendered = find(&objects, "ConfigMap", "pinswap-registries");
+    let rendered = find(objects, "ConfigMap", "pinswap-registries");
     assert_eq!(
         rendered["metadata"]["annotations"]["pinswap.dev/registries"],
         "written by the leader"
     );
     assert!(rendered.get("data").is_none(), "{rendered}");
-    let ds = find(&objects, "DaemonSet", "pinswap-node-agent");
+    let ds = find(objects, "DaemonSet", "pinswap-node-agent");
     let pod = &ds["spec"]["template"]["spec"];
     let args = pod["containers"][0]["args"].to_string();
     assert!(
@@ -316,26 +300,7 @@ async fn the_leader_lists_the_target_once_for_every_node_agent() {
     assert_eq!(secrets_of(pod), Vec::<String>::new());
 
     // The leader, through the API server with the install's RBAC.
-    let api = common::kube::KubeApi::start().await;
-    let config = pinswap::config::Config::from_yaml(&config_text, "c.yaml").unwrap();
-    api.authorize_install_with(
-        &config,
-        pinswap::install::manifests::Tls::SelfSigned,
-        Some(pinswap::install::node_agent::NodeAgent {
-            runtime: Runtime::Containerd,
-            mode: Mode::Resolve,
-            host_path: "/etc/containerd/certs.d".into(),
-            registry_auth_secret: None,
-        }),
-    );
-    api.put_config_map("pinswap", serde_json::from_value(rendered.clone()).unwrap());
-    let mirror = pinswap::mirror::Mirror::connect(
-        &config,
-        std::sync::Arc::new(pinswap::metrics::Metrics::new()),
-    )
-    .await
-    .unwrap();
-    let publisher = Publisher::new(std::sync::Arc::new(mirror), api.install_client(), "pinswap");
+    let (api, publisher) = star.leader().await;
     let quay = BTreeSet::from(["quay.io".to_owned()]);
     assert_eq!(
         publisher.round().await.unwrap(),
@@ -365,7 +330,7 @@ async fn the_leader_lists_the_target_once_for_every_node_agent() {
     for n in 0..10 {
         let node = tmp.path().join(format!("node{n}"));
         std::fs::create_dir_all(&node).unwrap();
-        std::fs::write(node.join("pinswap.yaml"), &config_text).unwrap();
+        std::fs::write(node.join("pinswap.yaml"), config_text).unwrap();
         let mut a = agent(&node, None);
         a.registries_file = Some(file.clone());
         // Before the leader lists: nothing to go on, nothing changed.
@@ -390,4 +355,171 @@ async fn the_leader_lists_the_target_once_for_every_node_agent() {
         api.config_map("pinswap", "pinswap-registries"),
         Some(theirs)
     );
+}
+
+/// A minute of the target's requests (two 30 s rounds) from the leader
+/// and `nodes` agents: each agent reads the leader's set from its copy of
+/// the ConfigMap when `published`, or lists the target itself.
+async fn a_minute_of_requests(
+    tmp: &Path,
+    config_text: &str,
+    front: &common::front::Front,
+    publisher: &pinswap::nodeconfig::registries::Publisher,
+    api: &common::kube::KubeApi,
+    nodes: usize,
+    published: bool,
+) -> usize {
+    use pinswap::nodeconfig::registries::KEY;
+    let run = tmp.join(format!("{nodes}-{published}"));
+    let volume = run.join("volume");
+    std::fs::create_dir_all(&volume).unwrap();
+    let mut agents = Vec::new();
+    for n in 0..nodes {
+        let node = run.join(format!("node{n}"));
+        std::fs::create_dir_all(&node).unwrap();
+        std::fs::write(node.join("pinswap.yaml"), config_text).unwrap();
+        let mut a = agent(&node, None);
+        a.registries_file = published.then(|| volume.join(KEY));
+        agents.push((a, BTreeSet::new()));
+    }
+    front.reset();
+    for _round in 0..2 {
+        if published {
+            publisher.round().await.unwrap();
+            // The kubelet's copy of the ConfigMap.
+            let data = api
+                .config_map("pinswap", "pinswap-registries")
+                .unwrap()
+                .data
+                .unwrap()[KEY]
+                .clone();
+            std::fs::write(volume.join(KEY), data).unwrap();
+        }
+        for (a, known) in &mut agents {
+            a.round(known).await.unwrap();
+            assert!(a.dir.join("ghcr.io/hosts.toml").exists());
+        }
+    }
+    front.requests().len()
+}
+
+#[tokio::test]
+async fn the_targets_requests_do_not_grow_with_the_nodes() {
+    let star = Star::start(&["quay.io/app", "ghcr.io/org/tool", "docker.io/library/nginx"]).await;
+    let (api, publisher) = star.leader().await;
+    // The leader's client has met the target before the minute counted.
+    publisher.round().await.unwrap();
+
+    let mut figures = Vec::new();
+    for (nodes, published) in [(10, true), (1000, true), (10, false), (100, false)] {
+        {
+            let t = std::time::Instant::now();
+            let n = a_minute_of_requests(
+                star.tmp.path(),
+                &star.config_text,
+                &star.front,
+                &publisher,
+                &api,
+                nodes,
+                published,
+            )
+            .await;
+            eprintln!(
+                "{nodes} nodes, {}: {n} requests a minute ({:.1} s)",
+                if published {
+                    "the leader's set"
+                } else {
+                    "each listing"
+                },
+                t.elapsed().as_secs_f64()
+            );
+            figures.push(n);
+        }
+    }
+    // The leader lists the catalog once a round, whatever the nodes;
+    // agents listing for themselves cost the target in proportion.
+    assert_eq!((figures[0], figures[1]), (2, 2), "{figures:?}");
+    assert_eq!(figures[3], 10 * figures[2], "{figures:?}");
+    assert!(api.forbidden().is_empty(), "{:?}", api.forbidden());
+}
+
+/// A target behind a counting front holding `repos` under `cache/`, a
+/// `"*"` config for it, and what `pinswap manifests --node-agent` renders
+/// for that config.
+struct Star {
+    _target: TestRegistry,
+    front: common::front::Front,
+    config_text: String,
+    tmp: tempfile::TempDir,
+    objects: Vec<Value>,
+}
+
+impl Star {
+    async fn start(repos: &[&str]) -> Star {
+        common::init();
+        let target = TestRegistry::plain().await;
+        for (k, repo) in repos.iter().enumerate() {
+            let image = Image::oci(1, 43 + k as u64);
+            push_image(&target, &format!("cache/{repo}"), Some("v1"), &image).await;
+        }
+        let front = common::front::Front::start(&target.host()).await;
+        let config_text = format!(
+            "target: {{registry: {}/cache, insecure: true}}\nsource: {{registries: [{{registry: \"*\"}}]}}\n",
+            front.host()
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let config_file = tmp.path().join("pinswap.yaml");
+        std::fs::write(&config_file, &config_text).unwrap();
+        let objects = manifests(&[
+            "--tls",
+            "self-signed",
+            "--config",
+            config_file.to_str().unwrap(),
+            "--node-agent",
+        ])
+        .await;
+        Star {
+            _target: target,
+            front,
+            config_text,
+            tmp,
+            objects,
+        }
+    }
+
+    /// The leader's publisher, through an API server that enforces the
+    /// install's RBAC and holds the rendered ConfigMap.
+    async fn leader(
+        &self,
+    ) -> (
+        common::kube::KubeApi,
+        pinswap::nodeconfig::registries::Publisher,
+    ) {
+        let api = common::kube::KubeApi::start().await;
+        let config = pinswap::config::Config::from_yaml(&self.config_text, "c.yaml").unwrap();
+        api.authorize_install_with(
+            &config,
+            pinswap::install::manifests::Tls::SelfSigned,
+            Some(pinswap::install::node_agent::NodeAgent {
+                runtime: Runtime::Containerd,
+                mode: Mode::Resolve,
+                host_path: "/etc/containerd/certs.d".into(),
+                registry_auth_secret: None,
+            }),
+        );
+        let rendered = find(&self.objects, "ConfigMap", "pinswap-registries");
+        api.put_config_map("pinswap", serde_json::from_value(rendered.clone()).unwrap());
+        let mirror = pinswap::mirror::Mirror::connect(
+            &config,
+            std::sync::Arc::new(pinswap::metrics::Metrics::new()),
+        )
+        .await
+        .unwrap();
+        let publisher = pinswap::nodeconfig::registries::Publisher::new(
+            std::sync::Arc::new(mirror),
+            api.install_client(),
+            "pinswap",
+        );
+        (api, publisher)
+    }
 }
