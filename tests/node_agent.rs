@@ -314,12 +314,7 @@ async fn the_leader_lists_the_target_once_for_every_node_agent() {
         .filter(|q| q.method == "PUT" && q.path.ends_with("/configmaps/pinswap-registries"))
         .count();
     assert_eq!(puts, 1, "written once, when the set changed");
-    let data = api
-        .config_map("pinswap", "pinswap-registries")
-        .unwrap()
-        .data
-        .unwrap()[KEY]
-        .clone();
+    let data = published_set(&api);
 
     // Ten nodes' agents: the kubelet's copy of the ConfigMap, no request
     // to the target.
@@ -357,6 +352,15 @@ async fn the_leader_lists_the_target_once_for_every_node_agent() {
     );
 }
 
+/// The registry set the leader wrote into `pinswap-registries`.
+fn published_set(api: &common::kube::KubeApi) -> String {
+    api.config_map("pinswap", "pinswap-registries")
+        .unwrap()
+        .data
+        .unwrap()[pinswap::nodeconfig::registries::KEY]
+        .clone()
+}
+
 /// A minute of the target's requests (two 30 s rounds) from the leader
 /// and `nodes` agents: each agent reads the leader's set from its copy of
 /// the ConfigMap when `published`, or lists the target itself.
@@ -387,13 +391,7 @@ async fn a_minute_of_requests(
         if published {
             publisher.round().await.unwrap();
             // The kubelet's copy of the ConfigMap.
-            let data = api
-                .config_map("pinswap", "pinswap-registries")
-                .unwrap()
-                .data
-                .unwrap()[KEY]
-                .clone();
-            std::fs::write(volume.join(KEY), data).unwrap();
+            std::fs::write(volume.join(KEY), published_set(api)).unwrap();
         }
         for (a, known) in &mut agents {
             a.round(known).await.unwrap();
