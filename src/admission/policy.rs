@@ -1,6 +1,7 @@
 //! Which slots pinswap may touch: JMESPath filters, the source allowlist,
 //! refused addresses and idempotence (docs/architecture.md §3 step 1, §5).
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -51,7 +52,11 @@ pub enum SourceRefused {
 /// The compiled slot policy.
 pub struct Policy {
     filters: Vec<(String, jmespath::Expression<'static>)>,
-    allowed: Vec<String>,
+    allowed: HashSet<String>,
+    /// The listed registries that are no link-local or metadata address,
+    /// as found once here: a slot naming one skips parsing its host again,
+    /// which was the largest part of a cached slot's policy check.
+    safe: HashSet<String>,
     any: bool,
     target: MirrorTarget,
     /// `rewriteImagePullPolicyNever`.
@@ -114,10 +119,16 @@ impl Policy {
             .registries
             .iter()
             .map(|r| crate::reference::normalize_registry(&r.registry))
+            .collect::<HashSet<_>>();
+        let safe = allowed
+            .iter()
+            .filter(|r| !is_refused_host(r))
+            .cloned()
             .collect();
         Ok(Self {
             filters,
             allowed,
+            safe,
             any,
             target,
             rewrite_never: config.rewrite_image_pull_policy_never,
@@ -204,11 +215,15 @@ impl Policy {
     /// # Errors
     /// [`SourceRefused`], saying why not.
     pub fn source_allowed(&self, reference: &Reference) -> Result<(), SourceRefused> {
-        if is_refused_host(reference.registry()) {
+        if !self.safe.contains(reference.registry()) && is_refused_host(reference.registry()) {
             return Err(SourceRefused::Metadata(reference.registry().to_owned()));
         }
-        let registry = crate::reference::normalize_registry(reference.registry());
-        if !self.any && !self.allowed.contains(&registry) {
+        if !self.any
+            && !self.allowed.contains(reference.registry())
+            && !self
+                .allowed
+                .contains(&crate::reference::normalize_registry(reference.registry()))
+        {
             return Err(SourceRefused::NotListed(reference.registry().to_owned()));
         }
         Ok(())
@@ -312,6 +327,18 @@ mod tests {
         assert!(
             matches!(any.check(None, &slot("169.254.169.254/x:1")), Err(Skip::Keep(m)) if m.contains("never contacted"))
         );
+        // Listing a metadata address does not make it a source: only the
+        // listed registries found safe skip the host check.
+        let listed = policy(
+            "target: {registry: mirror.local}\nsource: {registries: [{registry: \"169.254.169.254\"}, {registry: \"0xa9fea9fe:80\"}, {registry: quay.io}]}\n",
+        );
+        for image in ["169.254.169.254/x:1", "0xa9fea9fe:80/x:1"] {
+            assert!(
+                matches!(listed.check(None, &slot(image)), Err(Skip::Keep(m)) if m.contains("never contacted")),
+                "{image}"
+            );
+        }
+        assert!(listed.check(None, &slot("quay.io/a/b:1")).is_ok());
     }
 
     #[test]
