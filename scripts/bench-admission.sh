@@ -56,6 +56,15 @@
 #              registry.bench.internal, which it never contacts.
 #              Needs moto_proxy (pip install 'moto[server,proxy]'); skipped with
 #              the reason when the peer or moto is missing.
+#   profile    not in the default set: perf record (DWARF stacks) of the cached
+#              instance under the 1- and 20-container reviews (-c $BENCH_CONC),
+#              its samples grouped by stage of the review and by library,
+#              in µs of CPU per review, with the fixed part (what does not
+#              grow with containers) apart. Needs perf (linux-perf).
+# Every run also reads the server's own CPU time (user + system, from
+# /proc) and reports it per answer: hey shares the 2 cores, so throughput
+# here is the server's cost plus hey's, and CPU per review is the server's
+# alone, what a machine serving only admissions would spend.
 # Cached pinswap uses the default caches (ttl 1h, resolutionTtl 30s).
 # With BASELINE_BIN (another pinswap build, e.g. the last release), another
 # instance of it with the cached config joins the 'max' rounds, so that a
@@ -67,7 +76,8 @@
 #      comma-separated; default "max 1000/s uncached stalled private swapper");
 #      BENCH_PRIVATE (above); PINSWAP_LOG (pinswap's log level; default info,
 #      one line per admission, to a file)
-# Results: target/bench/bench-admission.md (and .json)
+# Results: target/bench/bench-admission.md (and .json); with profile, also
+# target/bench/perf-{1,20}.data and their stacks, profile-{1,20}.txt.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -79,13 +89,14 @@ ALL_CASES="max 1000/s uncached stalled private swapper"
 CASES=" ${BENCH_CASES:-$ALL_CASES} "
 CASES=${CASES//,/ }
 for c in $CASES; do
-  case " $ALL_CASES " in *" $c "*) ;; *) echo "error: BENCH_CASES: unknown case '$c' (known: $ALL_CASES)" >&2; exit 2 ;; esac
+  case " $ALL_CASES profile " in *" $c "*) ;; *) echo "error: BENCH_CASES: unknown case '$c' (known: $ALL_CASES profile)" >&2; exit 2 ;; esac
 done
 want() { [[ $CASES == *" $1 "* ]]; } # CASE: is it selected?
 
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh # (the working directory is the repo root)
 ensure_tools hey:hey docker-registry:docker-registry openssl:openssl curl:curl python3:python3
+if want profile; then ensure_tools perf:linux-perf; fi
 
 # The private case needs kubectl and the control-plane harness.
 CLUSTER='' PRIVATE_SKIPPED=''
@@ -156,12 +167,15 @@ cleanup() {
 trap cleanup EXIT
 
 
+# Each server's PID by its address: run() reads the server's CPU time.
+declare -A PID_OF=()
 start_pinswap() { # NAME CONFIG VAR_HOOK VAR_HEALTH [BINARY]
   local hook health
   hook=127.0.0.1:$(free_port) health=127.0.0.1:$(free_port)
   ${5:-$PINSWAP} serve --config "$2" --tls-cert "$WORK/tls.crt" --tls-key "$WORK/tls.key" \
     --listen "$hook" --health-listen "$health" >"$WORK/$1.log" 2>&1 &
   PIDS+=($!)
+  PID_OF[$hook]=$!
   wait_for "http://$health/readyz" $! "pinswap ($1)"
   printf -v "$3" '%s' "$hook"
   printf -v "$4" '%s' "$health"
@@ -209,7 +223,7 @@ make_certs "pinswap bench"
 # The swapper case's Pods: 20 distinct images (one layout under 20 names),
 # mirrored like the others, and reviews of 1, 5 and 20 containers.
 SWAP_HOOK='' ECR=123456789012.dkr.ecr.us-east-1.amazonaws.com
-if want swapper; then
+if want swapper || want profile; then
   : >"$WORK/fleet.txt"
   for i in $(seq 20); do
     $PINSWAP copy oci:examples/oci/hello:v1 "docker://$SRC/fleet/app$i:v1" >/dev/null
@@ -233,6 +247,8 @@ print(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"
 PY
     sed "s|\"$SRC/|\"registry.bench.internal/|g" "$WORK/review-$n.json" >"$WORK/review-swapper-$n.json"
   done
+fi
+if want swapper; then
   MOTO=127.0.0.1:$(free_port)
   MOTO_CA=$(python3 -c 'import moto.moto_proxy, os; print(os.path.dirname(moto.moto_proxy.__file__))')/ca.crt
   (cd "$WORK" && AWS_EC2_METADATA_DISABLED=true exec moto_proxy -H 127.0.0.1 -p "${MOTO#*:}") >"$WORK/moto.log" 2>&1 &
@@ -266,6 +282,7 @@ YML
     "$SWAPPER" --config "$WORK/swapper.yaml" --listen-address "$SWAP_HOOK" \
     --tls-cert-file "$WORK/tls.crt" --tls-key-file "$WORK/tls.key" >"$WORK/swapper.log" 2>&1 &
   PIDS+=($!)
+  PID_OF[$SWAP_HOOK]=$!
   wait_for "https://$SWAP_HOOK/" $! k8s-image-swapper --cacert "$WORK/ca.crt"
   echo "== k8s-image-swapper on $SWAP_HOOK (ECR API: moto_proxy on $MOTO); 20 fleet images mirrored to $DST/mirror"
 fi
@@ -284,6 +301,7 @@ config "cache: {ttl: 0s, resolutionTtl: 0s, reverify: 0s}" >"$WORK/uncached.yaml
 config "cache: {ttl: 1h, resolutionTtl: 1s}" >"$WORK/stalled.yaml"
 HOOK='' HEALTH='' HOOK_U='' HEALTH_U='' HOOK_S='' HEALTH_S='' # set by start_pinswap
 start_pinswap cached "$WORK/cached.yaml" HOOK HEALTH
+CACHED_PID=${PIDS[-1]}
 if want uncached; then start_pinswap uncached "$WORK/uncached.yaml" HOOK_U HEALTH_U; fi
 if want stalled; then start_pinswap stalled "$WORK/stalled.yaml" HOOK_S HEALTH_S; fi
 # shellcheck disable=SC2034 # HEALTH_B: start_pinswap sets it; nothing reads the baseline's metrics
@@ -392,9 +410,11 @@ for _ in $(seq 20); do
     mutate "$HOOK_P" "$WORK/response-pub.json" "$WORK/review-public.json"
     mutate "$HOOK_P" "$WORK/response-priv.json" "$WORK/review-private.json"
   fi
+  if want swapper || want profile; then
+    for n in 1 5 20; do mutate "$HOOK" "$WORK/response-$n.json" "$WORK/review-$n.json" "$n"; done
+  fi
   if [ -n "$SWAP_HOOK" ]; then
     for n in 1 5 20; do
-      mutate "$HOOK" "$WORK/response-$n.json" "$WORK/review-$n.json" "$n"
       mutate "$SWAP_HOOK" "$WORK/response-swapper-$n.json" "$WORK/review-swapper-$n.json" "$n" /webhook "$ECR/"
     done
   fi
@@ -404,6 +424,7 @@ CEIL=127.0.0.1:$(free_port)
 "$CEILING" --listen "$CEIL" --cert "$WORK/tls.crt" --key "$WORK/tls.key" \
   --body "$WORK/response.json" >"$WORK/ceiling.log" 2>&1 &
 PIDS+=($!)
+PID_OF[$CEIL]=$!
 wait_for "https://$CEIL/mutate" $! ceiling --cacert "$WORK/ca.crt" --data-binary @"$WORK/review.json"
 echo "== ceiling on $CEIL answers with pinswap's response ($(wc -c <"$WORK/response.json") bytes)"
 
@@ -412,17 +433,21 @@ metric() { # HEALTH NAME_AND_LABELS: a counter's value
 }
 
 RESULTS=$WORK/results.jsonl
+: >"$RESULTS"
 run() { # CASE WHO HOOK HEY-ARGS...: one hey run (of $REVIEW, default the review above), parsed into a JSON line
-  local case=$1 who=$2 hook=$3 review=${REVIEW:-$WORK/review.json}
+  local case=$1 who=$2 hook=$3 review=${REVIEW:-$WORK/review.json} pid ticks
   shift 3
+  pid=${PID_OF[$hook]}
+  ticks=$(cpu_ticks "$pid")
   printf '   %-9s %-17s hey -z %s %s ... ' "$case" "$who" "$DURATION" "$*"
   # -host: hey sends its Host value ("127.0.0.1:PORT") as the TLS SNI, which
   # rustls rejects (illegal_parameter); "localhost" is a valid SNI name.
   hey -z "$DURATION" "$@" -host localhost -m POST -T application/json -D "$review" \
     "https://$hook${URL_PATH:-/mutate}" >"$WORK/hey.txt"
-  python3 - "$WORK/hey.txt" "$RESULTS" "$case" "$who" "$*" "$ROUND" <<'PY'
+  ticks=$(($(cpu_ticks "$pid") - ticks))
+  python3 - "$WORK/hey.txt" "$RESULTS" "$case" "$who" "$*" "$ROUND" "$ticks" "$(getconf CLK_TCK)" <<'PY'
 import json, re, sys
-text, results, case, who, args, rnd = open(sys.argv[1]).read(), *sys.argv[2:]
+text, results, case, who, args, rnd, ticks, clk = open(sys.argv[1]).read(), *sys.argv[2:]
 num = lambda pat: float(re.search(pat, text).group(1))
 codes = {int(c): int(n) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", text)}
 errors = re.findall(r"\[(\d+)\]\s+(.+)", text.split("Error distribution:")[1]) if "Error distribution:" in text else []
@@ -434,10 +459,13 @@ r = {"case": case, "who": who, "args": args, "rps": num(r"Requests/sec:\s+([\d.]
      "p50": num(r"50% in ([\d.]+) secs") * 1000,
      # hey prints no 99% line below 100 responses; the slowest is then the bound.
      "p99": num(r"99% in ([\d.]+) secs" if "99% in" in text else r"Slowest:\s+([\d.]+)") * 1000,
-     "ok": ok, "bad": bad, "round": int(rnd)}
+     "ok": ok, "bad": bad, "round": int(rnd),
+     # The server's CPU time (user + system) over the run, per answer.
+     "cpu_us": int(ticks) / int(clk) * 1e6 / ok}
 with open(results, "a") as f:
     f.write(json.dumps(r) + "\n")
-print(f"{r['rps']:8.0f} req/s  p50 {r['p50']:.1f} ms  p99 {r['p99']:.1f} ms  ({ok} ok, {bad} failed)")
+print(f"{r['rps']:8.0f} req/s  p50 {r['p50']:.1f} ms  p99 {r['p99']:.1f} ms  "
+      f"CPU {r['cpu_us']:.0f} µs/review  ({ok} ok, {bad} failed)")
 PY
 }
 
@@ -525,7 +553,7 @@ import json, statistics as st, sys
 rows = [json.loads(l) for l in open(src)]
 def agg(case, who):
     rs = [r for r in rows if r["case"] == case and r["who"] == who]
-    return {k: st.mean(r[k] for r in rs) for k in ("rps", "p50", "p99")} | {
+    return {k: st.mean(r[k] for r in rs) for k in ("rps", "p50", "p99", "cpu_us")} | {
         "ok": sum(r["ok"] for r in rs), "bad": sum(r["bad"] for r in rs), "args": rs[0]["args"], "runs": len(rs)}
 cases = [("max", "ceiling"), ("max", "pinswap-cached"), ("max", "baseline-cached"),
          ("max", "pullsecrets-public"), ("max", "pullsecrets-private"), ("1000/s", "ceiling"),
@@ -543,14 +571,14 @@ lines = [
     f"mean of {rounds} alternating round(s)"
     + (f"; kube-apiserver {apiserver}" if apiserver else "") + ").",
     "",
-    "| server | load (hey) | req/s | p50 ms | p99 ms | failed |",
-    "|---|---|---|---|---|---|",
+    "| server | load (hey) | req/s | p50 ms | p99 ms | server CPU µs/review | failed |",
+    "|---|---|---|---|---|---|---|",
 ]
 for c, w in cases:
     r = res[f"{w} {c}"]
     label = {"max": f"max, `-c {conc}`", "1000/s": "1,000 req/s, `-c 10 -q 100`",
              "10/s": "10 req/s, `-c 1 -q 10`", "100/s": "100 req/s, `-c 10 -q 10`"}[c]
-    lines.append(f"| {w} | {label} | {r['rps']:,.0f} | {r['p50']:.1f} | {r['p99']:.1f} | {r['bad']} |")
+    lines.append(f"| {w} | {label} | {r['rps']:,.0f} | {r['p50']:.1f} | {r['p99']:.1f} | {r['cpu_us']:.0f} | {r['bad']} |")
 fail = sum(r["bad"] for r in res.values())
 verdict = lambda ok: "met" if ok else "missed"
 summary = []
@@ -590,11 +618,13 @@ peers = [n for n in (1, 5, 20) if have(f"k8s-image-swapper-{n} max")]
 if peers:
     lines += ["", "Against k8s-image-swapper (imageSwapPolicy always, imageCopyPolicy none: no registry call), "
               "the same Pods, alternating rounds:", "",
-              "| containers | pinswap req/s | k8s-image-swapper req/s | throughput ratio | pinswap p99 ms | k8s-image-swapper p99 ms |",
-              "|---|---|---|---|---|---|"]
+              "| containers | pinswap req/s | k8s-image-swapper req/s | throughput ratio | pinswap p99 ms | k8s-image-swapper p99 ms "
+              "| pinswap CPU µs/review | k8s-image-swapper CPU µs/review | CPU ratio |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for n in peers:
         p, k = res[f"pinswap-cached-{n} max"], res[f"k8s-image-swapper-{n} max"]
-        lines.append(f"| {n} | {p['rps']:,.0f} | {k['rps']:,.0f} | {p['rps'] / k['rps']:.2f}× | {p['p99']:.1f} | {k['p99']:.1f} |")
+        lines.append(f"| {n} | {p['rps']:,.0f} | {k['rps']:,.0f} | {p['rps'] / k['rps']:.2f}× | {p['p99']:.1f} | {k['p99']:.1f} "
+                     f"| {p['cpu_us']:.0f} | {k['cpu_us']:.0f} | {k['cpu_us'] / p['cpu_us']:.2f}× |")
         targets.append(f"| cached throughput ≥ 3× k8s-image-swapper's, {n} container(s) | "
                        f"{verdict(p['rps'] >= 3 * k['rps'])}, {p['rps'] / k['rps']:.2f}× |")
     if have("k8s-image-swapper-5 1000/s"):
@@ -616,3 +646,117 @@ if fail:
     sys.exit(f"{fail} requests failed")
 PY
 echo "== written to target/bench/bench-admission.md"
+
+# Where a review's CPU goes: perf samples (with DWARF call stacks) of the
+# cached instance under the 1- and 20-container reviews, in µs of CPU per
+# review, two ways: by the stage of the review a sample's stack is in (the
+# innermost stage named on it), and by the library of the sampled function.
+# What does not grow with containers is the fixed cost: the 1-container
+# figure less the per-container slope.
+if want profile; then
+  echo "== profile: perf record -F 499 --call-graph dwarf of the cached instance, 1 and 20 containers"
+  for n in 1 20; do
+    perf record -q -F 499 --call-graph dwarf,16384 -p "$CACHED_PID" -o "$OUT/perf-$n.data" \
+      -- sleep "$DURATION" 2>"$WORK/perf.log" &
+    perf_pid=$!
+    REVIEW=$WORK/review-$n.json run profile "pinswap-cached-$n" "$HOOK" -c "$CONC"
+    wait "$perf_pid" || { cat "$WORK/perf.log" >&2; exit 1; }
+    perf script -i "$OUT/perf-$n.data" 2>/dev/null | gzip >"$OUT/profile-$n.txt.gz"
+  done
+  python3 - "$RESULTS" "$OUT" >"$OUT/bench-admission-profile.md" <<'PY'
+import gzip, json, re, sys
+results, out = sys.argv[1:]
+runs = {int(r["who"].rsplit("-", 1)[1]): r for r in map(json.loads, open(results)) if r["case"] == "profile"}
+# The innermost frame naming one of these decides a sample's stage; the
+# last two (the frameworks every stage runs in) only when no other is named.
+STAGES = [
+    ("the log line (tracing's fmt layer, the write to stderr)", r"tracing_core::event::Event::dispatch"),
+    ("decode the AdmissionReview (serde_json)", r"pinswap::admission::review::decode"),
+    ("policy: parse each reference, check its source", r"pinswap::admission::policy::Policy::check"),
+    ("identity notes", r"identity_note"),
+    ("decide: cache lookups, the target's name", r"Mirror>::plan_with_any|Mirror>::plan_held|Mirror>::held"),
+    ("slots: find the Pod's images", r"pinswap::admission::pod::slots_for"),
+    ("the patch and annotations", r"pinswap::admission::pod::patch|AdmissionResponse::with_patch"),
+    ("encode the response (JSON, base64)", r"pinswap::admission::review::encode"),
+    ("metrics", r"prometheus_client"),
+    ("the rest of the admission", r"pinswap::admission::Admission::answer|pinswap::admission::Admission::review"),
+    ("read the body (budget)", r"pinswap::server::budget"),
+    ("send: TLS encrypt, writev, loopback TCP", r"poll_write_vectored|poll_flush|ChunkVecBuffer"),
+    ("receive: read, TLS decrypt", r"AsyncRead>::poll_read|poll_fill_buf|read_io|process_new_packets"),
+    ("HTTP: hyper, axum, tower", r"hyper::|axum::|tower::|hyper_util::"),
+    ("tokio's scheduler: polling, parking, waking", r"tokio::runtime"),
+]
+TIERS = [STAGES[:-2], STAGES[-2:-1], STAGES[-1:]]
+LIBS = [
+    ("TLS: ring", r"^ring|ring_core|aes_|gcm_|sha\d|chacha"),
+    ("TLS: rustls", r"rustls"),
+    ("HTTP: hyper, axum, tower, http", r"hyper|axum|tower|httparse|\bhttp::|h2::|bytes::"),
+    ("JSON: serde_json", r"serde_json|serde::|serde_core"),
+    ("caches: moka", r"moka|crossbeam|quanta|tagptr|triomphe"),
+    ("logging: tracing", r"tracing"),
+    ("metrics: prometheus-client", r"prometheus"),
+    ("runtime: tokio", r"tokio|mio::"),
+    ("hashing and maps", r"hashbrown|sip::|core::hash|indexmap|btree"),
+    ("formatting: core::fmt", r"core::fmt|alloc::fmt"),
+    ("pinswap", r"pinswap"),
+]
+def lib(sym, dso):
+    if dso.startswith("[kernel"):
+        return "kernel"
+    # glibc's own frames may come as inlined ones in the caller's file.
+    if re.search(r"^(__GI___libc_)?(malloc|free|realloc|calloc|cfree)|^_int_|tcache|consolidate|"
+                 r"unlink_chunk|__rdl_|__rust_(alloc|dealloc|realloc|no_alloc)|finish_grow|reserve", sym):
+        return "allocation: glibc malloc, free, Vec growth"
+    if re.search(r"^__mem(cpy|move|set|cmp)", sym):
+        return "glibc memcpy, memmove"
+    if "libc" in dso or "vdso" in dso or sym.startswith("__GI_"):
+        return "glibc, other (clock_gettime, ...)"
+    return next((name for name, pat in LIBS if re.search(pat, sym)), "other")
+def samples(path):
+    frames = None
+    for line in gzip.open(path, "rt", errors="replace"):
+        if not line.strip():
+            if frames:
+                yield frames
+            frames = None
+        elif not line[0].isspace():
+            frames = []
+        elif frames is not None:
+            m = re.match(r"\s*[0-9a-f]+\s+(.*?)(?:\+0x[0-9a-f]+)?\s+\((.*)\)\s*$", line)
+            if m:
+                frames.append((m.group(1), m.group(2)))
+    if frames:
+        yield frames
+cost, seen = {}, {}
+for n, run in sorted(runs.items()):
+    stage, libs, total = {}, {}, 0
+    for frames in samples(f"{out}/profile-{n}.txt.gz"):
+        total += 1
+        s = next((name for tier in TIERS for sym, _ in frames for name, pat in tier
+                  if re.search(pat, sym)), None)
+        if s is None:
+            s = "kernel, no user frame (interrupts, scheduling)" if frames[0][1].startswith("[kernel") else "other"
+        stage[s] = stage.get(s, 0) + 1
+        # An inlined function's frame names no file: the file is the next one's.
+        l = lib(frames[0][0], next((d for _, d in frames if d != "inlined"), ""))
+        libs[l] = libs.get(l, 0) + 1
+    seen[n] = total
+    per = run["cpu_us"] / total
+    cost[n] = ({k: v * per for k, v in stage.items()}, {k: v * per for k, v in libs.items()}, run["cpu_us"])
+lo, hi = min(cost), max(cost)
+print(f"CPU per review of the cached instance under `-c 50` (perf -F 499 with DWARF stacks: "
+      f"{seen[lo]:,} and {seen[hi]:,} samples over {runs[lo]['ok']:,} and {runs[hi]['ok']:,} reviews). "
+      f"Fixed: the {lo}-container figure less the per-container slope.")
+for title, i in (("stage of the review (the innermost named on the stack)", 0), ("library of the sampled function", 1)):
+    print(f"\nBy {title}:\n\n| part | {lo} container µs | {hi} containers µs | per container µs | fixed µs |\n|---|---|---|---|---|")
+    a, b = cost[lo][i], cost[hi][i]
+    slope = {k: (b.get(k, 0) - a.get(k, 0)) / (hi - lo) for k in set(a) | set(b)}
+    for k in sorted(slope, key=lambda k: -(a.get(k, 0) - slope[k] * lo)):
+        print(f"| {k} | {a.get(k, 0):.1f} | {b.get(k, 0):.1f} | {slope[k]:.2f} | {a.get(k, 0) - slope[k] * lo:.1f} |")
+    t = (cost[hi][2] - cost[lo][2]) / (hi - lo)
+    print(f"| **total** | {cost[lo][2]:.1f} | {cost[hi][2]:.1f} | {t:.2f} | {cost[lo][2] - t * lo:.1f} |")
+PY
+  cat "$OUT/bench-admission-profile.md"
+  printf '\n%s\n' "$(cat "$OUT/bench-admission-profile.md")" >>"$OUT/bench-admission.md"
+  echo "== profiles: $OUT/perf-{1,20}.data, their stacks in $OUT/profile-{1,20}.txt.gz"
+fi
