@@ -62,9 +62,9 @@
 #              in µs of CPU per review, with the fixed part (what does not
 #              grow with containers) apart. Needs perf (linux-perf).
 # Every run also reads the server's own CPU time (user + system, from
-# /proc) and reports it per answer: hey shares the 2 cores, so throughput
-# here is the server's cost plus hey's, and CPU per review is the server's
-# alone, what a machine serving only admissions would spend.
+# /proc) and reports it per answer: hey shares the machine's cores, so
+# throughput here is what hey leaves over, and CPU per review is the
+# server's alone, what a machine serving only admissions would spend.
 # Cached pinswap uses the default caches (ttl 1h, resolutionTtl 30s).
 # With BASELINE_BIN (another pinswap build, e.g. the last release), another
 # instance of it with the cached config joins the 'max' rounds, so that a
@@ -76,7 +76,8 @@
 #      comma-separated; default "max 1000/s uncached stalled private swapper");
 #      BENCH_PRIVATE (above); PINSWAP_LOG (pinswap's log level; default info,
 #      one line per admission, to a file)
-# Results: target/bench/bench-admission.md (and .json); with profile, also
+# Results: target/bench/bench-admission.md (and .json); with profile, its
+# tables also in bench-admission-profile.md (and appended to the first),
 # target/bench/perf-{1,20}.data and their stacks, profile-{1,20}.txt.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -659,13 +660,15 @@ if want profile; then
     perf record -q -F 499 --call-graph dwarf,16384 -p "$CACHED_PID" -o "$OUT/perf-$n.data" \
       -- sleep "$DURATION" 2>"$WORK/perf.log" &
     perf_pid=$!
+    PIDS+=("$perf_pid")
     REVIEW=$WORK/review-$n.json run profile "pinswap-cached-$n" "$HOOK" -c "$CONC"
     wait "$perf_pid" || { cat "$WORK/perf.log" >&2; exit 1; }
-    perf script -i "$OUT/perf-$n.data" 2>/dev/null | gzip >"$OUT/profile-$n.txt.gz"
+    perf script -i "$OUT/perf-$n.data" 2>"$WORK/perf-script.log" | gzip >"$OUT/profile-$n.txt.gz" ||
+      { cat "$WORK/perf-script.log" >&2; exit 1; }
   done
-  python3 - "$RESULTS" "$OUT" >"$OUT/bench-admission-profile.md" <<'PY'
+  python3 - "$RESULTS" "$OUT" "$CONC" >"$OUT/bench-admission-profile.md" <<'PY'
 import gzip, json, re, sys
-results, out = sys.argv[1:]
+results, out, conc = sys.argv[1:]
 runs = {int(r["who"].rsplit("-", 1)[1]): r for r in map(json.loads, open(results)) if r["case"] == "profile"}
 # The innermost frame naming one of these decides a sample's stage; the
 # last two (the frameworks every stage runs in) only when no other is named.
@@ -740,12 +743,18 @@ for n, run in sorted(runs.items()):
         # An inlined function's frame names no file: the file is the next one's.
         l = lib(frames[0][0], next((d for _, d in frames if d != "inlined"), ""))
         libs[l] = libs.get(l, 0) + 1
+    if not total:
+        sys.exit(f"perf recorded no samples of the {n}-container run")
+    if not any(k.startswith("kernel") for k in libs):
+        print(f"Note: no kernel samples at {n} container(s); perf could not see the kernel "
+              "(kernel.perf_event_paranoid), so its time is missing below.\n")
     seen[n] = total
     per = run["cpu_us"] / total
     cost[n] = ({k: v * per for k, v in stage.items()}, {k: v * per for k, v in libs.items()}, run["cpu_us"])
 lo, hi = min(cost), max(cost)
-print(f"CPU per review of the cached instance under `-c 50` (perf -F 499 with DWARF stacks: "
+print(f"CPU per review of the cached instance under `-c {conc}` (perf -F 499 with DWARF stacks: "
       f"{seen[lo]:,} and {seen[hi]:,} samples over {runs[lo]['ok']:,} and {runs[hi]['ok']:,} reviews). "
+      f"The CPU is measured while perf records, which adds to it (copying the stacks). "
       f"Fixed: the {lo}-container figure less the per-container slope.")
 for title, i in (("stage of the review (the innermost named on the stack)", 0), ("library of the sampled function", 1)):
     print(f"\nBy {title}:\n\n| part | {lo} container µs | {hi} containers µs | per container µs | fixed µs |\n|---|---|---|---|---|")

@@ -321,6 +321,8 @@ mod tests {
         );
         assert!(hub.check(None, &slot("nginx")).is_ok());
         assert!(hub.check(None, &slot("quay.io/a/b:1")).is_ok());
+        // A registry written otherwise than listed is normalised to match.
+        assert!(hub.check(None, &slot("Quay.IO/a/b:1")).is_ok());
         let any =
             policy("target: {registry: mirror.local}\nsource: {registries: [{registry: \"*\"}]}\n");
         assert!(any.check(None, &slot("ghcr.io/a/b:1")).is_ok());
@@ -339,6 +341,7 @@ mod tests {
             );
         }
         assert!(listed.check(None, &slot("quay.io/a/b:1")).is_ok());
+        assert_eq!(listed.safe, HashSet::from(["quay.io".to_owned()]));
     }
 
     #[test]
