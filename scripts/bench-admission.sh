@@ -663,6 +663,7 @@ if want profile; then
     PIDS+=("$perf_pid")
     REVIEW=$WORK/review-$n.json run profile "pinswap-cached-$n" "$HOOK" -c "$CONC"
     wait "$perf_pid" || { cat "$WORK/perf.log" >&2; exit 1; }
+    unset 'PIDS[${#PIDS[@]}-1]' # ended: its PID may be reused
     perf script -i "$OUT/perf-$n.data" 2>"$WORK/perf-script.log" | gzip >"$OUT/profile-$n.txt.gz" ||
       { cat "$WORK/perf-script.log" >&2; exit 1; }
   done
@@ -754,7 +755,7 @@ for n, run in sorted(runs.items()):
 lo, hi = min(cost), max(cost)
 print(f"CPU per review of the cached instance under `-c {conc}` (perf -F 499 with DWARF stacks: "
       f"{seen[lo]:,} and {seen[hi]:,} samples over {runs[lo]['ok']:,} and {runs[hi]['ok']:,} reviews). "
-      f"The CPU is measured while perf records, which adds to it (copying the stacks). "
+      f"The CPU is what the process used while perf recorded. "
       f"Fixed: the {lo}-container figure less the per-container slope.")
 for title, i in (("stage of the review (the innermost named on the stack)", 0), ("library of the sampled function", 1)):
     print(f"\nBy {title}:\n\n| part | {lo} container µs | {hi} containers µs | per container µs | fixed µs |\n|---|---|---|---|---|")
