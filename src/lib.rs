@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod admission;
+pub mod airgap;
 pub mod cache;
 pub mod cli;
 pub mod config;

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod airgap;
 mod check;
 mod clusters;
 pub(crate) mod install;
@@ -77,6 +78,10 @@ pub enum Command {
     /// List or forget the usage records of the clusters sharing the target.
     #[command(subcommand)]
     Clusters(clusters::ClustersCommand),
+    /// Write what the clusters' usage records list (every platform, tags, referrers) into an OCI layout, for an air gap.
+    Export(airgap::ExportArgs),
+    /// Push an export into another registry, digests unchanged.
+    Import(Box<airgap::ImportArgs>),
     /// What retention would remove from the target, and what it keeps, and why.
     #[command(subcommand)]
     Retention(retention::RetentionCommand),
@@ -498,6 +503,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Mutate(args) => mutate::run(args).await,
         Command::Cache(CacheCommand::Purge(args)) => purge(args).await,
         Command::Clusters(c) => clusters::run(c).await,
+        Command::Export(args) => airgap::run_export(args).await,
+        Command::Import(args) => airgap::run_import(*args).await,
         Command::Retention(c) => retention::run(c).await,
         Command::Check(args) => check::check(args).await,
         Command::Manifests(args) => install::manifests(args),

@@ -159,6 +159,11 @@ impl Mirror {
         self.ecr.as_ref()
     }
 
+    /// The clients every copy of this mirror shares.
+    pub fn pool(&self) -> &Arc<ClientPool> {
+        &self.pool
+    }
+
     /// The mirror target.
     pub fn target(&self) -> &MirrorTarget {
         &self.target

@@ -266,6 +266,13 @@ impl ClientPool {
         self.get_with(registry, role, None).await
     }
 
+    /// The configured credentials for `registry` on `role`'s side, if any.
+    pub fn configured(&self, registry: &str, role: Role) -> Option<Credentials> {
+        let key = (normalize_registry(registry), role);
+        let map = self.configured.read().unwrap_or_else(|e| e.into_inner());
+        map.get(&key).cloned()
+    }
+
     /// Replaces the configured credentials for `registry` on `role`'s side
     /// (a rotated password file, a credential helper's new token). When
     /// they differ from the current ones, the cached client is dropped, so

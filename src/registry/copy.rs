@@ -136,7 +136,7 @@ const OTHER_TRANSPORTS: &[&str] = &[
 /// image-spec §image-layout `org.opencontainers.image.ref.name`:
 /// `ref ::= component ("/" component)*`, `component ::= alphanum (separator
 /// alphanum)*`, `alphanum ::= [A-Za-z0-9]+`, `separator ::= [-._:@+] | "--"`.
-fn is_layout_ref(r: &str) -> bool {
+pub fn is_layout_ref(r: &str) -> bool {
     r.split('/').all(|component| {
         let b = component.as_bytes();
         if b.is_empty() || !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric()
@@ -509,6 +509,15 @@ impl Copier {
     /// A slot for a request to source `s`.
     async fn slot(&self, s: &Side) -> SlotPermit {
         self.slots.acquire(&side_registry(s)).await
+    }
+
+    /// This copier, using `layout` for every endpoint naming its directory
+    /// (a layout opened in a mode of its own, [`Layout::create_blobs_only`]
+    /// or [`Layout::open_indexed`]).
+    pub fn with_layout(mut self, layout: Arc<Layout>) -> Self {
+        let dir = layout.dir().to_owned();
+        self.layouts.get_mut().insert(dir, layout);
+        self
     }
 
     /// This copier, mounting from and recording into `locations` (the

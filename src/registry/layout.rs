@@ -23,6 +23,10 @@ use crate::reference::Digest;
 
 /// The annotation that names an `index.json` entry.
 pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
+/// containerd's annotation with an entry's whole image name
+/// (`ctr images export` writes it, `ctr images import` reads it); unlike
+/// [`REF_NAME`] its grammar takes any reference, `_` included.
+pub const IMAGE_NAME: &str = "io.containerd.image.name";
 
 /// Errors reading or writing a layout; each names the path.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +81,22 @@ type Result<T> = std::result::Result<T, LayoutError>;
 pub struct Layout {
     dir: PathBuf,
     index_lock: Mutex<()>,
+    mode: Mode,
+}
+
+/// How a layout keeps `index.json`.
+#[derive(Debug)]
+enum Mode {
+    /// Read and rewritten at each use.
+    Live,
+    /// A writer of many images: [`Layout::put_top`] stores the manifest
+    /// only, and the caller writes `index.json` once with
+    /// [`Layout::write_index`]. Rewriting it per image would write
+    /// `index.json` N times over for N images.
+    BlobsOnly,
+    /// A reader of many images: `index.json` read once, its names mapped
+    /// to their entries ([`REF_NAME`], then [`IMAGE_NAME`]).
+    Indexed(std::collections::HashMap<String, serde_json::Value>),
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> LayoutError {
@@ -109,7 +129,93 @@ impl Layout {
         Ok(Self {
             dir: dir.to_owned(),
             index_lock: Mutex::new(()),
+            mode: Mode::Live,
         })
+    }
+
+    /// Opens an existing layout for reading many images: `index.json` is
+    /// read once, and [`Layout::resolve`] looks a name up by
+    /// [`REF_NAME`] or else [`IMAGE_NAME`].
+    ///
+    /// # Errors
+    /// As [`Layout::open`]; [`LayoutError::Invalid`] for an `index.json`
+    /// that is not one, or that names two entries alike.
+    pub fn open_indexed(dir: &Path) -> Result<Self> {
+        let mut layout = Self::open(dir)?;
+        let bytes = std::fs::read(dir.join("index.json")).map_err(|e| io(dir, e))?;
+        let index = parse_index(dir, &bytes)?;
+        let mut names = std::collections::HashMap::new();
+        for entry in index["manifests"].as_array().into_iter().flatten() {
+            for key in [REF_NAME, IMAGE_NAME] {
+                let Some(name) = entry
+                    .get("annotations")
+                    .and_then(|a| a.get(key))
+                    .and_then(|v| v.as_str())
+                else {
+                    continue;
+                };
+                match names.get(name) {
+                    Some(other) if other != entry => {
+                        return Err(LayoutError::Invalid {
+                            path: dir.to_owned(),
+                            reason: format!("index.json names two entries {name:?}"),
+                        });
+                    }
+                    _ => {
+                        names.insert(name.to_owned(), entry.clone());
+                    }
+                }
+            }
+        }
+        layout.mode = Mode::Indexed(names);
+        Ok(layout)
+    }
+
+    /// Opens a layout for writing many images, as [`Layout::create`],
+    /// where [`Layout::put_top`] stores the manifest and leaves
+    /// `index.json` to [`Layout::write_index`].
+    ///
+    /// # Errors
+    /// As [`Layout::create`].
+    pub fn create_blobs_only(dir: &Path) -> Result<Self> {
+        let mut layout = Self::create(dir)?;
+        layout.mode = Mode::BlobsOnly;
+        Ok(layout)
+    }
+
+    /// The entries of `index.json`.
+    ///
+    /// # Errors
+    /// [`LayoutError::Io`] / [`LayoutError::Invalid`].
+    pub async fn entries(&self) -> Result<Vec<serde_json::Value>> {
+        let index = self.read_index().await?;
+        Ok(index["manifests"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Replaces `index.json` with one listing `manifests`, atomically.
+    ///
+    /// # Errors
+    /// [`LayoutError::Io`].
+    pub async fn write_index(&self, manifests: Vec<serde_json::Value>) -> Result<()> {
+        let _guard = self.index_lock.lock().await;
+        let index = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": super::manifest::OCI_INDEX,
+            "manifests": manifests,
+        });
+        let path = self.dir.join("index.json");
+        let bytes = serde_json::to_vec(&index).map_err(|e| io(&path, e))?;
+        self.replace_index(&path, bytes).await
+    }
+
+    async fn replace_index(&self, path: &Path, bytes: Vec<u8>) -> Result<()> {
+        let tmp = self
+            .dir
+            .join(format!(".index.json.tmp-{}", std::process::id()));
+        tokio::fs::write(&tmp, bytes)
+            .await
+            .map_err(|e| io(&tmp, e))?;
+        tokio::fs::rename(&tmp, path).await.map_err(|e| io(path, e))
     }
 
     /// Opens a layout for writing, creating the directory, `oci-layout` and
@@ -132,6 +238,7 @@ impl Layout {
         Ok(Self {
             dir: dir.to_owned(),
             index_lock: Mutex::new(()),
+            mode: Mode::Live,
         })
     }
 
@@ -155,18 +262,7 @@ impl Layout {
     async fn read_index(&self) -> Result<serde_json::Value> {
         let path = self.dir.join("index.json");
         let bytes = tokio::fs::read(&path).await.map_err(|e| io(&path, e))?;
-        let v: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| LayoutError::Invalid {
-                path: self.dir.clone(),
-                reason: format!("index.json: {e}"),
-            })?;
-        if !v.get("manifests").is_some_and(|m| m.is_array()) {
-            return Err(LayoutError::Invalid {
-                path: self.dir.clone(),
-                reason: "index.json has no \"manifests\" array".into(),
-            });
-        }
-        Ok(v)
+        parse_index(&self.dir, &bytes)
     }
 
     /// The `index.json` entry named `name`, or the only entry when `name` is
@@ -175,6 +271,16 @@ impl Layout {
     /// # Errors
     /// [`LayoutError::NotFound`] when no entry matches or `None` is ambiguous.
     pub async fn resolve(&self, name: Option<&str>) -> Result<Descriptor> {
+        if let (Mode::Indexed(names), Some(n)) = (&self.mode, name) {
+            let entry = names.get(n).ok_or_else(|| LayoutError::NotFound {
+                path: self.dir.clone(),
+                reason: format!("no image named {n:?}"),
+            })?;
+            return serde_json::from_value(entry.clone()).map_err(|e| LayoutError::Invalid {
+                path: self.dir.clone(),
+                reason: format!("index.json entry {n:?}: {e}"),
+            });
+        }
         let index = self.read_index().await?;
         let entries = index["manifests"].as_array().cloned().unwrap_or_default();
         let named = |e: &serde_json::Value| {
@@ -273,8 +379,13 @@ impl Layout {
         tokio::fs::create_dir_all(parent)
             .await
             .map_err(|e| io(parent, e))?;
+        // Unique per write: two copies in one process may write one blob
+        // at once (a layer two images share), and a name of the digest
+        // alone had the second rename find the first's file gone.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = parent.join(format!(
-            ".tmp-{}-{}",
+            ".tmp-{}-{n}-{}",
             std::process::id(),
             &desc.digest[desc.digest.len() - 12..]
         ));
@@ -352,6 +463,9 @@ impl Layout {
     /// [`LayoutError::Io`] / [`LayoutError::Invalid`].
     pub async fn put_top(&self, m: &RawManifest, name: Option<&str>) -> Result<()> {
         self.write_manifest(m).await?;
+        if matches!(self.mode, Mode::BlobsOnly) {
+            return Ok(());
+        }
         let _guard = self.index_lock.lock().await;
         // Other processes may write this layout too: hold an exclusive
         // flock on the directory across read-modify-replace of index.json.
@@ -393,17 +507,66 @@ impl Layout {
         });
         arr.push(entry);
         let path = self.dir.join("index.json");
-        let tmp = self
-            .dir
-            .join(format!(".index.json.tmp-{}", std::process::id()));
         let bytes = serde_json::to_vec(&index).map_err(|e| io(&path, e))?;
-        tokio::fs::write(&tmp, bytes)
-            .await
-            .map_err(|e| io(&tmp, e))?;
-        let res = tokio::fs::rename(&tmp, &path)
-            .await
-            .map_err(|e| io(&path, e));
+        let res = self.replace_index(&path, bytes).await;
         drop(dir_lock); // closing the file releases the flock
         res
+    }
+}
+
+/// `bytes` read as `index.json`: JSON with a `manifests` array.
+fn parse_index(dir: &Path, bytes: &[u8]) -> Result<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| LayoutError::Invalid {
+        path: dir.to_owned(),
+        reason: format!("index.json: {e}"),
+    })?;
+    if !v.get("manifests").is_some_and(|m| m.is_array()) {
+        return Err(LayoutError::Invalid {
+            path: dir.to_owned(),
+            reason: "index.json has no \"manifests\" array".into(),
+        });
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Copies in one process write one blob at once (a layer two images
+    /// share): every write succeeds, and the blob is whole.
+    #[tokio::test]
+    async fn one_blob_written_at_once_by_many() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::create(dir.path()).unwrap();
+        let bytes = Bytes::from(vec![7u8; 300_000]);
+        let digest = format!(
+            "sha256:{}",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes))
+        );
+        let desc = Descriptor {
+            media_type: "application/octet-stream".into(),
+            digest: digest.clone(),
+            size: bytes.len() as u64,
+            platform: None,
+            urls: None,
+        };
+        let writes = (0..16).map(|_| {
+            let chunks: Vec<std::io::Result<Bytes>> = bytes
+                .chunks(10_000)
+                .map(|c| Ok(Bytes::copy_from_slice(c)))
+                .collect();
+            layout.write_blob(&desc, futures::stream::iter(chunks).boxed())
+        });
+        for r in futures::future::join_all(writes).await {
+            r.unwrap();
+        }
+        let path = layout.blob_path(&digest).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+        let left: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 1, "temporary files left: {left:?}");
     }
 }

@@ -407,6 +407,27 @@ impl ReferrerCopier {
         found
     }
 
+    /// Makes the referrers `descriptors` of `subject`, already pushed to
+    /// `dst`'s repository, findable there: nothing where the target serves
+    /// the referrers API, else a merge into the fallback tag index.
+    /// Whether the index was written.
+    ///
+    /// # Errors
+    /// Reading or writing the target.
+    pub async fn index(
+        &self,
+        dst: &Reference,
+        subject: &Digest,
+        descriptors: &[Value],
+    ) -> Result<bool, ReferrersError> {
+        let dc = self.copier.pool().get(dst.registry(), Role::Target).await?;
+        let dst = dst.without_tag().without_digest();
+        if self.serves_api(&dc, &dst, subject).await? {
+            return Ok(false);
+        }
+        self.merge_fallback(&dc, &dst, subject, descriptors).await
+    }
+
     /// Copies one referrer manifest (with its blobs) and counts the
     /// outcome; whether it is at the target now.
     async fn copy_one(
