@@ -12,14 +12,12 @@ mod common;
 use std::path::Path;
 
 use common::front::Front;
+use common::records::{publish, sharing_yaml};
 use common::registry::Engine;
 use common::tools::oras_discover;
 use common::{Image, Index, TestRegistry, assert_bytes_eq, push_image, push_index, push_manifest};
-use k8s_openapi::jiff::Timestamp;
 use pinswap::config::Config;
 use pinswap::metrics::Metrics;
-use pinswap::mirror::Mirror;
-use pinswap::retention::clusters::{ClusterRecord, Records};
 use serde_json::{Value, json};
 
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -38,45 +36,11 @@ fn tag_of(digest: &str, suffix: &str) -> String {
     format!("{}{suffix}", digest.replace(':', "-"))
 }
 
-/// A config whose target is `host/mirror`, sharing on.
+/// A config file whose target is `host/mirror`, sharing on.
 fn config(dir: &Path, host: &str) -> std::path::PathBuf {
     let path = dir.join("pinswap.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            "target: {{registry: \"{host}/mirror\"}}\ncluster: a\nsharing: {{enabled: true}}\n"
-        ),
-    )
-    .unwrap();
+    std::fs::write(&path, sharing_yaml(host)).unwrap();
     path
-}
-
-async fn publish(host: &str, cluster: &str, images: &[String]) {
-    let yaml = format!(
-        "target: {{registry: \"{host}/mirror\"}}\ncluster: a\nsharing: {{enabled: true}}\n"
-    );
-    let config = Config::from_yaml(&yaml, "test.yaml").unwrap();
-    let mirror = Mirror::connect(&config, std::sync::Arc::new(Metrics::new()))
-        .await
-        .unwrap();
-    let records = Records::of(&mirror).await.unwrap();
-    records
-        .publish(
-            &ClusterRecord {
-                cluster: cluster.into(),
-                updated: Timestamp::now(),
-                complete: true,
-                in_use: images.len(),
-                images: images
-                    .iter()
-                    .map(|i| (i.clone(), Timestamp::now()))
-                    .collect(),
-                quotas: Vec::new(),
-            },
-            &mut Default::default(),
-        )
-        .await
-        .unwrap();
 }
 
 /// `pinswap export -c CONFIG --output OUT EXTRA...`.

@@ -3,7 +3,8 @@
 //! image as Pods by `pinswap manifests` or by the Helm chart, and what a
 //! kubelet does with the Pods it rewrote: pulls from the mirror, the
 //! kubelet's own `ErrImagePull` and back-off after the mirror loses an
-//! image (seed 003), a source outage, and pinswap's own probes and logs.
+//! image (seed 003), a source outage, an imported running set with the
+//! source stopped, and pinswap's own probes and logs.
 //!
 //! Needs root, `scripts/build-cluster.sh` and `scripts/build-node.sh`
 //! (scripts/test-cluster.sh runs both).
@@ -431,6 +432,73 @@ async fn pods_start_from_the_mirror_while_the_source_is_down() {
     }
     assert!(crictl(node, &["images"]).contains(&rig.mirrored_repo("shop/api")));
     let _ = pod_images;
+}
+
+/// An air gap: the running set exported from another target (where the
+/// clusters outside mirrored the image and their usage record lists it) is
+/// imported into this cluster's target; with the source stopped, a Pod
+/// naming the source's tag is pinned to the imported copy, and the kubelet
+/// pulls it from the target.
+#[tokio::test]
+async fn pods_start_from_an_imported_running_set_with_every_source_stopped() {
+    let c = cluster();
+    let _held = c.lock().await;
+    let mut rig = NodeRig::start(c, "airgap", Via::Manifests, 1, "", "").await;
+    let digest = push_runnable(&rig.src, "shop/air", "v1", "airgap").await;
+    // Outside: a target that mirrored it under the same mirror path.
+    let outside = common::TestRegistry::plain().await;
+    let repo = rig.mirrored_repo("shop/air");
+    let (code, _, err) = common::run_pinswap(&[
+        "copy",
+        &format!("docker://{}/shop/air:v1", rig.src.host()),
+        &format!("docker://{}/{repo}:v1", outside.host()),
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    common::records::publish(&outside.host(), "outside", &[format!("{repo}@{digest}")]).await;
+    let work = tempfile::tempdir().unwrap();
+    let config = work.path().join("pinswap.yaml");
+    std::fs::write(&config, common::records::sharing_yaml(&outside.host())).unwrap();
+    let set = work.path().join("set.tar");
+    let (code, out, err) = common::run_pinswap(&[
+        "export",
+        "-c",
+        config.to_str().unwrap(),
+        "--output",
+        set.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(code, 0, "export: {out}{err}");
+    drop(outside);
+    let (code, out, err) = common::run_pinswap(&[
+        "import",
+        set.to_str().unwrap(),
+        "--to",
+        &format!("{}/mirror", rig.dst.host()),
+    ])
+    .await;
+    assert_eq!(code, 0, "import: {out}{err}");
+
+    rig.src.kill();
+    common::cluster::apply(
+        &rig.client,
+        &deployment("airgap", "air", &rig.source("shop/air:v1"), 1),
+    )
+    .await
+    .unwrap();
+    wait_running(
+        &rig.client,
+        "airgap",
+        "app=air",
+        1,
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_eq!(
+        pod_images(&rig.client, "airgap", "air").await,
+        vec![format!("{}/{repo}:v1@{digest}", rig.dst_at)]
+    );
+    rig.assert_pulled_from_target("shop/air");
 }
 
 /// The Helm chart, installed by Helm's engine, puts pinswap on the node

@@ -65,6 +65,7 @@ pub mod mutating;
 pub mod node;
 pub mod proxy;
 pub mod push;
+pub mod records;
 pub mod recovery;
 pub mod registry;
 pub mod review;
