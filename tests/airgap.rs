@@ -23,8 +23,7 @@ use serde_json::{Value, json};
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 /// The source registry the mirror paths name. Nothing here reaches it:
 /// the images are pushed into the target as pinswap would have copied
-/// them, and `registry.example` keeps the names within the layout's
-/// `ref.name` grammar, so skopeo can read them from the layout too.
+/// them.
 const SOURCE: &str = "registry.example";
 const SBOM: &str = "application/spdx+json";
 
@@ -142,6 +141,9 @@ struct Target {
     sbom: Image,
     tool: Image,
     solo: Image,
+    /// An anchor tag as a copy under a platform filter gets, naming the
+    /// app's index though its hex is another digest's.
+    filtered_anchor: String,
 }
 
 async fn target() -> Target {
@@ -179,6 +181,8 @@ async fn target() -> Target {
     let solo = Image::oci(1, 14);
     let anchor = format!("pinswap-{}", &solo.digest["sha256:".len()..]);
     push_image(&reg, &repo("solo"), Some(&anchor), &solo).await;
+    let filtered_anchor = format!("pinswap-{}-0123456789ab", "c".repeat(64));
+    push_index(&reg, &repo("app"), Some(&filtered_anchor), &app).await;
     push_image(&reg, &repo("old"), Some("v1"), &Image::oci(1, 15)).await;
     let host = reg.host();
     publish(
@@ -198,6 +202,7 @@ async fn target() -> Target {
         sbom,
         tool,
         solo,
+        filtered_anchor,
     }
 }
 
@@ -228,8 +233,11 @@ async fn the_running_set_crosses_the_air_gap_byte_for_byte() {
     let mut want = vec![
         format!("{SOURCE}/app:v1"),
         format!("{SOURCE}/app@{}", t.app.digest),
-        format!("{SOURCE}/app:{}", tag_of(&t.app.digest, "")),
         format!("{SOURCE}/app:{}", tag_of(&t.app.digest, ".sig")),
+        format!("{SOURCE}/app:{}", t.filtered_anchor),
+        // The fallback tag index is not carried as a tag: what it lists is,
+        // by digest, and the import lists it again at its subject.
+        format!("{SOURCE}/app@{}", t.sbom.digest),
         format!("{SOURCE}/solo:{solo_anchor}"),
         format!("{SOURCE}/solo@{}", t.solo.digest),
         format!("{SOURCE}/tool:stable"),
@@ -261,7 +269,22 @@ async fn the_running_set_crosses_the_air_gap_byte_for_byte() {
     let (code, stdout, stderr) = import(&out, &to, &["--json"]).await;
     assert_eq!(code, 0, "import: {stdout}{stderr}");
     let report: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(report["pushed"], json!(want.len()), "{report}");
+    // Several names of one manifest: whichever goes second finds it there.
+    let (pushed, present) = (
+        report["pushed"].as_u64().unwrap(),
+        report["present"].as_u64().unwrap(),
+    );
+    assert_eq!(pushed + present, want.len() as u64, "{report}");
+    assert!(pushed >= 6, "{report}");
+    assert_eq!(
+        (report["failed"].clone(), report["conflicts"].clone()),
+        (json!([]), json!([]))
+    );
+    assert_eq!(
+        report["indexesWritten"],
+        json!(1),
+        "the SBOM listed at its subject"
+    );
     for name in &want {
         let (path, reference) = match name.split_once('@') {
             Some((p, d)) => (p.to_owned(), d.to_owned()),
@@ -422,11 +445,17 @@ async fn an_export_resumes_and_travels_as_a_tar() {
     let direct = config(work.path(), &t.reg.host());
     let (code, o, e) = export(&direct, &out, &[]).await;
     assert_eq!(code, 0, "{o}{e}");
-    // As if cut short: one layer gone, the manifest not yet written.
+    // As if cut short: one layer not yet written, another cut short (a
+    // file of the right name and the wrong size), neither index.json nor
+    // the manifest written yet.
     let layer = t.tool.blobs().nth(1).unwrap().digest.clone();
     let path = out.join("blobs/sha256").join(&layer["sha256:".len()..]);
     std::fs::remove_file(&path).unwrap();
+    let cut = t.tool.blobs().nth(2).unwrap().digest.clone();
+    let cut_path = out.join("blobs/sha256").join(&cut["sha256:".len()..]);
+    std::fs::write(&cut_path, b"half").unwrap();
     std::fs::remove_file(out.join("pinswap-export.json")).unwrap();
+    std::fs::remove_file(out.join("index.json")).unwrap();
     let new = TestRegistry::plain().await;
     let to = format!("{}/air", new.host());
     let (code, _, stderr) = import(&out, &to, &[]).await;
@@ -446,9 +475,19 @@ async fn an_export_resumes_and_travels_as_a_tar() {
         .filter(|(m, p)| m == "GET" && p.contains("/blobs/") && !p.contains("pinswap-usage"))
         .map(|(_, p)| p)
         .collect();
-    assert_eq!(blob_gets.len(), 1, "{blob_gets:?}");
-    assert!(blob_gets[0].ends_with(&layer), "{blob_gets:?}");
+    let mut fetched: Vec<&str> = blob_gets
+        .iter()
+        .map(|p| p.rsplit('/').next().unwrap())
+        .collect();
+    fetched.sort();
+    let mut want = vec![layer.as_str(), cut.as_str()];
+    want.sort();
+    assert_eq!(fetched, want, "{blob_gets:?}");
     assert_eq!(common::sha256_digest(&std::fs::read(&path).unwrap()), layer);
+    assert_eq!(
+        common::sha256_digest(&std::fs::read(&cut_path).unwrap()),
+        cut
+    );
 
     let tar = work.path().join("set.tar");
     let (code, o, e) = export(&direct, &tar, &[]).await;
@@ -465,9 +504,10 @@ async fn an_export_resumes_and_travels_as_a_tar() {
     assert!(!work.path().join("set.tar.layout").exists());
 }
 
-/// Referrers the target lists through the referrers API (go-containerregistry's)
-/// arrive where there is none (Distribution 2.8) in a fallback tag index,
-/// and oras finds the same ones.
+/// Referrers the target lists through the referrers API (go-containerregistry's),
+/// and one another client listed only in a fallback tag index there, arrive
+/// where there is no API (Distribution 2.8) in one fallback tag index per
+/// subject, every one of them, and oras finds the same ones.
 #[tokio::test]
 async fn referrers_from_the_api_arrive_in_a_fallback_tag() {
     common::init();
@@ -478,6 +518,27 @@ async fn referrers_from_the_api_arrive_in_a_fallback_tag() {
     push_image(&reg, &repo("app"), None, &sbom).await;
     let sig = Image::referrer(&sbom.descriptor(), "application/vnd.example.sig", b"s");
     push_image(&reg, &repo("app"), None, &sig).await;
+    let vex = Image::referrer(&img.descriptor(), "application/vnd.example.vex", b"v");
+    push_image(&reg, &repo("app"), None, &vex).await;
+    let provenance = Image::referrer(&img.descriptor(), "application/vnd.example.slsa", b"p");
+    push_image(&reg, &repo("app"), None, &provenance).await;
+    // The fallback tag index another client wrote (as on a registry
+    // without the API), listing one of them.
+    let mut listed = provenance.descriptor();
+    listed["artifactType"] = json!("application/vnd.example.slsa");
+    listed["annotations"] = json!({"org.opencontainers.image.created": "2026-12-06T00:00:00Z"});
+    let fallback = serde_json::to_vec(&json!({
+        "schemaVersion": 2, "mediaType": INDEX, "manifests": [listed],
+    }))
+    .unwrap();
+    push_manifest(
+        &reg,
+        &repo("app"),
+        &tag_of(&img.digest, ""),
+        INDEX,
+        &fallback,
+    )
+    .await;
     publish(
         &reg.host(),
         "a",
@@ -485,9 +546,17 @@ async fn referrers_from_the_api_arrive_in_a_fallback_tag() {
     )
     .await;
     let before = oras_discover(&format!("{}/{}@{}", reg.host(), repo("app"), img.digest)).await;
-    let mut want = vec![sbom.digest.clone(), sig.digest.clone()];
+    let mut want = vec![
+        sbom.digest.clone(),
+        sig.digest.clone(),
+        vex.digest.clone(),
+        provenance.digest.clone(),
+    ];
     want.sort();
-    assert_eq!(before, want, "the target lists the SBOM and its signature");
+    assert_eq!(
+        before, want,
+        "the target lists the referrers and the signature"
+    );
 
     let work = tempfile::tempdir().unwrap();
     let cfg = config(work.path(), &reg.host());
@@ -507,9 +576,22 @@ async fn referrers_from_the_api_arrive_in_a_fallback_tag() {
             )
         })
         .collect();
-    assert_eq!(referrers.len(), 2, "{m}");
-    assert!(referrers.contains(&(sbom.digest.as_str(), img.digest.as_str())));
-    assert!(referrers.contains(&(sig.digest.as_str(), sbom.digest.as_str())));
+    assert_eq!(referrers.len(), 4, "{m}");
+    for (r, subject) in [
+        (&sbom, &img),
+        (&sig, &sbom),
+        (&vex, &img),
+        (&provenance, &img),
+    ] {
+        assert!(
+            referrers.contains(&(r.digest.as_str(), subject.digest.as_str())),
+            "{m}"
+        );
+    }
+    assert!(
+        !names(&m).contains(&format!("{SOURCE}/app:{}", tag_of(&img.digest, ""))),
+        "the fallback tag itself is not carried: {m}"
+    );
 
     let new = TestRegistry::plain().await;
     let to = format!("{}/air", new.host());
@@ -517,7 +599,28 @@ async fn referrers_from_the_api_arrive_in_a_fallback_tag() {
     assert_eq!(code, 0, "{o}{e}");
     let after = oras_discover(&format!("{}/air/{SOURCE}/app@{}", new.host(), img.digest)).await;
     assert_eq!(after, before);
-    for r in [&sbom, &sig] {
+    // Three referrers of one subject, pushed at once, in one index; the
+    // descriptor another client wrote keeps its annotations.
+    let (index, _, _) = new
+        .get_manifest(&format!("air/{SOURCE}/app"), &tag_of(&img.digest, ""))
+        .await
+        .unwrap();
+    let index: Value = serde_json::from_slice(&index).unwrap();
+    let entries = index["manifests"].as_array().unwrap();
+    assert_eq!(entries.len(), 3, "{index}");
+    let kept = entries
+        .iter()
+        .find(|d| d["digest"] == json!(provenance.digest))
+        .unwrap();
+    assert_eq!(kept["annotations"], listed["annotations"], "{index}");
+    // Again: nothing to push, nothing left alone.
+    let (code, o, e) = import(&out, &to, &[]).await;
+    assert_eq!(code, 0, "{o}{e}");
+    assert_eq!(
+        oras_discover(&format!("{}/air/{SOURCE}/app@{}", new.host(), img.digest)).await,
+        before
+    );
+    for r in [&sbom, &sig, &vex, &provenance] {
         let (got, _, _) = new
             .get_manifest(&format!("air/{SOURCE}/app"), &r.digest)
             .await
@@ -534,13 +637,20 @@ async fn exports_and_imports_refuse_what_they_cannot_do_whole() {
     let work = tempfile::tempdir().unwrap();
     let cfg = config(work.path(), &t.reg.host());
     let out = work.path().join("set");
+    let (code, o, e) = export(&cfg, &out, &[]).await;
+    assert_eq!(code, 0, "{o}{e}");
+    let finished = std::fs::read(out.join("pinswap-export.json")).unwrap();
     let (code, _, stderr) = export(&cfg, &out, &["--cluster", "nope"]).await;
     assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains("no usage record of cluster nope at the target (records: a, b)"),
         "{stderr}"
     );
-    assert!(!out.join("pinswap-export.json").exists());
+    // Refused before the layout is touched: the finished export stands.
+    assert_eq!(
+        std::fs::read(out.join("pinswap-export.json")).unwrap(),
+        finished
+    );
 
     // A record naming an image the target lost: the rest is exported, the
     // loss is named, and the exit says so.
@@ -563,6 +673,21 @@ async fn exports_and_imports_refuse_what_they_cannot_do_whole() {
         json!([gone, format!("{}:gone", repo("tool"))])
     );
     assert!(names(&m).contains(&format!("{SOURCE}/solo@{}", t.solo.digest)));
+    // Imported, what there is arrives, and the exit says the export was
+    // not whole.
+    let new = TestRegistry::plain().await;
+    let (code, _, stderr) = import(&out, &format!("{}/air", new.host()), &[]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("the export itself is incomplete: 2 of what its records list"),
+        "{stderr}"
+    );
+    assert_eq!(
+        new.head_manifest(&format!("air/{SOURCE}/solo"), &t.solo.digest)
+            .await
+            .as_deref(),
+        Some(t.solo.digest.as_str())
+    );
 
     // A manifest that says another digest than index.json names is
     // refused before anything is pushed.
@@ -593,6 +718,25 @@ async fn exports_and_imports_refuse_what_they_cannot_do_whole() {
     let (code, _, stderr) = import(&out, &format!("{}/air", new.host()), &[]).await;
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("entry \"../../etc:v1\""), "{stderr}");
+    assert!(new.catalog().await.is_empty());
+
+    // pinswap's own records are never taken for an image.
+    let mut usage = m.clone();
+    usage["entries"][0]["name"] = json!(format!(
+        "pinswap-usage@{}",
+        m["entries"][0]["digest"].as_str().unwrap()
+    ));
+    std::fs::write(
+        out.join("pinswap-export.json"),
+        serde_json::to_vec(&usage).unwrap(),
+    )
+    .unwrap();
+    let (code, _, stderr) = import(&out, &format!("{}/air", new.host()), &[]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("holds pinswap's usage records, not images"),
+        "{stderr}"
+    );
     assert!(new.catalog().await.is_empty());
 
     let (code, _, stderr) = import(&out, "no registry", &[]).await;
@@ -647,4 +791,101 @@ async fn an_import_that_cannot_read_a_tag_moves_nothing() {
             "{fault:?}: the rest arrives"
         );
     }
+}
+
+/// A tar holds the export and nothing else its directory held; an
+/// incomplete one keeps its directory to resume from; and a tar that is
+/// not one pinswap writes (a link, a path out of it) is refused whole.
+#[tokio::test]
+async fn a_tar_holds_the_export_alone_and_odd_tars_are_refused() {
+    common::init();
+    let t = target().await;
+    let work = tempfile::tempdir().unwrap();
+    let cfg = config(work.path(), &t.reg.host());
+    let tar_path = work.path().join("set.tar");
+    // Left in the build directory by something else.
+    let stray = work
+        .path()
+        .join("set.tar.layout/blobs/sha256")
+        .join("f".repeat(64));
+    std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
+    std::fs::write(&stray, b"not part of it").unwrap();
+    let (code, o, e) = export(&cfg, &tar_path, &[]).await;
+    assert_eq!(code, 0, "{o}{e}");
+    let mut names = Vec::new();
+    let mut manifest = Value::Null;
+    let mut archive = tar::Archive::new(std::fs::File::open(&tar_path).unwrap());
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let name = entry.path().unwrap().display().to_string();
+        if name == "pinswap-export.json" {
+            manifest = serde_json::from_reader(&mut entry).unwrap();
+        }
+        names.push(name);
+    }
+    let blobs = names.iter().filter(|n| n.starts_with("blobs/")).count();
+    assert_eq!(names.len(), blobs + 3, "{names:?}");
+    for top in ["oci-layout", "index.json", "pinswap-export.json"] {
+        assert!(names.iter().any(|n| n == top), "{names:?}");
+    }
+    assert_eq!(json!(blobs), manifest["blobs"], "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.contains(&"f".repeat(64))),
+        "{names:?}"
+    );
+
+    // Incomplete: the tar is written, and its directory kept to resume.
+    publish(&t.reg.host(), "c", &[format!("{}:gone", repo("tool"))]).await;
+    let partial = work.path().join("partial.tar");
+    let (code, _, stderr) = export(&cfg, &partial, &["--cluster", "c", "--cluster", "a"]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(partial.is_file(), "{stderr}");
+    assert!(
+        work.path()
+            .join("partial.tar.layout/pinswap-export.json")
+            .is_file(),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("is kept: run the export again to resume it"),
+        "{stderr}"
+    );
+
+    // Tars pinswap never writes.
+    let new = TestRegistry::plain().await;
+    let to = format!("{}/air", new.host());
+    let link = work.path().join("link.tar");
+    {
+        let mut b = tar::Builder::new(std::fs::File::create(&link).unwrap());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, "index.json", "/etc/passwd").unwrap();
+        b.finish().unwrap();
+    }
+    let escape = work.path().join("escape.tar");
+    {
+        let mut b = tar::Builder::new(std::fs::File::create(&escape).unwrap());
+        let mut h = tar::Header::new_old();
+        let name = b"../escaped";
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_size(2);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        b.append(&h, &b"hi"[..]).unwrap();
+        b.finish().unwrap();
+    }
+    for (tar, says) in [(&link, "Symlink entry"), (&escape, "cannot unpack")] {
+        let (code, _, stderr) = import(tar, &to, &[]).await;
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(!work.path().join("escaped").exists());
+        let left: Vec<_> = std::fs::read_dir(work.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".import-"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+    assert!(new.catalog().await.is_empty());
 }

@@ -54,8 +54,17 @@ pub struct ExportOptions {
 pub struct Exported {
     /// The manifest it wrote.
     pub manifest: ExportManifest,
-    /// Images the records name that could not be exported, each with why.
-    pub failed: Vec<String>,
+    /// The blob files its entries reach, relative to the layout: what a
+    /// tar of it holds besides `oci-layout`, `index.json` and the
+    /// manifest (a directory used before may hold more).
+    pub files: Vec<PathBuf>,
+}
+
+impl Exported {
+    /// Whether everything the records list was written.
+    pub fn complete(&self) -> bool {
+        self.manifest.missing.is_empty() && self.manifest.failed.is_empty()
+    }
 }
 
 /// One repository's part of the records.
@@ -71,6 +80,8 @@ struct Part {
     entries: Vec<Entry>,
     missing: Vec<String>,
     failed: Vec<String>,
+    /// Every blob the entries reach (manifests included), with its size.
+    blobs: BTreeSet<(Digest, u64)>,
 }
 
 struct Run {
@@ -113,6 +124,7 @@ pub async fn export(
     let target = mirror.target().clone();
     let mut wanted: BTreeMap<String, Wanted> = BTreeMap::new();
     let mut clusters = Vec::new();
+    let mut left_out = Vec::new();
     for name in &chosen {
         let Some(record) = records.read(name).await? else {
             return Err(AirgapError::NoRecord {
@@ -128,7 +140,9 @@ pub async fn export(
         }
         for key in record.images.keys() {
             let Some((repository, tag, digest)) = super::split_name(key) else {
-                warn!(cluster = %name, entry = %key, "a record entry that names no image; left out");
+                left_out.push(format!(
+                    "cluster {name}'s record entry {key:?}: names no image"
+                ));
                 continue;
             };
             let w = wanted.entry(repository.to_owned()).or_default();
@@ -139,9 +153,9 @@ pub async fn export(
                 (Some(t), None) => {
                     w.tags.insert(t.to_owned());
                 }
-                _ => {
-                    warn!(cluster = %name, entry = %key, "a record entry with a bad digest; left out")
-                }
+                _ => left_out.push(format!(
+                    "cluster {name}'s record entry {key:?}: a bad digest"
+                )),
             }
         }
         clusters.push(ExportedCluster {
@@ -152,6 +166,14 @@ pub async fn export(
     }
 
     let layout = Arc::new(Layout::create_blobs_only(dir)?);
+    // A layout without its manifest is an export that did not finish:
+    // the one an earlier run wrote goes before anything changes.
+    let earlier = dir.join(super::MANIFEST_FILE);
+    if let Err(e) = tokio::fs::remove_file(&earlier).await
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(super::io_error(&earlier, e));
+    }
     let creds = mirror.pool().configured(target.registry(), Side::Target);
     let copier = Copier::new(
         mirror.pool().clone(),
@@ -205,18 +227,29 @@ pub async fn export(
     }
 
     let mut entries = Vec::new();
-    let (mut missing, mut failed) = (Vec::new(), Vec::new());
+    let (mut missing, mut failed) = (Vec::new(), left_out);
+    let mut reached: BTreeSet<(Digest, u64)> = BTreeSet::new();
     for p in parts {
         entries.extend(p.entries);
         missing.extend(p.missing);
         failed.extend(p.failed);
+        reached.extend(p.blobs);
     }
     entries.sort_by(|a, b| (a.role, &a.name).cmp(&(b.role, &b.name)));
     missing.sort();
     failed.sort();
     let index: Vec<Value> = entries.iter().map(index_entry).collect();
     layout.write_index(index).await?;
-    let (blobs, bytes) = count_blobs(dir).await?;
+    let blobs = reached.len() as u64;
+    let bytes = reached.iter().map(|(_, n)| n).sum();
+    let files = reached
+        .iter()
+        .map(|(d, _)| {
+            PathBuf::from("blobs")
+                .join(d.algorithm().as_str())
+                .join(d.hex())
+        })
+        .collect();
     let manifest = ExportManifest {
         kind: super::KIND.to_owned(),
         version: super::VERSION,
@@ -225,11 +258,12 @@ pub async fn export(
         clusters,
         entries,
         missing,
+        failed,
         blobs,
         bytes,
     };
     write_manifest(dir, &manifest).await?;
-    Ok(Exported { manifest, failed })
+    Ok(Exported { manifest, files })
 }
 
 /// The `index.json` entry of `e`: its name as containerd's image name,
@@ -264,32 +298,6 @@ async fn write_manifest(dir: &Path, m: &ExportManifest) -> Result<(), AirgapErro
         .map_err(|e| super::io_error(&path, e))
 }
 
-/// The blobs under `dir/blobs` and their bytes.
-async fn count_blobs(dir: &Path) -> Result<(u64, u64), AirgapError> {
-    let dir = dir.join("blobs");
-    tokio::task::spawn_blocking(move || {
-        let (mut n, mut bytes) = (0u64, 0u64);
-        let mut stack: Vec<PathBuf> = vec![dir];
-        while let Some(d) = stack.pop() {
-            let Ok(read) = std::fs::read_dir(&d) else {
-                continue;
-            };
-            for e in read.flatten() {
-                let Ok(meta) = e.metadata() else { continue };
-                if meta.is_dir() {
-                    stack.push(e.path());
-                } else if !e.file_name().to_string_lossy().starts_with('.') {
-                    n += 1;
-                    bytes += meta.len();
-                }
-            }
-        }
-        (n, bytes)
-    })
-    .await
-    .map_err(|e| super::io_error(Path::new("blobs"), e))
-}
-
 /// What the layout holds of one manifest.
 #[derive(Debug, Clone)]
 struct Held {
@@ -299,6 +307,8 @@ struct Held {
     children: Vec<Digest>,
     subject: Option<String>,
     artifact_type: Option<String>,
+    /// The blobs it reaches, itself and its children included.
+    blobs: Vec<(Digest, u64)>,
 }
 
 impl Run {
@@ -413,94 +423,105 @@ impl Run {
             subjects.insert(d.clone());
             subjects.extend(h.children.iter().cloned());
         }
-        let mut referrer_tags: BTreeMap<String, Digest> = BTreeMap::new();
-        let mut referrers: BTreeMap<Digest, (Held, Digest)> = BTreeMap::new();
+        // cosign's tags, copied as tags; the referrers a fallback tag index
+        // or the referrers API lists, copied by digest with the
+        // descriptor that listed them (an import indexes them again).
+        let mut cosign_tags: BTreeMap<String, Digest> = BTreeMap::new();
+        let mut referrers: BTreeMap<Digest, (Held, Digest, Value)> = BTreeMap::new();
         let mut asked: BTreeSet<Digest> = BTreeSet::new();
         let mut api: Option<bool> = None;
-        loop {
-            let mut grew = false;
-            // cosign's tags and the fallback tag indexes of a subject.
-            for (tag, d) in &tagged {
-                if referrer_tags.contains_key(tag) {
-                    continue;
-                }
-                let Some(subject) = super::referrer_tag_subject(tag) else {
-                    continue;
-                };
-                if !subjects.contains(&subject) {
-                    continue;
-                }
-                if !room(repository, referrers.len() + referrer_tags.len()) {
-                    break;
-                }
-                let what = format!("{repository}:{tag}");
-                if let Some(h) = self.copy_or_note(&repo, d, what, part).await {
-                    subjects.insert(d.clone());
-                    subjects.extend(h.children.iter().cloned());
-                    held.insert(d.clone(), h);
-                    referrer_tags.insert(tag.clone(), d.clone());
-                    grew = true;
-                }
-            }
-            // What the referrers API lists, where the target serves it.
+        let mut full = false;
+        while !full {
             let pending: Vec<Digest> = subjects.difference(&asked).cloned().collect();
+            if pending.is_empty() {
+                break;
+            }
             for subject in pending {
                 asked.insert(subject.clone());
-                if api == Some(false) {
-                    continue;
+                let mut listed: Vec<Value> = Vec::new();
+                for (tag, d) in &tagged {
+                    if super::referrer_tag_subject(tag).as_ref() != Some(&subject) {
+                        continue;
+                    }
+                    if !tag.contains('.') {
+                        // The fallback tag index: its list, not itself.
+                        listed.extend(self.fallback_list(&repo, tag, part).await);
+                        continue;
+                    }
+                    if !room(repository, referrers.len() + cosign_tags.len(), part) {
+                        full = true;
+                        break;
+                    }
+                    let what = format!("{repository}:{tag}");
+                    if let Some(h) = self.copy_or_note(&repo, d, what, part).await {
+                        subjects.insert(d.clone());
+                        subjects.extend(h.children.iter().cloned());
+                        held.insert(d.clone(), h);
+                        cosign_tags.insert(tag.clone(), d.clone());
+                    }
                 }
-                let listed = self
-                    .client
-                    .referrers(&repo, &subject, REFERRER_PAGES, MAX_REFERRERS)
-                    .await?;
-                api = Some(listed.is_some());
-                for desc in listed.unwrap_or_default() {
+                if api != Some(false) {
+                    let found = self
+                        .client
+                        .referrers(&repo, &subject, REFERRER_PAGES, MAX_REFERRERS)
+                        .await?;
+                    api = Some(found.is_some());
+                    listed.extend(found.unwrap_or_default());
+                }
+                for desc in listed {
                     let media_type = desc.get("mediaType").and_then(Value::as_str);
                     let digest = desc
                         .get("digest")
                         .and_then(Value::as_str)
                         .and_then(|d| Digest::parse(d).ok());
-                    let Some(digest) = digest else { continue };
+                    let Some(digest) = digest else {
+                        part.failed.push(format!(
+                            "{repository}@{subject}: a referrer descriptor without a valid digest"
+                        ));
+                        continue;
+                    };
                     if !matches!(media_type, Some(OCI_MANIFEST) | Some(OCI_INDEX))
                         || referrers.contains_key(&digest)
                         || held.contains_key(&digest)
                     {
                         continue;
                     }
-                    if !room(repository, referrers.len() + referrer_tags.len()) {
+                    if full || !room(repository, referrers.len() + cosign_tags.len(), part) {
+                        full = true;
                         break;
                     }
                     let what = format!("{repository}@{digest}");
                     if let Some(h) = self.copy_or_note(&repo, &digest, what, part).await {
                         subjects.insert(digest.clone());
                         subjects.extend(h.children.iter().cloned());
-                        referrers.insert(digest, (h, subject.clone()));
-                        grew = true;
+                        referrers.insert(digest, (h, subject.clone(), desc));
                     }
                 }
-            }
-            if !grew {
-                break;
+                if full {
+                    break;
+                }
             }
         }
 
         // The entries: every tag naming an image, each image by digest,
-        // each referrer tag, each referrer by digest.
+        // each cosign tag, each referrer by digest.
         for (tag, d) in &tagged {
-            if !images.contains(d) || referrer_tags.contains_key(tag) {
+            if !images.contains(d) {
                 continue;
             }
             let Some(h) = held.get(d) else { continue };
             part.entries
                 .push(entry(format!("{rel}:{tag}"), d, h, Role::Image, None));
+            part.blobs.extend(h.blobs.iter().cloned());
         }
         for d in &images {
             if let Some(h) = held.get(d) {
                 part.entries
                     .push(entry(format!("{rel}@{d}"), d, h, Role::Image, None));
+                part.blobs.extend(h.blobs.iter().cloned());
             }
         }
-        for (tag, d) in &referrer_tags {
+        for (tag, d) in &cosign_tags {
             let h = &held[d];
             let subject = super::referrer_tag_subject(tag).map(|s| s.to_string());
             part.entries.push(entry(
@@ -510,17 +531,59 @@ impl Run {
                 Role::ReferrerTag,
                 subject,
             ));
+            part.blobs.extend(h.blobs.iter().cloned());
         }
-        for (d, (h, subject)) in &referrers {
-            part.entries.push(entry(
+        for (d, (h, subject, desc)) in &referrers {
+            let mut e = entry(
                 format!("{rel}@{d}"),
                 d,
                 h,
                 Role::Referrer,
                 Some(subject.to_string()),
-            ));
+            );
+            // As the list gave them: an import lists them so again.
+            if let Some(t) = desc.get("artifactType").and_then(Value::as_str) {
+                e.artifact_type = Some(t.to_owned());
+            }
+            e.annotations = desc
+                .get("annotations")
+                .and_then(|a| serde_json::from_value(a.clone()).ok());
+            part.entries.push(e);
+            part.blobs.extend(h.blobs.iter().cloned());
         }
         Ok(())
+    }
+
+    /// The descriptors the fallback tag index `repo:tag` lists; a tag that
+    /// is not such an index is noted as failed.
+    async fn fallback_list(&self, repo: &Reference, tag: &str, part: &mut Part) -> Vec<Value> {
+        let what = format!("{}:{tag}", repo.repository());
+        let r = match repo.with_tag(tag) {
+            Ok(r) => r,
+            Err(e) => {
+                part.failed.push(format!("{what}: {e}"));
+                return Vec::new();
+            }
+        };
+        match self.client.get_manifest_raw(&r).await {
+            Ok(Some(m)) => {
+                let v: Value = serde_json::from_slice(&m.bytes).unwrap_or_default();
+                match v.get("manifests").and_then(Value::as_array) {
+                    Some(list) if v.get("subject").is_none() => list.clone(),
+                    _ => {
+                        part.failed.push(format!(
+                            "{what}: not a referrers index (an image index with a manifests list and no subject)"
+                        ));
+                        Vec::new()
+                    }
+                }
+            }
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                part.failed.push(format!("{what}: {e}"));
+                Vec::new()
+            }
+        }
     }
 
     /// As [`Run::copy`], a failure noted in `part` under `what`.
@@ -532,7 +595,11 @@ impl Run {
         part: &mut Part,
     ) -> Option<Held> {
         match self.copy(repo, digest).await {
-            Ok(h) => h,
+            Ok(Some(h)) => Some(h),
+            Ok(None) => {
+                part.missing.push(what);
+                None
+            }
             Err(e) => {
                 part.failed.push(format!("{what}: {e}"));
                 None
@@ -579,6 +646,8 @@ impl Run {
                 .collect(),
             ManifestKind::Image { .. } => Vec::new(),
         };
+        let mut blobs = vec![(digest.clone(), m.bytes.len() as u64)];
+        self.reach(&m, &mut blobs, 0).await?;
         let v: Value = serde_json::from_slice(&m.bytes).unwrap_or_default();
         let artifact_type = v
             .get("artifactType")
@@ -594,19 +663,50 @@ impl Run {
                 .and_then(Value::as_str)
                 .map(str::to_owned),
             artifact_type,
+            blobs,
         }))
+    }
+
+    /// Adds the blobs `m` names to `out`: an image's config and layers, an
+    /// index's children and theirs, read back from the layout.
+    fn reach<'a>(
+        &'a self,
+        m: &'a crate::registry::manifest::RawManifest,
+        out: &'a mut Vec<(Digest, u64)>,
+        depth: usize,
+    ) -> futures::future::BoxFuture<'a, Result<(), AirgapError>> {
+        Box::pin(async move {
+            match &m.kind {
+                ManifestKind::Image { .. } => {
+                    for b in m.blobs() {
+                        if let Ok(d) = Digest::parse(&b.digest) {
+                            out.push((d, b.size));
+                        }
+                    }
+                }
+                // The copy engine refuses deeper nesting before this.
+                ManifestKind::Index { .. } if depth > 8 => {}
+                ManifestKind::Index { manifests } => {
+                    for c in manifests {
+                        let child = self.layout.read_manifest(c).await?;
+                        out.push((child.digest.clone(), child.bytes.len() as u64));
+                        self.reach(&child, out, depth + 1).await?;
+                    }
+                }
+            }
+            Ok(())
+        })
     }
 }
 
-/// Whether one more referrer fits, `n` taken; says so when not.
-fn room(repository: &str, n: usize) -> bool {
+/// Whether one more referrer fits, `n` taken; notes it in `part` when not.
+fn room(repository: &str, n: usize, part: &mut Part) -> bool {
     if n < MAX_REFERRERS {
         return true;
     }
-    warn!(
-        repository,
-        "more referrers than an export takes ({MAX_REFERRERS}); the rest left out"
-    );
+    part.failed.push(format!(
+        "{repository}: more referrers than an export takes ({MAX_REFERRERS}); the rest left out"
+    ));
     false
 }
 
@@ -620,6 +720,7 @@ fn entry(name: String, d: &Digest, h: &Held, role: Role, subject: Option<String>
         artifact_type: (role != Role::Image)
             .then(|| h.artifact_type.clone())
             .flatten(),
+        annotations: None,
         role,
     }
 }

@@ -7,6 +7,7 @@
 //! reported, unless the import is told to replace tags: the import knows
 //! what it brings, not who put the other manifest there.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -51,7 +52,13 @@ pub struct Imported {
     pub failed: Vec<String>,
     /// Fallback tag indexes written for referrers.
     pub indexes_written: u64,
+    /// What the export itself lists as missing at its target or failed:
+    /// an import of it is not all its clusters run.
+    pub incomplete: usize,
 }
+
+/// The most bytes of `pinswap-export.json` read.
+pub const MAX_MANIFEST_BYTES: u64 = 1024 * 1024 * 1024;
 
 /// Reads the export manifest of the layout at `dir`.
 ///
@@ -60,6 +67,14 @@ pub struct Imported {
 /// finish) or not one.
 pub fn read_manifest(dir: &Path) -> Result<ExportManifest, AirgapError> {
     let path = dir.join(super::MANIFEST_FILE);
+    if let Ok(meta) = std::fs::metadata(&path)
+        && meta.len() > MAX_MANIFEST_BYTES
+    {
+        return Err(AirgapError::NotAnExport {
+            path,
+            reason: format!("larger than {MAX_MANIFEST_BYTES} bytes, more than an export writes"),
+        });
+    }
     let bytes = std::fs::read(&path).map_err(|e| AirgapError::NotAnExport {
         path: dir.to_owned(),
         reason: format!(
@@ -145,16 +160,19 @@ pub async fn import(
         bar
     });
     info!(entries = planned.len(), to = %to, "importing");
-    let mut out = Imported::default();
+    let mut out = Imported {
+        incomplete: manifest.missing.len() + manifest.failed.len(),
+        ..Imported::default()
+    };
     // Images, then referrers by digest, then referrer tags: a tag index
     // lists referrers, and a referrer's subject goes first.
     for role in [Role::Image, Role::Referrer, Role::ReferrerTag] {
         let step: Vec<Outcome> =
             futures::stream::iter(planned.iter().filter(|(e, _)| e.role == role))
                 .map(|(e, dst)| {
-                    let (copier, referrers, bar) = (&copier, &referrers, &bar);
+                    let (copier, bar) = (&copier, &bar);
                     async move {
-                        let o = push(dir, copier, referrers, e, dst, opts.replace_tags).await;
+                        let o = push(dir, copier, e, dst, opts.replace_tags).await;
                         if let Some(b) = bar {
                             b.inc(1);
                         }
@@ -164,15 +182,41 @@ pub async fn import(
                 .buffer_unordered(ENTRIES_AT_ONCE)
                 .collect()
                 .await;
+        // The referrers at their subjects, one merge per subject: merges
+        // of one fallback tag at once would lose each other's entries on a
+        // registry that takes no conditional PUT.
+        let mut listed: BTreeMap<(String, String), Vec<Value>> = BTreeMap::new();
         for o in step {
             match o {
-                Outcome::Pushed { indexed } => {
+                Outcome::Pushed(l) => {
                     out.pushed += 1;
-                    out.indexes_written += u64::from(indexed);
+                    listed.extend_one_of(l);
                 }
-                Outcome::Present => out.present += 1,
+                Outcome::Present(l) => {
+                    out.present += 1;
+                    listed.extend_one_of(l);
+                }
                 Outcome::Conflict(c) => out.conflicts.push(c),
                 Outcome::Failed(f) => out.failed.push(f),
+            }
+        }
+        for ((repository, subject), descriptors) in listed {
+            let Ok(subject) = Digest::parse(&subject) else {
+                continue;
+            };
+            let dst = match Reference::new(to.registry(), &repository, None, None) {
+                Ok(r) => r,
+                Err(e) => {
+                    out.failed.push(format!("{repository}@{subject}: {e}"));
+                    continue;
+                }
+            };
+            match referrers.index(&dst, &subject, &descriptors).await {
+                Ok(written) => out.indexes_written += u64::from(written),
+                Err(e) => out.failed.push(format!(
+                    "{repository}@{subject}: {} referrers pushed, but not listed at their subject: {e}",
+                    descriptors.len()
+                )),
             }
         }
     }
@@ -202,6 +246,13 @@ fn destination(dir: &Path, to: &MirrorTarget, e: &Entry) -> Result<Reference, Ai
             e.digest
         )));
     }
+    // pinswap's own records at a target are never an image to import.
+    if path.split('/').next() == Some(crate::reference::USAGE_REPOSITORY) {
+        return Err(bad(format!(
+            "{} holds pinswap's usage records, not images",
+            crate::reference::USAGE_REPOSITORY
+        )));
+    }
     let repository = match to.prefix() {
         Some(p) => format!("{p}/{path}"),
         None => path.to_owned(),
@@ -214,17 +265,32 @@ fn destination(dir: &Path, to: &MirrorTarget, e: &Entry) -> Result<Reference, Ai
     })
 }
 
+/// A referrer to list at its subject: (repository, subject) and its
+/// descriptor.
+type Listing = Option<((String, String), Value)>;
+
 enum Outcome {
-    Pushed { indexed: bool },
-    Present,
+    Pushed(Listing),
+    Present(Listing),
     Conflict(String),
     Failed(String),
+}
+
+trait ExtendOneOf {
+    fn extend_one_of(&mut self, l: Listing);
+}
+
+impl ExtendOneOf for BTreeMap<(String, String), Vec<Value>> {
+    fn extend_one_of(&mut self, l: Listing) {
+        if let Some((key, desc)) = l {
+            self.entry(key).or_default().push(desc);
+        }
+    }
 }
 
 async fn push(
     dir: &Path,
     copier: &Copier,
-    referrers: &ReferrerCopier,
     e: &Entry,
     dst: &Reference,
     replace_tags: bool,
@@ -240,7 +306,7 @@ async fn push(
             Err(err) => return failed(err.to_string()),
         };
         match client.manifest_digest(dst).await {
-            Ok(Some(d)) if d.as_str() == e.digest => return Outcome::Present,
+            Ok(Some(d)) if d.as_str() == e.digest => return Outcome::Present(None),
             Ok(Some(d)) if !replace_tags => {
                 return Outcome::Conflict(format!("{dst}: has {d}, the export {}", e.digest));
             }
@@ -263,26 +329,26 @@ async fn push(
             report.digest, e.digest
         ));
     }
-    let mut indexed = false;
-    if e.role == Role::Referrer
-        && let Some(subject) = e.subject.as_deref().and_then(|s| Digest::parse(s).ok())
-    {
-        let mut desc = serde_json::json!({
-            "mediaType": e.media_type,
-            "digest": e.digest,
-            "size": e.size,
-        });
-        if let Some(t) = &e.artifact_type {
-            desc["artifactType"] = Value::from(t.clone());
+    let listing = match (e.role, e.subject.as_deref()) {
+        (Role::Referrer, Some(subject)) => {
+            let mut desc = serde_json::json!({
+                "mediaType": e.media_type,
+                "digest": e.digest,
+                "size": e.size,
+            });
+            if let Some(t) = &e.artifact_type {
+                desc["artifactType"] = Value::from(t.clone());
+            }
+            if let Some(a) = &e.annotations {
+                desc["annotations"] = serde_json::to_value(a).unwrap_or_default();
+            }
+            Some(((dst.repository().to_owned(), subject.to_owned()), desc))
         }
-        match referrers.index(dst, &subject, &[desc]).await {
-            Ok(written) => indexed = written,
-            Err(err) => return failed(format!("pushed, but not listed as a referrer: {err}")),
-        }
-    }
+        _ => None,
+    };
     if report.up_to_date {
-        Outcome::Present
+        Outcome::Present(listing)
     } else {
-        Outcome::Pushed { indexed }
+        Outcome::Pushed(listing)
     }
 }

@@ -122,9 +122,13 @@ pub struct Entry {
     /// For a referrer: its artifactType (or its config's mediaType).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact_type: Option<String>,
-    /// What it is: `image`, `referrer` (by digest, as the referrers API
-    /// lists it) or `referrer-tag` (cosign's `sha256-<hex>.sig|.att|.sbom`
-    /// and the fallback tag index `sha256-<hex>`).
+    /// For a referrer by digest: the annotations of the descriptor that
+    /// listed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<std::collections::BTreeMap<String, String>>,
+    /// What it is: `image`, `referrer` (by digest, as the referrers API or
+    /// a fallback tag index lists it) or `referrer-tag` (cosign's
+    /// `sha256-<hex>.sig|.att|.sbom`).
     pub role: Role,
 }
 
@@ -136,7 +140,7 @@ pub enum Role {
     Image,
     /// A referrer by digest.
     Referrer,
-    /// A referrer's tag.
+    /// A cosign tag.
     ReferrerTag,
 }
 
@@ -156,10 +160,14 @@ pub struct ExportManifest {
     pub clusters: Vec<ExportedCluster>,
     /// Every manifest under every name, images first.
     pub entries: Vec<Entry>,
-    /// Images the records list that the target did not hold.
+    /// What the records list, or a listed referrer, that the target did
+    /// not hold.
     #[serde(default)]
     pub missing: Vec<String>,
-    /// Blobs in the layout.
+    /// What could not be exported, each with why.
+    #[serde(default)]
+    pub failed: Vec<String>,
+    /// Blobs the entries reach (manifests included).
     pub blobs: u64,
     /// Their bytes.
     pub bytes: u64,

@@ -108,12 +108,15 @@ pub async fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let done = export(&mirror, &dir, &opts).await?;
     let m = &done.manifest;
     if tar {
-        let (dir2, out) = (dir.clone(), args.output.clone());
-        tokio::task::spawn_blocking(move || write_tar(&dir2, &out))
+        let (from, out, files) = (dir.clone(), args.output.clone(), done.files.clone());
+        tokio::task::spawn_blocking(move || write_tar(&from, &files, &out))
             .await
             .context("the tar writer stopped")??;
-        std::fs::remove_dir_all(&dir)
-            .with_context(|| format!("{}: cannot remove once tarred", dir.display()))?;
+        // Kept while incomplete: running the export again resumes from it.
+        if done.complete() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("{}: cannot remove once tarred", dir.display()))?;
+        }
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(m)?);
@@ -129,14 +132,19 @@ pub async fn run_export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     for name in &m.missing {
         eprintln!("missing at the target: {name}");
     }
-    for f in &done.failed {
+    for f in &m.failed {
         eprintln!("not exported: {f}");
     }
-    Ok(if m.missing.is_empty() && done.failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    if done.complete() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if tar {
+        eprintln!(
+            "{} is kept: run the export again to resume it",
+            dir.display()
+        );
+    }
+    Ok(ExitCode::from(1))
 }
 
 /// Runs `pinswap import`.
@@ -148,11 +156,16 @@ pub async fn run_import(args: ImportArgs) -> anyhow::Result<ExitCode> {
     }
     let pool = Arc::new(ClientPool::new(args.registry.pool_options()?));
     let (dir, unpacked) = if is_tar(&args.input) {
-        let (tar, dir) = (args.input.clone(), beside(&args.input));
-        let d = dir.clone();
-        tokio::task::spawn_blocking(move || read_tar(&tar, &d))
+        // A directory of its own, however many imports run beside it.
+        let dir = unpack_dir(&args.input)?;
+        let (tar, d) = (args.input.clone(), dir.clone());
+        let read = tokio::task::spawn_blocking(move || read_tar(&tar, &d))
             .await
-            .context("the tar reader stopped")??;
+            .context("the tar reader stopped");
+        if let Err(e) = read.and_then(|r| r) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
         (dir, true)
     } else {
         (args.input.clone(), false)
@@ -189,36 +202,59 @@ pub async fn run_import(args: ImportArgs) -> anyhow::Result<ExitCode> {
     for f in &done.failed {
         eprintln!("not imported: {f}");
     }
-    Ok(if done.conflicts.is_empty() && done.failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    if done.incomplete > 0 {
+        eprintln!(
+            "the export itself is incomplete: {} of what its records list were missing at its target or failed (its pinswap-export.json names them)",
+            done.incomplete
+        );
+    }
+    Ok(
+        if done.conflicts.is_empty() && done.failed.is_empty() && done.incomplete == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        },
+    )
 }
 
-/// Writes `dir`'s files into the tar `out`, through a temporary file
-/// renamed into place.
-fn write_tar(dir: &Path, out: &Path) -> anyhow::Result<()> {
+/// A new directory beside `tar` to unpack it into.
+fn unpack_dir(tar: &Path) -> anyhow::Result<PathBuf> {
+    let mut s = tar.as_os_str().to_owned();
+    s.push(format!(".import-{}", std::process::id()));
+    let dir = PathBuf::from(s);
+    std::fs::create_dir(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    Ok(dir)
+}
+
+/// Writes the export in `dir` into the tar `out` (through a temporary
+/// file renamed into place): `oci-layout`, `index.json`, the export's
+/// manifest and `files`, nothing else the directory holds.
+fn write_tar(dir: &Path, files: &[PathBuf], out: &Path) -> anyhow::Result<()> {
     let tmp = out.with_extension("tar.tmp");
-    let file =
-        std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?;
+    let cannot = || format!("{}: cannot write", tmp.display());
+    let file = std::fs::File::create(&tmp).with_context(cannot)?;
     let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
     tar.follow_symlinks(false);
-    tar.append_dir_all(".", dir)
-        .with_context(|| format!("{}: cannot write", tmp.display()))?;
-    let w = tar
-        .into_inner()
-        .with_context(|| format!("{}: cannot write", tmp.display()))?;
+    let top = [
+        PathBuf::from("oci-layout"),
+        PathBuf::from("index.json"),
+        PathBuf::from(crate::airgap::MANIFEST_FILE),
+    ];
+    for f in top.iter().chain(files) {
+        tar.append_path_with_name(dir.join(f), f)
+            .with_context(|| format!("{}: cannot add {}", tmp.display(), f.display()))?;
+    }
+    let w = tar.into_inner().with_context(cannot)?;
     w.into_inner()
         .map_err(|e| anyhow::anyhow!("{}: cannot write: {}", tmp.display(), e.error()))?
         .sync_all()
-        .with_context(|| format!("{}: cannot write", tmp.display()))?;
+        .with_context(cannot)?;
     std::fs::rename(&tmp, out).with_context(|| format!("{}: cannot write", out.display()))?;
     Ok(())
 }
 
-/// Unpacks the tar `tar` into `dir`; the tar crate refuses entries that
-/// would land outside it.
+/// Unpacks the tar `tar` into `dir`: files and directories only, none
+/// whose path leads out of `dir`.
 fn read_tar(tar: &Path, dir: &Path) -> anyhow::Result<()> {
     let file = std::fs::File::open(tar).map_err(|e| super::unreadable("", tar, e))?;
     std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
@@ -237,9 +273,17 @@ fn read_tar(tar: &Path, dir: &Path) -> anyhow::Result<()> {
             ))
             .into());
         }
-        entry
+        let inside = entry
             .unpack_in(dir)
             .map_err(|e| Usage(format!("{}: cannot unpack: {e}", tar.display())))?;
+        if !inside {
+            return Err(Usage(format!(
+                "{}: cannot unpack: an entry's path ({}) leads out of the export",
+                tar.display(),
+                crate::logsafe::clip(&String::from_utf8_lossy(&entry.path_bytes()), 200)
+            ))
+            .into());
+        }
     }
     Ok(())
 }

@@ -1028,7 +1028,7 @@ impl Copier {
     ) -> std::result::Result<(), CopyError> {
         match d {
             Side::Layout { layout, .. } => {
-                if layout.has_blob(&desc.digest).await {
+                if layout.has_blob_of(&desc).await {
                     stats.skipped.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }

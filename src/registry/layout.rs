@@ -23,6 +23,11 @@ use crate::reference::Digest;
 
 /// The annotation that names an `index.json` entry.
 pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
+/// The most bytes of a manifest read from a layout, as from a registry.
+const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
+/// The most bytes of an `index.json` a reader of many images reads.
+const MAX_INDEX_BYTES: u64 = 1024 * 1024 * 1024;
+
 /// containerd's annotation with an entry's whole image name
 /// (`ctr images export` writes it, `ctr images import` reads it); unlike
 /// [`REF_NAME`] its grammar takes any reference, `_` included.
@@ -142,7 +147,15 @@ impl Layout {
     /// that is not one, or that names two entries alike.
     pub fn open_indexed(dir: &Path) -> Result<Self> {
         let mut layout = Self::open(dir)?;
-        let bytes = std::fs::read(dir.join("index.json")).map_err(|e| io(dir, e))?;
+        let path = dir.join("index.json");
+        let len = std::fs::metadata(&path).map_err(|e| io(&path, e))?.len();
+        if len > MAX_INDEX_BYTES {
+            return Err(LayoutError::Invalid {
+                path: dir.to_owned(),
+                reason: format!("index.json: {len} bytes, more than is read ({MAX_INDEX_BYTES})"),
+            });
+        }
+        let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
         let index = parse_index(dir, &bytes)?;
         let mut names = std::collections::HashMap::new();
         for entry in index["manifests"].as_array().into_iter().flatten() {
@@ -323,6 +336,19 @@ impl Layout {
     /// [`LayoutError::Invalid`] when it is not a supported manifest.
     pub async fn read_manifest(&self, desc: &Descriptor) -> Result<RawManifest> {
         let path = self.blob_path(&desc.digest)?;
+        let len = tokio::fs::metadata(&path)
+            .await
+            .map_err(|e| io(&path, e))?
+            .len();
+        if len > MAX_MANIFEST_BYTES {
+            return Err(LayoutError::Invalid {
+                path: self.dir.clone(),
+                reason: format!(
+                    "manifest {}: {len} bytes, more than a manifest may have ({MAX_MANIFEST_BYTES})",
+                    desc.digest
+                ),
+            });
+        }
         let bytes = tokio::fs::read(&path).await.map_err(|e| io(&path, e))?;
         let digest = Digest::parse(&desc.digest).map_err(|e| LayoutError::Invalid {
             path: self.dir.clone(),
@@ -343,6 +369,17 @@ impl Layout {
             path: self.dir.clone(),
             reason: format!("manifest {}: {e}", desc.digest),
         })
+    }
+
+    /// Whether blob `desc` exists with its size (a blob of another size
+    /// is not it, whatever its name).
+    pub async fn has_blob_of(&self, desc: &Descriptor) -> bool {
+        match self.blob_path(&desc.digest) {
+            Ok(p) => tokio::fs::metadata(p)
+                .await
+                .is_ok_and(|m| m.len() == desc.size),
+            Err(_) => false,
+        }
     }
 
     /// Whether blob `digest` exists.
@@ -410,6 +447,9 @@ impl Layout {
                 file.write_all(&chunk).await.map_err(|e| io(&tmp, e))?;
             }
             file.flush().await.map_err(|e| io(&tmp, e))?;
+            // On disk before its name says it is there: a blob that exists
+            // is taken as whole by the next run.
+            file.sync_all().await.map_err(|e| io(&tmp, e))?;
             let actual = h.finish();
             if actual != desc.digest || n != desc.size {
                 return Err(LayoutError::Corrupt {
