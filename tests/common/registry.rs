@@ -30,7 +30,8 @@ pub enum Engine {
     /// Debian's `docker-registry` (Distribution 2.8): no referrers API.
     Distribution2,
     /// Distribution v3.1.2 (`scripts/build-tools.sh`), with the same config
-    /// and storage layout as 2.8, and the referrers API.
+    /// and storage layout as 2.8; it answers the referrers API with 404 as
+    /// 2.8 does (tests/airgap.rs sees an import write a fallback tag there).
     Distribution3,
     /// go-containerregistry's registry package (`referrers-registry`,
     /// `scripts/build-tools.sh`): in memory, plain HTTP, no auth, and the
