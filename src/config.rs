@@ -17,11 +17,15 @@ use crate::reference::MirrorTarget;
 
 mod aws;
 mod mirror_only;
+mod resources;
 mod retention;
 mod scope;
 mod sharing;
 pub use aws::{Aws, EcrOptions, EncryptionConfiguration, ImageScanningConfiguration, Tag};
 pub use mirror_only::{MirrorOnly, PodMatch, Profile};
+pub use resources::{
+    CustomKind, CustomResources, FieldPath, ImageFields, Location, ResourceProfile, Step,
+};
 pub use retention::Retention;
 pub use scope::{LabelSelector, Operator, Requirement, Scope};
 pub use sharing::{MAX_CLUSTER_NAME, Sharing, cluster_name_problem};
@@ -1433,6 +1437,9 @@ pub struct Config {
     /// Pods mirrored but admitted as written (no rewrite, no annotation).
     #[serde(default)]
     pub mirror_only: MirrorOnly,
+    /// Images named in custom resources, copied ahead of their Pods.
+    #[serde(default)]
+    pub custom_resources: CustomResources,
     /// `exists` or `always`.
     #[serde(default)]
     pub swap_policy: SwapPolicy,
@@ -1761,17 +1768,8 @@ impl Config {
             );
         }
         for (i, f) in self.source.filters.iter().enumerate() {
-            if let Err(e) = jmespath::compile(&f.jmespath) {
-                bad(
-                    format!("source.filters[{i}].jmespath"),
-                    format!(
-                        "not a valid JMESPath expression: {}",
-                        e.to_string()
-                            .split_whitespace()
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    ),
-                );
+            if let Some(why) = jmespath_problem(&f.jmespath) {
+                bad(format!("source.filters[{i}].jmespath"), why);
             }
         }
         let t = self.source.timeout;
@@ -1803,6 +1801,7 @@ impl Config {
         }
         self.scope.problems("scope", &mut bad);
         self.mirror_only.problems("mirrorOnly", &mut bad);
+        self.custom_resources.problems("customResources", &mut bad);
         if self.copy_deadline.is_zero() || self.copy_deadline > WEBHOOK_TIMEOUT_MAX {
             bad(
                 "copyDeadline".into(),
@@ -2037,8 +2036,21 @@ fn is_registry_host(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || ".-:[]".contains(c))
 }
 
+/// What is wrong with JMESPath expression `e`, on one line; `None` when it
+/// compiles.
+pub(crate) fn jmespath_problem(e: &str) -> Option<String> {
+    let why = jmespath::compile(e).err()?;
+    Some(format!(
+        "not a valid JMESPath expression: {}",
+        why.to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    ))
+}
+
 /// A DNS-1123 label, as Kubernetes requires of namespace names.
-fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -2048,7 +2060,7 @@ fn is_dns_label(s: &str) -> bool {
 }
 
 /// A DNS-1123 subdomain, as Kubernetes requires of most object names.
-fn is_dns_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
@@ -2754,11 +2766,11 @@ server: {tlsCert: /c, listen: "0.0.0.0:8080"}
             ),
             (
                 "target: {registry: m.example.com}\ncopyPolcy: force\n",
-                "test.yaml:2:1: copyPolcy: unknown field `copyPolcy` (did you mean `copyPolicy`?), expected one of `target`, `source`, `scope`, `mirrorOnly`, `swapPolicy`, `copyPolicy`, `copyDeadline`, `pin`, `rewriteImagePullPolicyNever`, `platforms`, `referrers`, `cache`, `identity`, `recovery`, `backfill`, `copy`, `retention`, `cluster`, `sharing`, `failurePolicy`, `server`".into(),
+                "test.yaml:2:1: copyPolcy: unknown field `copyPolcy` (did you mean `copyPolicy`?), expected one of `target`, `source`, `scope`, `mirrorOnly`, `customResources`, `swapPolicy`, `copyPolicy`, `copyDeadline`, `pin`, `rewriteImagePullPolicyNever`, `platforms`, `referrers`, `cache`, `identity`, `recovery`, `backfill`, `copy`, `retention`, `cluster`, `sharing`, `failurePolicy`, `server`".into(),
             ),
             (
                 "target: {registry: m.example.com}\nfailurepolicy: closed\n",
-                "test.yaml:2:1: failurepolicy: unknown field `failurepolicy` (did you mean `failurePolicy`?), expected one of `target`, `source`, `scope`, `mirrorOnly`, `swapPolicy`, `copyPolicy`, `copyDeadline`, `pin`, `rewriteImagePullPolicyNever`, `platforms`, `referrers`, `cache`, `identity`, `recovery`, `backfill`, `copy`, `retention`, `cluster`, `sharing`, `failurePolicy`, `server`".into(),
+                "test.yaml:2:1: failurepolicy: unknown field `failurepolicy` (did you mean `failurePolicy`?), expected one of `target`, `source`, `scope`, `mirrorOnly`, `customResources`, `swapPolicy`, `copyPolicy`, `copyDeadline`, `pin`, `rewriteImagePullPolicyNever`, `platforms`, `referrers`, `cache`, `identity`, `recovery`, `backfill`, `copy`, `retention`, `cluster`, `sharing`, `failurePolicy`, `server`".into(),
             ),
             (
                 // Nothing near: no guess.

@@ -192,6 +192,7 @@ async fn a_template_is_mirrored_only_exactly_when_the_pod_it_makes_would_be() {
             pinswap::mutate::Options {
                 dry_run: false,
                 namespace: given.to_owned(),
+                ..Default::default()
             },
         )
         .await

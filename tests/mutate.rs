@@ -691,3 +691,109 @@ async fn an_unreachable_target_is_reported_once() {
     assert_eq!(check.stderr.matches(&once).count(), 1, "{}", check.stderr);
     assert!(!check.stdout.contains("tried http"), "{}", check.stdout);
 }
+
+/// A Tekton Task, a KubeVirt VirtualMachine and a Flux OCIRepository, with
+/// comments and flow style, and a Knative Service whose kind the config
+/// does not turn on.
+const CUSTOM: &str = "# build task
+apiVersion: tekton.dev/v1
+kind: Task
+metadata:
+  name: build # the build
+spec:
+  steps:
+  - name: compile
+    image: {{SRC}}/ci/build:v1   # pinned by pinswap
+    script: make
+  - {name: lint, image: \"{{SRC}}/ci/build:v1\"}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: vm, annotations: {team: infra}}
+spec:
+  template:
+    spec:
+      volumes:
+      - name: root
+        containerDisk: {image: {{SRC}}/disks/fedora:v1}
+---
+apiVersion: source.toolkit.fluxcd.io/v1
+kind: OCIRepository
+metadata: {name: manifests}
+spec: {url: oci://{{SRC}}/ci/build, ref: {tag: v1}}
+---
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata: {name: hello}
+spec: {template: {spec: {containers: [{image: {{SRC}}/ci/build:v1}]}}}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_resources_are_rewritten_only_when_asked_and_by_their_fields() {
+    common::init();
+    let (src, dst) = (TestRegistry::plain().await, TestRegistry::plain().await);
+    let build = Image::oci(1, 411);
+    let disk = Image::oci(1, 412);
+    push_image(&src, "ci/build", Some("v1"), &build).await;
+    push_image(&src, "disks/fedora", Some("v1"), &disk).await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = CUSTOM.replace("{{SRC}}", &src.host());
+
+    // Turned on but not asked to rewrite: the text is left as it was.
+    let cfg = write_config(
+        dir.path(),
+        &src,
+        &dst,
+        "customResources: {profiles: [tekton, kubevirt, flux]}\n",
+    );
+    let out = mutate(&["-c", &cfg], &input).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, input);
+
+    let cfg = write_config(
+        dir.path(),
+        &src,
+        &dst,
+        "customResources: {profiles: [tekton, kubevirt, flux], rewrite: true}\n",
+    );
+    let out = mutate(&["-c", &cfg], &input).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let m = mirror(&src, &dst);
+    let s = src.host();
+    let (b, d) = (&build.digest, &disk.digest);
+    let expected = input
+        .replace(
+            "metadata:\n  name: build # the build\n",
+            &format!("metadata:\n  annotations:\n    pinswap.dev/original-images: '{{\"spec.steps[0].image\":\"{s}/ci/build:v1\",\"spec.steps[1].image\":\"{s}/ci/build:v1\"}}'\n    pinswap.dev/sources: '{{\"spec.steps[0].image\":\"{s}/ci/build:v1@{b}\",\"spec.steps[1].image\":\"{s}/ci/build:v1@{b}\"}}'\n  name: build # the build\n"),
+        )
+        .replace(
+            &format!("image: {s}/ci/build:v1   #"),
+            &format!("image: {m}/ci/build:v1@{b}   #"),
+        )
+        .replace(
+            &format!("image: \"{s}/ci/build:v1\"}}"),
+            &format!("image: \"{m}/ci/build:v1@{b}\"}}"),
+        )
+        .replace(
+            "annotations: {team: infra}",
+            &format!("annotations: {{\"pinswap.dev/original-images\": \"{{\\\"spec.template.spec.volumes[0].containerDisk.image\\\":\\\"{s}/disks/fedora:v1\\\"}}\", \"pinswap.dev/sources\": \"{{\\\"spec.template.spec.volumes[0].containerDisk.image\\\":\\\"{s}/disks/fedora:v1@{d}\\\"}}\", team: infra}}"),
+        )
+        .replace(
+            &format!("containerDisk: {{image: {s}/disks/fedora:v1}}"),
+            &format!("containerDisk: {{image: {m}/disks/fedora:v1@{d}}}"),
+        );
+    assert_eq!(out.stdout, expected, "{}", out.stderr);
+    // The copies are at the target, byte for byte.
+    let (bytes, _, _) = dst
+        .get_manifest(
+            &format!("gitops/127.0.0.1_{}/disks/fedora", src.port()),
+            &disk.digest,
+        )
+        .await
+        .unwrap();
+    assert!(bytes == disk.manifest);
+    // A rerun changes nothing.
+    let again = mutate(&["-c", &cfg], &out.stdout).await;
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(again.stdout, out.stdout);
+}

@@ -215,6 +215,15 @@ async fn admission(config: &crate::config::Config, label: &str) -> Result<Admiss
 ///
 /// # Errors
 /// [`Usage`] for bad flags, unreadable inputs or config.
+/// The custom resources `mutate` rewrites: those `customResources` turns
+/// on, when its `rewrite` is set.
+fn rewritten_resources(config: &crate::config::Config) -> Vec<crate::config::ImageFields> {
+    match config.custom_resources.rewrite {
+        true => config.custom_resources.fields(),
+        false => Vec::new(),
+    }
+}
+
 pub async fn run(args: MutateArgs) -> anyhow::Result<ExitCode> {
     if args.krm {
         return run_krm(args).await;
@@ -240,6 +249,7 @@ pub async fn run(args: MutateArgs) -> anyhow::Result<ExitCode> {
     let opts = Options {
         dry_run: args.dry_run || args.check,
         namespace: args.namespace.clone(),
+        resources: rewritten_resources(&config),
     };
     let mut reports = Vec::new();
     let mut outputs: Vec<String> = Vec::new();
@@ -399,6 +409,7 @@ async fn run_krm(args: MutateArgs) -> anyhow::Result<ExitCode> {
             None => Err("functionConfig: missing; expected a ConfigMap with data.config, or an object whose spec is pinswap's config (or pass --config)".into()),
         },
     };
+    let resources = loaded.as_ref().map(rewritten_resources).unwrap_or_default();
     let adm = match loaded {
         Ok(c) => admission(&c, "functionConfig").await.map_err(|e| e.0),
         Err(e) => Err(e),
@@ -419,6 +430,7 @@ async fn run_krm(args: MutateArgs) -> anyhow::Result<ExitCode> {
         Options {
             dry_run: args.dry_run,
             namespace: args.namespace.clone(),
+            resources,
         },
     )
     .await

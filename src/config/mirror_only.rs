@@ -134,19 +134,8 @@ impl MirrorOnly {
                     );
                 }
             }
-            if let Some(e) = &m.jmespath
-                && let Err(why) = jmespath::compile(e)
-            {
-                bad(
-                    format!("{at}.jmespath"),
-                    format!(
-                        "not a valid JMESPath expression: {}",
-                        why.to_string()
-                            .split_whitespace()
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    ),
-                );
+            if let Some(why) = m.jmespath.as_deref().and_then(super::jmespath_problem) {
+                bad(format!("{at}.jmespath"), why);
             }
         }
     }

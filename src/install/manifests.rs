@@ -583,6 +583,27 @@ fn workload_rules() -> Vec<PolicyRule> {
     ]
 }
 
+/// `list` and `watch` on exactly the custom resources `customResources`
+/// turns on (src/watch/resources.rs), a rule per API group, in the order
+/// the config names them.
+fn custom_resource_rules(c: &crate::config::CustomResources) -> Vec<PolicyRule> {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for k in c.kinds() {
+        match groups.iter_mut().find(|(g, _)| *g == k.group) {
+            Some((_, rs)) if rs.contains(&k.resource) => {}
+            Some((_, rs)) => rs.push(k.resource),
+            None => groups.push((k.group, vec![k.resource])),
+        }
+    }
+    groups
+        .iter()
+        .map(|(g, rs)| {
+            let rs: Vec<&str> = rs.iter().map(String::as_str).collect();
+            rule(&[g.as_str()], &rs, &["list", "watch"], &[])
+        })
+        .collect()
+}
+
 /// Least privilege for what the config turns on. Kubernetes cannot limit
 /// `create` by resourceName, so each create is confined to one namespace.
 /// The RBAC objects [`objects`] renders for `opts` (Roles, ClusterRoles
@@ -608,6 +629,7 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
         ];
         if workloads {
             rules.extend(workload_rules());
+            rules.extend(custom_resource_rules(&c.custom_resources));
         }
         // Only when operators opt in: evicting disrupts. A Job's Pod is
         // evicted only when the Job's podFailurePolicy ignores it: read first.
@@ -1360,6 +1382,45 @@ mod tests {
         assert!(
             e.starts_with("--node-agent: source.imagePullSecrets"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn custom_resources_get_list_and_watch_on_exactly_their_kinds() {
+        let rules = |extra: &str| {
+            let text = format!("target: {{registry: m.example.com}}\n{extra}");
+            let o = Options {
+                config: Config::from_yaml(&text, "t").unwrap(),
+                ..opts(Tls::SelfSigned)
+            };
+            let all = rbac(&o).unwrap();
+            let role = all.iter().find(|v| v["kind"] == "ClusterRole").unwrap();
+            role["rules"].as_array().unwrap().clone()
+        };
+        let r = rules(
+            "customResources:\n  profiles: [flux, knative-serving]\n  kinds: [{group: example.com, kind: Widget, resource: widgets, paths: [spec.image]}, {group: serving.knative.dev, kind: DomainMapping, resource: domainmappings, paths: [spec.ref.image]}]\n",
+        );
+        let custom: Vec<&Value> = r
+            .iter()
+            .filter(|v| {
+                !["", "apps", "batch", "events.k8s.io"]
+                    .contains(&v["apiGroups"][0].as_str().unwrap())
+            })
+            .collect();
+        assert_eq!(
+            custom,
+            [
+                &json!({"apiGroups": ["source.toolkit.fluxcd.io"], "resources": ["ocirepositories"], "verbs": ["list", "watch"]}),
+                &json!({"apiGroups": ["serving.knative.dev"], "resources": ["services", "configurations", "domainmappings"], "verbs": ["list", "watch"]}),
+                &json!({"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["list", "watch"]}),
+            ]
+        );
+        // Without a usage record (no backfill, no retention) nothing is watched.
+        let none = rules("backfill: {enabled: false}\ncustomResources: {profiles: [flux]}\n");
+        assert!(
+            none.iter()
+                .all(|v| v["apiGroups"][0] != "source.toolkit.fluxcd.io"),
+            "{none:?}"
         );
     }
 

@@ -5,7 +5,10 @@
 //! and line endings stay byte for byte (see `yaml::edit`).
 //!
 //! Kinds: Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job,
-//! ReplicationController, PodTemplate, CronJob, and the items of a `List`.
+//! ReplicationController, PodTemplate, CronJob, and the items of a `List`;
+//! with `customResources.rewrite`, the image fields of the custom resources
+//! it names, decided as a Pod's containers would be, their originals
+//! recorded in the object's own annotations keyed by field.
 //!
 //! The annotations record only what stays true on a rerun (the original
 //! image and the pinned source of each rewritten slot, identity findings),
@@ -22,6 +25,7 @@ use serde_json::Value;
 
 use crate::admission::notes::{IDENTITY, ORIGINAL_IMAGES, SOURCES};
 use crate::admission::{Admission, SlotDecision, SlotOutcome};
+use crate::config::{ImageFields, Location};
 use yaml::YamlError;
 use yaml::doc::{self, Document, Kind, Node};
 use yaml::edit::{self, Edits, New};
@@ -126,6 +130,9 @@ pub struct Options {
     /// The namespace of objects that name none, as `kubectl apply` would
     /// put them: what `mirrorOnly` sees for their Pods.
     pub namespace: String,
+    /// The custom resources whose image fields are rewritten too
+    /// (`customResources.rewrite`); empty: none.
+    pub resources: Vec<ImageFields>,
 }
 
 /// The namespace `kubectl apply` puts an object without one in, short of
@@ -137,6 +144,7 @@ impl Default for Options {
         Self {
             dry_run: false,
             namespace: DEFAULT_NAMESPACE.to_owned(),
+            resources: Vec::new(),
         }
     }
 }
@@ -183,7 +191,62 @@ struct Target<'a> {
     field: &'static str,
     template: &'a Node,
     obj: Value,
+    /// What is decided: the template, or a custom resource's images as a
+    /// Pod's containers.
+    decided: Value,
+    /// A custom resource's image fields, by container index: the JSON
+    /// pointer under `template` (the object) and the field as reported.
+    fields: Option<Vec<(String, String)>>,
     decisions: Vec<SlotDecision>,
+}
+
+/// The custom resource `obj`'s image fields, when `resources` names its
+/// kind: each field's pointer and report path, and the Pod template its
+/// images are decided as.
+fn custom_target(resources: &[ImageFields], obj: &Value) -> Option<(Vec<(String, String)>, Value)> {
+    let group = obj.get("apiVersion")?.as_str()?.split_once('/')?.0;
+    let kind = obj.get("kind")?.as_str()?;
+    let f = resources
+        .iter()
+        .find(|f| f.group == group && f.kind == kind)?;
+    let mut fields = Vec::new();
+    let mut containers = Vec::new();
+    for p in f.paths() {
+        for (loc, image) in p.locations(obj) {
+            let mut pointer = String::new();
+            let mut shown = String::new();
+            for l in &loc {
+                match l {
+                    Location::Key(k) => {
+                        pointer.push('/');
+                        pointer.push_str(&k.replace('~', "~0").replace('/', "~1"));
+                        if !shown.is_empty() {
+                            shown.push('.');
+                        }
+                        shown.push_str(k);
+                    }
+                    Location::Index(i) => {
+                        pointer.push_str(&format!("/{i}"));
+                        shown.push_str(&format!("[{i}]"));
+                    }
+                }
+            }
+            if fields.iter().any(|(p, _)| *p == pointer) {
+                continue;
+            }
+            containers.push(
+                serde_json::json!({"name": format!("image-{}", fields.len()), "image": image}),
+            );
+            fields.push((pointer, shown));
+        }
+    }
+    let mut spec = f.pull(obj);
+    spec["containers"] = Value::Array(containers);
+    let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
+    let template = serde_json::json!({"metadata": {
+        "name": meta.get("name"), "namespace": meta.get("namespace"), "labels": meta.get("labels"),
+    }, "spec": spec});
+    Some((fields, template))
 }
 
 /// The objects of a document: the root, or the items of a `List`.
@@ -233,6 +296,20 @@ async fn rewrite(
     let mut targets = Vec::new();
     for (document, item, base, node) in objs {
         let obj = node.to_json();
+        if let Some((fields, template)) = custom_target(&opts.resources, &obj) {
+            targets.push(Target {
+                document,
+                item,
+                pointer: base,
+                field: "",
+                template: node,
+                obj,
+                decided: template,
+                fields: Some(fields),
+                decisions: Vec::new(),
+            });
+            continue;
+        }
         let Some((path, field)) = obj
             .get("kind")
             .and_then(Value::as_str)
@@ -250,12 +327,19 @@ async fn rewrite(
             field,
             template,
             obj,
+            decided: template.to_json(),
+            fields: None,
             decisions: Vec::new(),
         });
     }
     for t in &mut targets {
+        let obj = match t.fields {
+            // Filters see a Pod, as for a workload's template.
+            Some(_) => &t.decided,
+            None => &t.obj,
+        };
         t.decisions = adm
-            .decide_template(&t.obj, &t.template.to_json(), &opts.namespace, opts.dry_run)
+            .decide_template(obj, &t.decided, &opts.namespace, opts.dry_run)
             .await;
     }
     let kept = |t: &Target<'_>| {
@@ -271,8 +355,12 @@ async fn rewrite(
     }
     if !opts.dry_run && targets.iter().any(kept) {
         for t in targets.iter_mut().filter(|t| kept(t)) {
+            let obj = match t.fields {
+                Some(_) => &t.decided,
+                None => &t.obj,
+            };
             let again = adm
-                .decide_template(&t.obj, &t.template.to_json(), &opts.namespace, true)
+                .decide_template(obj, &t.decided, &opts.namespace, true)
                 .await;
             for (d, a) in t.decisions.iter_mut().zip(again) {
                 let SlotOutcome::Keep(first) = &d.outcome else {
@@ -361,16 +449,28 @@ fn edit_template(
         .map(|k| (k, read_map(annotations.as_ref(), k)))
         .collect();
     let before: Vec<BTreeMap<String, String>> = maps.iter().map(|(_, m)| m.clone()).collect();
+    // A custom resource's image is keyed and found by its field.
+    let custom = |d: &SlotDecision| {
+        t.fields
+            .as_ref()
+            .and_then(|f| f.get(d.slot.index))
+            .filter(|_| d.slot.kind == "containers")
+    };
+    let key = |d: &SlotDecision| match custom(d) {
+        Some((_, shown)) => shown.clone(),
+        None => d.slot.key(),
+    };
     // Entries for slots the template no longer has are dropped.
-    let keys: Vec<String> = t.decisions.iter().map(|d| d.slot.key()).collect();
+    let keys: Vec<String> = t.decisions.iter().map(key).collect();
     for (_, m) in &mut maps {
         m.retain(|k, _| keys.contains(k));
     }
     for d in &t.decisions {
         let slot = &d.slot;
-        let field = match slot.is_volume() {
-            true => format!("{}spec.volumes[{}].image.reference", t.field, slot.index),
-            false => format!("{}spec.{}[{}].image", t.field, slot.kind, slot.index),
+        let field = match (custom(d), slot.is_volume()) {
+            (Some((_, shown)), _) => shown.clone(),
+            (None, true) => format!("{}spec.volumes[{}].image.reference", t.field, slot.index),
+            (None, false) => format!("{}spec.{}[{}].image", t.field, slot.kind, slot.index),
         };
         let mut report = SlotReport {
             document: t.document,
@@ -388,7 +488,10 @@ fn edit_template(
                 reason,
                 source,
             } => {
-                let at = format!("/spec/{}", slot.image_path().join("/"));
+                let at = match custom(d) {
+                    Some((pointer, _)) => pointer.clone(),
+                    None => format!("/spec/{}", slot.image_path().join("/")),
+                };
                 let edit = t
                     .template
                     .pointer(&at)
@@ -400,12 +503,12 @@ fn edit_template(
                         if let Some(v) = value.pointer_mut(&at) {
                             *v = Value::String(image.clone());
                         }
-                        maps[0].1.insert(slot.key(), slot.image.clone());
+                        maps[0].1.insert(key(d), slot.image.clone());
                         if !source.is_empty() {
-                            maps[1].1.insert(slot.key(), source.clone());
+                            maps[1].1.insert(key(d), source.clone());
                         }
                         if let Some(i) = &d.identity {
-                            maps[2].1.insert(slot.key(), i.clone());
+                            maps[2].1.insert(key(d), i.clone());
                         }
                         report.status = Status::Rewritten;
                         report.new_image = Some(image.clone());

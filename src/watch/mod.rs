@@ -34,6 +34,7 @@ pub mod namespaces;
 pub(crate) mod nodes;
 pub(crate) mod pods;
 pub mod recovery;
+pub(crate) mod resources;
 pub(crate) mod reverify;
 pub(crate) mod usage;
 pub(crate) mod workloads;
@@ -243,6 +244,8 @@ impl Background {
                     crate::config::Platforms::Only(p) => Some(p.clone()),
                     crate::config::Platforms::All => None,
                 },
+                resources: config.custom_resources.fields(),
+                discovery_interval: config.custom_resources.discovery_interval,
             };
             let (c, rec, l, t) = (c.clone(), rec.clone(), leader.clone(), token.clone());
             let metrics = mirror.metrics().clone();
@@ -466,6 +469,10 @@ struct Scope {
     namespaces: Vec<String>,
     /// The `platforms` filter, when set: nodes are watched against it.
     platforms: Option<Vec<crate::platform::PlatformSpec>>,
+    /// The custom resources' image fields (`customResources`).
+    resources: Vec<crate::config::ImageFields>,
+    /// How often discovery is asked which of them are served.
+    discovery_interval: std::time::Duration,
 }
 
 /// The usage record and the backfill, when they run, and the namespaces
@@ -518,6 +525,21 @@ async fn lead_and_watch(
                 None => std::future::pending().await,
             }
         };
+        let resources = async {
+            match &watched.usage {
+                Some(u) => {
+                    resources::watch(
+                        client.clone(),
+                        u.clone(),
+                        scope.namespaces.clone(),
+                        scope.resources.clone(),
+                        scope.discovery_interval,
+                    )
+                    .await
+                }
+                None => std::future::pending().await,
+            }
+        };
         let backfill = async {
             match &watched.backfill {
                 Some(b) => b.run().await,
@@ -559,6 +581,7 @@ async fn lead_and_watch(
             tokio::select! {
                 _ = watch_pods(&client, &recovery, usage, in_scope, &scope.target, &scope.namespaces) => {}
                 _ = workloads => {}
+                _ = resources => {}
                 _ = backfill => {}
                 _ = rescans => {}
             }

@@ -33,6 +33,7 @@ use super::namespaces::Namespaces;
 use crate::admission::notes::ORIGINAL_IMAGES;
 use crate::admission::pod::slots_for;
 use crate::admission::policy::Policy;
+use crate::config::ImageFields;
 use crate::metrics::Metrics;
 use crate::reference::Reference;
 
@@ -56,6 +57,8 @@ pub enum Kind {
     Job,
     /// `batch/v1` CronJobs.
     CronJob,
+    /// A custom resource's kind, `group/Kind` ([`Kind::custom`]).
+    Custom(&'static str),
 }
 
 impl Kind {
@@ -79,7 +82,22 @@ impl Kind {
             Kind::ReplicaSet => "ReplicaSet",
             Kind::Job => "Job",
             Kind::CronJob => "CronJob",
+            Kind::Custom(name) => name,
         }
+    }
+
+    /// The kind of custom resource `name` (`group/Kind`). Names are
+    /// interned for the process's life: they come from the config, one per
+    /// kind it turns on, so the set stays as small as the config.
+    pub fn custom(name: &str) -> Kind {
+        static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+        let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = names.iter().find(|n| **n == name) {
+            return Kind::Custom(n);
+        }
+        let n: &'static str = Box::leak(name.to_owned().into_boxed_str());
+        names.push(n);
+        Kind::Custom(n)
     }
 }
 
@@ -144,6 +162,33 @@ pub fn observe_template(
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": m, "spec": spec})
     };
     observe(kind, meta, &spec, obj, Vec::new(), policy)
+}
+
+/// Reads a custom resource (`obj`, its `meta`) through `fields`: its
+/// images stand as a Pod's containers, with the pull settings `fields`
+/// names, so filters, the allowlist and the pull-secret proof treat them as
+/// a Pod's.
+pub fn observe_custom(
+    kind: Kind,
+    meta: &ObjectMeta,
+    obj: &Value,
+    fields: &ImageFields,
+    policy: Option<&Policy>,
+) -> Observed {
+    let containers: Vec<Value> = fields
+        .images(obj)
+        .into_iter()
+        .enumerate()
+        .map(|(i, image)| json!({"name": format!("image-{i}"), "image": image}))
+        .collect();
+    let mut spec = fields.pull(obj);
+    spec["containers"] = Value::Array(containers);
+    let pod = || {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": meta.name, "namespace": meta.namespace, "labels": meta.labels,
+        }, "spec": spec})
+    };
+    observe(kind, meta, &spec, pod, Vec::new(), policy)
 }
 
 fn observe(
@@ -334,6 +379,23 @@ impl Usage {
         observe_template(kind, meta, template, self.policy_for(labels))
     }
 
+    /// [`observe_custom`] under this record's policy and scope.
+    pub fn observe_custom(
+        &self,
+        kind: Kind,
+        meta: &ObjectMeta,
+        obj: &Value,
+        fields: &ImageFields,
+    ) -> Observed {
+        observe_custom(
+            kind,
+            meta,
+            obj,
+            fields,
+            self.policy_for(meta.labels.as_ref()),
+        )
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -372,6 +434,23 @@ impl Usage {
         self.lock()
             .watches
             .insert((kind, namespace.map(str::to_owned)), WatchState::default());
+    }
+
+    /// Drops every watch of `kind` and its objects: the API server said it
+    /// no longer serves the kind, so none of its objects remain.
+    pub fn unwatch(&self, kind: Kind) {
+        let mut inner = self.lock();
+        inner.watches.retain(|(k, _), _| *k != kind);
+        let gone: Vec<(Kind, Box<str>)> = inner
+            .objects
+            .keys()
+            .filter(|(k, _)| *k == kind)
+            .cloned()
+            .collect();
+        for k in gone {
+            inner.remove(&k);
+        }
+        self.after_removal(&mut inner);
     }
 
     /// Forgets everything, watches included (leadership lost).
@@ -811,6 +890,59 @@ mod tests {
         let names: Vec<String> = o.images.iter().map(|r| r.to_string()).collect();
         assert_eq!(names, ["docker.io/library/nginx:1", "docker.io/o/model:v1"]);
         assert_eq!(o.wanted.len(), 2, "the backfill copies both");
+    }
+
+    #[test]
+    fn a_custom_kind_counts_until_discovery_answers_and_its_objects_stand_as_pods() {
+        let u = Usage::new(Arc::new(Metrics::new()), Some(policy()));
+        let wf = Kind::custom("argoproj.io/Workflow");
+        assert_eq!(wf, Kind::custom("argoproj.io/Workflow"), "interned once");
+        assert_eq!(wf.as_str(), "argoproj.io/Workflow");
+        for kind in [Kind::Pod, wf] {
+            u.watch(kind, None);
+        }
+        u.list_started(Kind::Pod, None);
+        u.list_done(Kind::Pod, None);
+        assert!(
+            !u.synced(),
+            "a configured kind not yet discovered holds retention back"
+        );
+        let cr = crate::config::CustomResources {
+            profiles: vec![crate::config::ResourceProfile::ArgoWorkflows],
+            ..Default::default()
+        };
+        let fields = cr
+            .fields()
+            .into_iter()
+            .find(|f| f.kind == "Workflow")
+            .unwrap();
+        let obj = json!({"metadata": {"name": "w", "namespace": "ci"}, "spec": {
+            "serviceAccountName": "runner",
+            "templates": [{"container": {"image": "nginx:1"}}, {"script": {"image": "mirror.example/docker.io/x/y:1"}}]
+        }});
+        let meta: ObjectMeta = serde_json::from_value(obj["metadata"].clone()).unwrap();
+        let o = u.observe_custom(wf, &meta, &obj, &fields);
+        assert_eq!(o.key, "ci/w");
+        assert_eq!(o.images.len(), 2);
+        let wanted: Vec<String> = o.wanted.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            wanted,
+            ["docker.io/library/nginx:1"],
+            "the target's own image is not wanted"
+        );
+        assert_eq!(o.pull["spec"]["serviceAccountName"], "runner");
+        u.list_started(wf, None);
+        u.seen(o, None);
+        u.list_done(wf, None);
+        assert!(u.synced());
+        assert_eq!(u.images().len(), 2);
+        // Discovery says the kind is gone: so are its objects, and it no
+        // longer holds the record back.
+        u.watch(wf, None);
+        assert!(!u.synced());
+        u.unwatch(wf);
+        assert!(u.synced());
+        assert!(u.images().is_empty());
     }
 
     #[test]

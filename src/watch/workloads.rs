@@ -17,7 +17,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
-use super::usage::{Kind, Usage};
+use super::usage::{Kind, Observed, Usage};
 
 /// Registers every workload watch with `usage` (so [`Usage::synced`] waits
 /// for them), then runs them until dropped.
@@ -74,18 +74,34 @@ async fn watch_kind<K>(
         + Sync
         + 'static,
 {
-    let seen = |o: &K, scope: Option<&str>| match template(o) {
-        Some(t) => usage.seen(usage.observe_template(kind, o.meta(), t), scope),
-        None => usage.deleted(kind, &key(o)),
-    };
-    let mut relists = Some(usage.relists());
-    loop {
-        let streams = scopes.iter().map(|scope| {
+    let apis = scopes
+        .iter()
+        .map(|scope| {
             let api: Api<K> = match scope {
                 None => Api::all(client.clone()),
                 Some(ns) => Api::namespaced(client.clone(), ns),
             };
-            let scope = scope.clone();
+            (scope.clone(), api)
+        })
+        .collect();
+    let observe = |o: &K| template(o).map(|t| usage.observe_template(kind, o.meta(), t));
+    feed(usage, kind, apis, observe).await
+}
+
+/// Feeds every event of the watches of `apis` (one per scope) to `usage`
+/// as `kind`: `observe` reads an object, `None` when it names nothing
+/// (then it counts as deleted). Runs until dropped.
+pub(super) async fn feed<K>(
+    usage: &Usage,
+    kind: Kind,
+    apis: Vec<(Option<String>, Api<K>)>,
+    observe: impl Fn(&K) -> Option<Observed>,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let mut relists = Some(usage.relists());
+    loop {
+        let streams = apis.iter().cloned().map(|(scope, api)| {
             super::lists::watch(api, watcher::Config::default())
                 .default_backoff()
                 .map(move |ev| (scope.clone(), ev))
@@ -100,12 +116,15 @@ async fn watch_kind<K>(
             let scope = scope.as_deref();
             match ev {
                 Ok(Event::Init) => usage.list_started(kind, scope),
-                Ok(Event::InitApply(o) | Event::Apply(o)) => seen(&o, scope),
+                Ok(Event::InitApply(o) | Event::Apply(o)) => match observe(&o) {
+                    Some(seen) => usage.seen(seen, scope),
+                    None => usage.deleted(kind, &key(&o)),
+                },
                 Ok(Event::InitDone) => usage.list_done(kind, scope),
                 Ok(Event::Delete(o)) => usage.deleted(kind, &key(&o)),
                 Err(e) => {
                     usage.watch_failed(kind, scope);
-                    warn!(kind = kind.as_str(), error = %e, "workload watch failed; retrying with backoff");
+                    warn!(kind = kind.as_str(), error = %e, "watch failed; retrying with backoff");
                 }
             }
         }

@@ -473,6 +473,12 @@ EQUIVALENT = [
     ({"config": {"target": {"registry": "m.example.com"}, "recovery": {"evict": {"enabled": True}}}}, "pinswap", ["--tls", "self-signed"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "recovery": {"namespaces": ["apps", "web"], "evict": {"enabled": True, "perMinute": 5}}}}, "pinswap", ["--tls", "cert-manager"]),
     ({"certManager": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "retention": {"enabled": True, "unusedFor": "240h"}}}, "mirror", ["--tls", "cert-manager"]),
+    # Custom resources: exactly the kinds turned on, a rule per group, cluster-wide or per watched namespace.
+    ({"config": {"target": {"registry": "m.example.com"}, "customResources": {"profiles": ["tekton", "argo-workflows", "flux"], "kinds": [
+        {"group": "example.com", "kind": "Widget", "resource": "widgets", "paths": ["spec.image"]},
+        {"group": "argoproj.io", "kind": "Sensor", "resource": "sensors", "paths": ["spec.template.container.image"]}]}}}, "pinswap", ["--tls", "self-signed"]),
+    ({"config": {"target": {"registry": "m.example.com"}, "recovery": {"namespaces": ["ci"]}, "customResources": {"profiles": ["knative-serving", "kubevirt"]}}}, "mirror", ["--tls", "self-signed"]),
+    ({"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}, "customResources": {"profiles": ["kubevirt"]}}}, "pinswap", ["--tls", "self-signed"]),
     # The node agent, in each runtime and mode.
     ({"nodeAgent": {"enabled": True}}, "pinswap", ["--tls", "self-signed", "--node-agent"]),
     ({"nodeAgent": {"enabled": True, "runtime": "cri-o", "mode": "digest-only", "hostPath": "/etc/crio/mirrors.d"}}, "mirror",

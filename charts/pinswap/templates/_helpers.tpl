@@ -113,6 +113,42 @@ Config::watches_workloads decides. */}}
 {{- if or $backfill (dig "retention" "enabled" false .Values.config) }}true{{ end }}
 {{- end }}
 
+{{/*
+List and watch on the custom resources config.customResources turns on, a
+rule per API group in the order the config names them, as `pinswap
+manifests` grants them. The profiles' kinds are those of
+src/config/resources.rs.
+*/}}
+{{- define "pinswap.customResourceRules" -}}
+{{- $profiles := dict "argo-workflows" (list (list "argoproj.io" "workflows") (list "argoproj.io" "workflowtemplates") (list "argoproj.io" "cronworkflows")) "tekton" (list (list "tekton.dev" "tasks") (list "tekton.dev" "pipelines") (list "tekton.dev" "taskruns") (list "tekton.dev" "pipelineruns") (list "tekton.dev" "stepactions")) "knative-serving" (list (list "serving.knative.dev" "services") (list "serving.knative.dev" "configurations")) "kubevirt" (list (list "kubevirt.io" "virtualmachines") (list "kubevirt.io" "virtualmachineinstances")) "flux" (list (list "source.toolkit.fluxcd.io" "ocirepositories")) }}
+{{- $cr := dig "customResources" dict .Values.config }}
+{{- $pairs := list }}
+{{- range (dig "profiles" list $cr) }}
+{{- $pairs = concat $pairs (get $profiles .) }}
+{{- end }}
+{{- range (dig "kinds" list $cr) }}
+{{- $pairs = append $pairs (list .group .resource) }}
+{{- end }}
+{{- $groups := list }}
+{{- $byGroup := dict }}
+{{- range $pairs }}
+{{- $g := index . 0 }}
+{{- $r := index . 1 }}
+{{- if not (hasKey $byGroup $g) }}
+{{- $groups = append $groups $g }}
+{{- $_ := set $byGroup $g list }}
+{{- end }}
+{{- if not (has $r (get $byGroup $g)) }}
+{{- $_ := set $byGroup $g (append (get $byGroup $g) $r) }}
+{{- end }}
+{{- end }}
+{{- $rules := list }}
+{{- range $groups }}
+{{- $rules = append $rules (dict "apiGroups" (list .) "resources" (get $byGroup .) "verbs" (list "list" "watch")) }}
+{{- end }}
+{{- dict "rules" $rules | toYaml }}
+{{- end }}
+
 {{/* Ignore or Fail: the value, else from config.failurePolicy. */}}
 {{- define "pinswap.failurePolicy" -}}
 {{- if .Values.webhook.failurePolicy }}
