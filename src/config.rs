@@ -2165,6 +2165,21 @@ mirrorOnly:
   #    ownerKinds: [apps/StatefulSet]
   #    jmespath: "obj.metadata.annotations.\"example.com/managed\" == 'true'"
 
+customResources:
+  # Images named in custom resources, copied ahead of their Pods and kept
+  # by retention; the objects are never changed in the cluster. Kinds
+  # without their CRD are no error (docs/configuration.md#customresources).
+  profiles: []
+  #  - argo-workflows      # Workflow, WorkflowTemplate, CronWorkflow
+  #  - tekton              # Task, Pipeline, TaskRun, PipelineRun, StepAction
+  #  - knative-serving     # Service, Configuration
+  #  - kubevirt            # containerDisk of VirtualMachine(Instance)
+  #  - flux                # OCIRepository
+  kinds: []
+  #  - {group: example.com, kind: Widget, resource: widgets, paths: [spec.image]}
+  discoveryInterval: 1m
+  rewrite: false          # pinswap mutate rewrites their paths too
+
 # exists: rewrite only when the target has the image; always: rewrite regardless.
 swapPolicy: exists
 # delayed: copy in the background; immediate: start the copy and wait up to
