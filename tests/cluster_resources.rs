@@ -73,12 +73,15 @@ async fn images_named_in_custom_resources_are_mirrored_kept_and_released() {
     let _g = cluster.lock().await;
     let client = cluster.admin().await;
     // Flux's CRD comes later; a kind left without a CRD (Tekton's
-    // StepAction, KubeVirt's VirtualMachineInstance) is no error.
+    // Pipeline, KubeVirt's VirtualMachineInstance) is no error.
     for c in [
         crd("argoproj.io", "v1alpha1", "Workflow", "workflows"),
         crd("argoproj.io", "v1alpha1", "CronWorkflow", "cronworkflows"),
         crd("tekton.dev", "v1", "Task", "tasks"),
         crd("tekton.dev", "v1", "PipelineRun", "pipelineruns"),
+        // Served only at a version the group does not prefer (tekton.dev
+        // prefers v1), as Tekton's own StepAction is.
+        crd("tekton.dev", "v1beta1", "StepAction", "stepactions"),
         crd("serving.knative.dev", "v1", "Service", "services"),
         crd("kubevirt.io", "v1", "VirtualMachine", "virtualmachines"),
     ] {
@@ -87,9 +90,11 @@ async fn images_named_in_custom_resources_are_mirrored_kept_and_released() {
     let rig = Rig::start(cluster, "crds01", CONFIG).await;
     let ns = rig.ns.clone();
     let mut pushed = Vec::new();
-    for (i, repo) in ["wf", "cron", "task", "run", "ksvc", "disk", "flux"]
-        .into_iter()
-        .enumerate()
+    for (i, repo) in [
+        "wf", "cron", "task", "run", "ksvc", "disk", "step", "dv", "flux",
+    ]
+    .into_iter()
+    .enumerate()
     {
         pushed.push((repo, rig.push(repo, "v1", 9300 + i as u64).await));
     }
@@ -100,13 +105,16 @@ async fn images_named_in_custom_resources_are_mirrored_kept_and_released() {
         json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "CronWorkflow", "metadata": {"name": "nightly", "namespace": ns},
             "spec": {"schedules": ["0 3 * * *"], "workflowSpec": {"entrypoint": "main", "templates": [{"name": "main", "script": {"image": src("cron"), "source": "true"}}]}}}),
         json!({"apiVersion": "tekton.dev/v1", "kind": "Task", "metadata": {"name": "build", "namespace": ns},
-            "spec": {"steps": [{"name": "compile", "image": src("task"), "script": "make"}]}}),
+            "spec": {"params": [{"name": "builder"}], "steps": [{"name": "compile", "image": src("task"), "script": "make"}, {"name": "p", "image": "$(params.builder)"}]}}),
         json!({"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "metadata": {"name": "ci-1", "namespace": ns},
             "spec": {"pipelineSpec": {"tasks": [{"name": "t", "taskSpec": {"steps": [{"name": "s", "image": src("run")}]}}]}}}),
         json!({"apiVersion": "serving.knative.dev/v1", "kind": "Service", "metadata": {"name": "hello", "namespace": ns},
             "spec": {"template": {"spec": {"containers": [{"image": src("ksvc")}]}}}}),
         json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "vm", "namespace": ns},
-            "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}}, "volumes": [{"name": "root", "containerDisk": {"image": src("disk")}}]}}}}),
+            "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}}, "volumes": [{"name": "root", "containerDisk": {"image": src("disk")}}]}},
+                "dataVolumeTemplates": [{"metadata": {"name": "data"}, "spec": {"source": {"registry": {"url": format!("docker://{}", src("dv"))}}}}]}}),
+        json!({"apiVersion": "tekton.dev/v1beta1", "kind": "StepAction", "metadata": {"name": "step", "namespace": ns},
+            "spec": {"image": src("step"), "script": "true"}}),
     ];
     let mut versions = Vec::new();
     for o in &objects {
@@ -137,7 +145,7 @@ async fn images_named_in_custom_resources_are_mirrored_kept_and_released() {
             }
         }
     };
-    for (name, img) in pushed.iter().take(6) {
+    for (name, img) in pushed.iter().take(8) {
         mirrored(name, img.clone()).await;
     }
     // Copied without rewriting: no object was written to.
@@ -175,7 +183,7 @@ async fn images_named_in_custom_resources_are_mirrored_kept_and_released() {
     let flux = json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "OCIRepository", "metadata": {"name": "manifests", "namespace": ns},
         "spec": {"interval": "5m", "url": format!("oci://{}/flux", rig.src.host()), "ref": {"tag": "v1"}}});
     apply(&rig.client, &flux).await.unwrap();
-    mirrored("flux", pushed[6].1.clone()).await;
+    mirrored("flux", pushed[8].1.clone()).await;
 
     // Retention: the Knative Service goes, and so does its image; every
     // image an object still names stays.

@@ -706,6 +706,7 @@ spec:
     image: {{SRC}}/ci/build:v1   # pinned by pinswap
     script: make
   - {name: lint, image: \"{{SRC}}/ci/build:v1\"}
+  - {name: custom, image: $(params.builder)}
 ---
 apiVersion: kubevirt.io/v1
 kind: VirtualMachine
@@ -716,6 +717,8 @@ spec:
       volumes:
       - name: root
         containerDisk: {image: {{SRC}}/disks/fedora:v1}
+  dataVolumeTemplates:
+  - spec: {source: {registry: {url: \"docker://{{SRC}}/disks/fedora:v1\"}}}
 ---
 apiVersion: source.toolkit.fluxcd.io/v1
 kind: OCIRepository
@@ -776,11 +779,15 @@ async fn custom_resources_are_rewritten_only_when_asked_and_by_their_fields() {
         )
         .replace(
             "annotations: {team: infra}",
-            &format!("annotations: {{\"pinswap.dev/original-images\": \"{{\\\"spec.template.spec.volumes[0].containerDisk.image\\\":\\\"{s}/disks/fedora:v1\\\"}}\", \"pinswap.dev/sources\": \"{{\\\"spec.template.spec.volumes[0].containerDisk.image\\\":\\\"{s}/disks/fedora:v1@{d}\\\"}}\", team: infra}}"),
+            &format!("annotations: {{\"pinswap.dev/original-images\": \"{{\\\"spec.dataVolumeTemplates[0].spec.source.registry.url\\\":\\\"docker://{s}/disks/fedora:v1\\\",\\\"spec.template.spec.volumes[0].containerDisk.image\\\":\\\"{s}/disks/fedora:v1\\\"}}\", \"pinswap.dev/sources\": \"{{\\\"spec.dataVolumeTemplates[0].spec.source.registry.url\\\":\\\"{s}/disks/fedora:v1@{d}\\\",\\\"spec.template.spec.volumes[0].containerDisk.image\\\":\\\"{s}/disks/fedora:v1@{d}\\\"}}\", team: infra}}"),
         )
         .replace(
             &format!("containerDisk: {{image: {s}/disks/fedora:v1}}"),
             &format!("containerDisk: {{image: {m}/disks/fedora:v1@{d}}}"),
+        )
+        .replace(
+            &format!("url: \"docker://{s}/disks/fedora:v1\""),
+            &format!("url: \"docker://{m}/disks/fedora:v1@{d}\""),
         );
     assert_eq!(out.stdout, expected, "{}", out.stderr);
     // The copies are at the target, byte for byte.

@@ -11,6 +11,7 @@
 //! it says where the image is, so `pinswap mutate` can rewrite it. A kind
 //! may also list JMESPath expressions, read but never rewritten.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -173,12 +174,18 @@ impl ResourceProfile {
                 ];
                 let g = "argoproj.io";
                 let sa = |b: &str| Some(format!("{b}.serviceAccountName"));
+                // Every template, and the defaults merged into each.
+                let templates = |b: &str| {
+                    let mut p = under(&format!("{b}.templates[*]"), T);
+                    p.extend(under(&format!("{b}.templateDefaults"), T));
+                    p
+                };
                 vec![
                     k(
                         g,
                         "Workflow",
                         "workflows",
-                        under("spec.templates[*]", T),
+                        templates("spec"),
                         &["spec.imagePullSecrets"],
                         sa("spec"),
                     ),
@@ -186,7 +193,7 @@ impl ResourceProfile {
                         g,
                         "WorkflowTemplate",
                         "workflowtemplates",
-                        under("spec.templates[*]", T),
+                        templates("spec"),
                         &["spec.imagePullSecrets"],
                         sa("spec"),
                     ),
@@ -194,7 +201,7 @@ impl ResourceProfile {
                         g,
                         "CronWorkflow",
                         "cronworkflows",
-                        under("spec.workflowSpec.templates[*]", T),
+                        templates("spec.workflowSpec"),
                         &["spec.workflowSpec.imagePullSecrets"],
                         sa("spec.workflowSpec"),
                     ),
@@ -224,7 +231,10 @@ impl ResourceProfile {
                         "PipelineRun",
                         "pipelineruns",
                         pipeline("spec.pipelineSpec"),
-                        &["spec.taskRunTemplate.podTemplate.imagePullSecrets"],
+                        &[
+                            "spec.taskRunTemplate.podTemplate.imagePullSecrets",
+                            "spec.taskRunSpecs[*].podTemplate.imagePullSecrets",
+                        ],
                         Some("spec.taskRunTemplate.serviceAccountName".into()),
                     ),
                     k(
@@ -252,21 +262,40 @@ impl ResourceProfile {
             }
             Self::Kubevirt => {
                 let g = "kubevirt.io";
+                // Container disks, and the kernel and initrd a VM boots
+                // from a container image.
+                let vmi = |b: &str| {
+                    vec![
+                        format!("{b}.volumes[*].containerDisk.image"),
+                        format!("{b}.domain.firmware.kernelBoot.container.image"),
+                    ]
+                };
+                // A VM's DataVolume templates importing from a registry
+                // (CDI's `docker://` URL; its secretRef is not a pull
+                // secret).
+                let mut vm = vmi("spec.template.spec");
+                vm.push("spec.dataVolumeTemplates[*].spec.source.registry.url".into());
                 vec![
                     k(
                         g,
                         "VirtualMachine",
                         "virtualmachines",
-                        vec!["spec.template.spec.volumes[*].containerDisk.image".into()],
-                        &["spec.template.spec.volumes[*].containerDisk.imagePullSecret"],
+                        vm,
+                        &[
+                            "spec.template.spec.volumes[*].containerDisk.imagePullSecret",
+                            "spec.template.spec.domain.firmware.kernelBoot.container.imagePullSecret",
+                        ],
                         None,
                     ),
                     k(
                         g,
                         "VirtualMachineInstance",
                         "virtualmachineinstances",
-                        vec!["spec.volumes[*].containerDisk.image".into()],
-                        &["spec.volumes[*].containerDisk.imagePullSecret"],
+                        vmi("spec"),
+                        &[
+                            "spec.volumes[*].containerDisk.imagePullSecret",
+                            "spec.domain.firmware.kernelBoot.container.imagePullSecret",
+                        ],
                         None,
                     ),
                 ]
@@ -438,15 +467,17 @@ impl ImageFields {
         self.oci_repository
     }
 
-    /// Every image reference `obj` names, as written (an `oci://` or
-    /// `docker://` scheme dropped), deduplicated, in document order. An
-    /// object is at most what the API server stores (about 1.5 MiB), which
-    /// bounds this.
-    pub fn images(&self, obj: &Value) -> Vec<String> {
+    /// The image references `obj` names, as written (an `oci://` or
+    /// `docker://` scheme dropped), deduplicated, in document order, at most
+    /// `max`. Values with a parameter (`$(params.image)`, Argo's
+    /// `{{inputs.parameters.image}}`) name nothing until their controller
+    /// fills them in.
+    pub fn images(&self, obj: &Value, max: usize) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
         let mut add = |s: &str| {
             let s = strip_scheme(s.trim());
-            if !s.is_empty() && !out.iter().any(|o| o == s) {
+            if out.len() < max && !s.is_empty() && !is_parameter(s) && seen.insert(s.to_owned()) {
                 out.push(s.to_owned());
             }
         };
@@ -479,10 +510,16 @@ impl ImageFields {
         out
     }
 
+    #[cfg(test)]
+    fn images_all(&self, obj: &Value) -> Vec<String> {
+        self.images(obj, usize::MAX)
+    }
+
     /// The object's pull settings as a Pod spec has them:
     /// `{"imagePullSecrets": [{"name": ..}], "serviceAccountName": ..}`.
     pub fn pull(&self, obj: &Value) -> Value {
         let mut secrets = Vec::new();
+        let mut names = HashSet::new();
         for p in &self.pull_secrets {
             for v in p.values(obj) {
                 let items: Vec<&Value> = match v {
@@ -492,7 +529,7 @@ impl ImageFields {
                 for i in items {
                     let name = i.as_str().or_else(|| i.get("name").and_then(Value::as_str));
                     if let Some(n) = name
-                        && !secrets.contains(&json!({"name": n}))
+                        && names.insert(n)
                     {
                         secrets.push(json!({"name": n}));
                     }
@@ -521,6 +558,12 @@ fn strings(v: &jmespath::Variable, add: &mut impl FnMut(&str), depth: usize) {
         }
         _ => {}
     }
+}
+
+/// A value its controller fills in: Tekton's `$(params.x)`, Argo's
+/// `{{inputs.parameters.x}}`.
+pub fn is_parameter(s: &str) -> bool {
+    s.contains("$(") || s.contains("{{")
 }
 
 /// `oci://host/repo` and `docker://host/repo` name `host/repo`.
@@ -608,8 +651,29 @@ impl CustomResources {
                 ),
             );
         }
+        let profiled: Vec<(ResourceProfile, CustomKind)> = self
+            .profiles
+            .iter()
+            .flat_map(|p| p.kinds().into_iter().map(move |k| (*p, k)))
+            .collect();
         for (n, k) in self.kinds.iter().enumerate() {
             let at = format!("{path}.kinds[{n}]");
+            // One resource per kind: RBAC and the watch name it.
+            if let Some((p, o)) = profiled
+                .iter()
+                .find(|(_, o)| o.group == k.group && o.kind == k.kind && o.resource != k.resource)
+            {
+                bad(
+                    format!("{at}.resource"),
+                    format!(
+                        "profile {} names {}/{} with resource {:?}",
+                        p.as_str(),
+                        o.group,
+                        o.kind,
+                        o.resource
+                    ),
+                );
+            }
             if !k.group.contains('.') || !super::is_dns_subdomain(&k.group) {
                 bad(
                     format!("{at}.group"),
@@ -756,7 +820,7 @@ mod tests {
         ]}});
         let f = fields(ResourceProfile::ArgoWorkflows, "Workflow");
         assert_eq!(
-            f.images(&wf),
+            f.images_all(&wf),
             ["alpine:3", "python:3", "redis:7", "busybox", "envoy:1"]
         );
         assert_eq!(
@@ -765,7 +829,7 @@ mod tests {
         );
         let cron = json!({"spec": {"workflowSpec": {"templates": [{"container": {"image": "alpine:3"}}]}}});
         assert_eq!(
-            fields(ResourceProfile::ArgoWorkflows, "CronWorkflow").images(&cron),
+            fields(ResourceProfile::ArgoWorkflows, "CronWorkflow").images_all(&cron),
             ["alpine:3"]
         );
     }
@@ -777,7 +841,7 @@ mod tests {
             "finally": [{"taskSpec": {"sidecars": [{"image": "docker:dind"}]}}]
         }}});
         let f = fields(ResourceProfile::Tekton, "PipelineRun");
-        assert_eq!(f.images(&pr), ["golang:1.23", "alpine", "docker:dind"]);
+        assert_eq!(f.images_all(&pr), ["golang:1.23", "alpine", "docker:dind"]);
         assert_eq!(f.pull(&pr)["serviceAccountName"], "build");
     }
 
@@ -788,7 +852,7 @@ mod tests {
             {"name": "cloudinit", "cloudInitNoCloud": {"userData": "x"}}
         ]}}}});
         let f = fields(ResourceProfile::Kubevirt, "VirtualMachine");
-        assert_eq!(f.images(&vm), ["quay.io/containerdisks/fedora:40"]);
+        assert_eq!(f.images_all(&vm), ["quay.io/containerdisks/fedora:40"]);
         assert_eq!(f.pull(&vm)["imagePullSecrets"], json!([{"name": "disks"}]));
     }
 
@@ -797,20 +861,20 @@ mod tests {
         let f = fields(ResourceProfile::Flux, "OCIRepository");
         let o = |r: Value| json!({"spec": {"url": "oci://ghcr.io/org/manifests", "ref": r}});
         assert_eq!(
-            f.images(&o(json!({"tag": "v1"}))),
+            f.images_all(&o(json!({"tag": "v1"}))),
             ["ghcr.io/org/manifests:v1"]
         );
         assert_eq!(
-            f.images(&o(json!({"tag": "v1", "digest": "sha256:ab"}))),
+            f.images_all(&o(json!({"tag": "v1", "digest": "sha256:ab"}))),
             ["ghcr.io/org/manifests@sha256:ab"]
         );
-        assert!(f.images(&o(json!({"semver": ">=1.0"}))).is_empty());
+        assert!(f.images_all(&o(json!({"semver": ">=1.0"}))).is_empty());
         assert_eq!(
-            f.images(&json!({"spec": {"url": "oci://r.example/m"}})),
+            f.images_all(&json!({"spec": {"url": "oci://r.example/m"}})),
             ["r.example/m:latest"]
         );
         assert!(
-            f.images(&json!({"spec": {"url": "https://r.example/m"}}))
+            f.images_all(&json!({"spec": {"url": "https://r.example/m"}}))
                 .is_empty()
         );
     }
@@ -822,7 +886,7 @@ mod tests {
         let fs = c.custom_resources.fields();
         let w = fs.iter().find(|f| f.kind == "Widget").unwrap();
         let obj = json!({"spec": {"image": "docker://a:1", "extra": [{"ref": "b:2"}, {"ref": 3}], "more": [{"enabled": true, "image": "c:3"}, {"enabled": false, "image": "d:4"}]}});
-        assert_eq!(w.images(&obj), ["a:1", "b:2", "c:3"]);
+        assert_eq!(w.images_all(&obj), ["a:1", "b:2", "c:3"]);
         let svc = fs
             .iter()
             .filter(|f| f.kind == "Service")
@@ -862,7 +926,7 @@ mod tests {
 
     #[test]
     fn each_bad_entry_is_named_by_its_key() {
-        let yaml = "target: {registry: m.example}\ncustomResources:\n  discoveryInterval: 0s\n  kinds:\n  - {group: core, kind: widget, resource: Widgets, paths: [\"spec..image\", \"spec.steps[0].image\"], jmespath: [\"spec.[[\"], imagePullSecrets: [\"a b\"], serviceAccountName: \"\"}\n  - {group: example.com, kind: Widget, resource: widgets}\n  - {group: example.com, kind: Widget, resource: gadgets, paths: [spec.image]}\n";
+        let yaml = "target: {registry: m.example}\ncustomResources:\n  profiles: [tekton]\n  discoveryInterval: 0s\n  kinds:\n  - {group: core, kind: widget, resource: Widgets, paths: [\"spec..image\", \"spec.steps[0].image\"], jmespath: [\"spec.[[\"], imagePullSecrets: [\"a b\"], serviceAccountName: \"\"}\n  - {group: example.com, kind: Widget, resource: widgets}\n  - {group: example.com, kind: Widget, resource: gadgets, paths: [spec.image]}\n  - {group: tekton.dev, kind: Task, resource: tekton-tasks, paths: [spec.image]}\n";
         let err = Config::from_yaml(yaml, "c.yaml").unwrap_err().to_string();
         for key in [
             "customResources.discoveryInterval",
@@ -876,6 +940,7 @@ mod tests {
             "customResources.kinds[0].serviceAccountName",
             "customResources.kinds[1].paths",
             "customResources.kinds[2].resource",
+            "customResources.kinds[3].resource: profile tekton names tekton.dev/Task with resource \"tasks\"",
         ] {
             assert!(err.contains(key), "{key} not named: {err}");
         }

@@ -25,7 +25,7 @@ use serde_json::Value;
 
 use crate::admission::notes::{IDENTITY, ORIGINAL_IMAGES, SOURCES};
 use crate::admission::{Admission, SlotDecision, SlotOutcome};
-use crate::config::{ImageFields, Location};
+use crate::config::{ImageFields, Location, is_parameter, strip_scheme};
 use yaml::YamlError;
 use yaml::doc::{self, Document, Kind, Node};
 use yaml::edit::{self, Edits, New};
@@ -194,16 +194,26 @@ struct Target<'a> {
     /// What is decided: the template, or a custom resource's images as a
     /// Pod's containers.
     decided: Value,
-    /// A custom resource's image fields, by container index: the JSON
-    /// pointer under `template` (the object) and the field as reported.
-    fields: Option<Vec<(String, String)>>,
+    /// A custom resource's image fields, by container index.
+    fields: Option<Vec<Field>>,
     decisions: Vec<SlotDecision>,
+}
+
+/// One image field of a custom resource.
+struct Field {
+    /// JSON pointer under the object.
+    pointer: String,
+    /// As reported and keyed in the annotations: `spec.steps[0].image`.
+    shown: String,
+    /// The scheme written before the reference (`docker://`), kept when
+    /// it is rewritten.
+    scheme: &'static str,
 }
 
 /// The custom resource `obj`'s image fields, when `resources` names its
 /// kind: each field's pointer and report path, and the Pod template its
 /// images are decided as.
-fn custom_target(resources: &[ImageFields], obj: &Value) -> Option<(Vec<(String, String)>, Value)> {
+fn custom_target(resources: &[ImageFields], obj: &Value) -> Option<(Vec<Field>, Value)> {
     let group = obj.get("apiVersion")?.as_str()?.split_once('/')?.0;
     let kind = obj.get("kind")?.as_str()?;
     let f = resources
@@ -213,6 +223,15 @@ fn custom_target(resources: &[ImageFields], obj: &Value) -> Option<(Vec<(String,
     let mut containers = Vec::new();
     for p in f.paths() {
         for (loc, image) in p.locations(obj) {
+            // A parameter is filled in by its controller: nothing to decide.
+            if is_parameter(&image) {
+                continue;
+            }
+            let bare = strip_scheme(&image);
+            let scheme = ["oci://", "docker://"]
+                .into_iter()
+                .find(|s| image.len() - bare.len() == s.len() && image.starts_with(s))
+                .unwrap_or("");
             let mut pointer = String::new();
             let mut shown = String::new();
             for l in &loc {
@@ -231,13 +250,17 @@ fn custom_target(resources: &[ImageFields], obj: &Value) -> Option<(Vec<(String,
                     }
                 }
             }
-            if fields.iter().any(|(p, _)| *p == pointer) {
+            if fields.iter().any(|f: &Field| f.pointer == pointer) {
                 continue;
             }
             containers.push(
-                serde_json::json!({"name": format!("image-{}", fields.len()), "image": image}),
+                serde_json::json!({"name": format!("image-{}", fields.len()), "image": bare}),
             );
-            fields.push((pointer, shown));
+            fields.push(Field {
+                pointer,
+                shown,
+                scheme,
+            });
         }
     }
     let mut spec = f.pull(obj);
@@ -457,7 +480,7 @@ fn edit_template(
             .filter(|_| d.slot.kind == "containers")
     };
     let key = |d: &SlotDecision| match custom(d) {
-        Some((_, shown)) => shown.clone(),
+        Some(f) => f.shown.clone(),
         None => d.slot.key(),
     };
     // Entries for slots the template no longer has are dropped.
@@ -468,7 +491,7 @@ fn edit_template(
     for d in &t.decisions {
         let slot = &d.slot;
         let field = match (custom(d), slot.is_volume()) {
-            (Some((_, shown)), _) => shown.clone(),
+            (Some(f), _) => f.shown.clone(),
             (None, true) => format!("{}spec.volumes[{}].image.reference", t.field, slot.index),
             (None, false) => format!("{}spec.{}[{}].image", t.field, slot.kind, slot.index),
         };
@@ -488,10 +511,14 @@ fn edit_template(
                 reason,
                 source,
             } => {
-                let at = match custom(d) {
-                    Some((pointer, _)) => pointer.clone(),
-                    None => format!("/spec/{}", slot.image_path().join("/")),
+                let (at, image) = match custom(d) {
+                    Some(f) => (f.pointer.clone(), format!("{}{image}", f.scheme)),
+                    None => (
+                        format!("/spec/{}", slot.image_path().join("/")),
+                        image.clone(),
+                    ),
                 };
+                let image = &image;
                 let edit = t
                     .template
                     .pointer(&at)
@@ -503,7 +530,11 @@ fn edit_template(
                         if let Some(v) = value.pointer_mut(&at) {
                             *v = Value::String(image.clone());
                         }
-                        maps[0].1.insert(key(d), slot.image.clone());
+                        let written = match custom(d) {
+                            Some(f) => format!("{}{}", f.scheme, slot.image),
+                            None => slot.image.clone(),
+                        };
+                        maps[0].1.insert(key(d), written);
                         if !source.is_empty() {
                             maps[1].1.insert(key(d), source.clone());
                         }

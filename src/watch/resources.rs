@@ -11,25 +11,33 @@
 //! until discovery has answered for it; only an answer that the kind is
 //! not served drops it, never a failed request.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::future::{AbortHandle, Abortable};
+use futures::stream::FuturesUnordered;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResource;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject};
-use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::usage::{Kind, Usage};
 use crate::config::ImageFields;
+
+/// A group's versions, each with its resources, `None` where listing them
+/// failed.
+type Versions = Vec<(String, Option<Vec<APIResource>>)>;
 
 /// What discovery said of one kind.
 #[derive(Debug, PartialEq)]
 enum Served {
     /// Served, namespaced, at this version.
     Yes(String),
-    /// Its group or the kind is not served, or it is cluster-scoped.
-    No,
+    /// Its group or the kind is not served at any version, or it is
+    /// cluster-scoped; `group_served`: the group is.
+    No { group_served: bool },
     /// Discovery failed: keep what was known.
     Unknown,
 }
@@ -59,48 +67,51 @@ pub async fn watch(
             usage.watch(*kind, s.as_deref());
         }
     }
-    let mut running: HashMap<Kind, (String, JoinHandle<()>)> = HashMap::new();
-    // Aborts the watches when this future is dropped (leadership lost).
-    struct AbortAll<'a>(&'a mut HashMap<Kind, (String, JoinHandle<()>)>);
-    impl Drop for AbortAll<'_> {
-        fn drop(&mut self) {
-            for (_, (_, h)) in self.0.drain() {
-                h.abort();
-            }
-        }
-    }
-    let running = AbortAll(&mut running);
+    // The watches run inside this future, not spawned: a stopped one is
+    // never polled again, so no event of it can reach `usage` after its
+    // kind is watched anew or forgotten, and dropping this future (lost
+    // leadership) stops them all at once.
+    let mut running: HashMap<Kind, (String, AbortHandle)> = HashMap::new();
+    let mut tasks = FuturesUnordered::new();
+    let mut warned: HashSet<Kind> = HashSet::new();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            // An aborted watch ends; the others never do.
+            Some(_) = tasks.next(), if !tasks.is_empty() => continue,
+        }
         let served = discover(&client, &kinds).await;
         for ((kind, fields), served) in kinds.iter().zip(served) {
-            let current = running.0.get(kind).map(|(v, _)| v.clone());
+            let current = running.get(kind).map(|(v, _)| v.clone());
             match (served, current) {
                 (Served::Yes(v), Some(c)) if v == c => {}
                 (Served::Yes(v), old) => {
-                    if let Some((_, h)) = running.0.remove(kind) {
+                    if let Some((_, h)) = running.remove(kind) {
                         h.abort();
                     }
                     if old.is_none() {
                         info!(kind = kind.as_str(), version = %v, "custom resource served: watching its images");
                     }
+                    warned.remove(kind);
                     for s in &scopes {
                         usage.watch(*kind, s.as_deref());
                     }
-                    let h = tokio::spawn(watch_kind(
+                    let (handle, registration) = AbortHandle::new_pair();
+                    let task = watch_kind(
                         client.clone(),
                         usage.clone(),
                         scopes.clone(),
                         *kind,
                         fields.clone(),
                         v.clone(),
-                    ));
-                    running.0.insert(*kind, (v, h));
+                    );
+                    tasks.push(Abortable::new(task, registration));
+                    running.insert(*kind, (v, handle));
                 }
-                (Served::No, old) => {
-                    if let Some((_, h)) = running.0.remove(kind) {
+                (Served::No { group_served }, old) => {
+                    if let Some((_, h)) = running.remove(kind) {
                         h.abort();
                     }
                     if old.is_some() {
@@ -108,16 +119,31 @@ pub async fn watch(
                             kind = kind.as_str(),
                             "custom resource no longer served: its images no longer count as named"
                         );
+                    } else if group_served && warned.insert(*kind) {
+                        warn!(
+                            kind = kind.as_str(),
+                            resource = %fields.resource,
+                            "the API group is served but no version of it serves this kind and resource; check customResources"
+                        );
                     }
                     usage.unwatch(*kind);
                 }
-                (Served::Unknown, _) => {}
+                // Unknown: a kind not watched now counts as unsynced again,
+                // so that one whose CRD came meanwhile holds retention back.
+                (Served::Unknown, None) => {
+                    for s in &scopes {
+                        usage.watch(*kind, s.as_deref());
+                    }
+                }
+                (Served::Unknown, Some(_)) => {}
             }
         }
     }
 }
 
-/// Asks discovery, once per group, which of `kinds` are served.
+/// Asks discovery which of `kinds` are served, and at which version: the
+/// group's preferred version first, then its others (a kind may be served
+/// only at an older one, as Tekton's StepAction is).
 async fn discover(client: &kube::Client, kinds: &[(Kind, Arc<ImageFields>)]) -> Vec<Served> {
     let groups = match client.list_api_groups().await {
         Ok(g) => g,
@@ -126,56 +152,73 @@ async fn discover(client: &kube::Client, kinds: &[(Kind, Arc<ImageFields>)]) -> 
             return kinds.iter().map(|_| Served::Unknown).collect();
         }
     };
-    let mut resources: HashMap<String, Option<(String, Vec<_>)>> = HashMap::new();
+    let mut listed: HashMap<String, Option<Versions>> = HashMap::new();
     let mut out = Vec::with_capacity(kinds.len());
     for (_, f) in kinds {
-        if !resources.contains_key(&f.group) {
-            let listed = match groups.groups.iter().find(|g| g.name == f.group) {
-                None => Some(None),
+        if !listed.contains_key(&f.group) {
+            let versions = match groups.groups.iter().find(|g| g.name == f.group) {
+                None => None,
                 Some(g) => {
-                    let version = g
+                    let mut order: Vec<String> = g
                         .preferred_version
-                        .as_ref()
-                        .or(g.versions.first())
-                        .map(|v| v.group_version.clone());
-                    match version {
-                        None => Some(None),
-                        Some(gv) => match client.list_api_group_resources(&gv).await {
-                            Ok(list) => Some(Some((gv, list.resources))),
+                        .iter()
+                        .map(|v| v.group_version.clone())
+                        .collect();
+                    for v in &g.versions {
+                        if !order.contains(&v.group_version) {
+                            order.push(v.group_version.clone());
+                        }
+                    }
+                    let mut versions = Vec::new();
+                    for gv in order {
+                        let resources = match client.list_api_group_resources(&gv).await {
+                            Ok(list) => Some(list.resources),
                             Err(e) => {
-                                warn!(group_version = %gv, error = %e, "API discovery of a group failed; its custom resource watches stay as they are");
+                                warn!(group_version = %gv, error = %e, "API discovery of a group version failed; its custom resource watches stay as they are");
                                 None
                             }
-                        },
+                        };
+                        versions.push((gv, resources));
                     }
+                    Some(versions)
                 }
             };
-            match listed {
-                Some(l) => {
-                    resources.insert(f.group.clone(), l);
-                }
-                None => {
-                    out.push(Served::Unknown);
-                    continue;
-                }
-            }
+            listed.insert(f.group.clone(), versions);
         }
-        out.push(match &resources[&f.group] {
-            None => Served::No,
-            Some((gv, list)) => match list
-                .iter()
-                .find(|r| r.name == f.resource && r.kind == f.kind)
-            {
-                Some(r) if r.namespaced => Served::Yes(gv.clone()),
-                Some(_) => {
-                    warn!(kind = %f.name(), "custom resource is cluster-scoped; only namespaced kinds are watched");
-                    Served::No
-                }
-                None => Served::No,
-            },
-        });
+        out.push(served(listed[&f.group].as_ref(), f));
     }
     out
+}
+
+/// What `versions` (a group's, `None` when it is not served) say of `f`.
+fn served(versions: Option<&Versions>, f: &ImageFields) -> Served {
+    let Some(versions) = versions else {
+        return Served::No {
+            group_served: false,
+        };
+    };
+    let mut unknown = false;
+    for (gv, resources) in versions {
+        let Some(resources) = resources else {
+            unknown = true;
+            continue;
+        };
+        // `widgets/status` and other subresources share the kind.
+        if let Some(r) = resources
+            .iter()
+            .find(|r| r.name == f.resource && r.kind == f.kind)
+        {
+            if r.namespaced {
+                return Served::Yes(gv.clone());
+            }
+            warn!(kind = %f.name(), "custom resource is cluster-scoped; only namespaced kinds are watched");
+            return Served::No { group_served: true };
+        }
+    }
+    match unknown {
+        true => Served::Unknown,
+        false => Served::No { group_served: true },
+    }
 }
 
 /// Feeds every event of one kind's watches (one per scope) to `usage`.
@@ -212,4 +255,82 @@ async fn watch_kind(
         Some(usage.observe_custom(kind, &o.metadata, &obj, &fields))
     };
     super::workloads::feed(&usage, kind, apis, observe).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CustomResources, ResourceProfile};
+
+    fn step_action() -> ImageFields {
+        let c = CustomResources {
+            profiles: vec![ResourceProfile::Tekton],
+            ..Default::default()
+        };
+        c.fields()
+            .into_iter()
+            .find(|f| f.kind == "StepAction")
+            .unwrap()
+    }
+
+    fn resource(name: &str, kind: &str, namespaced: bool) -> APIResource {
+        APIResource {
+            name: name.into(),
+            kind: kind.into(),
+            namespaced,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_kind_is_found_at_whichever_version_serves_it() {
+        let f = step_action();
+        // tekton.dev prefers v1, where StepAction is not served.
+        let versions = vec![
+            (
+                "tekton.dev/v1".to_owned(),
+                Some(vec![resource("tasks", "Task", true)]),
+            ),
+            (
+                "tekton.dev/v1beta1".to_owned(),
+                Some(vec![
+                    resource("stepactions", "StepAction", true),
+                    resource("stepactions/status", "StepAction", true),
+                ]),
+            ),
+        ];
+        assert_eq!(
+            served(Some(&versions), &f),
+            Served::Yes("tekton.dev/v1beta1".into())
+        );
+        // A version that could not be listed may be the one serving it.
+        let failed = vec![
+            (
+                "tekton.dev/v1".to_owned(),
+                Some(vec![resource("tasks", "Task", true)]),
+            ),
+            ("tekton.dev/v1beta1".to_owned(), None),
+        ];
+        assert_eq!(served(Some(&failed), &f), Served::Unknown);
+        // Every version listed, none with it: not served.
+        let none = vec![(
+            "tekton.dev/v1".to_owned(),
+            Some(vec![resource("tasks", "Task", true)]),
+        )];
+        assert_eq!(served(Some(&none), &f), Served::No { group_served: true });
+        assert_eq!(
+            served(None, &f),
+            Served::No {
+                group_served: false
+            }
+        );
+        let cluster = vec![(
+            "tekton.dev/v1beta1".to_owned(),
+            Some(vec![resource("stepactions", "StepAction", false)]),
+        )];
+        assert_eq!(
+            served(Some(&cluster), &f),
+            Served::No { group_served: true }
+        );
+    }
 }

@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use super::index::{Interner, PullRefs, pull_clone};
 use super::namespaces::Namespaces;
-use crate::admission::notes::ORIGINAL_IMAGES;
+use crate::admission::notes::{ORIGINAL_IMAGES, SOURCES};
 use crate::admission::pod::slots_for;
 use crate::admission::policy::Policy;
 use crate::config::ImageFields;
@@ -39,6 +39,12 @@ use crate::reference::Reference;
 
 /// Distinct image references kept at most.
 pub const MAX_IMAGES: usize = 100_000;
+
+/// References read from one custom resource at most. A Pod's images are
+/// bounded at admission (`server.maxImages`); nothing bounds a custom
+/// resource's but the API server's object size (about 1.5 MiB, so tens of
+/// thousands), and each is decided on every change of the object.
+pub const MAX_IMAGES_PER_OBJECT: usize = 1_000;
 
 /// The kinds whose objects name images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -117,6 +123,9 @@ pub struct Observed {
     /// Those admission would mirror (the policy passes them: allowlisted,
     /// not under the target, no filter matches).
     pub wanted: Vec<Reference>,
+    /// It names more than [`MAX_IMAGES_PER_OBJECT`] references: those past
+    /// it were left out, and the record says unsynced while it remains.
+    pub oversized: bool,
 }
 
 impl Observed {
@@ -175,8 +184,25 @@ pub fn observe_custom(
     fields: &ImageFields,
     policy: Option<&Policy>,
 ) -> Observed {
-    let containers: Vec<Value> = fields
-        .images(obj)
+    let mut images = fields.images(obj, MAX_IMAGES_PER_OBJECT + 1);
+    // An object `pinswap mutate` rewrote names the mirror; the sources it
+    // recorded are wanted too, so the backfill brings back a copy the
+    // mirror lost.
+    for v in meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SOURCES))
+        .and_then(|v| serde_json::from_str::<std::collections::BTreeMap<String, String>>(v).ok())
+        .into_iter()
+        .flat_map(std::collections::BTreeMap::into_values)
+    {
+        if images.len() <= MAX_IMAGES_PER_OBJECT && !images.contains(&v) {
+            images.push(v);
+        }
+    }
+    let oversized = images.len() > MAX_IMAGES_PER_OBJECT;
+    images.truncate(MAX_IMAGES_PER_OBJECT);
+    let containers: Vec<Value> = images
         .into_iter()
         .enumerate()
         .map(|(i, image)| json!({"name": format!("image-{i}"), "image": image}))
@@ -188,7 +214,9 @@ pub fn observe_custom(
             "name": meta.name, "namespace": meta.namespace, "labels": meta.labels,
         }, "spec": spec})
     };
-    observe(kind, meta, &spec, pod, Vec::new(), policy)
+    let mut o = observe(kind, meta, &spec, pod, Vec::new(), policy);
+    o.oversized = oversized;
+    o
 }
 
 fn observe(
@@ -239,6 +267,7 @@ fn observe(
         }}),
         images,
         wanted,
+        oversized: false,
     }
 }
 
@@ -265,6 +294,8 @@ struct Entry {
     listed: u32,
     /// Some of its references were left out for [`MAX_IMAGES`].
     truncated: bool,
+    /// It names more than [`MAX_IMAGES_PER_OBJECT`].
+    oversized: bool,
 }
 
 /// One watch: a kind in a namespace (or in all, `None`).
@@ -298,6 +329,9 @@ struct Inner {
     generation: u32,
     /// Objects recorded with references left out for [`MAX_IMAGES`].
     truncated: usize,
+    /// Objects naming more than [`MAX_IMAGES_PER_OBJECT`]: never whole, so
+    /// not relisted for, but unsynced while they remain.
+    oversized: usize,
     /// The watches were asked to list again, and not all have listed since.
     relisting: bool,
 }
@@ -407,6 +441,7 @@ impl Usage {
 
     fn all_synced(inner: &Inner) -> bool {
         inner.truncated == 0
+            && inner.oversized == 0
             && inner.watches.keys().any(|(k, _)| *k == Kind::Pod)
             && inner
                 .watches
@@ -542,6 +577,7 @@ impl Usage {
             && *e.pull == pull
             && e.images.iter().map(|r| &**r).eq(o.images.iter())
             && e.wanted.iter().map(|r| &**r).eq(o.wanted.iter())
+            && e.oversized == o.oversized
         {
             e.listed = listed;
             return;
@@ -588,7 +624,17 @@ impl Usage {
             active,
             listed,
             truncated,
+            oversized: o.oversized,
         };
+        if o.oversized {
+            inner.oversized += 1;
+            warn!(
+                kind = o.kind.as_str(),
+                object = %o.key,
+                max = MAX_IMAGES_PER_OBJECT,
+                "an object names more image references than are read from one; the usage record stays unsynced (retention removes nothing) while it does"
+            );
+        }
         inner.objects.insert(key, entry);
         self.after_removal(&mut inner);
         drop(inner);
@@ -786,6 +832,9 @@ impl Inner {
         if e.truncated {
             self.truncated -= 1;
         }
+        if e.oversized {
+            self.oversized -= 1;
+        }
         uncount(&mut self.counts, &e.images);
         if e.active {
             self.uncount_wanted(&e.wanted);
@@ -916,26 +965,31 @@ mod tests {
             .into_iter()
             .find(|f| f.kind == "Workflow")
             .unwrap();
-        let obj = json!({"metadata": {"name": "w", "namespace": "ci"}, "spec": {
+        let obj = json!({"metadata": {"name": "w", "namespace": "ci", "annotations": {
+            "pinswap.dev/sources": "{\"spec.templates[1].script.image\":\"docker.io/x/y:1@sha256:0000000000000000000000000000000000000000000000000000000000000001\"}"
+        }}, "spec": {
             "serviceAccountName": "runner",
             "templates": [{"container": {"image": "nginx:1"}}, {"script": {"image": "mirror.example/docker.io/x/y:1"}}]
         }});
         let meta: ObjectMeta = serde_json::from_value(obj["metadata"].clone()).unwrap();
         let o = u.observe_custom(wf, &meta, &obj, &fields);
         assert_eq!(o.key, "ci/w");
-        assert_eq!(o.images.len(), 2);
+        assert_eq!(o.images.len(), 3);
         let wanted: Vec<String> = o.wanted.iter().map(|r| r.to_string()).collect();
         assert_eq!(
             wanted,
-            ["docker.io/library/nginx:1"],
-            "the target's own image is not wanted"
+            [
+                "docker.io/library/nginx:1",
+                "docker.io/x/y:1@sha256:0000000000000000000000000000000000000000000000000000000000000001"
+            ],
+            "the target's own image is not wanted; the source a rewrite recorded is"
         );
         assert_eq!(o.pull["spec"]["serviceAccountName"], "runner");
         u.list_started(wf, None);
         u.seen(o, None);
         u.list_done(wf, None);
         assert!(u.synced());
-        assert_eq!(u.images().len(), 2);
+        assert_eq!(u.images().len(), 3);
         // Discovery says the kind is gone: so are its objects, and it no
         // longer holds the record back.
         u.watch(wf, None);
@@ -943,6 +997,41 @@ mod tests {
         u.unwatch(wf);
         assert!(u.synced());
         assert!(u.images().is_empty());
+    }
+
+    #[test]
+    fn an_object_naming_too_many_images_holds_the_record_unsynced_until_it_goes() {
+        let u = Usage::new(Arc::new(Metrics::new()), None);
+        let kind = Kind::custom("example.com/Widget");
+        for k in [Kind::Pod, kind] {
+            u.watch(k, None);
+            u.list_started(k, None);
+            u.list_done(k, None);
+        }
+        let cr = crate::config::CustomResources {
+            kinds: vec![crate::config::CustomKind {
+                group: "example.com".into(),
+                kind: "Widget".into(),
+                resource: "widgets".into(),
+                paths: vec!["spec.images[*]".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let fields = &cr.fields()[0];
+        let images: Vec<String> = (0..=MAX_IMAGES_PER_OBJECT)
+            .map(|i| format!("r.example/w/i{i}:1"))
+            .collect();
+        let obj =
+            json!({"metadata": {"name": "big", "namespace": "a"}, "spec": {"images": images}});
+        let meta: ObjectMeta = serde_json::from_value(obj["metadata"].clone()).unwrap();
+        let o = u.observe_custom(kind, &meta, &obj, fields);
+        assert!(o.oversized);
+        assert_eq!(o.images.len(), MAX_IMAGES_PER_OBJECT);
+        u.seen(o, None);
+        assert!(!u.synced(), "what was left out may be in use");
+        u.deleted(kind, "a/big");
+        assert!(u.synced());
     }
 
     #[test]
@@ -987,6 +1076,7 @@ mod tests {
                 .map(|i| Reference::parse(&format!("r.example/{key}/i{i}:1")).unwrap())
                 .collect(),
             wanted: Vec::new(),
+            oversized: false,
         }
     }
 
