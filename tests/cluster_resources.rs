@@ -5,7 +5,9 @@
 //! KubeVirt and Flux objects name, byte for byte, before any Pod exists;
 //! it changes none of the objects; retention keeps those images while
 //! their objects exist and removes one once its object is gone; and a CRD
-//! installed after the leader started is found by discovery and watched.
+//! installed after the leader started is found by discovery and watched;
+//! and while discovery cannot answer for a kind (an aggregated API whose
+//! backend is down), retention removes nothing.
 //!
 //! The CRDs are minimal and schema-true: each project's group, version,
 //! kind, plural and namespaced scope, with `spec` kept as written
@@ -206,5 +208,83 @@ async fn images_named_in_custom_resources_are_mirrored_kept_and_released() {
         log.contains("custom resource served: watching its images"),
         "{log}"
     );
+    no_forbidden(cluster, &rig);
+}
+
+/// An aggregated API whose backend is gone, as a metrics server that is
+/// down: `/apis` lists its group, and its version answers 503.
+fn broken_api_service() -> Value {
+    json!({
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": "v1.gadgets.example.com"},
+        "spec": {
+            "group": "gadgets.example.com", "version": "v1",
+            "service": {"namespace": "default", "name": "no-such-service", "port": 443},
+            "insecureSkipTLSVerify": true, "groupPriorityMinimum": 1000, "versionPriority": 15
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_removes_nothing_while_discovery_cannot_answer_for_a_kind() {
+    let cluster = Cluster::get();
+    let _g = cluster.lock().await;
+    let client = cluster.admin().await;
+    let service = broken_api_service();
+    common::cluster::delete(&client, &service).await;
+    apply(&client, &service).await.unwrap();
+    let config = "recovery:
+  retryInitial: 300ms
+  retryMax: 2s
+  lease: {duration: 2s, renewDeadline: 1500ms, retryPeriod: 200ms}
+retention: {enabled: true, unusedFor: 2s, interval: 1s}
+customResources:
+  kinds: [{group: gadgets.example.com, kind: Gadget, resource: gadgets, paths: [spec.image]}]
+  discoveryInterval: 1s
+";
+    let rig = Rig::start(cluster, "crds02", config).await;
+    let img = rig.push("unused", "v1", 9401).await;
+    rig.create(common::cluster::pod(
+        "once",
+        &[("app", &rig.source("unused:v1"))],
+        &[],
+    ))
+    .await
+    .unwrap();
+    rig.pods()
+        .delete("once", &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let repo = format!("mirror/127.0.0.1_{}/unused", rig.src.port());
+    assert_eq!(
+        rig.dst.head_manifest(&repo, "v1").await.as_deref(),
+        Some(img.digest.as_str()),
+        "mirrored at admission"
+    );
+    // Many passes, each long after the image was last named: a Gadget the
+    // leader cannot list may name it.
+    until("discovery fails", Duration::from_secs(30), || async {
+        rig.served()
+            .log_text()
+            .contains("API discovery of a group version failed")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        rig.dst.head_manifest(&repo, "v1").await.as_deref(),
+        Some(img.digest.as_str()),
+        "kept while discovery cannot answer; log:\n{}",
+        rig.served().log_text()
+    );
+    // The API server now says the group is not served: the kind names
+    // nothing, and the image goes.
+    common::cluster::delete(&client, &service).await;
+    until(
+        "the unused image removed",
+        Duration::from_secs(60),
+        || async { rig.dst.head_manifest(&repo, "v1").await.is_none() },
+    )
+    .await;
     no_forbidden(cluster, &rig);
 }

@@ -145,7 +145,7 @@ pub async fn watch(
 /// group's preferred version first, then its others (a kind may be served
 /// only at an older one, as Tekton's StepAction is).
 async fn discover(client: &kube::Client, kinds: &[(Kind, Arc<ImageFields>)]) -> Vec<Served> {
-    let groups = match client.list_api_groups().await {
+    let groups = match bounded(client.list_api_groups()).await {
         Ok(g) => g,
         Err(e) => {
             warn!(error = %e, "API discovery failed; custom resource watches stay as they are");
@@ -171,7 +171,7 @@ async fn discover(client: &kube::Client, kinds: &[(Kind, Arc<ImageFields>)]) -> 
                     }
                     let mut versions = Vec::new();
                     for gv in order {
-                        let resources = match client.list_api_group_resources(&gv).await {
+                        let resources = match bounded(client.list_api_group_resources(&gv)).await {
                             Ok(list) => Some(list.resources),
                             Err(e) => {
                                 warn!(group_version = %gv, error = %e, "API discovery of a group version failed; its custom resource watches stay as they are");
@@ -188,6 +188,21 @@ async fn discover(client: &kube::Client, kinds: &[(Kind, Arc<ImageFields>)]) -> 
         out.push(served(listed[&f.group].as_ref(), f));
     }
     out
+}
+
+/// How long one discovery request may take, kube's retries of a 503
+/// included: an aggregated API whose backend is down answers 503 to every
+/// try, and the other kinds must not wait for it.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `request`, cut at [`DISCOVERY_TIMEOUT`].
+async fn bounded<T>(
+    request: impl std::future::Future<Output = kube::Result<T>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(DISCOVERY_TIMEOUT, request).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {DISCOVERY_TIMEOUT:?}")),
+    }
 }
 
 /// What `versions` (a group's, `None` when it is not served) say of `f`.
