@@ -25,7 +25,7 @@ pub use aws::{Aws, EcrOptions, EncryptionConfiguration, ImageScanningConfigurati
 pub use mirror_only::{MirrorOnly, PodMatch, Profile};
 pub use resources::{
     CustomKind, CustomResources, FieldPath, ImageFields, Location, ResourceProfile, Step,
-    is_parameter, strip_scheme,
+    is_parameter, pointer, shown, strip_scheme,
 };
 pub use retention::Retention;
 pub use scope::{LabelSelector, Operator, Requirement, Scope};

@@ -434,6 +434,39 @@ pub enum Location {
     Index(usize),
 }
 
+/// `loc` as a JSON pointer (RFC 6901).
+pub fn pointer(loc: &[Location]) -> String {
+    let mut out = String::new();
+    for l in loc {
+        match l {
+            Location::Key(k) => {
+                out.push('/');
+                out.push_str(&k.replace('~', "~0").replace('/', "~1"));
+            }
+            Location::Index(i) => out.push_str(&format!("/{i}")),
+        }
+    }
+    out
+}
+
+/// `loc` as a field is reported and keyed in annotations:
+/// `spec.steps[0].image`.
+pub fn shown(loc: &[Location]) -> String {
+    let mut out = String::new();
+    for l in loc {
+        match l {
+            Location::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Location::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
 /// Where one kind's objects name images, compiled.
 #[derive(Debug, Clone)]
 pub struct ImageFields {
@@ -508,6 +541,16 @@ impl ImageFields {
             add(&r);
         }
         out
+    }
+
+    /// The fields (as [`shown`] writes them) where `obj` names a string
+    /// at one of the paths now.
+    pub fn field_keys(&self, obj: &Value) -> HashSet<String> {
+        self.paths
+            .iter()
+            .flat_map(|p| p.locations(obj))
+            .map(|(loc, _)| shown(&loc))
+            .collect()
     }
 
     #[cfg(test)]

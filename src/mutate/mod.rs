@@ -25,7 +25,7 @@ use serde_json::Value;
 
 use crate::admission::notes::{IDENTITY, ORIGINAL_IMAGES, SOURCES};
 use crate::admission::{Admission, SlotDecision, SlotOutcome};
-use crate::config::{ImageFields, Location, is_parameter, strip_scheme};
+use crate::config::{ImageFields, is_parameter, pointer, shown, strip_scheme};
 use yaml::YamlError;
 use yaml::doc::{self, Document, Kind, Node};
 use yaml::edit::{self, Edits, New};
@@ -232,24 +232,7 @@ fn custom_target(resources: &[ImageFields], obj: &Value) -> Option<(Vec<Field>, 
                 .into_iter()
                 .find(|s| image.len() - bare.len() == s.len() && image.starts_with(s))
                 .unwrap_or("");
-            let mut pointer = String::new();
-            let mut shown = String::new();
-            for l in &loc {
-                match l {
-                    Location::Key(k) => {
-                        pointer.push('/');
-                        pointer.push_str(&k.replace('~', "~0").replace('/', "~1"));
-                        if !shown.is_empty() {
-                            shown.push('.');
-                        }
-                        shown.push_str(k);
-                    }
-                    Location::Index(i) => {
-                        pointer.push_str(&format!("/{i}"));
-                        shown.push_str(&format!("[{i}]"));
-                    }
-                }
-            }
+            let (pointer, shown) = (pointer(&loc), shown(&loc));
             if fields.iter().any(|f: &Field| f.pointer == pointer) {
                 continue;
             }

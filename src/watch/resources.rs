@@ -82,7 +82,17 @@ pub async fn watch(
             // An aborted watch ends; the others never do.
             Some(_) = tasks.next(), if !tasks.is_empty() => continue,
         }
-        let served = discover(&client, &kinds).await;
+        // The watches go on while discovery asks: it may take a while.
+        let running_versions: HashMap<Kind, String> =
+            running.iter().map(|(k, (v, _))| (*k, v.clone())).collect();
+        let asking = discover(&client, &kinds, &running_versions);
+        tokio::pin!(asking);
+        let served = loop {
+            tokio::select! {
+                s = &mut asking => break s,
+                Some(_) = tasks.next(), if !tasks.is_empty() => {}
+            }
+        };
         for ((kind, fields), served) in kinds.iter().zip(served) {
             let current = running.get(kind).map(|(v, _)| v.clone());
             match (served, current) {
@@ -144,7 +154,11 @@ pub async fn watch(
 /// Asks discovery which of `kinds` are served, and at which version: the
 /// group's preferred version first, then its others (a kind may be served
 /// only at an older one, as Tekton's StepAction is).
-async fn discover(client: &kube::Client, kinds: &[(Kind, Arc<ImageFields>)]) -> Vec<Served> {
+async fn discover(
+    client: &kube::Client,
+    kinds: &[(Kind, Arc<ImageFields>)],
+    running: &HashMap<Kind, String>,
+) -> Vec<Served> {
     let groups = match bounded(client.list_api_groups()).await {
         Ok(g) => g,
         Err(e) => {
@@ -154,7 +168,7 @@ async fn discover(client: &kube::Client, kinds: &[(Kind, Arc<ImageFields>)]) -> 
     };
     let mut listed: HashMap<String, Option<Versions>> = HashMap::new();
     let mut out = Vec::with_capacity(kinds.len());
-    for (_, f) in kinds {
+    for (kind, f) in kinds {
         if !listed.contains_key(&f.group) {
             let versions = match groups.groups.iter().find(|g| g.name == f.group) {
                 None => None,
@@ -185,7 +199,7 @@ async fn discover(client: &kube::Client, kinds: &[(Kind, Arc<ImageFields>)]) -> 
             };
             listed.insert(f.group.clone(), versions);
         }
-        out.push(served(listed[&f.group].as_ref(), f));
+        out.push(served(listed[&f.group].as_ref(), f, running.get(kind)));
     }
     out
 }
@@ -205,13 +219,31 @@ async fn bounded<T>(
     }
 }
 
-/// What `versions` (a group's, `None` when it is not served) say of `f`.
-fn served(versions: Option<&Versions>, f: &ImageFields) -> Served {
+/// What `versions` (a group's, `None` when it is not served) say of `f`,
+/// watched at `current` if at all: a version that still serves it is
+/// kept, and one that could not be listed this time says nothing, so one
+/// failed request never restarts a watch.
+fn served(versions: Option<&Versions>, f: &ImageFields, current: Option<&String>) -> Served {
     let Some(versions) = versions else {
         return Served::No {
             group_served: false,
         };
     };
+    if let Some(c) = current
+        && let Some((_, listed)) = versions.iter().find(|(gv, _)| gv == c)
+    {
+        match listed {
+            None => return Served::Unknown,
+            Some(rs)
+                if rs
+                    .iter()
+                    .any(|r| r.name == f.resource && r.kind == f.kind && r.namespaced) =>
+            {
+                return Served::Yes(c.clone());
+            }
+            Some(_) => {}
+        }
+    }
     let mut unknown = false;
     for (gv, resources) in versions {
         let Some(resources) = resources else {
@@ -315,7 +347,7 @@ mod tests {
             ),
         ];
         assert_eq!(
-            served(Some(&versions), &f),
+            served(Some(&versions), &f, None),
             Served::Yes("tekton.dev/v1beta1".into())
         );
         // A version that could not be listed may be the one serving it.
@@ -326,25 +358,57 @@ mod tests {
             ),
             ("tekton.dev/v1beta1".to_owned(), None),
         ];
-        assert_eq!(served(Some(&failed), &f), Served::Unknown);
+        assert_eq!(served(Some(&failed), &f, None), Served::Unknown);
         // Every version listed, none with it: not served.
         let none = vec![(
             "tekton.dev/v1".to_owned(),
             Some(vec![resource("tasks", "Task", true)]),
         )];
-        assert_eq!(served(Some(&none), &f), Served::No { group_served: true });
         assert_eq!(
-            served(None, &f),
+            served(Some(&none), &f, None),
+            Served::No { group_served: true }
+        );
+        assert_eq!(
+            served(None, &f, None),
             Served::No {
                 group_served: false
             }
         );
+        // Watched at v1beta1: kept there even where v1 serves it too, and a
+        // failed listing of it says nothing rather than restarting the watch.
+        let both = vec![
+            (
+                "tekton.dev/v1".to_owned(),
+                Some(vec![resource("stepactions", "StepAction", true)]),
+            ),
+            (
+                "tekton.dev/v1beta1".to_owned(),
+                Some(vec![resource("stepactions", "StepAction", true)]),
+            ),
+        ];
+        let current = "tekton.dev/v1beta1".to_owned();
+        assert_eq!(
+            served(Some(&both), &f, Some(&current)),
+            Served::Yes(current.clone())
+        );
+        assert_eq!(
+            served(Some(&both), &f, None),
+            Served::Yes("tekton.dev/v1".into())
+        );
+        let flaky = vec![
+            (
+                "tekton.dev/v1".to_owned(),
+                Some(vec![resource("stepactions", "StepAction", true)]),
+            ),
+            ("tekton.dev/v1beta1".to_owned(), None),
+        ];
+        assert_eq!(served(Some(&flaky), &f, Some(&current)), Served::Unknown);
         let cluster = vec![(
             "tekton.dev/v1beta1".to_owned(),
             Some(vec![resource("stepactions", "StepAction", false)]),
         )];
         assert_eq!(
-            served(Some(&cluster), &f),
+            served(Some(&cluster), &f, None),
             Served::No { group_served: true }
         );
     }

@@ -185,23 +185,29 @@ pub fn observe_custom(
     policy: Option<&Policy>,
 ) -> Observed {
     let mut images = fields.images(obj, MAX_IMAGES_PER_OBJECT + 1);
+    let oversized = images.len() > MAX_IMAGES_PER_OBJECT;
+    images.truncate(MAX_IMAGES_PER_OBJECT);
     // An object `pinswap mutate` rewrote names the mirror; the sources it
-    // recorded are wanted too, so the backfill brings back a copy the
-    // mirror lost.
-    for v in meta
+    // recorded for fields the object still has are wanted too, so the
+    // backfill brings back a copy the mirror lost. Only within the bound,
+    // and never making the object count as oversized: the annotation is
+    // the object's author's to write.
+    if let Some(recorded) = meta
         .annotations
         .as_ref()
         .and_then(|a| a.get(SOURCES))
         .and_then(|v| serde_json::from_str::<std::collections::BTreeMap<String, String>>(v).ok())
-        .into_iter()
-        .flat_map(std::collections::BTreeMap::into_values)
     {
-        if images.len() <= MAX_IMAGES_PER_OBJECT && !images.contains(&v) {
-            images.push(v);
+        let now = fields.field_keys(obj);
+        for (field, source) in recorded {
+            if images.len() >= MAX_IMAGES_PER_OBJECT {
+                break;
+            }
+            if now.contains(&field) && !images.contains(&source) {
+                images.push(source);
+            }
         }
     }
-    let oversized = images.len() > MAX_IMAGES_PER_OBJECT;
-    images.truncate(MAX_IMAGES_PER_OBJECT);
     let containers: Vec<Value> = images
         .into_iter()
         .enumerate()
@@ -966,7 +972,7 @@ mod tests {
             .find(|f| f.kind == "Workflow")
             .unwrap();
         let obj = json!({"metadata": {"name": "w", "namespace": "ci", "annotations": {
-            "pinswap.dev/sources": "{\"spec.templates[1].script.image\":\"docker.io/x/y:1@sha256:0000000000000000000000000000000000000000000000000000000000000001\"}"
+            "pinswap.dev/sources": "{\"spec.templates[1].script.image\":\"docker.io/x/y:1@sha256:0000000000000000000000000000000000000000000000000000000000000001\",\"spec.templates[9].script.image\":\"docker.io/x/gone:1\"}"
         }}, "spec": {
             "serviceAccountName": "runner",
             "templates": [{"container": {"image": "nginx:1"}}, {"script": {"image": "mirror.example/docker.io/x/y:1"}}]
@@ -982,7 +988,7 @@ mod tests {
                 "docker.io/library/nginx:1",
                 "docker.io/x/y:1@sha256:0000000000000000000000000000000000000000000000000000000000000001"
             ],
-            "the target's own image is not wanted; the source a rewrite recorded is"
+            "the target's own image is not wanted; the source a rewrite recorded for a field the object has is"
         );
         assert_eq!(o.pull["spec"]["serviceAccountName"], "runner");
         u.list_started(wf, None);
