@@ -11,7 +11,8 @@ import (
 )
 
 // serveControl answers the suite's requests for faults a real cluster has
-// but a client cannot cause: compaction and an API server restart.
+// but a client cannot cause: compaction, an API server restart, and a node
+// replaced by a new one (as an autoscaler does).
 func serveControl(cp *controlPlane, store *etcdStore, nd *node) (*http.Server, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -62,6 +63,29 @@ func serveControl(cp *controlPlane, store *etcdStore, nd *node) (*http.Server, e
 			return
 		}
 		fmt.Fprintln(w, addr)
+	})
+	// POST /node/replace with body NAME or NAME TAINT (key=value:Effect
+	// or key:Effect): the node is replaced by a new, cold one named NAME,
+	// registered with TAINT (see node.replace). Answers NAME once it is
+	// Ready.
+	mux.HandleFunc("/node/replace", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || nd == nil {
+			http.Error(w, "POST, on a harness started with -node", http.StatusMethodNotAllowed)
+			return
+		}
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 1024))
+		name, taint, err := parseReplace(string(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 4*time.Minute)
+		defer cancel()
+		if err := nd.replace(ctx, name, taint); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintln(w, name)
 	})
 	mux.HandleFunc("/revision", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, store.Revision())

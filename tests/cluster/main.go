@@ -35,8 +35,13 @@
 // gets one at start.
 // The control address answers POST /compact (compact etcd at its current
 // revision), POST /apiserver/restart, POST /apiserver/stop,
-// POST /apiserver/start and GET /revision. On SIGTERM or SIGINT everything
-// stops and DIR is removed (unless -keep).
+// POST /apiserver/start and GET /revision; with -node also
+// POST /node/expose (body HOST:PORT, a loopback registry; answers its
+// address at the node IP) and POST /node/replace (body NAME or NAME TAINT,
+// TAINT key=value:Effect or key:Effect): the node's Pods, kubelet,
+// containerd, Node object and image store go, and a new kubelet registers
+// the node NAME, tainted with TAINT; answers NAME once it is Ready. On
+// SIGTERM or SIGINT everything stops and DIR is removed (unless -keep).
 package main
 
 import (
@@ -195,7 +200,7 @@ func run(dir string, keep, stdinEOF bool, nc nodeConfig) error {
 	fmt.Printf("ca %s\n", pki.caCert)
 	fmt.Printf("sidecar %s\n", sidecar)
 	if nd != nil {
-		fmt.Printf("node %s\n", nodeName)
+		fmt.Printf("node %s\n", nd.name)
 		fmt.Printf("node-ip %s\n", nodeIP)
 		fmt.Printf("containerd unix://%s\n", nd.sock)
 		fmt.Printf("certs.d %s\n", nd.certsDir)

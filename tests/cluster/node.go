@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // The node: containerd 2.x and runc, kube-scheduler and a kubelet, all on
@@ -24,8 +26,9 @@ import (
 // kubelet refuses a loopback node IP); the Pods' network is that bridge,
 // with no route off the machine and no masquerading.
 const (
-	nodeName   = "pinswap-node"
-	bridgeName = "pinswap0"
+	// The first node's name; /node/replace registers others.
+	firstNodeName = "pinswap-node"
+	bridgeName    = "pinswap0"
 	// bridgeMAC is locally administered and unicast (the 02 first octet).
 	bridgeMAC = "02:70:69:6e:73:77"
 	nodeIP    = "10.244.0.1"
@@ -67,6 +70,8 @@ type nodeState struct {
 
 type node struct {
 	dir        string
+	name       string
+	taint      *nodeTaint // registered with the Node (registerWithTaints)
 	cp         *controlPlane
 	pki        *pki
 	bin        string // containerd, its shim, ctr and crictl
@@ -87,7 +92,7 @@ type node struct {
 // sandbox image's reference (a loopback registry the caller wrote a
 // hosts.toml for under certs.d, see certsDirOf).
 func startNode(ctx context.Context, dir string, cp *controlPlane, p *pki, bin, pause string) (*node, error) {
-	n := &node{dir: filepath.Join(dir, "node"), cp: cp, pki: p, bin: bin, pause: pause, exposed: map[string]string{}}
+	n := &node{dir: filepath.Join(dir, "node"), name: firstNodeName, cp: cp, pki: p, bin: bin, pause: pause, exposed: map[string]string{}}
 	n.sock = filepath.Join(n.dir, "containerd", "containerd.sock")
 	n.certsDir = filepath.Join(n.dir, "certs.d")
 	for _, tool := range []string{"containerd", "containerd-shim-runc-v2", "crictl"} {
@@ -165,19 +170,44 @@ func sysctlPath(key string) string {
 }
 
 func (n *node) start(ctx context.Context) error {
+	if err := n.bridge(); err != nil {
+		return fmt.Errorf("bridge %s: %w", bridgeName, err)
+	}
+	if _, err := n.forward(apiClusterIP+":443", fmt.Sprintf("127.0.0.1:%d", n.cp.port)); err != nil {
+		return fmt.Errorf("the kubernetes Service's address: %w", err)
+	}
+	schedCert, schedKey, err := n.pki.leaf("scheduler", "system:kube-scheduler", nil, nil, nil, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		return err
+	}
+	if err := n.cp.writeKubeconfig(filepath.Join(n.cp.dir, "scheduler.kubeconfig"), "scheduler", schedCert, schedKey); err != nil {
+		return err
+	}
+	n.scheduler, err = n.cp.spawn("scheduler", []string{
+		"--kubeconfig=" + filepath.Join(n.cp.dir, "scheduler.kubeconfig"),
+		"--authentication-kubeconfig=" + filepath.Join(n.cp.dir, "scheduler.kubeconfig"),
+		"--authorization-kubeconfig=" + filepath.Join(n.cp.dir, "scheduler.kubeconfig"),
+		"--leader-elect=false",
+		"--secure-port=0",
+		"--profiling=false",
+	})
+	if err != nil {
+		return err
+	}
+	return n.boot(ctx)
+}
+
+// boot writes the configs for n.name, starts containerd and the kubelet,
+// and waits until the Node is Ready: the part of start that replace runs
+// again.
+func (n *node) boot(ctx context.Context) error {
 	for _, d := range []string{"containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "certs.d", "volume-plugins"} {
 		if err := os.MkdirAll(filepath.Join(n.dir, d), 0o755); err != nil {
 			return err
 		}
 	}
-	if err := n.bridge(); err != nil {
-		return fmt.Errorf("bridge %s: %w", bridgeName, err)
-	}
 	if err := n.writeConfigs(); err != nil {
 		return err
-	}
-	if _, err := n.forward(apiClusterIP+":443", fmt.Sprintf("127.0.0.1:%d", n.cp.port)); err != nil {
-		return fmt.Errorf("the kubernetes Service's address: %w", err)
 	}
 	var err error
 	n.containerd, err = n.cp.spawnBinary("containerd", filepath.Join(n.bin, "containerd"),
@@ -195,30 +225,19 @@ func (n *node) start(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	n.scheduler, err = n.cp.spawn("scheduler", []string{
-		"--kubeconfig=" + filepath.Join(n.cp.dir, "scheduler.kubeconfig"),
-		"--authentication-kubeconfig=" + filepath.Join(n.cp.dir, "scheduler.kubeconfig"),
-		"--authorization-kubeconfig=" + filepath.Join(n.cp.dir, "scheduler.kubeconfig"),
-		"--leader-elect=false",
-		"--secure-port=0",
-		"--profiling=false",
-	})
-	if err != nil {
-		return err
-	}
 	n.kubelet, err = n.cp.spawn("kubelet", []string{
 		"--config=" + filepath.Join(n.dir, "kubelet.yaml"),
 		"--kubeconfig=" + filepath.Join(n.cp.dir, "kubelet.kubeconfig"),
 		"--root-dir=" + filepath.Join(n.dir, "kubelet"),
 		"--cert-dir=" + filepath.Join(n.dir, "kubelet", "pki"),
-		"--hostname-override=" + nodeName,
+		"--hostname-override=" + n.name,
 		"--node-ip=" + nodeIP,
 		"--v=2",
 	})
 	if err != nil {
 		return err
 	}
-	return waitFor(ctx, n.kubelet, 120*time.Second, "the node "+nodeName, n.ready)
+	return waitFor(ctx, n.kubelet, 120*time.Second, "the node "+n.name, n.ready)
 }
 
 // waitFor polls ok every 100 ms until it holds, c exits or d passes.
@@ -241,7 +260,7 @@ func waitFor(ctx context.Context, c *child, d time.Duration, what string, ok fun
 
 // ready reports whether the Node's Ready condition is True.
 func (n *node) ready() bool {
-	resp, err := n.cp.client.Get(n.cp.server() + "/api/v1/nodes/" + nodeName)
+	resp, err := n.cp.client.Get(n.cp.server() + "/api/v1/nodes/" + n.name)
 	if err != nil {
 		return false
 	}
@@ -392,8 +411,8 @@ disabled_plugins = [
 	if err := os.WriteFile(filepath.Join(d, "cni", "net.d", "10-pinswap.conflist"), []byte(cni), 0o600); err != nil {
 		return err
 	}
-	kubeletCert, kubeletKey, err := n.pki.leaf("kubelet-serving", nodeName, nil,
-		[]string{nodeName, "localhost"}, []net.IP{net.ParseIP(nodeIP), net.ParseIP("127.0.0.1")}, x509.ExtKeyUsageServerAuth)
+	kubeletCert, kubeletKey, err := n.pki.leaf("kubelet-serving", n.name, nil,
+		[]string{n.name, "localhost"}, []net.IP{net.ParseIP(nodeIP), net.ParseIP("127.0.0.1")}, x509.ExtKeyUsageServerAuth)
 	if err != nil {
 		return err
 	}
@@ -449,33 +468,44 @@ registerNode: true
 `,
 		nodeIP, kubeletPort, healthzPort, kubeletCert, kubeletKey, n.pki.caCert, n.sock,
 		filepath.Join(d, "pod-logs"), filepath.Join(d, "volume-plugins"))
+	if t := n.taint; t != nil {
+		// Validated by parseTaint: no character needs escaping beyond %q's.
+		kubelet += fmt.Sprintf("registerWithTaints: [{key: %q, value: %q, effect: %q}]\n", t.key, t.value, t.effect)
+	}
 	if err := os.WriteFile(filepath.Join(d, "kubelet.yaml"), []byte(kubelet), 0o600); err != nil {
 		return err
 	}
-	nodeCert, nodeKey, err := n.pki.leaf("node", "system:node:"+nodeName, []string{"system:nodes"}, nil, nil, x509.ExtKeyUsageClientAuth)
+	nodeCert, nodeKey, err := n.pki.leaf("node", "system:node:"+n.name, []string{"system:nodes"}, nil, nil, x509.ExtKeyUsageClientAuth)
 	if err != nil {
 		return err
 	}
-	if err := n.cp.writeKubeconfig(filepath.Join(n.cp.dir, "kubelet.kubeconfig"), "kubelet", nodeCert, nodeKey); err != nil {
-		return err
-	}
-	schedCert, schedKey, err := n.pki.leaf("scheduler", "system:kube-scheduler", nil, nil, nil, x509.ExtKeyUsageClientAuth)
-	if err != nil {
-		return err
-	}
-	return n.cp.writeKubeconfig(filepath.Join(n.cp.dir, "scheduler.kubeconfig"), "scheduler", schedCert, schedKey)
+	return n.cp.writeKubeconfig(filepath.Join(n.cp.dir, "kubelet.kubeconfig"), "kubelet", nodeCert, nodeKey)
 }
 
 // stop ends the node and undoes what it changed on the machine: the Pods'
 // sandboxes and containers, the kubelet, the scheduler and containerd, their
 // mounts, the bridge, the sysctls and the kubelet's fixed paths.
 func (n *node) stop() {
+	// A replace under way finishes (or fails) first: it starts children.
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	defer n.release()
 	for _, l := range n.forwarders {
 		l.Close()
 	}
-	n.cp.stop(n.kubelet)
 	n.cp.stop(n.scheduler)
+	n.stopRuntime()
+	if err := cleanupNode(n.state); err != nil {
+		fmt.Fprintf(os.Stderr, "cluster: node cleanup: %v\n", err)
+	}
+}
+
+// stopRuntime stops the kubelet, removes the Pods' sandboxes and stops
+// containerd. The kubelet goes first, or it would start the sandboxes
+// again.
+func (n *node) stopRuntime() {
+	n.cp.stop(n.kubelet)
+	n.kubelet = nil
 	if n.containerd != nil {
 		// Sandboxes first, while containerd runs: the shims and the
 		// containers' processes go with them.
@@ -485,9 +515,7 @@ func (n *node) stop() {
 		}
 	}
 	n.cp.stop(n.containerd)
-	if err := cleanupNode(n.state); err != nil {
-		fmt.Fprintf(os.Stderr, "cluster: node cleanup: %v\n", err)
-	}
+	n.containerd = nil
 }
 
 func (n *node) release() {
@@ -714,4 +742,129 @@ func (n *node) expose(upstream string) (string, error) {
 	}
 	n.exposed[upstream] = addr
 	return addr, nil
+}
+
+// nodeTaint is a taint the kubelet registers its Node with.
+type nodeTaint struct{ key, value, effect string }
+
+// parseReplace reads /node/replace's body: NAME, or NAME TAINT with TAINT
+// key=value:Effect or key:Effect.
+func parseReplace(body string) (string, *nodeTaint, error) {
+	f := strings.Fields(body)
+	if len(f) < 1 || len(f) > 2 {
+		return "", nil, errors.New("expected NAME or NAME TAINT (key=value:Effect or key:Effect)")
+	}
+	if errs := validation.IsDNS1123Subdomain(f[0]); len(errs) > 0 {
+		return "", nil, fmt.Errorf("node name %q: %s", f[0], strings.Join(errs, "; "))
+	}
+	if len(f) == 1 {
+		return f[0], nil, nil
+	}
+	t, err := parseTaint(f[1])
+	if err != nil {
+		return "", nil, fmt.Errorf("taint %q: %w", f[1], err)
+	}
+	return f[0], t, nil
+}
+
+// parseTaint checks what the API server would, so that a bad taint is a
+// 400 here rather than a kubelet that never registers.
+func parseTaint(s string) (*nodeTaint, error) {
+	kv, effect, ok := strings.Cut(s, ":")
+	if !ok {
+		return nil, errors.New("expected key=value:Effect or key:Effect")
+	}
+	switch effect {
+	case "NoSchedule", "PreferNoSchedule", "NoExecute":
+	default:
+		return nil, fmt.Errorf("effect %q: expected NoSchedule, PreferNoSchedule or NoExecute", effect)
+	}
+	key, value, _ := strings.Cut(kv, "=")
+	if errs := validation.IsQualifiedName(key); len(errs) > 0 {
+		return nil, fmt.Errorf("key %q: %s", key, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsValidLabelValue(value); len(errs) > 0 {
+		return nil, fmt.Errorf("value %q: %s", value, strings.Join(errs, "; "))
+	}
+	return &nodeTaint{key: key, value: value, effect: effect}, nil
+}
+
+// replace swaps the node for a new one named name, registered with taint
+// (nil for none), on the same machine: the old Node's Pods, kubelet and
+// containerd go, its Node object is deleted, and the new node starts with
+// an empty image store. The bridge, the forwarders (exposed registries),
+// certs.d and the scheduler stay. Returns once the new Node is Ready.
+func (n *node) replace(ctx context.Context, name string, taint *nodeTaint) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lock == nil {
+		return errors.New("the node has stopped")
+	}
+	n.stopRuntime()
+	// Gone before the new one registers: the scheduler must not bind a
+	// Pod to a Node that no kubelet serves.
+	if err := n.deleteNode(ctx, n.name); err != nil {
+		return err
+	}
+	kubeletDir := filepath.Join(n.dir, "kubelet")
+	var errs []error
+	for _, d := range []string{kubeletDir, filepath.Join(n.dir, "containerd")} {
+		if err := unmountUnder(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// The socket's directory (n.dir/containerd) and certs.d stay: tests
+	// hold both paths.
+	for _, d := range []string{
+		filepath.Join(n.dir, "containerd", "root"), filepath.Join(n.dir, "containerd", "state"),
+		filepath.Join(n.dir, "containerd", "tmp"), filepath.Join(n.dir, "containerd", "opt"),
+		filepath.Join(n.dir, "containerd", "runc"), kubeletDir, filepath.Join(n.dir, "pod-logs"),
+	} {
+		if err := os.RemoveAll(d); err != nil {
+			return err
+		}
+	}
+	n.name, n.taint = name, taint
+	return n.boot(ctx)
+}
+
+// deleteNode deletes the Node object and waits until the API server
+// answers 404 for it.
+func (n *node) deleteNode(ctx context.Context, name string) error {
+	url := n.cp.server() + "/api/v1/nodes/" + name
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := n.cp.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("deleting node %s: %w", name, err)
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted && resp.StatusCode != http.StatusNotFound {
+		return fmt.Errorf("deleting node %s: %s: %s", name, resp.Status, strings.TrimSpace(string(body)))
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := n.cp.client.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNotFound {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("node %s still there 60 s after its deletion", name)
 }
