@@ -17,12 +17,14 @@ use crate::reference::MirrorTarget;
 
 mod aws;
 mod mirror_only;
+mod prewarm;
 mod resources;
 mod retention;
 mod scope;
 mod sharing;
 pub use aws::{Aws, EcrOptions, EncryptionConfiguration, ImageScanningConfiguration, Tag};
 pub use mirror_only::{MirrorOnly, PodMatch, Profile};
+pub use prewarm::Prewarm;
 pub use resources::{
     CustomKind, CustomResources, FieldPath, ImageFields, Location, ResourceProfile, Step,
     is_parameter, pointer, shown, strip_scheme,
@@ -1441,6 +1443,9 @@ pub struct Config {
     /// Images named in custom resources, copied ahead of their Pods.
     #[serde(default)]
     pub custom_resources: CustomResources,
+    /// New nodes pull the working set before they take Pods.
+    #[serde(default)]
+    pub prewarm: Prewarm,
     /// `exists` or `always`.
     #[serde(default)]
     pub swap_policy: SwapPolicy,
@@ -1591,7 +1596,7 @@ impl Config {
     /// Whether the leader watches workload templates (for the backfill or
     /// retention); the install grants their `list` and `watch` then.
     pub fn watches_workloads(&self) -> bool {
-        self.backfills() || self.retention.enabled || self.sharing.enabled
+        self.backfills() || self.retention.enabled || self.sharing.enabled || self.prewarm.enabled
     }
 
     /// Whether `copyPolicy` waits for copies (`immediate`, `force`) longer
@@ -1803,6 +1808,7 @@ impl Config {
         self.scope.problems("scope", &mut bad);
         self.mirror_only.problems("mirrorOnly", &mut bad);
         self.custom_resources.problems("customResources", &mut bad);
+        self.prewarm.problems("prewarm", &mut bad);
         if self.copy_deadline.is_zero() || self.copy_deadline > WEBHOOK_TIMEOUT_MAX {
             bad(
                 "copyDeadline".into(),
@@ -2180,6 +2186,20 @@ customResources:
   #  - {group: example.com, kind: Widget, resource: widgets, paths: [spec.image]}
   discoveryInterval: 1m
   rewrite: false          # pinswap mutate rewrites their paths too
+
+prewarm:
+  # New nodes pull the images the cluster uses most from the mirror before
+  # they take Pods (pinswap node-agent; docs/configuration.md#prewarm).
+  enabled: false
+  namespaces: []          # objects in these namespaces; empty: every namespace
+  podSelector: {}         # objects whose labels it selects; empty: every object
+  daemonSets: true        # every DaemonSet's images, whatever the two above say
+  top: 50                 # the images most objects name, at most
+  concurrency: 2          # pulls at once on a node
+  maxBytes: 20Gi          # the image filesystem grows by at most this much
+  freeSpaceFloor: 5Gi     # no pull starts with less free on it
+  deadline: 10m           # the node is labelled and released by then, warm or not
+  # startupTaint: pinswap.dev/warming   # removed from the node once it is warm
 
 # exists: rewrite only when the target has the image; always: rewrite regardless.
 swapPolicy: exists
@@ -2782,11 +2802,11 @@ server: {tlsCert: /c, listen: "0.0.0.0:8080"}
             ),
             (
                 "target: {registry: m.example.com}\ncopyPolcy: force\n",
-                "test.yaml:2:1: copyPolcy: unknown field `copyPolcy` (did you mean `copyPolicy`?), expected one of `target`, `source`, `scope`, `mirrorOnly`, `customResources`, `swapPolicy`, `copyPolicy`, `copyDeadline`, `pin`, `rewriteImagePullPolicyNever`, `platforms`, `referrers`, `cache`, `identity`, `recovery`, `backfill`, `copy`, `retention`, `cluster`, `sharing`, `failurePolicy`, `server`".into(),
+                "test.yaml:2:1: copyPolcy: unknown field `copyPolcy` (did you mean `copyPolicy`?), expected one of `target`, `source`, `scope`, `mirrorOnly`, `customResources`, `prewarm`, `swapPolicy`, `copyPolicy`, `copyDeadline`, `pin`, `rewriteImagePullPolicyNever`, `platforms`, `referrers`, `cache`, `identity`, `recovery`, `backfill`, `copy`, `retention`, `cluster`, `sharing`, `failurePolicy`, `server`".into(),
             ),
             (
                 "target: {registry: m.example.com}\nfailurepolicy: closed\n",
-                "test.yaml:2:1: failurepolicy: unknown field `failurepolicy` (did you mean `failurePolicy`?), expected one of `target`, `source`, `scope`, `mirrorOnly`, `customResources`, `swapPolicy`, `copyPolicy`, `copyDeadline`, `pin`, `rewriteImagePullPolicyNever`, `platforms`, `referrers`, `cache`, `identity`, `recovery`, `backfill`, `copy`, `retention`, `cluster`, `sharing`, `failurePolicy`, `server`".into(),
+                "test.yaml:2:1: failurepolicy: unknown field `failurepolicy` (did you mean `failurePolicy`?), expected one of `target`, `source`, `scope`, `mirrorOnly`, `customResources`, `prewarm`, `swapPolicy`, `copyPolicy`, `copyDeadline`, `pin`, `rewriteImagePullPolicyNever`, `platforms`, `referrers`, `cache`, `identity`, `recovery`, `backfill`, `copy`, `retention`, `cluster`, `sharing`, `failurePolicy`, `server`".into(),
             ),
             (
                 // Nothing near: no guess.

@@ -58,6 +58,15 @@ pub(super) fn selector(
     }
 }
 
+/// The config's label selector compiled; `None` when it is empty (it
+/// selects everything). One that does not compile selects nothing.
+pub fn label_selector(config: &crate::config::LabelSelector) -> Option<Selector> {
+    if config.match_labels.is_empty() && config.match_expressions.is_empty() {
+        return None;
+    }
+    Some(compiled(&selector(Vec::new(), config)))
+}
+
 /// A selector the config validated; one that does not compile selects
 /// nothing, so a check that was skipped never widens the scope.
 fn compiled(s: &LabelSelector) -> Selector {

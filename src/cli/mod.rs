@@ -184,6 +184,21 @@ pub struct NodeAgentArgs {
     /// The registries the leader lists at the target for a "*" allowlist, as the ConfigMap pinswap-registries mounts them: read instead of listing the target, so its requests do not grow with the nodes. Until the leader has listed, the files are kept as they are.
     #[arg(long, value_name = "FILE", conflicts_with = "target_auth")]
     pub registries_file: Option<std::path::PathBuf>,
+    /// With prewarm.enabled: the runtime's CRI socket the warm set is pulled through [default: unix:///run/containerd/containerd.sock, or unix:///var/run/crio/crio.sock for cri-o].
+    #[arg(long, value_name = "URL")]
+    pub cri_endpoint: Option<String>,
+    /// With prewarm.enabled: this node's name (the downward API's spec.nodeName), labelled pinswap.dev/warm once the warm set is pulled.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// With prewarm.enabled: the install's namespace, where the leader publishes the warm set [default: $POD_NAMESPACE].
+    #[arg(long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// With prewarm.enabled: where free space is measured [default: the mountpoint the runtime reports for its image filesystem].
+    #[arg(long, value_name = "DIR")]
+    pub image_fs: Option<std::path::PathBuf>,
+    /// Serve the pre-warm's metrics (GET /metrics) at this address, such as 0.0.0.0:9091.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 /// `pinswap cache ...`.
@@ -1046,7 +1061,11 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
     }
     // A config that does not load at start is a usage error; later, the
     // files are kept while it is fixed.
-    load_config(&args.config)?;
+    let config = load_config(&args.config)?;
+    let prewarm = match config.prewarm.enabled {
+        true => Some(prewarmer(&args).await?),
+        false => None,
+    };
     // Read again each round with "*"; a Secret the Pod mounts exists
     // before it starts, so a missing file is a mistake, not a wait.
     if let Some(path) = &args.target_auth {
@@ -1074,6 +1093,16 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
     // without one, the kernel would drop the signal.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| anyhow::anyhow!("cannot listen for SIGTERM: {e}"))?;
+    // Once per agent start: a new node, or an agent Pod replaced on one
+    // (then the set is mostly present, and the pass is quick).
+    let warming = prewarm.map(|p| {
+        let settings = config.prewarm.clone();
+        tokio::spawn(async move {
+            if let Err(e) = p.run(&settings).await {
+                tracing::error!(error = %e, "the node could not be marked after the pre-warm; its startup taint stays until the agent runs again");
+            }
+        })
+    });
     agent
         .run(async move {
             tokio::select! {
@@ -1082,7 +1111,64 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
             }
         })
         .await;
+    if let Some(w) = warming {
+        w.abort();
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The pre-warm of `pinswap node-agent`, and its metrics endpoint.
+async fn prewarmer(args: &NodeAgentArgs) -> anyhow::Result<crate::nodeconfig::prewarm::Prewarmer> {
+    use crate::nodeconfig::prewarm::{PrewarmMetrics, Prewarmer, encode};
+    let node = args.node_name.clone().filter(|n| !n.is_empty()).ok_or_else(|| {
+        Usage("prewarm.enabled needs --node-name or $NODE_NAME (the downward API's spec.nodeName)".into())
+    })?;
+    let namespace = args
+        .namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| Usage("prewarm.enabled needs --namespace or $POD_NAMESPACE".into()))?;
+    let endpoint = args.cri_endpoint.clone().unwrap_or_else(|| {
+        match args.node.runtime {
+            crate::nodeconfig::Runtime::Containerd => "unix:///run/containerd/containerd.sock",
+            crate::nodeconfig::Runtime::CriO => "unix:///var/run/crio/crio.sock",
+        }
+        .to_owned()
+    });
+    let cri = crate::nodeconfig::cri::Cri::connect(&endpoint)
+        .map_err(|e| Usage(format!("--cri-endpoint: {e}")))?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| anyhow::anyhow!("prewarm.enabled: no Kubernetes client: {e}"))?;
+    let metrics = std::sync::Arc::new(PrewarmMetrics::default());
+    if let Some(addr) = args.metrics_address {
+        let mut registry = prometheus_client::registry::Registry::default();
+        metrics.register(&mut registry);
+        let registry = std::sync::Arc::new(registry);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Usage(format!("--metrics-address {addr}: {e}")))?;
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let registry = registry.clone();
+                async move { encode(&registry) }
+            }),
+        );
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+    }
+    Ok(Prewarmer {
+        cri,
+        client,
+        namespace,
+        node,
+        image_fs: args.image_fs.clone(),
+        target_auth: args.target_auth.clone(),
+        metrics,
+    })
 }
 
 /// `pinswap node-config`: renders, then prints or writes.

@@ -156,7 +156,7 @@ fn label_name(s: &str) -> bool {
 }
 
 /// A label key: an optional DNS-subdomain prefix and `/`, then a name.
-fn label_key(k: &str) -> Result<(), String> {
+pub(super) fn label_key(k: &str) -> Result<(), String> {
     let (prefix, name) = match k.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, k),

@@ -64,6 +64,10 @@ pub const RETENTION_RBAC: &str = "pinswap-retention";
 /// for the node agents (the ConfigMap
 /// `crate::nodeconfig::registries::CONFIG_MAP`, of the same name).
 pub const REGISTRIES_RBAC: &str = "pinswap-registries";
+/// Name of the Role that lets the leader write the warm set for the node
+/// agents (the ConfigMap `crate::nodeconfig::warm::CONFIG_MAP`, of the
+/// same name).
+pub const WARM_SET_RBAC: &str = "pinswap-warm-set";
 /// The headless Service that selects the replicas' health port
 /// (`/metrics`, probes) for scraping, apart from the webhook's Service.
 pub const METRICS_SERVICE: &str = "pinswap-metrics";
@@ -274,14 +278,36 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
             &opts.image_pull_secrets,
             CONFIG_PATH,
             (CONFIG_CHECKSUM, &sha256_hex(opts.config_text.as_bytes())),
-            publishes_registries(opts),
+            super::node_agent::Published {
+                registries: publishes_registries(opts),
+                warm_set: prewarms(opts),
+            },
         );
         out.push(value("ServiceAccount", &account)?);
         out.push(value("Role", &role)?);
         out.push(value("RoleBinding", &binding)?);
+        if prewarms(opts) {
+            // Its own Node only, in practice: RBAC cannot name the node a
+            // Pod runs on (docs/security.md).
+            let mut g = grant(
+                super::node_agent::NODE_AGENT,
+                None,
+                ns,
+                vec![rule(&[""], &["nodes"], &["get", "patch"], &[])],
+            )?;
+            for o in &mut g {
+                if let Some(s) = o.pointer_mut("/subjects/0/name") {
+                    *s = super::node_agent::NODE_AGENT.into();
+                }
+            }
+            out.extend(g);
+        }
         out.push(value("DaemonSet", &daemonset)?);
         if publishes_registries(opts) {
             out.push(value("ConfigMap", &registries_config_map(ns))?);
+        }
+        if prewarms(opts) {
+            out.push(value("ConfigMap", &warm_set_config_map(ns))?);
         }
     }
     if opts.tls == Tls::CertManager {
@@ -702,6 +728,21 @@ pub fn rbac(opts: &Options) -> Result<Vec<Value>, InstallError> {
             )],
         )?);
     }
+    if prewarms(opts) {
+        // As the registries' ConfigMap: rendered here, only read and
+        // updated by the leader.
+        out.extend(grant(
+            WARM_SET_RBAC,
+            Some(ns),
+            ns,
+            vec![rule(
+                &[""],
+                &["configmaps"],
+                &["get", "update"],
+                &[crate::nodeconfig::warm::CONFIG_MAP],
+            )],
+        )?);
+    }
     if c.recovery.enabled && c.retention.enabled {
         // The record is kept at the target; the ConfigMap an earlier
         // install kept it in is only read, once, to carry it on.
@@ -759,15 +800,31 @@ fn publishes_registries(opts: &Options) -> bool {
             .any(|r| r.registry == "*")
 }
 
+/// Whether the node agents pre-warm their nodes: the leader publishes a
+/// warm set and the agents read it and mark their Node.
+fn prewarms(opts: &Options) -> bool {
+    opts.node_agent.is_some() && opts.config.prewarm.enabled
+}
+
+/// The ConfigMap the leader writes the warm set into, empty and marked as
+/// the leader's.
+fn warm_set_config_map(ns: &str) -> ConfigMap {
+    use crate::nodeconfig::warm::{ANNOTATION, ANNOTATION_VALUE, CONFIG_MAP};
+    marked_config_map(ns, CONFIG_MAP, ANNOTATION, ANNOTATION_VALUE)
+}
+
 /// The ConfigMap the leader writes the registries into, empty and marked
 /// as the leader's.
 fn registries_config_map(ns: &str) -> ConfigMap {
     use crate::nodeconfig::registries::{ANNOTATION, ANNOTATION_VALUE, CONFIG_MAP};
-    let mut metadata = meta(CONFIG_MAP, Some(ns));
-    metadata.annotations = Some(BTreeMap::from([(
-        ANNOTATION.to_owned(),
-        ANNOTATION_VALUE.to_owned(),
-    )]));
+    marked_config_map(ns, CONFIG_MAP, ANNOTATION, ANNOTATION_VALUE)
+}
+
+/// An empty ConfigMap `name` marked `annotation: value`: the leader writes
+/// only one so marked.
+fn marked_config_map(ns: &str, name: &str, annotation: &str, value: &str) -> ConfigMap {
+    let mut metadata = meta(name, Some(ns));
+    metadata.annotations = Some(BTreeMap::from([(annotation.to_owned(), value.to_owned())]));
     ConfigMap {
         metadata,
         ..Default::default()

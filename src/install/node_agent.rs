@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, HostPathVolumeSource,
+    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HostPathVolumeSource,
     LocalObjectReference, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
     ResourceRequirements, SeccompProfile, SecretVolumeSource, ServiceAccount, Toleration, Volume,
     VolumeMount,
@@ -46,6 +46,16 @@ const HOST_CRI_O_CONF_DIR: &str = "/host-containers";
 /// Where the ConfigMap of the registries the leader lists is mounted.
 const REGISTRIES_DIR: &str = "/etc/pinswap/registries";
 
+/// Where the runtime's CRI socket is mounted, for the pre-warm's pulls.
+const CRI_SOCKET: &str = "/var/run/pinswap/cri.sock";
+
+/// Where the runtime's image store is mounted, read-only, so the pre-warm
+/// measures its free space.
+const HOST_IMAGE_FS: &str = "/host-image-fs";
+
+/// The pre-warm's metrics port.
+pub const METRICS_PORT: i32 = 9091;
+
 /// Where [`NodeAgent::registry_auth_secret`] is mounted.
 pub const REGISTRY_AUTH_DIR: &str = "/var/run/secrets/pinswap-node-agent";
 
@@ -70,6 +80,14 @@ pub struct NodeAgent {
 }
 
 impl NodeAgent {
+    /// The runtime's CRI socket and image store on the node.
+    pub fn runtime_paths(runtime: Runtime) -> (&'static str, &'static str) {
+        match runtime {
+            Runtime::Containerd => ("/run/containerd/containerd.sock", "/var/lib/containerd"),
+            Runtime::CriO => ("/var/run/crio/crio.sock", "/var/lib/containers/storage"),
+        }
+    }
+
     /// The runtime's usual directory: containerd's `config_path` as
     /// distributions set it, CRI-O's drop-in directory.
     pub fn default_path(runtime: Runtime) -> PathBuf {
@@ -110,6 +128,15 @@ fn runtime_arg(runtime: Runtime) -> &'static str {
     }
 }
 
+/// What the leader publishes for the agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// The registries a `"*"` allowlist has at the target: mounted.
+    pub registries: bool,
+    /// The warm set: read, and the agents pre-warm their nodes.
+    pub warm_set: bool,
+}
+
 /// The ServiceAccount, Role, RoleBinding and DaemonSet, in that order.
 /// `config_checksum` (annotation key and value) rolls the DaemonSet when
 /// the config changes.
@@ -120,21 +147,35 @@ pub fn objects(
     image_pull_secrets: &[String],
     config_path: &str,
     config_checksum: (&str, &str),
-    published: bool,
+    leader: Published,
 ) -> (ServiceAccount, Role, RoleBinding, DaemonSet) {
+    let Published {
+        registries: published,
+        warm_set: prewarm,
+    } = leader;
     let account = ServiceAccount {
         metadata: meta(ns),
         ..Default::default()
     };
     let role = Role {
         metadata: meta(ns),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["apps".into()]),
-            resources: Some(vec!["daemonsets".into()]),
-            verbs: vec!["get".into()],
-            resource_names: Some(vec![NODE_AGENT.into()]),
-            ..Default::default()
-        }]),
+        rules: Some(
+            std::iter::once(PolicyRule {
+                api_groups: Some(vec!["apps".into()]),
+                resources: Some(vec!["daemonsets".into()]),
+                verbs: vec!["get".into()],
+                resource_names: Some(vec![NODE_AGENT.into()]),
+                ..Default::default()
+            })
+            .chain(prewarm.then(|| PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["configmaps".into()]),
+                verbs: vec!["get".into()],
+                resource_names: Some(vec![crate::nodeconfig::warm::CONFIG_MAP.into()]),
+                ..Default::default()
+            }))
+            .collect(),
+        ),
     };
     let binding = RoleBinding {
         metadata: meta(ns),
@@ -240,6 +281,68 @@ pub fn objects(
             ..Default::default()
         });
     }
+    let mut env = vec![EnvVar {
+        name: "POD_NAMESPACE".into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.namespace".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    let mut ports = None;
+    if prewarm {
+        let (socket, store) = NodeAgent::runtime_paths(agent.runtime);
+        args.extend([
+            "--cri-endpoint".to_owned(),
+            format!("unix://{CRI_SOCKET}"),
+            "--image-fs".to_owned(),
+            HOST_IMAGE_FS.to_owned(),
+            "--metrics-address".to_owned(),
+            format!("0.0.0.0:{METRICS_PORT}"),
+        ]);
+        env.push(EnvVar {
+            name: "NODE_NAME".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "spec.nodeName".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(mount("cri-socket", CRI_SOCKET, false));
+        mounts.push(mount("image-fs", HOST_IMAGE_FS, true));
+        volumes.push(Volume {
+            name: "cri-socket".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: socket.into(),
+                type_: Some("Socket".into()),
+            }),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "image-fs".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: store.into(),
+                type_: Some("Directory".into()),
+            }),
+            ..Default::default()
+        });
+        ports = Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: METRICS_PORT,
+            ..Default::default()
+        }]);
+    }
+    env.push(EnvVar {
+        name: "HOME".into(),
+        value: Some("/tmp".into()),
+        ..Default::default()
+    });
     if let Some(secret) = &agent.registry_auth_secret {
         args.extend([
             "--target-auth".to_owned(),
@@ -262,24 +365,8 @@ pub fn objects(
         image: Some(image.into()),
         image_pull_policy: Some("IfNotPresent".into()),
         args: Some(args),
-        env: Some(vec![
-            EnvVar {
-                name: "POD_NAMESPACE".into(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "metadata.namespace".into(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            EnvVar {
-                name: "HOME".into(),
-                value: Some("/tmp".into()),
-                ..Default::default()
-            },
-        ]),
+        env: Some(env),
+        ports,
         resources: Some(ResourceRequirements {
             requests: Some(quantities(&[("cpu", "10m"), ("memory", "32Mi")])),
             limits: Some(quantities(&[("memory", "128Mi")])),

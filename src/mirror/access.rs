@@ -239,6 +239,53 @@ impl Mirror {
             .await
     }
 
+    /// Whether every Pod may be given `source` (as a Pod names it): the
+    /// access rule does not apply to its registry, or the source serves it
+    /// with the baseline credentials now (or did within `source.proofTtl`).
+    /// Anything else, an outage included, is `false`: a node's warm set
+    /// holds only what the kubelet may hand any Pod (docs/security.md).
+    pub async fn readable_by_every_pod(&self, source: &Reference) -> bool {
+        let registry = normalize_registry(source.registry());
+        let Some(baseline) = self.access.baseline(&registry) else {
+            return true;
+        };
+        // Keyed as admission keys a pinned source; a tag has its own key.
+        let source = match source.digest() {
+            Some(_) => source.without_tag(),
+            None => source.clone(),
+        };
+        let image = source.to_string();
+        let now = Instant::now();
+        if let Some(seen) = self.access.shared.get(&image).await {
+            if seen.read_within(now, self.access.ttl) {
+                return true;
+            }
+            if seen.fresh_refusal(now) {
+                return false;
+            }
+        }
+        let answer = self.head_as(&source, baseline, None, None).await;
+        let at = Instant::now();
+        match answer {
+            Ok(Answer::Read) => {
+                self.access
+                    .shared
+                    .insert(image, Seen { at, refused: None })
+                    .await;
+                true
+            }
+            Ok(Answer::Refused(why)) => {
+                let seen = Seen {
+                    at,
+                    refused: Some(why),
+                };
+                self.access.shared.insert(image, seen).await;
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
     /// What the Pod with `pod`'s credentials may be given of `source` (the
     /// pinned source a plan mirrors; `known` false when the target's copy
     /// stood in and its source digest is not known here).

@@ -9,7 +9,11 @@
 
 pub mod admin;
 pub mod agent;
+pub mod cri;
+pub mod prewarm;
+mod published;
 pub mod registries;
+pub mod warm;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

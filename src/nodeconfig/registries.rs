@@ -22,7 +22,9 @@ use kube::Api;
 use kube::api::PostParams;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::info;
+
+use super::published::{Lines, Outcome, marked, while_leading};
 
 use crate::mirror::Mirror;
 
@@ -149,22 +151,12 @@ impl Publisher {
     /// # Errors
     /// [`RegistriesError`]; nothing is written then.
     pub async fn round(&self) -> Result<Round, RegistriesError> {
-        // 403: no Role for it, so no node agent reading it installed.
-        let mut cm = match self.api.get_opt(CONFIG_MAP).await {
-            Ok(Some(cm)) => cm,
-            Ok(None) => return Ok(Round::NotInstalled),
-            Err(kube::Error::Api(s)) if s.code == 403 => return Ok(Round::NotInstalled),
-            Err(e) => return Err(self.api_error(e)),
-        };
-        let marked = cm
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION))
-            .is_some_and(|v| v == ANNOTATION_VALUE);
-        if !marked {
+        let Some(mut cm) = marked(&self.api, CONFIG_MAP, ANNOTATION, ANNOTATION_VALUE)
+            .await
+            .map_err(|e| self.api_error(e))?
+        else {
             return Ok(Round::NotInstalled);
-        }
+        };
         let registries = self
             .mirror
             .mirrored_registries()
@@ -200,49 +192,28 @@ impl Publisher {
 }
 
 /// Rounds every [`INTERVAL`] while this replica leads.
-pub async fn run(publisher: Publisher, mut leader: watch::Receiver<bool>) {
-    loop {
-        if leader.wait_for(|l| *l).await.is_err() {
-            return;
-        }
-        let mut failing = false;
-        let mut absent = false;
-        loop {
-            match publisher.round().await {
-                Ok(Round::Written(set)) => {
-                    info!(
-                        registries = set.len(),
-                        configmap = CONFIG_MAP,
-                        "published the target's registries for the node agents"
-                    );
-                    failing = false;
-                }
-                Ok(Round::Unchanged) => failing = false,
-                Ok(Round::NotInstalled) => {
-                    if !absent {
-                        debug!(
-                            configmap = CONFIG_MAP,
-                            "no ConfigMap for the node agents' registries (no node agent with \"*\" installed): nothing published"
-                        );
-                    }
-                    absent = true;
-                }
-                Err(e) => {
-                    if !failing {
-                        warn!(error = %e, "the target's registries could not be published for the node agents; they keep the set published last");
-                    }
-                    failing = true;
-                }
+pub async fn run(publisher: Publisher, leader: watch::Receiver<bool>) {
+    let lines = Lines {
+        configmap: CONFIG_MAP,
+        absent: "no ConfigMap for the node agents' registries (no node agent with \"*\" installed): nothing published",
+        failed: "the target's registries could not be published for the node agents; they keep the set published last",
+    };
+    while_leading(leader, INTERVAL, lines, || async {
+        match publisher.round().await {
+            Ok(Round::Written(set)) => {
+                info!(
+                    registries = set.len(),
+                    configmap = CONFIG_MAP,
+                    "published the target's registries for the node agents"
+                );
+                Outcome::Done
             }
-            let lost = async {
-                let _ = leader.wait_for(|l| !*l).await;
-            };
-            tokio::select! {
-                () = tokio::time::sleep(INTERVAL) => {}
-                () = lost => break,
-            }
+            Ok(Round::Unchanged) => Outcome::Done,
+            Ok(Round::NotInstalled) => Outcome::NotInstalled,
+            Err(e) => Outcome::Failed(e.to_string()),
         }
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -190,8 +190,9 @@ impl Background {
             .map(|_| {
                 let policy = crate::admission::policy::Policy::new(config, mirror.target().clone())
                     .ok()
-                    .filter(|_| config.backfills());
-                let usage = Usage::new(mirror.metrics().clone(), policy);
+                    .filter(|_| config.backfills() || config.prewarm.enabled);
+                let usage = Usage::new(mirror.metrics().clone(), policy)
+                    .with_warm_selector(&config.prewarm.pod_selector);
                 Arc::new(match &in_scope {
                     Some(n) => usage.with_scope(n.clone()),
                     None => usage,
@@ -325,6 +326,34 @@ impl Background {
             tasks.spawn(async move {
                 tokio::select! {
                     _ = crate::nodeconfig::registries::run(publisher, l) => {}
+                    _ = t.cancelled() => {}
+                }
+            });
+        }
+        // New nodes pull what the warm set lists (`prewarm`).
+        if let (Some(c), Some(u)) = (&client, &usage)
+            && config.prewarm.enabled
+        {
+            let publisher = crate::nodeconfig::warm::Publisher::new(
+                mirror.clone(),
+                c.clone(),
+                c.default_namespace(),
+                config.prewarm.top,
+            );
+            let (l, t, u) = (leader.clone(), token.clone(), u.clone());
+            let (namespaces, daemon_sets) = (
+                config.prewarm.namespaces.clone(),
+                config.prewarm.daemon_sets,
+            );
+            tasks.spawn(async move {
+                let candidates = move || {
+                    let synced = u.synced();
+                    let c = u.warm_candidates(&namespaces, daemon_sets);
+                    // Not over a whole set with a partial one.
+                    (synced || !c.is_empty()).then_some(c)
+                };
+                tokio::select! {
+                    _ = crate::nodeconfig::warm::run(publisher, candidates, l) => {}
                     _ = t.cancelled() => {}
                 }
             });

@@ -126,6 +126,8 @@ pub struct Observed {
     /// It names more than [`MAX_IMAGES_PER_OBJECT`] references: those past
     /// it were left out, and the record says unsynced while it remains.
     pub oversized: bool,
+    /// `prewarm.podSelector` selects its labels (true without one).
+    pub selected: bool,
 }
 
 impl Observed {
@@ -274,6 +276,7 @@ fn observe(
         images,
         wanted,
         oversized: false,
+        selected: true,
     }
 }
 
@@ -302,6 +305,8 @@ struct Entry {
     truncated: bool,
     /// It names more than [`MAX_IMAGES_PER_OBJECT`].
     oversized: bool,
+    /// `prewarm.podSelector` selects it.
+    selected: bool,
 }
 
 /// One watch: a kind in a namespace (or in all, `None`).
@@ -354,6 +359,8 @@ pub struct Usage {
     relist: watch::Sender<u64>,
     /// The webhook's scope; `None`: every object is in it.
     scope: Option<Arc<Namespaces>>,
+    /// `prewarm.podSelector`; `None`: every object.
+    warm: Option<kube::core::Selector>,
 }
 
 impl Usage {
@@ -368,6 +375,7 @@ impl Usage {
             policy,
             relist: watch::channel(0).0,
             scope: None,
+            warm: None,
         }
     }
 
@@ -376,6 +384,22 @@ impl Usage {
     pub fn with_scope(mut self, namespaces: Arc<Namespaces>) -> Self {
         self.scope = Some(namespaces);
         self
+    }
+
+    /// Objects `prewarm.podSelector` selects are marked so for
+    /// [`Usage::warm_candidates`].
+    pub fn with_warm_selector(mut self, selector: &crate::config::LabelSelector) -> Self {
+        self.warm = crate::admission::scope::label_selector(selector);
+        self
+    }
+
+    fn warm_selects(&self, labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+        use kube::core::SelectorExt;
+        match (&self.warm, labels) {
+            (None, _) => true,
+            (Some(s), Some(l)) => s.matches(l),
+            (Some(s), None) => s.matches(&std::collections::BTreeMap::new()),
+        }
     }
 
     /// The policy, for an object labelled `labels`: none outside the
@@ -404,7 +428,11 @@ impl Usage {
 
     /// [`observe_pod`] under this record's policy and scope.
     pub fn observe_pod(&self, pod: &Pod) -> Observed {
-        observe_pod(pod, self.policy_for(pod.metadata.labels.as_ref()))
+        let labels = pod.metadata.labels.as_ref();
+        Observed {
+            selected: self.warm_selects(labels),
+            ..observe_pod(pod, self.policy_for(labels))
+        }
     }
 
     /// [`observe_template`] under this record's policy and scope (the
@@ -416,7 +444,10 @@ impl Usage {
         template: &PodTemplateSpec,
     ) -> Observed {
         let labels = template.metadata.as_ref().and_then(|m| m.labels.as_ref());
-        observe_template(kind, meta, template, self.policy_for(labels))
+        Observed {
+            selected: self.warm_selects(labels),
+            ..observe_template(kind, meta, template, self.policy_for(labels))
+        }
     }
 
     /// [`observe_custom`] under this record's policy and scope.
@@ -427,13 +458,16 @@ impl Usage {
         obj: &Value,
         fields: &ImageFields,
     ) -> Observed {
-        observe_custom(
-            kind,
-            meta,
-            obj,
-            fields,
-            self.policy_for(meta.labels.as_ref()),
-        )
+        Observed {
+            selected: self.warm_selects(meta.labels.as_ref()),
+            ..observe_custom(
+                kind,
+                meta,
+                obj,
+                fields,
+                self.policy_for(meta.labels.as_ref()),
+            )
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -468,6 +502,50 @@ impl Usage {
     /// Every image reference named now by a Pod (container image as written, and for rewritten Pods also their `pinswap.dev/original-images` entries) or a workload template, deduplicated.
     pub fn images(&self) -> Vec<Reference> {
         self.lock().counts.keys().map(|r| (**r).clone()).collect()
+    }
+
+    /// The images a warm set may hold: what objects in the webhook's
+    /// scope want, counted over the objects that `namespaces` (empty:
+    /// all) and `prewarm.podSelector` select, and over every DaemonSet
+    /// with `daemon_sets`. DaemonSets' images first, then by use, then by
+    /// name.
+    pub fn warm_candidates(
+        &self,
+        namespaces: &[String],
+        daemon_sets: bool,
+    ) -> Vec<crate::nodeconfig::warm::Candidate> {
+        let inner = self.lock();
+        let mut counted: HashMap<Arc<Reference>, (u32, bool)> = HashMap::new();
+        for ((kind, _), e) in &inner.objects {
+            let daemon_set = daemon_sets && *kind == Kind::DaemonSet;
+            let chosen = e.selected
+                && (namespaces.is_empty() || namespaces.iter().any(|n| **n == *e.namespace));
+            if !e.active || !(chosen || daemon_set) {
+                continue;
+            }
+            for r in &*e.wanted {
+                let c = counted.entry(r.clone()).or_insert((0, false));
+                c.0 = c.0.saturating_add(1);
+                c.1 |= daemon_set;
+            }
+        }
+        drop(inner);
+        let mut out: Vec<crate::nodeconfig::warm::Candidate> = counted
+            .into_iter()
+            .map(
+                |(r, (uses, daemon_set))| crate::nodeconfig::warm::Candidate {
+                    source: (*r).clone(),
+                    uses,
+                    daemon_set,
+                },
+            )
+            .collect();
+        out.sort_by(|a, b| {
+            (b.daemon_set, b.uses)
+                .cmp(&(a.daemon_set, a.uses))
+                .then_with(|| a.source.to_string().cmp(&b.source.to_string()))
+        });
+        out
     }
 
     /// Registers a watch that [`Usage::synced`] waits for.
@@ -584,6 +662,7 @@ impl Usage {
             && e.images.iter().map(|r| &**r).eq(o.images.iter())
             && e.wanted.iter().map(|r| &**r).eq(o.wanted.iter())
             && e.oversized == o.oversized
+            && e.selected == o.selected
         {
             e.listed = listed;
             return;
@@ -631,6 +710,7 @@ impl Usage {
             listed,
             truncated,
             oversized: o.oversized,
+            selected: o.selected,
         };
         if o.oversized {
             inner.oversized += 1;
@@ -1083,7 +1163,70 @@ mod tests {
                 .collect(),
             wanted: Vec::new(),
             oversized: false,
+            selected: true,
         }
+    }
+
+    #[test]
+    fn warm_candidates_count_selected_objects_and_every_daemonset() {
+        let r = |s: &str| Reference::parse(s).unwrap();
+        let o = |kind, key: &str, wanted: &[&str], selected| Observed {
+            kind,
+            key: key.into(),
+            pull: Value::Null,
+            images: wanted.iter().map(|w| r(w)).collect(),
+            wanted: wanted.iter().map(|w| r(w)).collect(),
+            oversized: false,
+            selected,
+        };
+        let u = Usage::new(Arc::new(Metrics::new()), None);
+        u.seen(o(Kind::Pod, "apps/a-1", &["src.example/web:1"], true), None);
+        u.seen(
+            o(Kind::Deployment, "apps/a", &["src.example/web:1"], true),
+            None,
+        );
+        u.seen(o(Kind::Pod, "apps/b-1", &["src.example/api:1"], true), None);
+        // Not selected by prewarm.podSelector; another namespace.
+        u.seen(
+            o(Kind::Pod, "apps/c-1", &["src.example/batch:1"], false),
+            None,
+        );
+        u.seen(
+            o(Kind::Pod, "other/d-1", &["src.example/other:1"], true),
+            None,
+        );
+        // A DaemonSet counts wherever it is and whatever its labels.
+        u.seen(
+            o(
+                Kind::DaemonSet,
+                "kube-system/log",
+                &["src.example/log:1"],
+                false,
+            ),
+            None,
+        );
+        let got = |namespaces: &[String], daemon_sets| -> Vec<(String, u32, bool)> {
+            u.warm_candidates(namespaces, daemon_sets)
+                .into_iter()
+                .map(|c| (c.source.to_string(), c.uses, c.daemon_set))
+                .collect()
+        };
+        assert_eq!(
+            got(&["apps".into()], true),
+            [
+                ("src.example/log:1".into(), 1, true),
+                ("src.example/web:1".into(), 2, false),
+                ("src.example/api:1".into(), 1, false),
+            ]
+        );
+        assert_eq!(
+            got(&[], false),
+            [
+                ("src.example/web:1".into(), 2, false),
+                ("src.example/api:1".into(), 1, false),
+                ("src.example/other:1".into(), 1, false),
+            ]
+        );
     }
 
     #[test]

@@ -400,6 +400,19 @@ impl Install {
     /// object but the MutatingWebhookConfiguration, which
     /// [`Install::register`] applies once `serve` is up.
     pub async fn new(client: &kube::Client, ns: &str, config: &str, args: &[&str]) -> Install {
+        Self::new_skipping(client, ns, config, args, &[]).await
+    }
+
+    /// As [`Install::new`], leaving out objects of the kinds in `skip`
+    /// (such as the node agent's DaemonSet, whose image no registry here
+    /// serves).
+    pub async fn new_skipping(
+        client: &kube::Client,
+        ns: &str,
+        config: &str,
+        args: &[&str],
+        skip: &[&str],
+    ) -> Install {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("pinswap.yaml");
         std::fs::write(&file, config).unwrap();
@@ -417,7 +430,8 @@ impl Install {
         assert_eq!(code, 0, "pinswap manifests: {err}");
         let objects = yaml_documents(&out);
         for obj in &objects {
-            if obj["kind"] != "MutatingWebhookConfiguration" {
+            let kind = obj["kind"].as_str().unwrap_or_default();
+            if kind != "MutatingWebhookConfiguration" && !skip.contains(&kind) {
                 apply(client, obj).await.unwrap_or_else(|e| {
                     panic!("apply {} {}: {e}", obj["kind"], obj["metadata"]["name"])
                 });

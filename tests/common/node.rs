@@ -69,6 +69,29 @@ impl NodeInfo {
         text.trim().to_owned()
     }
 
+    /// Replaces the node with a new, cold one named `name` (an empty
+    /// image store), registered with `taint` (`key=value:Effect`) if given:
+    /// a second kubelet joining, as an autoscaler's node does. The old
+    /// Node is deleted. containerd's socket stays where it was. Returns
+    /// the new node's name ([`NodeInfo::name`] keeps the first one's).
+    pub async fn replace(&self, name: &str, taint: Option<&str>) -> String {
+        let body = match taint {
+            Some(t) => format!("{name} {t}"),
+            None => name.to_owned(),
+        };
+        let resp = reqwest::Client::new()
+            .post(format!("{}/node/replace", self.control))
+            .body(body)
+            .timeout(Duration::from_secs(240))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        assert!(status.is_success(), "replacing the node: {text}");
+        text.trim().to_owned()
+    }
+
     /// Lets containerd pull from the loopback registry `reg` itself.
     pub fn trust(&self, reg: &TestRegistry) {
         self.serve_host(&reg.host(), &reg.host());
