@@ -1888,6 +1888,12 @@ impl Config {
                 "found true with recovery.enabled: false; eviction follows a recovery's re-mirror, so it needs recovery on".into(),
             );
         }
+        if self.prewarm.enabled && !self.recovery.enabled {
+            bad(
+                "prewarm.enabled".into(),
+                "found true with recovery.enabled: false; the warm set is chosen and published by the leader, which runs with recovery on".into(),
+            );
+        }
         let l = &self.recovery.lease;
         if !is_dns_subdomain(&l.name) {
             bad(

@@ -290,7 +290,7 @@ pub fn objects(opts: &Options) -> Result<Vec<Value>, InstallError> {
             // Its own Node only, in practice: RBAC cannot name the node a
             // Pod runs on (docs/security.md).
             let mut g = grant(
-                super::node_agent::NODE_AGENT,
+                &cluster_role_name(super::node_agent::NODE_AGENT, ns),
                 None,
                 ns,
                 vec![rule(&[""], &["nodes"], &["get", "patch"], &[])],
@@ -803,7 +803,7 @@ fn publishes_registries(opts: &Options) -> bool {
 /// Whether the node agents pre-warm their nodes: the leader publishes a
 /// warm set and the agents read it and mark their Node.
 fn prewarms(opts: &Options) -> bool {
-    opts.node_agent.is_some() && opts.config.prewarm.enabled
+    opts.node_agent.is_some() && opts.config.prewarm.enabled && opts.config.recovery.enabled
 }
 
 /// The ConfigMap the leader writes the warm set into, empty and marked as

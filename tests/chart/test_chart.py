@@ -112,6 +112,20 @@ PULL_SECRETS_CONFIG = {
     "recovery": {"namespaces": ["apps", "web"]},
 }
 
+# Every prewarm key, as a user would set them.
+PREWARM_CONFIG = {
+    "enabled": True,
+    "namespaces": ["apps", "web"],
+    "podSelector": {"matchLabels": {"tier": "frontend"}, "matchExpressions": [{"key": "app", "operator": "Exists"}]},
+    "daemonSets": False,
+    "top": 100,
+    "concurrency": 4,
+    "maxBytes": "10Gi",
+    "freeSpaceFloor": 2147483648,
+    "deadline": "5m",
+    "startupTaint": "pinswap.dev/warming",
+}
+
 # (id, values, release name, namespace)
 MATRIX = [
     ("defaults", {}, "pinswap", "pinswap"),
@@ -194,6 +208,8 @@ MATRIX = [
                          "config": {"target": {"registry": "m.example.com"}, "source": {"registries": [{"registry": "*"}]}}}, "pinswap", "pinswap"),
     ("node-agent-star-secret", {"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"},
                                 "config": {"target": {"registry": "m.example.com"}, "source": {"registries": [{"registry": "*"}]}}}, "pinswap", "pinswap"),
+    ("node-agent-prewarm", {"nodeAgent": {"enabled": True, "runtime": "cri-o"},
+                            "config": {"target": {"registry": "m.example.com"}, "prewarm": PREWARM_CONFIG}}, "mirror", "mirror-system"),
 ]
 
 
@@ -355,6 +371,34 @@ def test_the_matrix_renders_what_each_value_asks_for(chart):
     assert find(c, "PodDisruptionBudget", "pinswap")["spec"]["minAvailable"] == 1
     assert "maxUnavailable" not in find(c, "PodDisruptionBudget", "pinswap")["spec"]
 
+    # The pre-warm: the leader writes the warm set, the node agent reads it
+    # and patches Nodes; the ConfigMap keeps the name pinswap looks for.
+    pw = by["node-agent-prewarm"]
+    r = rules_of(pw)
+    assert r[("Role", "mirror-system", "mirror-pinswap-warm-set")] == ["/configmaps get,update pinswap-warm-set"]
+    assert r[("Role", "mirror-system", "mirror-pinswap-node-agent")] == [
+        "apps/daemonsets get mirror-pinswap-node-agent", "/configmaps get pinswap-warm-set"]
+    assert r[("ClusterRole", "", "mirror-pinswap-node-agent:mirror-system")] == ["/nodes get,patch "]
+    binding = find(pw, "ClusterRoleBinding", "mirror-pinswap-node-agent:mirror-system")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mirror-pinswap-node-agent", "namespace": "mirror-system"}]
+    assert find(pw, "RoleBinding", "mirror-pinswap-warm-set")["subjects"][0]["name"] == "mirror-pinswap"
+    warm = find(pw, "ConfigMap", "pinswap-warm-set")
+    assert warm["metadata"]["annotations"] == {"pinswap.dev/warm-set": "written by the leader"} and "data" not in warm
+    agent = find(pw, "DaemonSet", "mirror-pinswap-node-agent")["spec"]["template"]["spec"]
+    container = agent["containers"][0]
+    assert container["args"][-6:] == ["--cri-endpoint", "unix:///var/run/pinswap/cri.sock", "--image-fs", "/host-image-fs",
+                                      "--metrics-address", "0.0.0.0:9091"]
+    assert [e["name"] for e in container["env"]] == ["POD_NAMESPACE", "NODE_NAME", "HOME"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9091}]
+    hosts = {v["name"]: v["hostPath"] for v in agent["volumes"] if "hostPath" in v}
+    assert hosts["cri-socket"] == {"path": "/var/run/crio/crio.sock", "type": "Socket"}
+    assert hosts["image-fs"] == {"path": "/var/lib/containers/storage", "type": "Directory"}
+    assert {"name": "image-fs", "mountPath": "/host-image-fs", "readOnly": True} in container["volumeMounts"]
+    # Without it, none of that.
+    plain = by["node-agent"]
+    assert "warm-set" not in json.dumps(plain) and "cri-socket" not in json.dumps(plain)
+    assert not [k for k in rules_of(plain) if k[0] == "ClusterRole" and "node-agent" in k[2]]
+
     n = by["no-rbac-existing-account"]
     assert not {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ServiceAccount"} & set(kinds(n))
     assert pod_spec(n)["serviceAccountName"] == "ops"
@@ -397,6 +441,15 @@ SCHEMA_REFUSALS = [
     ({"nodeAgent": {"interval": "500ms"}}, "/nodeAgent/interval'"),
     ({"nodeAgent": {"mode": "digestOnly"}}, "/nodeAgent/mode'"),
     ({"nodeAgent": {"registryAuthSecret": "Node_Pull"}}, "/nodeAgent/registryAuthSecret'"),
+    ({"config": {"target": {"registry": "m.example.com"}, "prewarm": {"enabled": "yes"}}}, "/config/prewarm/enabled': got string, want boolean"),
+    ({"config": {"target": {"registry": "m.example.com"}, "prewarm": {"startupTaints": ["a"]}}}, "/config/prewarm': additional properties 'startupTaints' not allowed"),
+    ({"config": {"target": {"registry": "m.example.com"}, "prewarm": {"top": 0}}}, "/config/prewarm/top': minimum"),
+    ({"config": {"target": {"registry": "m.example.com"}, "prewarm": {"concurrency": 17}}}, "/config/prewarm/concurrency': maximum"),
+    ({"config": {"target": {"registry": "m.example.com"}, "prewarm": {"namespaces": ["Apps"]}}}, "/config/prewarm/namespaces/0'"),
+    ({"config": {"target": {"registry": "m.example.com"}, "prewarm": {"podSelector": {"matchLabel": {}}}}},
+     "/config/prewarm/podSelector': additional properties 'matchLabel' not allowed"),
+    ({"config": {"target": {"registry": "m.example.com"}, "prewarm": {"deadline": 600}}}, "/config/prewarm/deadline': got number, want string"),
+    ({"config": {"target": {"registry": "m.example.com"}, "prewarm": {"maxBytes": "10%"}}}, "/config/prewarm/maxBytes'"),
 ]
 
 
@@ -487,6 +540,24 @@ EQUIVALENT = [
     ({"nodeAgent": {"enabled": True}, "config": STAR_CONFIG}, "pinswap", ["--tls", "self-signed", "--node-agent"]),
     ({"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"}, "config": STAR_CONFIG}, "pinswap",
      ["--tls", "self-signed", "--node-agent", "--node-agent-registry-auth-secret", "node-agent-pull"]),
+    # Pre-warm: the warm set's ConfigMap and grants, the Node grant, and the
+    # agent's CRI socket and image store, for each runtime; with a "*"
+    # allowlist beside it, and with the backfill off (the leader still
+    # watches workloads for the warm set).
+    ({"nodeAgent": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "prewarm": {"enabled": True, "startupTaint": "pinswap.dev/warming"}}},
+     "pinswap", ["--tls", "self-signed", "--node-agent"]),
+    ({"nodeAgent": {"enabled": True, "runtime": "cri-o"}, "config": {"target": {"registry": "m.example.com"}, "prewarm": PREWARM_CONFIG}},
+     "pinswap", ["--tls", "self-signed", "--node-agent", "--node-agent-runtime", "cri-o"]),
+    ({"nodeAgent": {"enabled": True, "runtime": "cri-o"}, "config": {**STAR_CONFIG, "prewarm": {"enabled": True}}},
+     "pinswap", ["--tls", "self-signed", "--node-agent", "--node-agent-runtime", "cri-o"]),
+    ({"nodeAgent": {"enabled": True, "mode": "digest-only", "registryAuthSecret": "node-agent-pull"}, "certManager": {"enabled": True},
+      "config": {**STAR_CONFIG, "backfill": {"enabled": False}, "recovery": {"namespaces": ["apps"]}, "prewarm": {"enabled": True}}},
+     "pinswap", ["--tls", "cert-manager", "--node-agent", "--node-agent-mode", "digest-only", "--node-agent-registry-auth-secret", "node-agent-pull"]),
+    # Pre-warm without the node agent: no warm set, no Node grant; the
+    # leader's workload watches only. The same for the shared usage record.
+    ({"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}, "prewarm": {"enabled": True}}}, "pinswap", ["--tls", "self-signed"]),
+    ({"config": {"target": {"registry": "m.example.com"}, "backfill": {"enabled": False}, "cluster": "eu-west-1", "sharing": {"enabled": True}}},
+     "pinswap", ["--tls", "self-signed"]),
 ]
 
 
@@ -505,6 +576,29 @@ def test_the_chart_and_pinswap_manifests_build_the_same_objects(chart, tmp_path,
     assert sorted(chart_objects) == sorted(cli_objects)
     for k, want in cli_objects.items():
         assert chart_objects[k] == want, f"{k} differs between the chart and pinswap manifests"
+
+
+def test_prewarm_without_the_node_agent_renders_no_warm_set(chart):
+    values = {"config": {"target": {"registry": "m.example.com"}, "prewarm": {"enabled": True}}}
+    objects = render(chart, values)
+    text = json.dumps(objects)
+    assert "warm-set" not in text and "node-agent" not in text
+    assert not [r for rules in rules_of(objects).values() for r in rules if r.startswith("/nodes ")]
+    assert "DaemonSet" not in kinds(objects)
+    # The config still carries it: the leader chooses the set all the same.
+    assert yaml.safe_load(find(objects, "ConfigMap", "pinswap")["data"]["config.yaml"])["prewarm"] == {"enabled": True}
+    # With the node agent on, and prewarm off, neither.
+    agent_only = render(chart, {"nodeAgent": {"enabled": True}, "config": {**values["config"], "prewarm": {"enabled": False}}})
+    assert "warm-set" not in json.dumps(agent_only) and "NODE_NAME" not in json.dumps(agent_only)
+
+
+def test_the_node_agents_node_grant_is_named_per_namespace_as_pinswap_manifests_names_it(chart, tmp_path):
+    values = {"nodeAgent": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "prewarm": {"enabled": True}}}
+    rendered = render(chart, values, "pinswap", "mirror")
+    config = tmp_path / "config.yaml"
+    config.write_text(find(rendered, "ConfigMap", "pinswap")["data"]["config.yaml"])
+    printed = manifests(["--namespace", "mirror", "--config", str(config), "--tls", "self-signed", "--node-agent"])
+    assert sorted(key(o) for o in rendered) == sorted(key(o) for o in printed if o["kind"] != "Namespace")
 
 
 def test_the_prometheus_rule_carries_the_documented_alerts(chart):
@@ -577,6 +671,13 @@ def test_notes_say_what_fail_means_for_availability(chart):
     purge = {"config": {"target": {"registry": "m.example.com"}, "cache": {"purgeEndpoint": True}}}
     assert "networkPolicy.enabled=true" in notes(chart, purge)
     assert "networkPolicy.enabled=true" not in notes(chart, {**purge, "networkPolicy": {"enabled": True}})
+    # Pre-warm: what to look for on the nodes, or that nothing pulls the set.
+    prewarm = {"target": {"registry": "m.example.com"}, "prewarm": {"enabled": True, "startupTaint": "pinswap.dev/warming"}}
+    warm = notes(chart, {"nodeAgent": {"enabled": True}, "config": prewarm})
+    assert "kubectl get nodes -L pinswap.dev/warm" in warm and "removes the taint pinswap.dev/warming" in warm
+    assert "without nodeAgent.enabled" not in warm
+    assert "config.prewarm.enabled without nodeAgent.enabled" in notes(chart, {"config": prewarm})
+    assert "pinswap.dev/warm" not in open_ and "pinswap.dev/warm" not in notes(chart, {"nodeAgent": {"enabled": True}})
 
 
 RENDER_REFUSALS = [
@@ -605,6 +706,14 @@ RENDER_REFUSALS = [
     ({"nodeAgent": {"enabled": True, "registryAuthSecret": "node-agent-pull"},
       "config": {"target": {"aws": {"accountId": "123456789012", "region": "eu-west-1"}}, "source": {"registries": [{"registry": "*"}]}}},
      "nodeAgent.registryAuthSecret: config.target.aws"),
+    ({"nodeAgent": {"enabled": True}, "config": {"target": {"registry": "m.example.com"}, "prewarm": {"enabled": True}, "recovery": {"enabled": False}}},
+     "config.prewarm.enabled: true with config.recovery.enabled false"),
+    ({"config": {"target": {"registry": "m.example.com"}, "prewarm": {"enabled": True}, "recovery": {"enabled": False}}},
+     "config.prewarm.enabled: true with config.recovery.enabled false"),
+    # A new node keeps a startup taint the agent cannot run under.
+    ({"nodeAgent": {"enabled": True, "tolerations": [{"key": "infra", "operator": "Exists"}]},
+      "config": {"target": {"registry": "m.example.com"}, "prewarm": {"enabled": True, "startupTaint": "pinswap.dev/warming"}}},
+     "nodeAgent.tolerations: no toleration for config.prewarm.startupTaint pinswap.dev/warming"),
 ]
 
 
@@ -620,6 +729,9 @@ def test_settings_near_the_limits_render(chart):
         {"webhook": {"timeoutSeconds": 3}},
         {"config": {"target": {"registry": "m.example.com"}, "server": {"admissionBudget": "1500ms"}}, "webhook": {"timeoutSeconds": 2}},
         {"config": {"target": {"registry": "m.example.com"}, "server": {"listen": "[::]:9443", "healthListen": "0.0.0.0:1024"}}},
+        {"nodeAgent": {"enabled": True, "tolerations": [{"key": "pinswap.dev/warming", "operator": "Exists", "effect": "NoSchedule"}]},
+         "config": {"target": {"registry": "m.example.com"}, "prewarm": {"enabled": True, "startupTaint": "pinswap.dev/warming"}}},
+        {"nodeAgent": {"enabled": True, "tolerations": []}, "config": {"target": {"registry": "m.example.com"}, "prewarm": {"enabled": True}}},
     ):
         assert render(chart, values)
 
@@ -651,6 +763,35 @@ def test_the_schema_takes_exactly_the_durations_pinswap_reads(chart, tmp_path, v
         else:
             with pytest.raises(helm_python.HelmValuesError):
                 chart.validate_schema(copy.deepcopy(values))
+
+
+# Byte sizes as pinswap reads them (prewarm.maxBytes, prewarm.freeSpaceFloor)...
+SIZES_READ = ["20Gi", "512Mi", "64Ki", "500M", "1G", "1k", "1048576", 1048576, "007"]
+# ...and what it refuses: other units and cases, fractions, signs, spaces, percentages.
+SIZES_REFUSED = ["1Ti", "1K", "20GB", "20gi", "1.5Gi", "-1", -1, "+5", " 1Gi", "10%", "", 1.5, True]
+
+
+@pytest.mark.parametrize("value", SIZES_READ + SIZES_REFUSED + ["0", 0, "0Gi"], ids=repr)
+def test_the_schema_takes_exactly_the_sizes_pinswap_reads(chart, tmp_path, value):
+    for key in ("maxBytes", "freeSpaceFloor"):
+        config = tmp_path / "size.yaml"
+        config.write_text(yaml.safe_dump({"target": {"registry": "r.internal"}, "prewarm": {key: value}}))
+        read = subprocess.run([BIN, "config", "validate", str(config)], capture_output=True, text=True).returncode == 0
+        # Zero is no growth at all: refused for maxBytes only.
+        zero = value in ("0", 0, "0Gi")
+        assert read == (value in SIZES_READ or (zero and key == "freeSpaceFloor")), f"pinswap {'reads' if read else 'refuses'} {key}: {value!r}"
+        values = {"config": {"target": {"registry": "m.example.com"}, "prewarm": {key: value}}}
+        if read:
+            chart.validate_schema(copy.deepcopy(values))
+        else:
+            with pytest.raises(helm_python.HelmValuesError):
+                chart.validate_schema(copy.deepcopy(values))
+
+
+def test_the_schema_takes_pinswaps_default_config(chart):
+    default = yaml.safe_load(subprocess.run([BIN, "config", "default"], check=True, capture_output=True, text=True).stdout)
+    chart.validate_schema({"config": default})
+    chart.validate_schema({"config": {**default, "prewarm": PREWARM_CONFIG}})
 
 
 def secrets_of(pod):

@@ -106,11 +106,12 @@ two releases never share one (a namespace cannot contain ':').
 {{- end }}
 
 {{/* Whether the leader watches workload templates, with the Pod watcher: for
-the backfill (which copies, so not under copyPolicy none) and retention, as
-Config::watches_workloads decides. */}}
+the backfill (which copies, so not under copyPolicy none), retention, the
+shared usage record and the warm set (prewarm), as Config::watches_workloads
+decides. */}}
 {{- define "pinswap.workloads" -}}
 {{- $backfill := and (dig "backfill" "enabled" true .Values.config) (ne (toString (dig "copyPolicy" "delayed" .Values.config)) "none") }}
-{{- if or $backfill (dig "retention" "enabled" false .Values.config) }}true{{ end }}
+{{- if or $backfill (dig "retention" "enabled" false .Values.config) (dig "sharing" "enabled" false .Values.config) (dig "prewarm" "enabled" false .Values.config) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -243,6 +244,9 @@ the key's name, as `pinswap manifests` refuses them.
 {{- fail (printf "config.server.%s: port %s needs a capability the Pod drops (it runs as UID 65532 with none); use a port from 1024 up" $key $port) }}
 {{- end }}
 {{- end }}
+{{- if and (dig "prewarm" "enabled" false .Values.config) (not (include "pinswap.recovery" .)) }}
+{{- fail "config.prewarm.enabled: true with config.recovery.enabled false: the warm set is chosen and published by the leader, which runs with recovery on" }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -257,4 +261,13 @@ and there is a leader (recovery.enabled).
 {{- if eq (toString .registry) "*" }}{{ $any = true }}{{ end -}}
 {{- end -}}
 {{- and .Values.nodeAgent.enabled $any (not .Values.nodeAgent.registryAuthSecret) (eq (include "pinswap.recovery" .) "true") -}}
+{{- end }}
+
+{{/*
+"true" when the node agents pre-warm their nodes: the node agent is on,
+config.prewarm.enabled, and there is a leader (recovery.enabled) to choose
+and publish the warm set.
+*/}}
+{{- define "pinswap.prewarms" -}}
+{{- and .Values.nodeAgent.enabled (dig "prewarm" "enabled" false .Values.config) (eq (include "pinswap.recovery" .) "true") -}}
 {{- end }}
