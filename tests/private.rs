@@ -627,3 +627,47 @@ async fn a_private_images_referrers_are_not_refreshed_without_a_pods_secret() {
     let asked = &r.private.token_server().log()[before..];
     assert!(asked.is_empty(), "{asked:?}");
 }
+
+/// A node's warm set holds only what every Pod may have: the kubelet hands
+/// an image it did not pull itself to any Pod that names it. The private
+/// image, copied for team A with its own secret, is left out; the public
+/// one goes in, pinned to the target's digest; one the target does not
+/// hold is left out too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_warm_set_holds_only_images_every_pod_may_have() {
+    use pinswap::nodeconfig::warm::{Candidate, LeftOut, Publisher};
+    let r = Rig::start().await;
+    let api = KubeApi::start().await;
+    r.tenants(&api).await;
+    let (adm, _) = handler(&r.config("", ""), api.client());
+    let a = admitted(&adm, &pod("team-a", "a", &r.app(), &["regcred"], None)).await;
+    assert_eq!(image(&a), r.app_mirrored(), "{}", decision(&a));
+    let t = admitted(&adm, &pod("team-b", "t", &r.tool(), &[], None)).await;
+    assert_eq!(image(&t), r.tool_mirrored(), "{}", decision(&t));
+    let publisher = Publisher::new(adm.mirror().clone(), api.client(), "pinswap", 10);
+    let candidate = |s: &str, uses| Candidate {
+        source: pinswap::reference::Reference::parse(s).unwrap(),
+        uses,
+        daemon_set: false,
+    };
+    let absent = format!("{}/tools/absent:v1", r.public.host());
+    let (set, left) = publisher
+        .choose(&[
+            candidate(&r.app(), 5),
+            candidate(&r.tool(), 1),
+            candidate(&absent, 1),
+        ])
+        .await;
+    let images: Vec<&str> = set.iter().map(|w| w.image.as_str()).collect();
+    let tool = format!(
+        "{}/mirror/127.0.0.1_{}/tools/tool@{}",
+        r.dst.host(),
+        r.public.port(),
+        r.tool.digest
+    );
+    assert_eq!(images, [tool.as_str()]);
+    assert_eq!(
+        left,
+        [(LeftOut::NotMirrored, 1), (LeftOut::Private, 1)].into()
+    );
+}

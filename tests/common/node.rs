@@ -57,15 +57,21 @@ impl NodeInfo {
     /// pulls from over plain HTTP (its `hosts.toml` is written). Image
     /// references that Pods and pinswap's Pods both use name this address.
     pub async fn expose(&self, reg: &TestRegistry) -> String {
+        self.expose_addr(&reg.host()).await
+    }
+
+    /// As [`NodeInfo::expose`], for any loopback `HOST:PORT` (a proxy in
+    /// front of a registry).
+    pub async fn expose_addr(&self, host: &str) -> String {
         let resp = reqwest::Client::new()
             .post(format!("{}/node/expose", self.control))
-            .body(reg.host())
+            .body(host.to_owned())
             .send()
             .await
             .unwrap();
         let status = resp.status();
         let text = resp.text().await.unwrap();
-        assert!(status.is_success(), "expose {}: {text}", reg.host());
+        assert!(status.is_success(), "expose {host}: {text}");
         text.trim().to_owned()
     }
 

@@ -61,6 +61,10 @@ struct Shared {
     trickle_every: AtomicU64,
     /// Responses being trickled now.
     trickling: AtomicUsize,
+    /// Bytes a second all responses share, as on one link (u64::MAX: no
+    /// limit); `link_free` is when the link is free again.
+    pace: AtomicU64,
+    link_free: std::sync::Mutex<tokio::time::Instant>,
 }
 
 impl TcpCutProxy {
@@ -81,6 +85,8 @@ impl TcpCutProxy {
             trickle: AtomicU64::new(u64::MAX),
             trickle_every: AtomicU64::new(0),
             trickling: AtomicUsize::new(0),
+            pace: AtomicU64::new(u64::MAX),
+            link_free: std::sync::Mutex::new(tokio::time::Instant::now()),
         });
         let s = shared.clone();
         let mut cut = shared.cut.subscribe();
@@ -148,6 +154,19 @@ impl TcpCutProxy {
     /// Forwards at full speed again, trickling responses included.
     pub fn trickle_off(&self) {
         self.shared.trickle.store(u64::MAX, Ordering::SeqCst);
+    }
+
+    /// Sends responses at `bytes_per_second` in all, as one link of that
+    /// speed would: a registry across a network rather than on loopback.
+    pub fn pace(&self, bytes_per_second: u64) {
+        self.shared
+            .pace
+            .store(bytes_per_second.max(1), Ordering::SeqCst);
+    }
+
+    /// Responses at full speed again.
+    pub fn pace_off(&self) {
+        self.shared.pace.store(u64::MAX, Ordering::SeqCst);
     }
 
     /// Responses being trickled now (each holds its client's request open).
@@ -254,6 +273,20 @@ async fn pump(
             }
             false => n,
         };
+        let bps = s.pace.load(Ordering::SeqCst);
+        if downstream && bps != u64::MAX {
+            // Each read takes its turn on the link. Up to 20 ms of idle
+            // link counts as credit, so timer overshoot does not lower the
+            // rate below `pace`.
+            let done = {
+                let mut free = s.link_free.lock().unwrap();
+                let now = tokio::time::Instant::now();
+                let start = (*free).max(now - Duration::from_millis(20));
+                *free = start + Duration::from_secs_f64(fast as f64 / bps as f64);
+                *free
+            };
+            tokio::time::sleep_until(done).await;
+        }
         // A stalled reader must not keep the connection alive past a cut.
         let written = tokio::select! {
             r = to.write_all(&buf[..fast]) => r,
