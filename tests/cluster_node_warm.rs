@@ -267,8 +267,13 @@ async fn a_new_node_pulls_the_warm_set_before_it_takes_pods() {
         let now = DeleteParams::default().grace_period(0);
         pods.delete(&p.metadata.name.unwrap(), &now).await.unwrap();
     }
+    until("the Pod is made again", Duration::from_secs(30), || async {
+        !pods.list(&app).await.unwrap().items.is_empty()
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let waiting = pods.list(&app).await.unwrap();
+    assert!(!waiting.items.is_empty());
     assert!(
         waiting
             .items

@@ -652,11 +652,14 @@ async fn the_warm_set_holds_only_images_every_pod_may_have() {
     };
     let absent = format!("{}/tools/absent:v1", r.public.host());
     let (set, left) = publisher
-        .choose(&[
-            candidate(&r.app(), 5),
-            candidate(&r.tool(), 1),
-            candidate(&absent, 1),
-        ])
+        .choose(
+            &[
+                candidate(&r.app(), 5),
+                candidate(&r.tool(), 1),
+                candidate(&absent, 1),
+            ],
+            &[],
+        )
         .await;
     let images: Vec<&str> = set.iter().map(|w| w.image.as_str()).collect();
     let tool = format!(

@@ -1063,7 +1063,7 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
     // files are kept while it is fixed.
     let config = load_config(&args.config)?;
     let prewarm = match config.prewarm.enabled {
-        true => Some(prewarmer(&args).await?),
+        true => Some(prewarmer(&args, &config).await?),
         false => None,
     };
     // Read again each round with "*"; a Secret the Pod mounts exists
@@ -1093,14 +1093,12 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
     // without one, the kernel would drop the signal.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| anyhow::anyhow!("cannot listen for SIGTERM: {e}"))?;
-    // Once per agent start: a new node, or an agent Pod replaced on one
-    // (then the set is mostly present, and the pass is quick).
+    // Once per agent start: a new node (an agent Pod replaced on a node
+    // it marked before finds nothing to do).
     let warming = prewarm.map(|p| {
         let settings = config.prewarm.clone();
         tokio::spawn(async move {
-            if let Err(e) = p.run(&settings).await {
-                tracing::error!(error = %e, "the node could not be marked after the pre-warm; its startup taint stays until the agent runs again");
-            }
+            p.run(&settings).await;
         })
     });
     agent
@@ -1118,7 +1116,10 @@ async fn node_agent(args: NodeAgentArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The pre-warm of `pinswap node-agent`, and its metrics endpoint.
-async fn prewarmer(args: &NodeAgentArgs) -> anyhow::Result<crate::nodeconfig::prewarm::Prewarmer> {
+async fn prewarmer(
+    args: &NodeAgentArgs,
+    config: &crate::config::Config,
+) -> anyhow::Result<crate::nodeconfig::prewarm::Prewarmer> {
     use crate::nodeconfig::prewarm::{PrewarmMetrics, Prewarmer, encode};
     let node = args.node_name.clone().filter(|n| !n.is_empty()).ok_or_else(|| {
         Usage("prewarm.enabled needs --node-name or $NODE_NAME (the downward API's spec.nodeName)".into())
@@ -1160,7 +1161,11 @@ async fn prewarmer(args: &NodeAgentArgs) -> anyhow::Result<crate::nodeconfig::pr
             let _ = axum::serve(listener, app).await;
         });
     }
+    let target_registry = crate::reference::MirrorTarget::parse(&config.target.registry)
+        .ok()
+        .map(|t| t.registry().to_owned());
     Ok(Prewarmer {
+        target_registry,
         cri,
         client,
         namespace,

@@ -239,32 +239,33 @@ impl Mirror {
             .await
     }
 
-    /// Whether every Pod may be given `source` (as a Pod names it): the
-    /// access rule does not apply to its registry, or the source serves it
-    /// with the baseline credentials now (or did within `source.proofTtl`).
-    /// Anything else, an outage included, is `false`: a node's warm set
-    /// holds only what the kubelet may hand any Pod (docs/security.md).
-    pub async fn readable_by_every_pod(&self, source: &Reference) -> bool {
-        let registry = normalize_registry(source.registry());
+    /// Whether every Pod may be given `pinned` (a source pinned by
+    /// digest): the access rule does not apply to its registry, or the
+    /// source serves that digest with the baseline credentials now (or did
+    /// within `source.proofTtl`), as admission judges it. `Some(false)`: not
+    /// pinned, or refused; `None`: the source could not answer. A node's
+    /// warm set holds only what the kubelet may hand any Pod
+    /// (docs/security.md).
+    pub async fn readable_by_every_pod(&self, pinned: &Reference) -> Option<bool> {
+        let registry = normalize_registry(pinned.registry());
         let Some(baseline) = self.access.baseline(&registry) else {
-            return true;
+            return Some(true);
         };
-        // Keyed as admission keys a pinned source; a tag has its own key.
-        let source = match source.digest() {
-            Some(_) => source.without_tag(),
-            None => source.clone(),
-        };
-        let image = source.to_string();
+        if pinned.digest().is_none() {
+            return Some(false);
+        }
+        let pinned = pinned.without_tag();
+        let image = pinned.to_string();
         let now = Instant::now();
         if let Some(seen) = self.access.shared.get(&image).await {
             if seen.read_within(now, self.access.ttl) {
-                return true;
+                return Some(true);
             }
             if seen.fresh_refusal(now) {
-                return false;
+                return Some(false);
             }
         }
-        let answer = self.head_as(&source, baseline, None, None).await;
+        let answer = self.head_as(&pinned, baseline, None, None).await;
         let at = Instant::now();
         match answer {
             Ok(Answer::Read) => {
@@ -272,7 +273,7 @@ impl Mirror {
                     .shared
                     .insert(image, Seen { at, refused: None })
                     .await;
-                true
+                Some(true)
             }
             Ok(Answer::Refused(why)) => {
                 let seen = Seen {
@@ -280,9 +281,9 @@ impl Mirror {
                     refused: Some(why),
                 };
                 self.access.shared.insert(image, seen).await;
-                false
+                Some(false)
             }
-            Err(_) => false,
+            Err(_) => None,
         }
     }
 

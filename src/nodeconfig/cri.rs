@@ -51,8 +51,9 @@ pub struct ImageSpec {
     pub image: String,
 }
 
-/// `runtime.v1.AuthConfig`; never logged.
+/// `runtime.v1.AuthConfig`. Its `Debug` shows no password.
 #[derive(Clone, PartialEq, prost::Message)]
+#[prost(skip_debug)]
 pub struct AuthConfig {
     /// User name.
     #[prost(string, tag = "1")]
@@ -63,6 +64,15 @@ pub struct AuthConfig {
     /// The registry host.
     #[prost(string, tag = "4")]
     pub server_address: String,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("username", &self.username)
+            .field("server_address", &self.server_address)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -216,10 +226,16 @@ impl Cri {
         }
         let path = PathAndQuery::from_static(method);
         let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-        grpc.unary(request, path, codec)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(failed)
+        let call = grpc.unary(request, path, codec);
+        // The runtime is sent the deadline (grpc-timeout); the client holds
+        // it too, for a runtime that does not answer at all.
+        let answer = match timeout {
+            Some(t) => tokio::time::timeout(t, call)
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer in time"))),
+            None => call.await,
+        };
+        answer.map(tonic::Response::into_inner).map_err(failed)
     }
 
     /// The image the runtime holds under `image`, if any.
@@ -344,6 +360,12 @@ mod tests {
                 0x0a, 3, 0x0a, 1, b'a', 0x12, 6, 0x0a, 1, b'u', 0x22, 1, b'h'
             ]
         );
+        let auth = AuthConfig {
+            username: "u".into(),
+            password: "s3cret".into(),
+            server_address: "h".into(),
+        };
+        assert!(!format!("{auth:?}").contains("s3cret"));
         // ImageFsInfoResponse with a timestamp (1) and inodes (4) it skips.
         let fs = [
             0x08, 5, 0x12, 3, 0x0a, 1, b'/', 0x1a, 2, 0x08, 42, 0x22, 2, 0x08, 1,

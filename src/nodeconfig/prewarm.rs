@@ -24,7 +24,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::cri::{AuthConfig, Cri, CriError};
 use super::warm::{self, WarmSet};
@@ -56,6 +56,12 @@ pub enum PrewarmError {
         /// kube's error.
         source: kube::Error,
     },
+    /// The API server did not answer in time.
+    #[error("Node {node}: no answer from the API server within 30s")]
+    Timeout {
+        /// The node.
+        node: String,
+    },
     /// The credentials file could not be read.
     #[error("{0}")]
     Auth(String),
@@ -72,6 +78,8 @@ pub enum Stop {
     FreeSpace,
     /// The leader published no set before the deadline.
     NoSet,
+    /// The image filesystem's free space could not be read.
+    Unmeasured,
 }
 
 impl Stop {
@@ -82,6 +90,7 @@ impl Stop {
             Stop::MaxBytes => "the image filesystem grew by maxBytes",
             Stop::FreeSpace => "free space on the image filesystem fell below freeSpaceFloor",
             Stop::NoSet => "no warm set was published before the deadline",
+            Stop::Unmeasured => "the image filesystem's free space could not be read",
         }
     }
 }
@@ -184,6 +193,9 @@ pub struct Prewarmer {
     pub image_fs: Option<PathBuf>,
     /// A Docker config.json with read-only credentials for the target.
     pub target_auth: Option<PathBuf>,
+    /// The target's registry host: the only one the agent pulls from.
+    /// `None`: any, pinned by digest.
+    pub target_registry: Option<String>,
     /// Progress.
     pub metrics: Arc<PrewarmMetrics>,
 }
@@ -191,20 +203,39 @@ pub struct Prewarmer {
 /// The shared state of one run's pulls.
 struct Pulls {
     report: Mutex<Report>,
-    used0: u64,
+    /// Free bytes of the image filesystem when the pulls began.
+    free0: u64,
     grown: AtomicU64,
 }
 
+/// How long one API request may take: kube's client has no read timeout.
+const API_TIMEOUT: Duration = Duration::from_secs(30);
+/// After the node is marked, how long the agent still looks for the
+/// startup taint: an autoscaler may add it to the Node after it registers.
+const LATE_TAINT_WINDOW: Duration = Duration::from_secs(120);
+/// Between looks for a late taint, and the longest wait between attempts
+/// at marking the node.
+const MARK_RETRY_MAX: Duration = Duration::from_secs(30);
+
 impl Prewarmer {
     /// Waits for the warm set, pulls it within `settings`' bounds, then
-    /// labels the node and removes the startup taint.
-    ///
-    /// # Errors
-    /// [`PrewarmError`] when the node could not be marked; pull failures
-    /// are counted in the report, not errors.
-    pub async fn run(&self, settings: &Prewarm) -> Result<Report, PrewarmError> {
+    /// labels the node and removes the startup taint. The deadline counts
+    /// from the Node's creation, so an agent restarted on a new node does
+    /// not extend it. A node already marked and untainted (an agent Pod
+    /// replaced on an old node) is left as it is. Marking is retried until
+    /// it succeeds.
+    pub async fn run(&self, settings: &Prewarm) -> Report {
         let started = Instant::now();
-        let deadline = started + settings.deadline;
+        let taint = settings.startup_taint.as_deref();
+        let node = self.node_state(taint).await;
+        if let Some((true, false, _)) = node {
+            info!(node = %self.node, "the node was pre-warmed before; nothing to do");
+            self.metrics.done.set(1);
+            return Report::default();
+        }
+        // Time the node has existed counts against the deadline.
+        let age = node.and_then(|(_, _, age)| age).unwrap_or_default();
+        let deadline = started + settings.deadline.saturating_sub(age);
         let report = match self.wait_for_set(deadline).await {
             Some(set) => self.pull(&set, settings, deadline).await,
             None => Report {
@@ -219,23 +250,78 @@ impl Prewarmer {
                 warn!(node = %self.node, report = %line, "the node is released only partly warm")
             }
         }
-        self.mark(&report, &line, settings.startup_taint.as_deref())
-            .await?;
+        let mut wait = Duration::from_secs(1);
+        loop {
+            match self.mark(&report, &line, taint).await {
+                Ok(()) => break,
+                Err(e) => {
+                    error!(error = %e, retry_in = ?wait, "the node could not be marked after the pre-warm; trying again");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MARK_RETRY_MAX);
+                }
+            }
+        }
         self.metrics.done.set(1);
-        Ok(report)
+        // A taint an autoscaler adds after registration comes late.
+        if let Some(key) = taint {
+            let until = Instant::now() + LATE_TAINT_WINDOW;
+            while Instant::now() < until {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                if let Err(e) = self.untaint(key).await {
+                    warn!(error = %e, "the Node could not be read for a late startup taint");
+                }
+            }
+        }
+        report
+    }
+
+    /// Whether the Node is labelled warm, whether it has `taint`, and its
+    /// age; `None` when it cannot be read.
+    async fn node_state(&self, taint: Option<&str>) -> Option<(bool, bool, Option<Duration>)> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let node = match tokio::time::timeout(API_TIMEOUT, api.get(&self.node)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => {
+                warn!(node = %self.node, error = %e, "the Node cannot be read; pre-warming as a new node");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let marked = node
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(WARM_LABEL));
+        let tainted = taint.is_some_and(|key| {
+            node.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == key))
+        });
+        let age = node.metadata.creation_timestamp.and_then(|t| {
+            let secs = k8s_openapi::jiff::Timestamp::now()
+                .duration_since(t.0)
+                .as_secs();
+            u64::try_from(secs).ok().map(Duration::from_secs)
+        });
+        Some((marked, tainted, age))
     }
 
     /// The published set, asked for every [`SET_POLL`] until `deadline`.
     async fn wait_for_set(&self, deadline: Instant) -> Option<WarmSet> {
         let mut said = false;
         loop {
-            match warm::read(self.client.clone(), &self.namespace).await {
-                Ok(Some(set)) => return Some(set),
-                Ok(None) if !said => {
+            let read = tokio::time::timeout(
+                API_TIMEOUT,
+                warm::read(self.client.clone(), &self.namespace),
+            );
+            match read.await {
+                Ok(Ok(Some(set))) => return Some(set),
+                Ok(Ok(None)) if !said => {
                     info!("waiting for the leader to publish the warm set");
                     said = true;
                 }
-                Err(e) if !said => {
+                Ok(Err(e)) if !said => {
                     warn!(error = %e, "the warm set cannot be read yet");
                     said = true;
                 }
@@ -251,27 +337,35 @@ impl Prewarmer {
     async fn pull(&self, set: &WarmSet, settings: &Prewarm, deadline: Instant) -> Report {
         let listed = set.images.len();
         self.metrics.set("listed", listed);
-        let fs = match self.cri.image_fs().await {
-            Ok(fs) => fs,
-            Err(e) => {
-                // Without the filesystem's size the byte bound and the
-                // floor cannot hold: nothing is pulled.
-                warn!(error = %e, "the image filesystem cannot be measured; nothing is pulled");
-                return Report {
-                    listed,
-                    skipped: listed,
-                    stopped: Some(Stop::FreeSpace),
-                    ..Report::default()
-                };
+        let unmeasured = || {
+            warn!("the image filesystem cannot be measured; nothing is pulled");
+            Report {
+                listed,
+                skipped: listed,
+                stopped: Some(Stop::Unmeasured),
+                ..Report::default()
             }
         };
-        let fs_path = self.image_fs.clone().unwrap_or(fs.mountpoint);
+        let fs_path = match &self.image_fs {
+            Some(p) => p.clone(),
+            None => match self.cri.image_fs().await {
+                Ok(fs) => fs.mountpoint,
+                Err(e) => {
+                    warn!(error = %e, "the runtime does not say where its images are");
+                    return unmeasured();
+                }
+            },
+        };
+        // Without the filesystem's free space neither bound can hold.
+        let Ok(free0) = super::cri::free_bytes(&fs_path) else {
+            return unmeasured();
+        };
         let state = Pulls {
             report: Mutex::new(Report {
                 listed,
                 ..Report::default()
             }),
-            used0: fs.used,
+            free0,
             grown: AtomicU64::new(0),
         };
         let state = &state;
@@ -305,6 +399,9 @@ impl Prewarmer {
     }
 
     /// One image: left when present, else pulled if the bounds allow.
+    /// Growth and free space are read from the filesystem itself when each
+    /// pull is about to start; pulls already running may add up to
+    /// `concurrency` images past a bound.
     async fn one(
         &self,
         image: &str,
@@ -313,29 +410,32 @@ impl Prewarmer {
         state: &Pulls,
         fs_path: &std::path::Path,
     ) -> Outcome {
+        if Instant::now() >= deadline {
+            return Outcome::Skipped(Stop::Deadline);
+        }
+        if !self.is_target_digest(image) {
+            warn!(
+                image,
+                "the warm set names an image that is not the target's, pinned by digest; not pulled"
+            );
+            return Outcome::Failed;
+        }
         if let Ok(Some(_)) = self.cri.image_status(image).await {
             return Outcome::Present;
         }
-        let now = Instant::now();
-        if now >= deadline {
-            return Outcome::Skipped(Stop::Deadline);
+        let Ok(free) = super::cri::free_bytes(fs_path) else {
+            return Outcome::Skipped(Stop::Unmeasured);
+        };
+        let grown = state.free0.saturating_sub(free);
+        state.grown.fetch_max(grown, Ordering::Relaxed);
+        self.metrics
+            .bytes
+            .set(i64::try_from(grown).unwrap_or(i64::MAX));
+        if grown >= settings.max_bytes {
+            return Outcome::Skipped(Stop::MaxBytes);
         }
-        match self.cri.image_fs().await {
-            Ok(fs) => {
-                let grown = fs.used.saturating_sub(state.used0);
-                state.grown.fetch_max(grown, Ordering::Relaxed);
-                self.metrics
-                    .bytes
-                    .set(i64::try_from(grown).unwrap_or(i64::MAX));
-                if grown >= settings.max_bytes {
-                    return Outcome::Skipped(Stop::MaxBytes);
-                }
-            }
-            Err(_) => return Outcome::Skipped(Stop::FreeSpace),
-        }
-        match super::cri::free_bytes(fs_path) {
-            Ok(free) if free >= settings.free_space_floor => {}
-            _ => return Outcome::Skipped(Stop::FreeSpace),
+        if free < settings.free_space_floor {
+            return Outcome::Skipped(Stop::FreeSpace);
         }
         let auth = match self.auth_for(image).await {
             Ok(a) => a,
@@ -345,7 +445,13 @@ impl Prewarmer {
             }
         };
         let began = Instant::now();
-        match self.cri.pull(image, auth, deadline - now).await {
+        let Some(left) = deadline
+            .checked_duration_since(began)
+            .filter(|d| !d.is_zero())
+        else {
+            return Outcome::Skipped(Stop::Deadline);
+        };
+        match self.cri.pull(image, auth, left).await {
             Ok(_) => {
                 info!(
                     image,
@@ -354,15 +460,27 @@ impl Prewarmer {
                 );
                 Outcome::Pulled
             }
-            Err(CriError::Call {
-                code: tonic::Code::DeadlineExceeded,
-                ..
-            }) => Outcome::Skipped(Stop::Deadline),
+            // Cut at the deadline, however the runtime or the client says it.
+            Err(_) if Instant::now() >= deadline => Outcome::Skipped(Stop::Deadline),
             Err(e) => {
                 warn!(image, error = %e, "a warm image could not be pulled");
                 Outcome::Failed
             }
         }
+    }
+
+    /// Whether `image` is `<target registry>/…@sha256:…`: the set is the
+    /// leader's, but the agent pulls nothing else whoever wrote it.
+    fn is_target_digest(&self, image: &str) -> bool {
+        let Ok(r) = crate::reference::Reference::parse(image) else {
+            return false;
+        };
+        r.digest().is_some()
+            && r.tag().is_none()
+            && self
+                .target_registry
+                .as_deref()
+                .is_none_or(|t| r.registry() == t)
     }
 
     /// The target's read-only credentials for `image`'s registry, from
@@ -394,31 +512,48 @@ impl Prewarmer {
         })
     }
 
-    /// Labels the node and removes `taint` (a key) from it.
+    /// Removes `taint` (a key) from the node, then labels it: a node
+    /// labelled warm has been released.
     async fn mark(
         &self,
         report: &Report,
         line: &str,
         taint: Option<&str>,
     ) -> Result<(), PrewarmError> {
+        if let Some(key) = taint {
+            self.untaint(key).await?;
+        }
         let api: Api<Node> = Api::all(self.client.clone());
-        let node_error = |source| PrewarmError::Node {
-            node: self.node.clone(),
-            source,
-        };
         let value = if report.warm() { "true" } else { "partial" };
         let patch = json!({"metadata": {
             "labels": {WARM_LABEL: value},
             "annotations": {REPORT_ANNOTATION: line},
         }});
-        api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(node_error)?;
-        let Some(key) = taint else {
-            return Ok(());
-        };
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+        self.in_time(api.patch(&self.node, &params, &patch)).await?;
+        Ok(())
+    }
+
+    /// `call` within [`API_TIMEOUT`].
+    async fn in_time<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, PrewarmError> {
+        let node = || self.node.clone();
+        match tokio::time::timeout(API_TIMEOUT, call).await {
+            Ok(r) => r.map_err(|source| PrewarmError::Node {
+                node: node(),
+                source,
+            }),
+            Err(_) => Err(PrewarmError::Timeout { node: node() }),
+        }
+    }
+
+    /// Removes the taint `key` from the Node, if it has it.
+    async fn untaint(&self, key: &str) -> Result<(), PrewarmError> {
+        let api: Api<Node> = Api::all(self.client.clone());
         for attempt in 1..=TAINT_ATTEMPTS {
-            let node = api.get(&self.node).await.map_err(node_error)?;
+            let node = self.in_time(api.get(&self.node)).await?;
             let taints: Vec<Taint> = node.spec.and_then(|s| s.taints).unwrap_or_default();
             if !taints.iter().any(|t| t.key == key) {
                 return Ok(());
@@ -432,20 +567,19 @@ impl Prewarmer {
             ]);
             let ops: json_patch::Patch =
                 serde_json::from_value(ops).expect("a JSON patch deserialises");
-            match api
-                .patch(&self.node, &PatchParams::default(), &Patch::Json::<()>(ops))
-                .await
-            {
+            let (params, patch) = (PatchParams::default(), Patch::Json::<()>(ops));
+            match self.in_time(api.patch(&self.node, &params, &patch)).await {
                 Ok(_) => {
                     info!(node = %self.node, taint = key, "removed the startup taint");
                     return Ok(());
                 }
-                Err(kube::Error::Api(s))
-                    if (s.code == 409 || s.code == 422) && attempt < TAINT_ATTEMPTS =>
-                {
-                    continue;
+                Err(PrewarmError::Node {
+                    source: kube::Error::Api(s),
+                    ..
+                }) if (s.code == 409 || s.code == 422) && attempt < TAINT_ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(200 * attempt as u64)).await;
                 }
-                Err(e) => return Err(node_error(e)),
+                Err(e) => return Err(e),
             }
         }
         Ok(())

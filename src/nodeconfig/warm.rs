@@ -45,9 +45,10 @@ pub const INTERVAL: Duration = Duration::from_secs(30);
 /// Target HEADs in flight in a round.
 const HEADS_AT_ONCE: usize = 8;
 
-/// The set as published.
+/// The set as published. Unknown fields are ignored: an agent older than
+/// its leader still reads the set during a rollout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct WarmSet {
     /// When the leader chose it (it is written only when it changes).
     pub listed: Timestamp,
@@ -57,7 +58,7 @@ pub struct WarmSet {
 
 /// One image of the set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct WarmImage {
     /// The target's copy, `registry/repository@digest`.
     pub image: String,
@@ -86,7 +87,8 @@ pub enum LeftOut {
     NotMirrored,
     /// Some Pods may not be given it.
     Private,
-    /// The target could not be asked.
+    /// The target or the source could not be asked: the image's entry in
+    /// the set published last, if any, is kept.
     Unknown,
 }
 
@@ -186,9 +188,13 @@ impl Publisher {
     /// The set for `candidates` (in the order they come): each pinned to
     /// the digest the target holds, and only images every Pod may be
     /// given; at most `top`, after at most twice as many were asked about.
+    /// A candidate the target or its source could not be asked about keeps
+    /// its entries in `current` (the set published last): an outage never
+    /// shrinks the set.
     pub async fn choose(
         &self,
         candidates: &[Candidate],
+        current: &[WarmImage],
     ) -> (Vec<WarmImage>, BTreeMap<LeftOut, usize>) {
         let mut left_out = BTreeMap::new();
         let mut chosen = Vec::new();
@@ -206,18 +212,27 @@ impl Publisher {
                 (c, answer)
             })
             .buffered(HEADS_AT_ONCE);
+        let mut add = |image: String, uses, daemon_set, chosen: &mut Vec<WarmImage>| {
+            if chosen.len() < self.top && seen.insert(image.clone()) {
+                chosen.push(WarmImage {
+                    image,
+                    uses,
+                    daemon_set,
+                });
+            }
+        };
         while let Some((c, answer)) = answers.next().await {
             match answer {
-                Ok(image) => {
-                    if chosen.len() < self.top && seen.insert(image.clone()) {
-                        chosen.push(WarmImage {
-                            image,
-                            uses: c.uses,
-                            daemon_set: c.daemon_set,
-                        });
+                Ok(image) => add(image, c.uses, c.daemon_set, &mut chosen),
+                Err((why, repository)) => {
+                    *left_out.entry(why).or_insert(0) += 1;
+                    if let (LeftOut::Unknown, Some(repo)) = (why, repository) {
+                        let at = format!("{repo}@");
+                        for kept in current.iter().filter(|w| w.image.starts_with(&at)) {
+                            add(kept.image.clone(), c.uses, c.daemon_set, &mut chosen);
+                        }
                     }
                 }
-                Err(why) => *left_out.entry(why).or_insert(0) += 1,
             }
             if chosen.len() >= self.top {
                 break;
@@ -226,32 +241,35 @@ impl Publisher {
         (chosen, left_out)
     }
 
-    /// The target's copy of `c`, by digest, when every Pod may have it.
-    async fn pin(&self, c: &Candidate) -> Result<String, LeftOut> {
+    /// The target's copy of `c`, by digest, when every Pod may have it;
+    /// else why not, with the target repository when it is known.
+    async fn pin(&self, c: &Candidate) -> Result<String, (LeftOut, Option<String>)> {
         let target = self
             .mirror
             .target()
             .map(&c.source)
-            .map_err(|_| LeftOut::NotMirrored)?;
+            .map_err(|_| (LeftOut::NotMirrored, None))?;
+        let repository = target.without_tag().without_digest();
+        let unknown = || (LeftOut::Unknown, Some(repository.to_string()));
         let client = self
             .mirror
             .pool()
             .get(target.registry(), Role::Target)
             .await
-            .map_err(|_| LeftOut::Unknown)?;
+            .map_err(|_| unknown())?;
         let digest = match client.head_manifest(&target).await {
             Ok(Some(d)) => d,
-            Ok(None) => return Err(LeftOut::NotMirrored),
-            Err(_) => return Err(LeftOut::Unknown),
+            Ok(None) => return Err((LeftOut::NotMirrored, None)),
+            Err(_) => return Err(unknown()),
         };
-        if !self.mirror.readable_by_every_pod(&c.source).await {
-            return Err(LeftOut::Private);
+        // The digest the set names, at its source: what admission judges,
+        // not what the source's tag names now.
+        let pinned = c.source.without_digest().with_digest(digest.clone());
+        match self.mirror.readable_by_every_pod(&pinned).await {
+            Some(true) => Ok(repository.with_digest(digest).to_string()),
+            Some(false) => Err((LeftOut::Private, None)),
+            None => Err(unknown()),
         }
-        Ok(target
-            .without_tag()
-            .without_digest()
-            .with_digest(digest)
-            .to_string())
     }
 
     /// One round: when the ConfigMap is the leader's, choose from
@@ -270,12 +288,18 @@ impl Publisher {
         else {
             return Ok(Round::NotInstalled);
         };
-        let (images, left_out) = self.choose(candidates).await;
         let current = cm
             .data
             .as_ref()
             .and_then(|d| d.get(KEY))
             .and_then(|t| serde_json::from_str::<WarmSet>(t).ok());
+        let kept = current.as_ref().map_or(&[][..], |c| &c.images[..]);
+        let (images, left_out) = self.choose(candidates, kept).await;
+        let asked = candidates.len().min(self.top.saturating_mul(2).max(16));
+        // Nothing could be asked (the target is down): the set stands.
+        if asked > 0 && left_out.get(&LeftOut::Unknown) == Some(&asked) {
+            return Ok(Round::Unchanged);
+        }
         if current.is_some_and(|c| c.images == images) {
             return Ok(Round::Unchanged);
         }

@@ -193,6 +193,10 @@ impl Background {
                     .filter(|_| config.backfills() || config.prewarm.enabled);
                 let usage = Usage::new(mirror.metrics().clone(), policy)
                     .with_warm_selector(&config.prewarm.pod_selector);
+                let usage = match config.backfills() {
+                    true => usage,
+                    false => usage.without_backfill(),
+                };
                 Arc::new(match &in_scope {
                     Some(n) => usage.with_scope(n.clone()),
                     None => usage,
@@ -347,10 +351,9 @@ impl Background {
             );
             tasks.spawn(async move {
                 let candidates = move || {
-                    let synced = u.synced();
-                    let c = u.warm_candidates(&namespaces, daemon_sets);
-                    // Not over a whole set with a partial one.
-                    (synced || !c.is_empty()).then_some(c)
+                    let (synced, c) = u.warm_candidates(&namespaces, daemon_sets);
+                    // Never a partial set over a whole one.
+                    synced.then_some(c)
                 };
                 tokio::select! {
                     _ = crate::nodeconfig::warm::run(publisher, candidates, l) => {}

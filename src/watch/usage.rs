@@ -361,6 +361,9 @@ pub struct Usage {
     scope: Option<Arc<Namespaces>>,
     /// `prewarm.podSelector`; `None`: every object.
     warm: Option<kube::core::Selector>,
+    /// A backfill takes the changed references ([`Usage::take_changed`]);
+    /// without one they are not kept, or they would only grow.
+    backfilled: bool,
 }
 
 impl Usage {
@@ -376,6 +379,7 @@ impl Usage {
             relist: watch::channel(0).0,
             scope: None,
             warm: None,
+            backfilled: true,
         }
     }
 
@@ -383,6 +387,12 @@ impl Usage {
     /// images.
     pub fn with_scope(mut self, namespaces: Arc<Namespaces>) -> Self {
         self.scope = Some(namespaces);
+        self
+    }
+
+    /// No backfill takes the changed references: they are not kept.
+    pub fn without_backfill(mut self) -> Self {
+        self.backfilled = false;
         self
     }
 
@@ -509,12 +519,16 @@ impl Usage {
     /// all) and `prewarm.podSelector` select, and over every DaemonSet
     /// with `daemon_sets`. DaemonSets' images first, then by use, then by
     /// name.
+    ///
+    /// Also whether the record is synced, read under the same lock (as
+    /// [`Usage::snapshot`]).
     pub fn warm_candidates(
         &self,
         namespaces: &[String],
         daemon_sets: bool,
-    ) -> Vec<crate::nodeconfig::warm::Candidate> {
+    ) -> (bool, Vec<crate::nodeconfig::warm::Candidate>) {
         let inner = self.lock();
+        let synced = Self::all_synced(&inner);
         let mut counted: HashMap<Arc<Reference>, (u32, bool)> = HashMap::new();
         for ((kind, _), e) in &inner.objects {
             let daemon_set = daemon_sets && *kind == Kind::DaemonSet;
@@ -545,7 +559,7 @@ impl Usage {
                 .cmp(&(a.daemon_set, a.uses))
                 .then_with(|| a.source.to_string().cmp(&b.source.to_string()))
         });
-        out
+        (synced, out)
     }
 
     /// Registers a watch that [`Usage::synced`] waits for.
@@ -688,7 +702,9 @@ impl Usage {
             }
             match inner.count(r, true) {
                 Some(r) => {
-                    inner.changed.insert(r.clone());
+                    if self.backfilled {
+                        inner.changed.insert(r.clone());
+                    }
                     fresh = true;
                     wanted.push(r)
                 }
@@ -758,7 +774,9 @@ impl Usage {
                 for r in e.wanted.iter() {
                     match inner.count(r, true) {
                         Some(r) => {
-                            inner.changed.insert(r.clone());
+                            if self.backfilled {
+                                inner.changed.insert(r.clone());
+                            }
                             fresh = true;
                             kept.push(r);
                         }
@@ -1207,6 +1225,7 @@ mod tests {
         );
         let got = |namespaces: &[String], daemon_sets| -> Vec<(String, u32, bool)> {
             u.warm_candidates(namespaces, daemon_sets)
+                .1
                 .into_iter()
                 .map(|c| (c.source.to_string(), c.uses, c.daemon_set))
                 .collect()
