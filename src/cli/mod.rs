@@ -1161,11 +1161,9 @@ async fn prewarmer(
             let _ = axum::serve(listener, app).await;
         });
     }
-    let target_registry = crate::reference::MirrorTarget::parse(&config.target.registry)
-        .ok()
-        .map(|t| t.registry().to_owned());
+    let target = crate::reference::MirrorTarget::parse(&config.target.registry).ok();
     Ok(Prewarmer {
-        target_registry,
+        target,
         cri,
         client,
         namespace,

@@ -193,9 +193,9 @@ pub struct Prewarmer {
     pub image_fs: Option<PathBuf>,
     /// A Docker config.json with read-only credentials for the target.
     pub target_auth: Option<PathBuf>,
-    /// The target's registry host: the only one the agent pulls from.
-    /// `None`: any, pinned by digest.
-    pub target_registry: Option<String>,
+    /// The target: the agent pulls only images under it. `None`: any,
+    /// pinned by digest.
+    pub target: Option<crate::reference::MirrorTarget>,
     /// Progress.
     pub metrics: Arc<PrewarmMetrics>,
 }
@@ -477,10 +477,7 @@ impl Prewarmer {
         };
         r.digest().is_some()
             && r.tag().is_none()
-            && self
-                .target_registry
-                .as_deref()
-                .is_none_or(|t| r.registry() == t)
+            && self.target.as_ref().is_none_or(|t| t.contains(&r))
     }
 
     /// The target's read-only credentials for `image`'s registry, from

@@ -24,7 +24,7 @@ use kube::Api;
 use kube::api::PostParams;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::published::{Lines, Outcome, marked, while_leading};
 
@@ -166,6 +166,10 @@ pub async fn read(client: kube::Client, namespace: &str) -> Result<Option<WarmSe
         })
 }
 
+/// A candidate pinned at the target, or why not: the reason, the target
+/// repository when it could not be asked, the target's image when refused.
+type Pinned = Result<String, (LeftOut, Option<String>, Option<String>)>;
+
 /// The leader's side.
 pub struct Publisher {
     mirror: Arc<Mirror>,
@@ -206,14 +210,27 @@ impl Publisher {
             .take(self.top.saturating_mul(2).max(16))
             .cloned()
             .collect();
-        let mut answers = futures::stream::iter(asked)
+        let answers: Vec<(Candidate, Pinned)> = futures::stream::iter(asked)
             .map(|c| async move {
                 let answer = self.pin(&c).await;
                 (c, answer)
             })
-            .buffered(HEADS_AT_ONCE);
+            .buffered(HEADS_AT_ONCE)
+            .collect()
+            .await;
+        // What this round refused is never carried over from the last set.
+        let refused: HashSet<&str> = answers
+            .iter()
+            .filter_map(|(_, a)| match a {
+                Err((LeftOut::Private, _, Some(image))) => Some(image.as_str()),
+                _ => None,
+            })
+            .collect();
         let mut add = |image: String, uses, daemon_set, chosen: &mut Vec<WarmImage>| {
-            if chosen.len() < self.top && seen.insert(image.clone()) {
+            if chosen.len() < self.top
+                && !refused.contains(image.as_str())
+                && seen.insert(image.clone())
+            {
                 chosen.push(WarmImage {
                     image,
                     uses,
@@ -221,11 +238,11 @@ impl Publisher {
                 });
             }
         };
-        while let Some((c, answer)) = answers.next().await {
+        for (c, answer) in &answers {
             match answer {
-                Ok(image) => add(image, c.uses, c.daemon_set, &mut chosen),
-                Err((why, repository)) => {
-                    *left_out.entry(why).or_insert(0) += 1;
+                Ok(image) => add(image.clone(), c.uses, c.daemon_set, &mut chosen),
+                Err((why, repository, _)) => {
+                    *left_out.entry(*why).or_insert(0) += 1;
                     if let (LeftOut::Unknown, Some(repo)) = (why, repository) {
                         let at = format!("{repo}@");
                         for kept in current.iter().filter(|w| w.image.starts_with(&at)) {
@@ -242,15 +259,16 @@ impl Publisher {
     }
 
     /// The target's copy of `c`, by digest, when every Pod may have it;
-    /// else why not, with the target repository when it is known.
-    async fn pin(&self, c: &Candidate) -> Result<String, (LeftOut, Option<String>)> {
+    /// else why not, with the target repository when it could not be asked
+    /// and the target's image when it was refused.
+    async fn pin(&self, c: &Candidate) -> Pinned {
         let target = self
             .mirror
             .target()
             .map(&c.source)
-            .map_err(|_| (LeftOut::NotMirrored, None))?;
+            .map_err(|_| (LeftOut::NotMirrored, None, None))?;
         let repository = target.without_tag().without_digest();
-        let unknown = || (LeftOut::Unknown, Some(repository.to_string()));
+        let unknown = || (LeftOut::Unknown, Some(repository.to_string()), None);
         let client = self
             .mirror
             .pool()
@@ -259,15 +277,16 @@ impl Publisher {
             .map_err(|_| unknown())?;
         let digest = match client.head_manifest(&target).await {
             Ok(Some(d)) => d,
-            Ok(None) => return Err((LeftOut::NotMirrored, None)),
+            Ok(None) => return Err((LeftOut::NotMirrored, None, None)),
             Err(_) => return Err(unknown()),
         };
         // The digest the set names, at its source: what admission judges,
         // not what the source's tag names now.
         let pinned = c.source.without_digest().with_digest(digest.clone());
+        let image = repository.with_digest(digest).to_string();
         match self.mirror.readable_by_every_pod(&pinned).await {
-            Some(true) => Ok(repository.with_digest(digest).to_string()),
-            Some(false) => Err((LeftOut::Private, None)),
+            Some(true) => Ok(image),
+            Some(false) => Err((LeftOut::Private, None, Some(image))),
             None => Err(unknown()),
         }
     }
@@ -335,11 +354,18 @@ pub async fn run(
         absent: "no ConfigMap for the warm set (prewarm without the node agent): nothing published",
         failed: "the warm set could not be published; new nodes pull the set published last",
     };
+    // Rounds in a row with the usage record unsynced.
+    let waiting = std::sync::atomic::AtomicU32::new(0);
     while_leading(leader, INTERVAL, lines, || async {
         let Some(c) = candidates() else {
-            debug!("the usage record has not listed everything: no warm set yet");
+            // Ten rounds: five minutes, past any list at start.
+            match waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+                10 => warn!("the usage record has not been whole for 5 minutes (a watch failing, or an object naming more images than are read): the warm set is not updated meanwhile"),
+                _ => debug!("the usage record has not listed everything: the warm set is not updated"),
+            }
             return Outcome::Done;
         };
+        waiting.store(0, std::sync::atomic::Ordering::Relaxed);
         match publisher.round(&c).await {
             Ok(Round::Written { images, left_out }) => {
                 let left: Vec<String> = left_out
